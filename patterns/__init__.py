@@ -1,0 +1,20 @@
+"""The built-in rule tables, one family per file, loaded in this fixed order by `builtin_rules()`."""
+
+from __future__ import annotations
+
+import importlib
+
+from tvm_fusion.rules import RuleSet, rules_in_module
+
+TABLES = (
+    "tvm_fusion.patterns.conv_epilogue",
+    "tvm_fusion.patterns.dense_epilogue",
+)
+
+
+def builtin_rules() -> RuleSet:
+    rules = RuleSet()
+    for name in TABLES:
+        for r in rules_in_module(importlib.import_module(name)):
+            rules.add(r)
+    return rules

@@ -1,0 +1,20 @@
+"""Built-in TE computes (this package) and their schedules per target (`cuda/`, `llvm/`).
+
+`load()` imports them in a fixed order; registration happens in those imports, once.
+"""
+
+import importlib
+
+MODULES = (
+    "tvm_fusion.schedules.conv2d",
+    "tvm_fusion.schedules.dense",
+    "tvm_fusion.schedules.llvm.conv2d",
+    "tvm_fusion.schedules.llvm.dense",
+    "tvm_fusion.schedules.cuda.conv2d",
+    "tvm_fusion.schedules.cuda.dense",
+)
+
+
+def load() -> None:
+    for name in MODULES:
+        importlib.import_module(name)

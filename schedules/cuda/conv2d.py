@@ -1,0 +1,1 @@
+"""CUDA schedule for the conv2d epilogue compute (placeholder replaced below)."""

@@ -1,0 +1,1 @@
+"""CUDA schedule for dense + epilogue (placeholder replaced below)."""

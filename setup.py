@@ -1,0 +1,39 @@
+"""tvm_fusion: operator fusion for Apache TVM (Relax + TE), ONNX in, fused CUDA libraries out."""
+
+from setuptools import setup
+
+PACKAGES = {
+    "tvm_fusion": "tvm_fusion",
+    "tvm_fusion.patterns": "patterns",
+    "tvm_fusion.schedules": "schedules",
+    "tvm_fusion.schedules.cuda": "schedules/cuda",
+    "tvm_fusion.schedules.llvm": "schedules/llvm",
+}
+
+setup(
+    name="tvm_fusion",
+    version="0.1.0",
+    description="Operator-fusion compiler plugin for Apache TVM: ONNX -> fused Relax -> CUDA library",
+    python_requires=">=3.10",
+    packages=list(PACKAGES),
+    package_dir=PACKAGES,
+    package_data={"tvm_fusion.patterns": ["README.md"]},
+    install_requires=[
+        "apache-tvm==0.27.0.post1",
+        "onnx==1.23.2",
+        "onnxruntime==1.32.0",
+        "numpy>=1.26",
+        "tqdm>=4.66",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "hypothesis>=6.100",
+            "nbclient>=0.10",
+            "nbformat>=5.10",
+            "ipykernel>=6.29",
+            "jupytext>=1.16",
+        ],
+    },
+    entry_points={"console_scripts": ["tvm-fusion=tvm_fusion.cli:main"]},
+)

@@ -1,0 +1,218 @@
+"""ONNX -> Relax: `import_onnx` loads, sanitises, binds shapes, imports and folds constants.
+
+The result is what the pattern tables match against: weights are constants, dead bindings are gone,
+an opset-9 `Sum` of two tensors is an `add`, and every binding knows the ONNX node it came from
+(module attribute `tvm_fusion.onnx_nodes`: relax var name -> ONNX node name).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import onnx
+
+from . import _tvm
+from ._tvm import dpl, relax, tvm
+from .errors import FusionError
+
+__all__ = ["import_onnx", "load_onnx", "parse_shape", "onnx_node_names"]
+
+SHAPE_SYNTAX = "--shape NAME=1x3x224x224"
+ONNX_NODES_ATTR = "tvm_fusion.onnx_nodes"
+
+
+def load_onnx(model) -> onnx.ModelProto:
+    """A ModelProto from a path or a ModelProto, with a clear error for anything else."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    path = Path(os.fspath(model))
+    if not path.exists():
+        raise FusionError(f"{path}: no such file (expected an ONNX model, e.g. model.onnx)")
+    if path.is_dir():
+        raise FusionError(f"{path}: is a directory, expected an ONNX model file")
+    try:
+        proto = onnx.load(str(path))
+    except Exception as err:  # protobuf raises DecodeError and friends
+        raise FusionError(f"{path}: not an ONNX model ({type(err).__name__}: {err})") from None
+    if not proto.graph.node:
+        raise FusionError(f"{path}: not an ONNX model (no graph nodes; is it really .onnx?)")
+    return proto
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """`NAME=1x3x224x224` -> ("NAME", (1, 3, 224, 224))."""
+    name, sep, dims = text.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape or min(shape) < 1:
+        raise FusionError(f"bad shape {text!r}: expected {SHAPE_SYNTAX}")
+    return name, shape
+
+
+def _c_name(name: str, taken: set[str]) -> str:
+    safe = re.sub(r"\W", "_", name) or "v"
+    if safe[0].isdigit():
+        safe = "v_" + safe
+    base, i = safe, 1
+    while safe in taken:
+        safe, i = f"{base}_{i}", i + 1
+    taken.add(safe)
+    return safe
+
+
+def _sanitize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str], dict[str, str]]:
+    """Copy of the model whose value and node names are C identifiers.
+
+    Returns it, value names old -> new, and node names new -> old."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    g = model.graph
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+    values = [v.name for v in g.input] + [t.name for t in g.initializer]
+    values += [o for n in g.node for o in n.output] + [v.name for v in g.output]
+    for v in values:
+        if v and v not in names:
+            names[v] = _c_name(v, taken)
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        v.name = names.get(v.name, v.name)
+    for t in g.initializer:
+        t.name = names[t.name]
+    nodes: dict[str, str] = {}
+    node_taken: set[str] = set()
+    for i, n in enumerate(g.node):
+        n.input[:] = [names.get(x, x) for x in n.input]
+        n.output[:] = [names.get(x, x) for x in n.output]
+        original = n.name or f"{n.op_type}_{i}"
+        n.name = _c_name(original, node_taken)
+        nodes[n.name] = original
+    return model, names, nodes
+
+
+def _check_ops(model: onnx.ModelProto, where: str) -> None:
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    known = set(_get_convert_map()) | {"Constant", "If"}
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            raise FusionError(
+                f"{where}: node {node.name!r} uses op {node.domain}::{node.op_type}, which TVM's ONNX "
+                "importer does not support; export the model with standard ONNX ops only"
+            )
+        if node.op_type not in known:
+            raise FusionError(
+                f"{where}: node {node.name!r} uses op {node.op_type!r}, which TVM's ONNX importer does "
+                "not support; replace it in the exporter or decompose it into supported ops"
+            )
+
+
+def _input_shapes(model, shapes: dict, where: str, renamed: dict[str, str]) -> dict[str, list[int]]:
+    inits = {t.name for t in model.graph.initializer}
+    given = {renamed.get(k, k): tuple(v) for k, v in (shapes or {}).items()}
+    known_inputs = [i.name for i in model.graph.input if i.name not in inits]
+    original = {v: k for k, v in renamed.items()}
+    for name in given:
+        if name not in known_inputs:
+            raise FusionError(
+                f"{where}: --shape names input {original.get(name, name)!r}, but the model's inputs are "
+                f"{[original.get(n, n) for n in known_inputs]}"
+            )
+    out = {}
+    for inp in model.graph.input:
+        if inp.name in inits:
+            continue
+        dims = inp.type.tensor_type.shape.dim
+        static = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims]
+        if inp.name in given:
+            shape = given[inp.name]
+            if len(shape) != len(static) or any(s is not None and s != g for s, g in zip(static, shape)):
+                raise FusionError(
+                    f"{where}: --shape {original.get(inp.name)}={'x'.join(map(str, shape))} does not fit "
+                    f"the model's declared shape {[s if s else '?' for s in static]}"
+                )
+            out[inp.name] = list(shape)
+        elif None in static:
+            sym = ["?" if s is None else str(s) for s in static]
+            raise FusionError(
+                f"{where}: input {original.get(inp.name)!r} has symbolic shape {'x'.join(sym)}; "
+                f"bind it with {SHAPE_SYNTAX.replace('NAME', original.get(inp.name, inp.name))} "
+                "(Python: shapes={name: (1, 3, 224, 224)})"
+            )
+        else:
+            out[inp.name] = static
+    return out
+
+
+def _sum_of_two_to_add() -> tuple:
+    """sum(stack((broadcast_to(a), broadcast_to(b))), axis=0) -> add(a, b)   (opset-9 `Sum`)."""
+    a, b = dpl.wildcard(), dpl.wildcard()
+    bcast_a = dpl.is_op("relax.broadcast_to")(a, dpl.wildcard())
+    bcast_b = dpl.is_op("relax.broadcast_to")(b, dpl.wildcard())
+    stacked = dpl.is_op("relax.stack")(dpl.is_tuple([bcast_a, bcast_b]))
+    root = dpl.is_op("relax.sum")(stacked)
+
+    def rewriter(expr, matches):
+        attrs = matches[root].attrs
+        stack_attrs = matches[stacked].attrs
+        if [int(x) for x in attrs.axis] != [0] or attrs.keepdims or int(stack_attrs.axis) != 0:
+            return expr
+        shapes = [_static_shape(e) for e in (expr, matches[a], matches[b])]
+        if None in shapes or shapes[1] != shapes[0] or shapes[2] != shapes[0]:
+            return expr
+        return relax.op.add(matches[a], matches[b])
+
+    return root, rewriter
+
+
+def _static_shape(expr):
+    shape = getattr(_tvm.expr_type(expr), "shape", None)
+    try:
+        return [int(d) for d in shape]
+    except (TypeError, ValueError):
+        return None
+
+
+def _rewrite_sums(mod: tvm.IRModule) -> tvm.IRModule:
+    root, rewriter = _sum_of_two_to_add()
+    out = tvm.IRModule()
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            func = dpl.rewrite_call(root, rewriter, func)
+        out[gv] = func
+    return out.with_attrs(mod.attrs) if mod.attrs else out
+
+
+def onnx_node_names(mod) -> dict[str, str]:
+    """relax var name -> ONNX node name, as recorded by import_onnx."""
+    attrs = mod.attrs or {}
+    table = attrs.get(ONNX_NODES_ATTR) if hasattr(attrs, "get") else None
+    return {str(k): str(v) for k, v in table.items()} if table is not None else {}
+
+
+def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = True) -> tvm.IRModule:
+    """Import an ONNX model (path or ModelProto) into a Relax IRModule ready for pattern matching.
+
+    `shapes` binds input dims: {"input_name": (1, 3, 224, 224)}; required for symbolic dims.
+    """
+    where = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
+    proto = load_onnx(model)
+    _check_ops(proto, where)
+    proto, renamed, table = _sanitize(proto)
+    shape_dict = _input_shapes(proto, shapes or {}, where, renamed)
+    opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=None)
+    try:
+        mod = _tvm.import_onnx_graph(proto, shape_dict, opset)
+    except Exception as err:
+        raise FusionError(f"{where}: TVM's ONNX importer failed: {type(err).__name__}: {err}") from None
+    mod = mod.with_attr(ONNX_NODES_ATTR, table)
+    mod = _rewrite_sums(mod)
+    passes = [relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()] if fold_constants else []
+    passes.append(relax.transform.DeadCodeElimination())
+    with tvm.transform.PassContext(opt_level=3):
+        mod = tvm.transform.Sequential(passes, name="tvm_fusion.import")(mod)
+    if ONNX_NODES_ATTR not in (mod.attrs or {}):
+        mod = mod.with_attr(ONNX_NODES_ATTR, table)
+    return mod

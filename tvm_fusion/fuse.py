@@ -1,0 +1,262 @@
+"""The fuse stage: normalize BatchNorm, match the rule table, lower each match to a scheduled PrimFunc.
+
+    batch_norm(x)[0]            ==>  x * s + t                      (inference only; s, t per channel)
+    FuseOpsByPattern(rules)     ==>  private functions {"Composite": rule name}
+    composite call              ==>  call_tir(<rule name PrimFunc>, inputs + folded constants)
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _tvm, registry
+from ._tvm import dpl, relax, te, tvm
+from .errors import FusionError
+from .frontend import onnx_node_names
+from .rules import Decline, Lowering, Match, Rule, RuleSet, static_shape
+
+__all__ = ["Decision", "FuseResult", "Group", "fuse", "normalize_batch_norm"]
+
+_TARGET = contextvars.ContextVar("tvm_fusion_target")
+
+
+@dataclass
+class Decision:
+    """One rule's verdict on one candidate: accepted, or declined with a reason."""
+
+    rule: str
+    root: str  # relax var name of the candidate's root
+    onnx_node: str
+    reason: str | None  # None: accepted by the check
+
+
+@dataclass
+class Group:
+    """One fused group in the output: the rule, the PrimFunc it became, the ONNX nodes it replaced."""
+
+    rule: str
+    function: str
+    onnx_nodes: list[str]
+    compute: str
+    attrs: dict
+
+
+@dataclass
+class FuseResult:
+    mod: tvm.IRModule
+    counts: dict[str, int]
+    groups: list[Group]
+    decisions: list[Decision] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+# ---------------------------------------------------------------- batch_norm(x)[0] -> x * s + t
+def _bn_pattern():
+    x = dpl.wildcard()
+    stats = [dpl.is_const() for _ in range(4)]
+    bn = dpl.is_op("relax.nn.batch_norm")(x, *stats)
+    return dpl.is_tuple_get_item(bn, 0), bn, x, stats
+
+
+def normalize_batch_norm(mod: tvm.IRModule) -> tvm.IRModule:
+    """Inference batch_norm(x, gamma, beta, mean, var)[0]  ==>  x * s + t,
+    s = gamma / sqrt(var + eps), t = beta - mean * s, shaped to broadcast along the BN axis."""
+    root, bn, x, stats = _bn_pattern()
+
+    def rewriter(expr, matches):
+        call = matches[bn]
+        if bool(call.attrs.training):
+            return expr
+        shape = static_shape(matches[x])
+        if shape is None:
+            return expr
+        gamma, beta, mean, var = (_tvm.constant_value(matches[p]).astype(np.float64) for p in stats)
+        axis = int(call.attrs.axis) % len(shape)
+        s = gamma / np.sqrt(var + float(call.attrs.epsilon))
+        t = beta - mean * s
+        bshape = [1] * len(shape)
+        bshape[axis] = shape[axis]
+        dtype = str(_tvm.expr_type(matches[x]).dtype)
+        s_c = _tvm.make_constant(s.reshape(bshape).astype(dtype))
+        t_c = _tvm.make_constant(t.reshape(bshape).astype(dtype))
+        return relax.op.add(relax.op.multiply(matches[x], s_c), t_c)
+
+    out = mod
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
+            out = out.with_function(gv, dpl.rewrite_call(root, rewriter, func)) if hasattr(out, "with_function") \
+                else _replace(out, gv, dpl.rewrite_call(root, rewriter, func))
+    return relax.transform.DeadCodeElimination()(out)
+
+
+def _replace(mod, gv, func):
+    mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    mod[gv] = func
+    return mod
+
+
+# ---------------------------------------------------------------- matching
+class _Trace:
+    def __init__(self, names: dict[str, str]):
+        self.names = names
+        self.decisions: dict[tuple[str, str], Decision] = {}
+        self.errors: list[str] = []
+        self.members: dict[str, list[str]] = {}
+
+    def record(self, rule: str, root: str, reason: str | None) -> None:
+        self.decisions[(rule, root)] = Decision(rule, root, self.names.get(root, root), reason)
+
+
+def _leak(ctx, names: dict[str, str]) -> str | None:
+    """An intermediate of the match that something outside the match also reads."""
+    matched = {v for v in ctx.matched_bindings.keys()}
+    root_var = ctx.value_to_bound_var.get(ctx.matched_expr) if hasattr(ctx.value_to_bound_var, "get") else None
+    for var in matched:
+        if root_var is not None and var.same_as(root_var):
+            continue
+        users = [u for u in ctx.var_usages.get(var, []) if u not in matched]
+        if users:
+            all_users = list(ctx.var_usages.get(var, []))
+            label = lambda v: names.get(_tvm.var_name(v), _tvm.var_name(v))  # noqa: E731
+            return (f"intermediate {label(var)} has {len(all_users)} consumers "
+                    f"({', '.join(label(u) for u in all_users)}); fusing would hide it from "
+                    f"{', '.join(label(u) for u in users)}")
+    return None
+
+
+def _lowering_shapes(lowering: Lowering) -> list[tuple]:
+    return [static_shape(e) for e in lowering.inputs] + [tuple(c.shape) for c in lowering.constants]
+
+
+def _make_check(rule: Rule, trace: _Trace):
+    def check(ctx) -> bool:
+        root = ctx.value_to_bound_var.get(ctx.matched_expr)
+        root_name = _tvm.var_name(root) if root is not None else "?"
+        try:
+            match = Match(rule.name, dict(ctx.annotated_expr.items()), dict(ctx.matched_bindings.items()))
+            reason = _leak(ctx, trace.names) or rule.run_check(match)
+            if reason is None:
+                target = _TARGET.get()
+                sched = registry.get_schedule(rule.spec.lower(match).compute, target.kind.name)
+                if sched is None:
+                    reason = Decline(f"no {target.kind.name} schedule is registered for {rule.name}")
+                else:
+                    lowering = rule.spec.lower(match)
+                    why = sched.why_not(lowering.attrs, _lowering_shapes(lowering), target)
+                    reason = Decline(why) if why else None
+        except FusionError as err:
+            trace.errors.append(str(err))
+            return False
+        except Exception as err:  # a broken rule must not surface as a TVM traceback
+            trace.errors.append(f"{rule.source}: rule {rule.name!r} raised {type(err).__name__}: {err}")
+            return False
+        trace.record(rule.name, root_name, None if reason is None else str(reason))
+        if reason is None:  # the ONNX nodes of the match, findable from any of its var names
+            var_names = [_tvm.var_name(v) for v in ctx.matched_bindings.keys()]
+            nodes = sorted({trace.names[n] for n in var_names if n in trace.names})
+            for n in var_names:
+                if n in trace.names:
+                    trace.members[n] = nodes
+        return reason is None
+
+    return check
+
+
+# ---------------------------------------------------------------- lowering composites
+def _build_primfunc(lowering: Lowering, target, name: str):
+    compute = registry.get_compute(lowering.compute, target.kind.name)
+    tensors = [te.placeholder(static_shape(e), str(_tvm.expr_type(e).dtype), name=f"in{i}")
+               for i, e in enumerate(lowering.inputs)]
+    consts = [te.placeholder(c.shape, str(c.dtype), name=f"c{i}") for i, c in enumerate(lowering.constants)]
+    # compute signature: (*runtime inputs in rule order but weights first-class) -> see schedules/
+    args = [tensors[0], *consts, *tensors[1:]]
+    out = compute(*args, **lowering.attrs)
+    func = te.create_prim_func([*tensors, *consts, out])
+    func = func.without_attr("global_symbol").with_attr("op_pattern", _tvm.OPAQUE)
+    sched = registry.get_schedule(lowering.compute, target.kind.name)
+    sch = _tvm.Schedule(tvm.IRModule({"main": func}))
+    with target:
+        sched.apply(sch, lowering.attrs, target)
+    func = sch.mod["main"].with_attr(_tvm.SCHEDULED_ATTR, True)
+    return func, out
+
+
+@relax.expr_functor.mutator
+class _LowerComposites(relax.PyExprMutator):
+    def __init__(self, mod, rules: RuleSet, target, members):
+        super().__init__(mod)
+        self.mod_ = mod
+        self.rules = rules
+        self.target = target
+        self.members = members
+        self.cache: dict = {}
+        self.groups: list[Group] = []
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not isinstance(call.op, tvm.ir.GlobalVar):
+            return call
+        func = self.mod_[call.op]
+        comp = (func.attrs or {}).get("Composite") if isinstance(func, relax.Function) else None
+        if comp is None:
+            return call
+        rule = self.rules[str(comp)]
+        spec = rule.spec
+        var2val = relax.analysis.get_var2val(func)
+        body = func.body.body if isinstance(func.body, relax.SeqExpr) else func.body
+        matched = spec.pattern.extract_matched_expr(body, var2val)
+        if matched is None:
+            raise FusionError(f"rule {rule.name}: composite function no longer matches its pattern")
+        exprs = {n: matched[p] for n, p in spec.annotations.items() if p in matched}
+        lowering = spec.lower(Match(rule.name, exprs, var2val))
+        params = {p: a for p, a in zip(func.params, call.args)}
+        inputs = [params.get(e, e) for e in lowering.inputs]
+        key = (lowering.compute, tuple(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
+        if key not in self.cache:
+            prim, out = _build_primfunc(lowering, self.target, rule.name)
+            gv = self.builder_.add_func(prim, rule.name)
+            self.cache[key] = (gv, _tvm.tensor_type([int(d) for d in out.shape], str(out.dtype)))
+        gv, out_ty = self.cache[key]
+        consts = [_tvm.make_constant(c) for c in lowering.constants]
+        nodes = sorted({m for n in map(_tvm.var_name, var2val) for m in self.members.get(n, [])})
+        self.groups.append(Group(rule.name, gv.name_hint, nodes, lowering.compute, dict(lowering.attrs)))
+        return relax.call_tir(gv, [*inputs, *consts], out_ty)
+
+    def run(self):
+        for gv, func in self.mod_.functions.items():
+            if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
+                self.builder_.update_func(gv, self.visit_expr(func))
+        return self.builder_.get()
+
+
+def fuse(mod: tvm.IRModule, target, rules: RuleSet) -> FuseResult:
+    """Run the fuse stage for `target` with `rules`; returns the module, per-rule counts and groups."""
+    names = onnx_node_names(mod)
+    kind = target.kind.name
+    active = rules.for_target(kind)
+    trace = _Trace(names)
+    patterns = [
+        _tvm.FusionPattern(r.name, r.spec.pattern, r.spec.annotations, _make_check(r, trace))
+        for r in active.ordered()
+    ]
+    token = _TARGET.set(target)
+    try:
+        mod = normalize_batch_norm(mod)
+        fused = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=False)(mod)
+    finally:
+        _TARGET.reset(token)
+    if trace.errors:
+        raise FusionError(trace.errors[0])
+    lower = _LowerComposites(fused, active, target, trace.members)
+    out = lower.run()
+    out = relax.transform.DeadCodeElimination()(out)
+    counts = {r.name: 0 for r in active.ordered()}
+    for g in lower.groups:
+        counts[g.rule] += 1
+    return FuseResult(out, counts, lower.groups, list(trace.decisions.values()))

@@ -1,0 +1,45 @@
+"""Named, flat pass lists per build mode and target kind.
+
+    unfused : legalize every op to its own PrimFunc; no FuseOps/FuseTIR (each Relax op one kernel)
+    tvm     : TVM's default pipeline for the target (its own automatic FuseOps/FuseTIR)
+    fused   : our fuse stage (fuse.py) first, then TVM's default pipeline for whatever is left
+
+The `legalize` stage is run by build.py before counting kernels; `lower` is handed to tvm.compile.
+"""
+
+from __future__ import annotations
+
+from ._tvm import BACKEND_PIPELINES, tvm
+from .errors import FusionError
+
+__all__ = ["MODES", "legalize_passes", "lower_passes"]
+
+MODES = ("unfused", "tvm", "fused")
+_AUTO_FUSION = ("FuseOps", "FuseTIR")
+
+
+def _backend(target):
+    kind = target.kind.name
+    if kind not in BACKEND_PIPELINES:
+        raise FusionError(f"target kind {kind!r} is not supported; use one of {sorted(BACKEND_PIPELINES)}")
+    return BACKEND_PIPELINES[kind]
+
+
+def legalize_passes(mode: str, target) -> list:
+    """Library dispatch + legalization (+ TVM's fusion unless unfused) + the target's default schedules."""
+    if mode not in MODES:
+        raise FusionError(f"unknown build mode {mode!r}; use one of {', '.join(MODES)}")
+    backend = _backend(target)
+    passes = backend.library_dispatch_passes(target) + backend.legalize_passes(target)
+    if mode == "unfused":
+        passes = [p for p in passes if p.info.name not in _AUTO_FUSION]
+    return passes
+
+
+def lower_passes(target) -> list:
+    backend = _backend(target)
+    return backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+
+
+def sequential(passes: list, name: str):
+    return tvm.transform.Sequential(passes, name=name)

@@ -1,0 +1,80 @@
+"""Computes and schedules by name and target kind.
+
+    @register_compute("conv2d_bn_relu")                 # TE compute: (*tensors, **attrs) -> te.Tensor
+    @register_schedule("conv2d_bn_relu", target="cuda")  # (sch, attrs, target) -> None, scheduled in place
+
+A schedule may carry `supports(attrs, shapes, target) -> str | None`: a returned string is the reason it
+cannot handle a case, and the rule then declines with that reason (the match falls back to TVM).
+Duplicates are refused; unknown names are answered with close candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import FusionError
+from .rules import close_names
+
+__all__ = ["Schedule", "get_compute", "get_schedule", "register_compute", "register_schedule",
+           "computes", "schedules"]
+
+GENERIC = "generic"
+
+_COMPUTES: dict[tuple[str, str], Callable] = {}
+_SCHEDULES: dict[tuple[str, str], "Schedule"] = {}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    target: str
+    apply: Callable  # (sch: tvm.s_tir.Schedule, attrs: dict, target) -> None
+    supports: Callable | None = None  # (attrs, shapes, target) -> str | None
+
+    def why_not(self, attrs: dict, shapes: dict, target) -> str | None:
+        return self.supports(attrs, shapes, target) if self.supports else None
+
+
+def register_compute(*names: str, target: str = GENERIC):
+    def wrap(fn):
+        for name in names:
+            key = (name, target)
+            if key in _COMPUTES and _COMPUTES[key] is not fn:
+                raise FusionError(f"duplicate compute {name!r} for target {target!r}")
+            _COMPUTES[key] = fn
+        return fn
+
+    return wrap
+
+
+def register_schedule(*names: str, target: str, supports: Callable | None = None):
+    def wrap(fn):
+        for name in names:
+            key = (name, target)
+            if key in _SCHEDULES and _SCHEDULES[key].apply is not fn:
+                raise FusionError(f"duplicate schedule {name!r} for target {target!r}")
+            _SCHEDULES[key] = Schedule(name, target, fn, supports)
+        return fn
+
+    return wrap
+
+
+def get_compute(name: str, target: str) -> Callable:
+    for key in ((name, target), (name, GENERIC)):
+        if key in _COMPUTES:
+            return _COMPUTES[key]
+    raise FusionError(f"no compute registered as {name!r}; {close_names(name, {n for n, _ in _COMPUTES})}")
+
+
+def get_schedule(name: str, target: str) -> Schedule | None:
+    """The schedule for (name, target kind), or None when that target has none."""
+    return _SCHEDULES.get((name, target))
+
+
+def computes() -> list[tuple[str, str]]:
+    return sorted(_COMPUTES)
+
+
+def schedules() -> list[tuple[str, str]]:
+    return sorted(_SCHEDULES)

@@ -1,0 +1,233 @@
+"""Fusion rules: a dpl pattern, a check that declines with a reason, and a lowering to a named compute.
+
+    @rule("conv2d_bn_relu", priority=300, check=conv_checks)
+    def conv2d_bn_relu():
+        '''conv2d -> [add bias] -> batch_norm -> relu  ==>  conv2d_bn_relu(x, W', b')'''
+        return conv_epilogue(bn=True, activation="relu")      # a Spec: pattern, annotations, lower
+
+Priority convention (one, everywhere): a HIGHER `priority` wins an overlap; equal priorities keep
+registration order. `RuleSet.ordered()` is the order handed to FuseOpsByPattern (earlier wins there).
+A check returns None to accept or `decline("message with actual and expected values")`; a bare
+True/False is refused, so every "no" has a reason that `explain` can show.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import _tvm
+from ._tvm import dpl, relax
+from .errors import FusionError
+
+__all__ = [
+    "Decline", "Lowering", "Match", "Rule", "RuleSet", "Spec", "commutative", "decline", "rule",
+]
+
+DEFAULT_TARGETS = ("cuda", "llvm")
+
+
+@dataclass(frozen=True)
+class Decline:
+    """Why a rule did not take a match: the message carries actual and expected values."""
+
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def decline(message: str) -> Decline:
+    return Decline(message)
+
+
+@dataclass
+class Lowering:
+    """What replaces a match: `compute(*inputs, *constants, **attrs)` as one scheduled PrimFunc."""
+
+    compute: str
+    inputs: list  # relax exprs: runtime tensors of the matched subgraph
+    constants: list[np.ndarray]  # weights folded at compile time
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a rule builder returns: the pattern, its annotated sub-patterns, and the lowering."""
+
+    pattern: Any
+    annotations: dict[str, Any]
+    lower: Callable[["Match"], Lowering]
+
+
+class Match:
+    """A matched subgraph seen through the rule's annotation names."""
+
+    def __init__(self, rule_name: str, exprs: dict[str, Any], var2val: dict | None = None):
+        self.rule = rule_name
+        self._exprs = exprs
+        self._var2val = var2val or {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._exprs
+
+    def __getitem__(self, name: str):
+        try:
+            return self._exprs[name]
+        except KeyError:
+            raise KeyError(f"rule {self.rule}: no annotated expression {name!r}; have {sorted(self._exprs)}") from None
+
+    def value(self, name: str):
+        """The expression, looking through variable bindings."""
+        expr = self[name]
+        while isinstance(expr, relax.Var) and expr in self._var2val:
+            expr = self._var2val[expr]
+        return expr
+
+    def attrs(self, name: str):
+        return self.value(name).attrs
+
+    def const(self, name: str) -> np.ndarray:
+        expr = self.value(name)
+        if not _tvm.is_constant(expr):
+            raise ValueError(f"{name} is not a constant")
+        return _tvm.constant_value(expr)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        return static_shape(self[name])
+
+    def dtype(self, name: str) -> str:
+        return str(_tvm.expr_type(self[name]).dtype)
+
+
+def static_shape(expr) -> tuple[int, ...] | None:
+    shape = getattr(_tvm.expr_type(expr), "shape", None)
+    try:
+        return tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def commutative(op: str, a, b):
+    """`op(a, b) | op(b, a)`: operand order of a commutative op, handled once."""
+    return dpl.is_op(op)(a, b) | dpl.is_op(op)(b, a)
+
+
+@dataclass
+class Rule:
+    name: str
+    build: Callable[[], Spec]
+    priority: int = 0
+    check: Callable[[Match], Decline | None] | None = None
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+    doc: str = ""
+    source: str = "<unknown>"
+    _spec: Spec | None = field(default=None, repr=False)
+
+    @property
+    def spec(self) -> Spec:
+        if self._spec is None:
+            try:
+                spec = self.build()
+            except Exception as err:
+                raise FusionError(f"{self.source}: rule {self.name!r} failed to build its pattern: "
+                                  f"{type(err).__name__}: {err}") from None
+            if not isinstance(spec, Spec):
+                raise FusionError(f"{self.source}: rule {self.name!r} must return a Spec(pattern, "
+                                  f"annotations, lower), got {type(spec).__name__}")
+            self._spec = spec
+        return self._spec
+
+    def run_check(self, match: Match) -> Decline | None:
+        if self.check is None:
+            return None
+        result = self.check(match)
+        if result is not None and not isinstance(result, Decline):
+            raise FusionError(f"{self.source}: check of rule {self.name!r} returned {result!r}; "
+                              "return None to accept or decline('reason') to refuse")
+        return result
+
+
+def rule(name: str, *, priority: int = 0, check=None, targets: Iterable[str] = DEFAULT_TARGETS):
+    """Declare a rule from a builder function that returns a Spec (see module docstring)."""
+
+    def wrap(build: Callable[[], Spec]) -> Rule:
+        doc = inspect.getdoc(build) or ""
+        try:
+            source = inspect.getsourcefile(build) or "<unknown>"
+        except TypeError:
+            source = "<unknown>"
+        return Rule(name=name, build=build, priority=priority, check=check,
+                    targets=tuple(targets), doc=doc.splitlines()[0] if doc else "", source=source)
+
+    return wrap
+
+
+def close_names(name: str, names: Iterable[str]) -> str:
+    names = sorted(names)
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    return f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(names) or '(none)'}"
+
+
+class RuleSet:
+    """An ordered registry of rules. Refuses duplicate names; unknown names get close candidates."""
+
+    def __init__(self, rules: Iterable[Rule] = ()):
+        self._rules: dict[str, Rule] = {}
+        for r in rules:
+            self.add(r)
+
+    def add(self, r: Rule) -> None:
+        if not isinstance(r, Rule):
+            raise TypeError(f"expected a Rule, got {type(r).__name__}")
+        if r.name in self._rules:
+            raise FusionError(f"duplicate rule {r.name!r}: defined in {self._rules[r.name].source} "
+                              f"and again in {r.source}; rename one of them")
+        self._rules[r.name] = r
+
+    def __getitem__(self, name: str) -> Rule:
+        if name not in self._rules:
+            raise FusionError(f"unknown rule {name!r}; {close_names(name, self._rules)}")
+        return self._rules[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._rules
+
+    def __iter__(self):
+        return iter(self.ordered())
+
+    def __len__(self) -> int:
+        return len(self._rules)
+
+    def names(self) -> list[str]:
+        return [r.name for r in self.ordered()]
+
+    def ordered(self) -> list[Rule]:
+        """Highest priority first; ties keep registration order."""
+        order = {n: i for i, n in enumerate(self._rules)}
+        return sorted(self._rules.values(), key=lambda r: (-r.priority, order[r.name]))
+
+    def select(self, only: Iterable[str] | None = None, disable: Iterable[str] | None = None) -> "RuleSet":
+        """The subset named by `only` (all if None) minus `disable`; unknown names are errors."""
+        only = [n for n in (only or []) if n]
+        disable = [n for n in (disable or []) if n]
+        for n in list(only) + list(disable):
+            self[n]  # raises with candidates
+        keep = [r for r in self._rules.values() if (not only or r.name in only) and r.name not in disable]
+        return RuleSet(keep)
+
+    def for_target(self, kind: str) -> "RuleSet":
+        return RuleSet(r for r in self._rules.values() if kind in r.targets)
+
+    def __add__(self, other: "RuleSet") -> "RuleSet":
+        return RuleSet(list(self._rules.values()) + list(other._rules.values()))
+
+
+def rules_in_module(module) -> list[Rule]:
+    """The Rule objects a module defines, in definition order."""
+    return [v for v in vars(module).values() if isinstance(v, Rule)]
