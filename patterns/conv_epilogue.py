@@ -1,7 +1,8 @@
 """conv2d -> [add bias] -> [batch_norm] -> [add residual] -> [activation]  ==>  one conv kernel.
 
 BatchNorm (inference) folds into the weights at compile time:
-    s = gamma / sqrt(var + eps);  W' = W * s;  b' = (b - mean) * s + beta
+    s = gamma / sqrt(var + eps);  W' = W * s;  b' = (b - mean) * s + beta  =  b * s + t,  t = beta - mean * s
+(s and t are rounded to the tensor dtype once, by the normalize step; the fold itself runs in float64.)
 The fuse stage first rewrites inference `batch_norm(x)[0]` as `x * s + t` (per channel), so a conv -> BN
 with nothing after it is still a single-rooted match; a training-mode batch_norm stays and is declined.
 """

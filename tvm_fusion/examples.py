@@ -94,7 +94,8 @@ def _with_values(model, values: dict[str, np.ndarray], as_inputs: bool) -> onnx.
     used = {i for n in nodes for i in n.input}
     inits = [t for t in g.initializer if t.name not in drop and t.name not in values and t.name in used]
     init_names = {t.name for t in inits}
-    inputs = [i for i in g.input if i.name not in values and i.name not in drop and i.name not in init_names]
+    inputs = [i for i in g.input
+              if i.name in used and i.name not in values and i.name not in drop and i.name not in init_names]
     if as_inputs:
         inputs += [helper.make_tensor_value_info(k, onnx.TensorProto.FLOAT, v.shape) for k, v in values.items()]
     else:

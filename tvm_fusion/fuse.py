@@ -107,7 +107,7 @@ class _Trace:
         self.names = names
         self.decisions: dict[tuple[str, str], Decision] = {}
         self.errors: list[str] = []
-        self.members: dict[str, list[str]] = {}
+        self.members: dict = {}  # relax Var -> ONNX nodes of the accepted match it belongs to
 
     def record(self, rule: str, root: str, reason: str | None) -> None:
         self.decisions[(rule, root)] = Decision(rule, root, self.names.get(root, root), reason)
@@ -157,12 +157,11 @@ def _make_check(rule: Rule, trace: _Trace):
             trace.errors.append(f"{rule.source}: rule {rule.name!r} raised {type(err).__name__}: {err}")
             return False
         trace.record(rule.name, root_name, None if reason is None else str(reason))
-        if reason is None:  # the ONNX nodes of the match, findable from any of its var names
-            var_names = [_tvm.var_name(v) for v in ctx.matched_bindings.keys()]
-            nodes = sorted({trace.names[n] for n in var_names if n in trace.names})
-            for n in var_names:
-                if n in trace.names:
-                    trace.members[n] = nodes
+        if reason is None:  # the ONNX nodes of the match, findable from any of its vars
+            variables = list(ctx.matched_bindings.keys())
+            nodes = sorted({trace.names[n] for n in map(_tvm.var_name, variables) if n in trace.names})
+            for v in variables:  # the composite function reuses these Var objects, except its output
+                trace.members[v] = nodes
         return reason is None
 
     return check
@@ -224,7 +223,7 @@ class _LowerComposites(relax.PyExprMutator):
             self.cache[key] = (gv, _tvm.tensor_type([int(d) for d in out.shape], str(out.dtype)))
         gv, out_ty = self.cache[key]
         consts = [_tvm.make_constant(c) for c in lowering.constants]
-        nodes = sorted({m for n in map(_tvm.var_name, var2val) for m in self.members.get(n, [])})
+        nodes = sorted({m for v in var2val for m in self.members.get(v, [])})
         self.groups.append(Group(rule.name, gv.name_hint, nodes, lowering.compute, dict(lowering.attrs)))
         return relax.call_tir(gv, [*inputs, *consts], out_ty)
 

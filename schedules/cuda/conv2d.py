@@ -1,1 +1,270 @@
-"""CUDA schedule for the conv2d epilogue compute (placeholder replaced below)."""
+"""CUDA schedule for the conv2d epilogue compute (`pad` -> `conv` -> `epilogue`, NCHW / OIHW).
+
+Direct convolution, the classic TVM `conv2d_direct` layout on the s_tir schedule:
+
+    blockIdx.x  = (n, group, oc block, oh block, ow block)      one output tile per thread block
+    threadIdx.x = (oc thread, oh thread, ow thread)             one thread per (oc, oh, ow) column
+    per thread    OC_REG x W_REG accumulators in registers      strided by the thread count (conflict-free)
+    for rc chunk  input patch + weight tile -> shared memory    cooperative fetch by all threads,
+                  (the `pad` stage is inlined into the patch load, so padding is a predicated load)
+    epilogue      bias (+ residual) + activation from the registers, then one store
+
+Depthwise convolutions (one input channel per group) take a simpler branch: one thread per output,
+the window read straight from global memory (the op is memory bound; there is no reuse to stage).
+Extents that do not divide the tiles are split with predicates, so every shape is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm_fusion.registry import register_schedule
+from tvm_fusion.schedules.conv2d import CONV_RULES
+
+SUPPORTED_DTYPES = ("float32",)
+
+MAX_SHARED_BYTES = 48 * 1024  # static shared memory per block (the launch limit)
+SHARED_BUDGET_BYTES = 24 * 1024  # what we aim for, so two blocks fit an SM's carve-out comfortably
+MAX_THREADS = 1024  # threads per block (the launch limit)
+TARGET_THREADS = 256  # threads per block we aim for
+MIN_BLOCKS = 128  # ~one block per SM of a 132-SM H100/H200: shrink tiles until the grid is this large
+SPATIAL_TILE = 64  # output pixels per block tile (8 x 8, 7 x 7, 4 x 14, ...)
+MAX_TILE_W = 16  # widest output-row tile
+#: (output channels per thread, threads per block) from the largest tile down, tried in order; the first
+#: whose grid has MIN_BLOCKS blocks wins (small layers trade register reuse for parallelism)
+PER_THREAD_OC = ((8, 256), (4, 256), (4, 128), (2, 128), (2, 64), (1, 64))
+W_REG = 2  # output columns per thread when the row tile is even
+RC_CHUNK = 16  # input channels staged per shared-memory round (fewer when the window is large)
+DEPTHWISE_THREADS = 256  # threads per block of the depthwise branch
+UNROLL_MAX_STEP = 512  # pragma_auto_unroll_max_step on the thread loop
+BYTES = {"float32": 4}
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    n: int
+    groups: int
+    cpg: int  # input channels per group (the rc extent)
+    opg: int  # output channels per group
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    dtype: str = "float32"
+
+    @property
+    def depthwise(self) -> bool:
+        return self.cpg == 1 and self.groups > 1
+
+
+@dataclass(frozen=True)
+class ConvTiles:
+    oc_reg: int  # output channels per thread (registers)
+    oc_threads: int
+    h_threads: int  # output rows per block, one per thread
+    w_reg: int  # output columns per thread (registers)
+    w_threads: int
+    rc_chunk: int  # input channels per shared-memory round
+    fetch_per_row: bool  # stage one kernel row per round instead of the whole window
+
+    @property
+    def threads(self) -> int:
+        return self.oc_threads * self.h_threads * self.w_threads
+
+    @property
+    def oc_tile(self) -> int:
+        return self.oc_reg * self.oc_threads
+
+    @property
+    def w_tile(self) -> int:
+        return self.w_reg * self.w_threads
+
+    def shared_bytes(self, s: ConvShape) -> int:
+        rows = s.kh if not self.fetch_per_row else 1
+        patch_h = (self.h_threads - 1) * s.sh + (rows - 1) * s.dh + 1
+        patch_w = (self.w_tile - 1) * s.sw + (s.kw - 1) * s.dw + 1
+        elems = self.rc_chunk * (patch_h * patch_w + self.oc_tile * rows * s.kw)
+        return elems * BYTES.get(s.dtype, 4)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _tile(extent: int, limit: int) -> int:
+    """A tile of at most `limit` that wastes least: an exact divisor when one is at least half the limit,
+    else the even split of `extent` into ceil(extent / limit) tiles (the last one predicated)."""
+    limit = max(1, min(limit, extent))
+    for t in range(limit, (limit + 1) // 2 - 1, -1):
+        if t > 0 and extent % t == 0:
+            return t
+    return _ceil(extent, _ceil(extent, limit))
+
+
+def _divisor_at_most(extent: int, limit: int) -> int:
+    return max(d for d in range(1, max(1, min(extent, limit)) + 1) if extent % d == 0)
+
+
+def _pow2_floor(v: int) -> int:
+    return 1 << (max(1, v).bit_length() - 1)
+
+
+def _pow2_ceil(v: int) -> int:
+    return 1 << (max(1, v) - 1).bit_length()
+
+
+def pick_tiles(s: ConvShape) -> ConvTiles:
+    """Tile sizes from the shape: spatial tile first, then output channels, then the rc chunk."""
+    w_tile = _tile(s.ow, MAX_TILE_W)
+    w_reg = W_REG if w_tile % W_REG == 0 and w_tile >= 2 * W_REG else 1
+    w_threads = w_tile // w_reg
+    h_threads = _tile(s.oh, max(1, SPATIAL_TILE // w_tile))
+    spatial_threads = h_threads * w_threads
+    spatial_blocks = s.n * _ceil(s.oh, h_threads) * _ceil(s.ow, w_tile) * s.groups
+
+    oc_threads_max = max(1, TARGET_THREADS // spatial_threads)
+    oc_reg, oc_threads = 1, 1
+    for want_reg, want_threads in PER_THREAD_OC:  # largest per-thread tile whose grid still fills the GPU
+        want_threads = min(max(1, want_threads // spatial_threads), oc_threads_max)
+        if s.groups > 1:  # a block tile inside one group, so the input patch is that group's channels
+            oc_reg = _divisor_at_most(s.opg, want_reg)
+            oc_threads = _divisor_at_most(s.opg // oc_reg, want_threads)
+        else:  # powers of two; the last tile is predicated
+            oc_reg = min(want_reg, _pow2_floor(s.opg))
+            oc_threads = min(_pow2_floor(want_threads), _pow2_ceil(_ceil(s.opg, oc_reg)))
+        if spatial_blocks * _ceil(s.opg, oc_reg * oc_threads) >= MIN_BLOCKS:
+            break
+
+    def tiles(rc_chunk, per_row):
+        return ConvTiles(oc_reg, oc_threads, h_threads, w_reg, w_threads, rc_chunk, per_row)
+
+    # grouped: an exact chunk, so a chunk never reaches into the next group's channels
+    rc_tile = _divisor_at_most(s.cpg, RC_CHUNK) if s.groups > 1 else _tile(s.cpg, RC_CHUNK)
+    for per_row in (False, True):
+        for rc in range(rc_tile, 0, -1):
+            if s.groups > 1 and s.cpg % rc:
+                continue
+            t = tiles(rc, per_row)
+            if t.shared_bytes(s) <= SHARED_BUDGET_BYTES:
+                return t
+    return tiles(1, True)
+
+
+def conv_shape(attrs: dict, x_shape, w_shape, dtype: str = "float32") -> ConvShape:
+    from tvm_fusion.schedules.conv2d import conv2d_out_size
+
+    n, _, h, w = x_shape
+    cout, cpg, kh, kw = w_shape
+    sh, sw = attrs["strides"]
+    pt, pl, pb, pr = attrs["padding"]
+    dh, dw = attrs["dilation"]
+    groups = attrs["groups"]
+    return ConvShape(n, groups, cpg, cout // groups, conv2d_out_size(h, kh, sh, pt, pb, dh),
+                     conv2d_out_size(w, kw, sw, pl, pr, dw), kh, kw, sh, sw, dh, dw, dtype)
+
+
+def supports(attrs: dict, shapes, target) -> str | None:
+    x_shape, w_shape = shapes[0], shapes[-2]
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        return f"conv2d operands have ranks {len(x_shape)} and {len(w_shape)}; the CUDA schedule takes 4-D NCHW/OIHW"
+    s = conv_shape(attrs, x_shape, w_shape)
+    if s.oh < 1 or s.ow < 1:
+        return f"conv2d output is empty ({s.oh}x{s.ow})"
+    if not s.depthwise:
+        t = pick_tiles(s)
+        if t.shared_bytes(s) > MAX_SHARED_BYTES:
+            return (f"conv2d tile needs {t.shared_bytes(s)} bytes of shared memory even at its smallest; "
+                    f"the limit is {MAX_SHARED_BYTES}")
+        if t.threads > MAX_THREADS:
+            return f"conv2d tile needs {t.threads} threads per block; the limit is {MAX_THREADS}"
+    return None
+
+
+def _shape_from_func(sch, attrs) -> ConvShape:
+    params = sch.mod["main"].params  # x, [residual], W, b, out
+    x, w = params[0], params[-3]
+    return conv_shape(attrs, [int(d) for d in x.shape], [int(d) for d in w.shape], str(w.dtype))
+
+
+def _pad_block(sch):
+    try:
+        return sch.get_sblock("pad")
+    except Exception:  # noqa: BLE001 - no padding stage: the conv reads the input directly
+        return None
+
+
+def _loop_index(sch, block, loop) -> int:
+    target = sch.get(loop)
+    return next(i for i, lp in enumerate(sch.get_loops(block)) if sch.get(lp).same_as(target))
+
+
+@register_schedule(*CONV_RULES, target="cuda", supports=supports)
+def schedule_conv2d_cuda(sch, attrs, target):
+    s = _shape_from_func(sch, attrs)
+    if s.depthwise:
+        _schedule_depthwise(sch, s)
+    else:
+        _schedule_direct(sch, s, pick_tiles(s))
+
+
+def _schedule_direct(sch, s: ConvShape, t: ConvTiles) -> None:
+    conv, epi, pad = sch.get_sblock("conv"), sch.get_sblock("epilogue"), _pad_block(sch)
+    n, o, h, w, rc, rh, rw = sch.get_loops(conv)
+    bo, ov, ot = sch.split(o, [None, t.oc_reg, t.oc_threads])
+    bh, ht = sch.split(h, [None, t.h_threads])
+    bw, wv, wt = sch.split(w, [None, t.w_reg, t.w_threads])
+    rco, rci = sch.split(rc, [None, t.rc_chunk])
+    if s.groups > 1:  # the group on its own grid axis keeps `o // opg` provably constant per block
+        g, bo = sch.split(bo, [s.groups, None])
+        sch.reorder(g, n, bo, bh, bw, ov, wv, ot, ht, wt, rco, rh, rw, rci)
+        sch.bind(g, "blockIdx.y")
+    else:
+        sch.reorder(n, bo, bh, bw, ov, wv, ot, ht, wt, rco, rh, rw, rci)
+    bx = sch.fuse(n, bo, bh, bw)
+    tx = sch.fuse(ot, ht, wt)
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ov, "vthread.x")  # registers strided by the thread count: conflict-free, coalesced
+    sch.bind(wv, "vthread.y")
+    sch.bind(tx, "threadIdx.x")
+
+    # accumulators in registers; the epilogue reads them right there
+    sch.set_scope(conv, 0, "local")
+    sch.reverse_compute_at(epi, tx)
+
+    fetch_at = rh if t.fetch_per_row else rco
+    fetch_depth = 1 + _loop_index(sch, conv, fetch_at)
+    data_shared = sch.cache_read(conv, 0, "shared")
+    weight_shared = sch.cache_read(conv, 1, "shared")
+    for block in (data_shared, weight_shared):
+        sch.compute_at(block, fetch_at)
+    if pad is not None:
+        sch.compute_inline(pad)
+    for block in (data_shared, weight_shared):
+        fused = sch.fuse(*sch.get_loops(block)[fetch_depth:])
+        _, tf = sch.split(fused, [None, t.threads])
+        sch.bind(tf, "threadIdx.x")
+
+    sch.decompose_reduction(conv, rco)
+    sch.annotate(tx, "pragma_auto_unroll_max_step", UNROLL_MAX_STEP)
+    sch.annotate(tx, "pragma_unroll_explicit", 0)
+
+
+def _schedule_depthwise(sch, s: ConvShape) -> None:
+    conv, epi, pad = sch.get_sblock("conv"), sch.get_sblock("epilogue"), _pad_block(sch)
+    if pad is not None:
+        sch.compute_inline(pad)
+    n, o, h, w, rc, rh, rw = sch.get_loops(conv)
+    fused = sch.fuse(n, o, h, w)
+    bx, tx = sch.split(fused, [None, DEPTHWISE_THREADS])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.set_scope(conv, 0, "local")
+    sch.reverse_compute_at(epi, tx)
+    sch.decompose_reduction(conv, rc)
+    sch.annotate(tx, "pragma_auto_unroll_max_step", UNROLL_MAX_STEP)
+    sch.annotate(tx, "pragma_unroll_explicit", 0)

@@ -1,0 +1,139 @@
+"""conv_epilogue rules: numerics over a parameter grid, golden IR, near misses, priority."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tvm_fusion import _tvm
+from tvm_fusion._tvm import relax, tvm
+from tvm_fusion.build import resolve_target
+from tvm_fusion.frontend import import_onnx
+from tvm_fusion.fuse import fuse
+from tvm_fusion.rules import RuleSet
+from tvm_fusion.testing import GraphBuilder, check_fused, conv_bn_relu, residual_block
+
+# (batch, cin, cout, hw, kernel, stride, pads, dilation, groups, bias)
+GRID = [
+    (1, 8, 16, (12, 12), 1, 1, [0, 0, 0, 0], 1, 1, True),
+    (1, 8, 16, (12, 12), 3, 1, [1, 1, 1, 1], 1, 1, False),
+    (4, 8, 16, (12, 12), 3, 2, [1, 1, 1, 1], 1, 1, True),
+    (1, 3, 13, (15, 15), 5, 1, [2, 2, 2, 2], 1, 1, True),
+    (1, 3, 16, (23, 23), 7, 2, [3, 3, 3, 3], 1, 1, False),
+    (1, 7, 7, (9, 11), 3, 1, [0, 1, 1, 0], 1, 1, True),  # asymmetric padding, odd channels
+    (1, 8, 8, (14, 14), 3, 1, [2, 2, 2, 2], 2, 1, True),  # dilation 2
+    (4, 8, 12, (10, 10), 3, 1, [1, 1, 1, 1], 1, 2, True),  # groups 2
+    (1, 16, 16, (14, 14), 3, 1, [1, 1, 1, 1], 1, 16, True),  # depthwise
+    (1, 16, 16, (15, 15), 3, 2, [1, 1, 1, 1], 1, 16, False),  # depthwise, stride 2
+    (4, 5, 9, (7, 9), 1, 2, [0, 0, 0, 0], 1, 1, True),  # 1x1 stride 2, odd sizes, batch 4
+    (1, 32, 24, (7, 7), 3, 1, [1, 1, 1, 1], 1, 4, False),  # grouped, 7x7 spatial
+]
+
+
+@pytest.mark.parametrize("case", GRID, ids=lambda c: "n{}c{}o{}k{}s{}p{}d{}g{}{}".format(
+    c[0], c[1], c[2], c[4], c[5], "".join(map(str, c[6])), c[7], c[8], "b" if c[9] else ""))
+def test_conv2d_bn_relu_numerics(case, rules):
+    n, cin, cout, hw, k, s, pads, d, g, bias = case
+    model = conv_bn_relu(n, cin, cout, hw, k=k, stride=s, pads=pads, dilation=d, groups=g, bias=bias)
+    check_fused(model, rules, expect={"conv2d_bn_relu": 1})
+
+
+@pytest.mark.parametrize("bn,relu,bias,rule", [
+    (True, False, True, "conv2d_bn"),
+    (False, True, True, "conv2d_bias_relu"),
+    (False, True, False, "conv2d_relu"),
+])
+def test_family_members(bn, relu, bias, rule, rules):
+    check_fused(conv_bn_relu(2, 6, 10, (9, 9), bn=bn, relu=relu, bias=bias), rules, expect={rule: 1})
+
+
+def test_residual_block_is_exact(rules):
+    """The add's other operand (the skip connection) comes from outside the chain."""
+    check_fused(residual_block(n=2, c=8), rules, expect={"conv2d_bn_add_relu": 1, "conv2d_bn_relu": 1})
+
+
+def test_bn_output_with_second_consumer_declines(rules):
+    g = GraphBuilder(1)
+    x = g.input("x", [1, 4, 8, 8])
+    y = g.bn(g.conv(x, 4, 8), 8)
+    model = g.model([g.op("Relu", [y]), g.op("Sigmoid", [y])])
+    fused = check_fused(model, rules, expect={"conv2d_bn": 1})
+    reasons = [d.reason for d in fused.fused.decisions if d.rule == "conv2d_bn_relu" and d.reason]
+    assert reasons and "2 consumers" in reasons[0], reasons
+
+
+def test_conv_output_with_second_consumer_declines(rules):
+    g = GraphBuilder(2)
+    x = g.input("x", [1, 4, 8, 8])
+    c = g.conv(x, 4, 8, bias=False)
+    model = g.model([g.op("Relu", [g.bn(c, 8)]), g.op("Tanh", [c])])
+    fused = check_fused(model, rules, expect={})
+    reasons = {d.rule: d.reason for d in fused.fused.decisions}
+    assert "consumers" in reasons["conv2d_bn_relu"], reasons
+
+
+def _training_bn_module():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", _tvm.tensor_type((1, 4, 8, 8), "float32"))
+    rng = np.random.default_rng(0)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(rng.normal(size=(4, 4, 3, 3)).astype("float32"))
+            c = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
+            stats = [relax.const(rng.uniform(0.5, 1.5, 4).astype("float32")) for _ in range(4)]
+            b = bb.emit(relax.op.nn.batch_norm(c, *stats, axis=1, training=True))
+            y = bb.emit(relax.TupleGetItem(b, 0))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_training_mode_batch_norm_declines_with_reason(rules):
+    result = fuse(_training_bn_module(), resolve_target("llvm"), rules)
+    assert result.total == 0
+    reasons = [d.reason for d in result.decisions if d.rule == "conv2d_bn_relu"]
+    assert reasons and "training mode" in reasons[0]
+
+
+def test_higher_priority_wins_overlap(rules):
+    """conv -> bn -> relu matches conv2d_bn_relu and conv2d_bn; the higher priority takes it."""
+    mod = import_onnx(conv_bn_relu())
+    target = resolve_target("llvm")
+    both = RuleSet([rules["conv2d_bn_relu"], rules["conv2d_bn"]])
+    assert {k: v for k, v in fuse(mod, target, both).counts.items() if v} == {"conv2d_bn_relu": 1}
+    flipped = RuleSet([rules["conv2d_bn_relu"], dataclasses.replace(rules["conv2d_bn"], priority=1000)])
+    assert {k: v for k, v in fuse(mod, target, flipped).counts.items() if v} == {"conv2d_bn": 1}
+
+
+def test_golden_ir_of_conv_bn_relu(rules):
+    """main becomes one call_tir of the conv2d_bn_relu PrimFunc with W' and b' folded as constants."""
+    g = GraphBuilder(3)
+    x = g.input("x", [1, 3, 8, 8])
+    model = g.model([g.op("Relu", [g.bn(g.conv(x, 3, 4), 4)])])
+    result = fuse(import_onnx(model), resolve_target("llvm"), rules)
+    init = {t.name: t for t in model.graph.initializer}
+    from onnx import numpy_helper
+
+    w, b, gamma, beta, mean, var = (numpy_helper.to_array(init[n]).astype(np.float64)
+                                    for n in model.graph.node[0].input[1:] + model.graph.node[1].input[1:])
+    # the fuse stage first rewrites BN as x * s + t with s, t rounded to float32 (see fuse.py), then folds
+    exact = gamma / np.sqrt(var + np.float64(np.float32(1e-5)))
+    scale = exact.astype("float32").astype(np.float64)
+    shift = (beta - mean * exact).astype("float32").astype(np.float64)
+    w_folded = (w * scale[:, None, None, None]).astype("float32")
+    b_folded = (b * scale + shift).astype("float32")
+    gv = result.mod.get_global_var("conv2d_bn_relu")
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", _tvm.tensor_type((1, 3, 8, 8), "float32"))
+    with bb.function("main", [xv], {"num_input": 1}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.call_tir(gv, [xv, relax.const(w_folded), relax.const(b_folded)],
+                                                _tvm.tensor_type((1, 4, 8, 8), "float32")))
+        bb.emit_func_output(out)
+    expected = bb.get()["main"]
+    tvm.ir.assert_structural_equal(result.mod["main"], expected, map_free_vars=True)
+    prim = result.mod["conv2d_bn_relu"]
+    assert int(prim.attrs["op_pattern"]) == _tvm.OPAQUE and bool(prim.attrs[_tvm.SCHEDULED_ATTR])
+    assert result.groups[0].onnx_nodes  # traceable to the ONNX nodes

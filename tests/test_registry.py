@@ -1,0 +1,44 @@
+"""Registries refuse duplicates and answer unknown names with candidates."""
+
+import pytest
+
+from tvm_fusion import FusionError, decline, rule
+from tvm_fusion.patterns.conv_epilogue import conv_epilogue
+from tvm_fusion.registry import get_compute, register_compute, register_schedule
+from tvm_fusion.rules import Match, RuleSet
+
+
+def test_duplicate_rule_refused(rules):
+    dup = rule("conv2d_bn_relu")(lambda: conv_epilogue(bn=True, activation="relu"))
+    with pytest.raises(FusionError, match="duplicate rule 'conv2d_bn_relu'"):
+        RuleSet([rules["conv2d_bn_relu"], dup])
+
+
+def test_unknown_rule_lists_candidates(rules):
+    with pytest.raises(FusionError, match="did you mean conv2d_bn_relu"):
+        rules.select(disable=["conv2d_bn_rel"])
+
+
+def test_unknown_compute_lists_candidates(rules):
+    with pytest.raises(FusionError, match="no compute registered as 'conv2d_bn_relux'; did you mean"):
+        get_compute("conv2d_bn_relux", "llvm")
+
+
+def test_duplicate_compute_and_schedule_refused(rules):
+    with pytest.raises(FusionError, match="duplicate compute 'conv2d_bn_relu'"):
+        register_compute("conv2d_bn_relu")(lambda *a, **k: None)
+    with pytest.raises(FusionError, match="duplicate schedule 'conv2d_bn_relu' for target 'llvm'"):
+        register_schedule("conv2d_bn_relu", target="llvm")(lambda *a: None)
+
+
+def test_check_must_decline_with_a_reason():
+    r = rule("bad", check=lambda m: False)(lambda: conv_epilogue(bn=True))
+    with pytest.raises(FusionError, match="return None to accept or decline"):
+        r.run_check(Match("bad", {}))
+    ok = rule("good", check=lambda m: decline("no"))(lambda: conv_epilogue(bn=True))
+    assert str(ok.run_check(Match("good", {}))) == "no"
+
+
+def test_priority_order_is_documented_convention(rules):
+    names = rules.names()
+    assert names.index("conv2d_bn_add_relu") < names.index("conv2d_bn_relu") < names.index("conv2d_bn")

@@ -1,0 +1,178 @@
+"""Test support for rule authors and our suites: the dtype tolerance table, error measures, small ONNX
+graphs with seeded weights (GraphBuilder), and `check_fused` (fused vs unfused vs onnxruntime on llvm)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .errors import ToleranceExceeded
+
+__all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder",
+           "check_fused", "conv_bn_relu", "residual_block", "run_build"]
+
+OPSET = 17
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float  # relative to the largest |reference| value of the output
+    atol: float
+
+
+#: fused may differ from its reference by at most atol + rtol * max|reference| (per output).
+#: float32: BN folding and different summation orders change rounding, ~1e-6 per layer over 50+ layers.
+TOLERANCES = {
+    "float32": Tolerance(rtol=1e-4, atol=1e-5),
+    "float16": Tolerance(rtol=1e-2, atol=1e-3),
+    "bfloat16": Tolerance(rtol=5e-2, atol=1e-2),
+    "float64": Tolerance(rtol=1e-9, atol=1e-12),
+}
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    max_abs: float
+    max_rel: float  # max |a - b| / max |b|
+    bound: float  # the allowed max_abs
+    ok: bool
+
+
+def error_stats(actual, reference) -> ErrorStats:
+    actual, reference = np.asarray(actual), np.asarray(reference)
+    if actual.shape != reference.shape:
+        raise ToleranceExceeded(f"shape mismatch: {actual.shape} vs reference {reference.shape}")
+    tol = TOLERANCES.get(str(reference.dtype))
+    if tol is None:  # integer and bool outputs must match exactly
+        tol = Tolerance(0.0, 0.0)
+    ref = reference.astype(np.float64)
+    diff = np.abs(actual.astype(np.float64) - ref)
+    scale = float(np.abs(ref).max()) if ref.size else 0.0
+    max_abs = float(diff.max()) if diff.size else 0.0
+    finite = bool(np.isfinite(actual).all() == np.isfinite(reference).all())
+    bound = tol.atol + tol.rtol * scale
+    return ErrorStats(max_abs, max_abs / scale if scale else max_abs, bound, finite and max_abs <= bound)
+
+
+def assert_close(actual, reference, what: str = "output") -> ErrorStats:
+    stats = error_stats(actual, reference)
+    if not stats.ok:
+        raise ToleranceExceeded(f"{what}: max abs error {stats.max_abs:.3g} exceeds {stats.bound:.3g} "
+                                f"(max rel {stats.max_rel:.3g}, dtype {np.asarray(reference).dtype})")
+    return stats
+
+
+# ---------------------------------------------------------------- small ONNX graphs
+
+
+class GraphBuilder:
+    """Append nodes and seeded constants; `model()` returns a checked ModelProto."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits, self.inputs, self.n = [], [], [], 0
+
+    def name(self, prefix: str) -> str:
+        self.n += 1
+        return f"{prefix}{self.n}"
+
+    def input(self, name: str, shape, dtype=TensorProto.FLOAT) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, dtype, shape))
+        return name
+
+    def const(self, array: np.ndarray, prefix: str = "c") -> str:
+        name = self.name(prefix)
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def op(self, op_type: str, inputs, n_out: int = 1, **attrs):
+        outs = [self.name(op_type.lower()) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=self.name(op_type), **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def conv(self, x: str, cin: int, cout: int, k=3, stride=1, pads=None, dilation=1, groups=1, bias=True) -> str:
+        kh, kw = (k, k) if isinstance(k, int) else k
+        fan_in = cin // groups * kh * kw
+        w = self.const(self.rng.normal(0, np.sqrt(2.0 / fan_in), (cout, cin // groups, kh, kw)).astype(np.float32), "w")
+        ins = [x, w]
+        if bias:
+            ins.append(self.const(self.rng.normal(0, 0.1, cout).astype(np.float32), "b"))
+        pads = pads if pads is not None else [kh // 2 * dilation, kw // 2 * dilation] * 2
+        return self.op("Conv", ins, kernel_shape=[kh, kw], strides=[stride, stride], pads=list(pads),
+                       dilations=[dilation, dilation], group=groups)
+
+    def bn(self, x: str, c: int, training: bool = False) -> str:
+        vals = [self.rng.uniform(0.5, 1.5, c), self.rng.normal(0, 0.1, c), self.rng.normal(0, 0.5, c),
+                self.rng.uniform(0.5, 2.0, c)]
+        ins = [x] + [self.const(v.astype(np.float32), "bn") for v in vals]
+        if training:
+            return self.op("BatchNormalization", ins, n_out=3, epsilon=1e-5, training_mode=1)[0]
+        return self.op("BatchNormalization", ins, epsilon=1e-5)
+
+    def model(self, outputs, opset: int = OPSET) -> onnx.ModelProto:
+        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+        graph = helper.make_graph(self.nodes, "test", self.inputs, outs, self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model = onnx.shape_inference.infer_shapes(model)
+        onnx.checker.check_model(model)
+        return model
+
+
+def conv_bn_relu(n=1, cin=8, cout=16, hw=(12, 12), seed=0, bn=True, relu=True, bias=True, **conv) -> onnx.ModelProto:
+    g = GraphBuilder(seed)
+    x = g.input("x", [n, cin, *hw])
+    y = g.conv(x, cin, cout, bias=bias, **conv)
+    if bn:
+        y = g.bn(y, cout)
+    if relu:
+        y = g.op("Relu", [y])
+    return g.model([y])
+
+
+def residual_block(n=1, c=8, hw=(10, 10), seed=0) -> onnx.ModelProto:
+    """relu(bn(conv(relu(bn(conv(x))))) + x): a ResNet basic block."""
+    g = GraphBuilder(seed)
+    x = g.input("x", [n, c, *hw])
+    y = g.op("Relu", [g.bn(g.conv(x, c, c), c)])
+    y = g.bn(g.conv(y, c, c), c)
+    return g.model([g.op("Relu", [g.op("Add", [y, x])])])
+
+
+# ---------------------------------------------------------------- fused vs unfused vs onnxruntime
+def run_build(built, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    from ._tvm import relax, tvm
+
+    dev = tvm.cpu(0)
+    vm = relax.VirtualMachine(built.executable, dev)
+    out = vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs])
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    return [o.numpy() for o in out]
+
+
+def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
+    """Build unfused and fused on llvm; both must match onnxruntime and each other. Returns the fused build."""
+    from .build import build
+    from .compare import random_inputs, run_onnxruntime
+    from .frontend import import_onnx
+
+    mod = import_onnx(model)
+    inputs = random_inputs(model, seed=seed)
+    order = [i.name for i in model.graph.input if i.name in inputs]
+    arrays = [inputs[k] for k in order]
+    fused = build(mod, "llvm", "fused", rules=rules)
+    unfused = build(mod, "llvm", "unfused", rules=rules)
+    sess, _ = run_onnxruntime(model, inputs)
+    ref = sess.run(None, inputs)
+    got_f, got_u = run_build(fused, arrays), run_build(unfused, arrays)
+    for i, (f, u, r) in enumerate(zip(got_f, got_u, ref)):
+        assert_close(f, u, f"output {i}: fused vs unfused")
+        assert_close(f, r, f"output {i}: fused vs onnxruntime")
+    if expect is not None:
+        assert {k: v for k, v in fused.counts.items() if v} == expect
+    return fused
+
