@@ -51,6 +51,15 @@ def _schedule_oc_vector(sch, conv, epi, pad, oc_tile, w_tile, epi_mode):
     wcache = sch.cache_read(conv, 1 if pad is None else 1, "global")
     sch.compute_at(wcache, outer)
     sch.transform_layout(wcache, ("write", 0), lambda o_, c, r, s: (r, s, c, o_))
+    import os
+    pm = os.environ.get("PACK", "scalar")
+    if pm == "gather":
+        po, pc, pr, ps = sch.get_loops(wcache)[-4:]
+        sch.reorder(pr, ps, pc, po)
+        sch.vectorize(po)
+    elif pm == "vecin":
+        po, pc, pr, ps = sch.get_loops(wcache)[-4:]
+        sch.vectorize(sch.fuse(pc, pr, ps))
     sch.reverse_compute_at(epi, wo)
     sch.transform_layout(conv, ("write", 0), lambda n_, o_, h_, w_: (n_, h_, w_, o_))
     sch.set_scope(conv, 0, "local")

@@ -1,0 +1,113 @@
+"""The CLI as a user runs it: one clear line and a non-zero exit for bad input; compare fails loudly."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tvm_fusion.cli import main
+from tvm_fusion.testing import conv_bn_relu, residual_block
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_missing_file(capsys):
+    rc, out, err = _run(capsys, "compile", "missing.onnx", "-o", "x.so")
+    assert rc == 2 and err.strip() == "error: missing.onnx: no such file (expected an ONNX model, e.g. model.onnx)"
+
+
+def test_not_onnx(capsys, tmp_path):
+    bad = tmp_path / "model.onnx"
+    bad.write_bytes(b"\x00\x01garbage")
+    rc, _, err = _run(capsys, "compare", str(bad))
+    assert rc == 2 and err.startswith(f"error: {bad}: not an ONNX model") and err.count("\n") == 1
+
+
+def test_unsupported_op(capsys, tmp_path):
+    node = helper.make_node("NotARealOp", ["x"], ["y"], name="weird_1")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    rc, _, err = _run(capsys, "compare", str(path))
+    assert rc == 2
+    assert "node 'weird_1' uses op 'NotARealOp', which TVM's ONNX importer does not support" in err
+
+
+def test_unknown_rule_name(capsys, tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_relu(), str(path))
+    rc, _, err = _run(capsys, "compare", str(path), "--disable", "conv2d_bn_rlu")
+    assert rc == 2 and "did you mean conv2d_bn_relu" in err
+
+
+def test_compare_passes_and_prints_table(capsys, tmp_path):
+    path = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(path))
+    rc, out, _ = _run(capsys, "compare", str(path), "--repeat", "2")
+    assert rc == 0, out
+    assert "rules fired: conv2d_bn_add_relu 1, conv2d_bn_relu 1 (total 2)" in out
+    for word in ("unfused", "tvm", "fused", "onnxruntime", "fused vs unfused", "fused vs onnxruntime", "PASS"):
+        assert word in out
+
+
+WRONG_RULE = textwrap.dedent('''
+    """A deliberately wrong rule: conv -> relu lowered with weights scaled by 1.01."""
+    from tvm_fusion import Lowering, rule
+    from tvm_fusion.patterns.conv_epilogue import conv_epilogue
+
+    def _wrong(match):
+        low = conv_epilogue(bn=False, bias=False, activation="relu").lower(match)
+        low.constants[0] = low.constants[0] * 1.01
+        low.compute = "conv2d_relu"
+        return low
+
+    @rule("conv2d_relu_wrong", priority=10_000)
+    def conv2d_relu_wrong():
+        """conv2d -> relu  ==>  conv2d_relu(x, 1.01 * W)   (wrong on purpose)"""
+        spec = conv_epilogue(bn=False, bias=False, activation="relu")
+        return type(spec)(spec.pattern, spec.annotations, _wrong)
+''')
+
+
+def test_compare_fails_loudly_when_fused_is_wrong(capsys, tmp_path):
+    rules = tmp_path / "wrong_rules.py"
+    rules.write_text(WRONG_RULE)
+    model = tmp_path / "m.onnx"
+    onnx.save(conv_bn_relu(bn=False, bias=False), str(model))
+    rc, out, err = _run(capsys, "compare", str(model), "--rules", str(rules), "--repeat", "1")
+    assert rc == 1
+    assert "conv2d_relu_wrong 1" in out and "FAIL" in out
+    assert err.startswith("error: fused build exceeds the tolerance")
+
+
+def test_broken_rules_file_names_file(capsys, tmp_path):
+    rules = tmp_path / "broken.py"
+    rules.write_text("from tvm_fusion import rule\n@rule('x')\ndef x():\n    return 42\n")
+    rc, _, err = _run(capsys, "rules", "--rules", str(rules))
+    assert rc == 2 and str(rules) in err and "rule 'x' must return a Spec" in err
+
+
+def test_compile_llvm_writes_library_and_manifest(capsys, tmp_path):
+    model = tmp_path / "m.onnx"
+    onnx.save(residual_block(), str(model))
+    lib = tmp_path / "m.so"
+    rc, out, _ = _run(capsys, "compile", str(model), "--target", "llvm", "-o", str(lib))
+    assert rc == 0 and lib.exists()
+    manifest = json.loads((tmp_path / "m.so.json").read_text())
+    assert [g["rule"] for g in manifest["groups"]] == ["conv2d_bn_relu", "conv2d_bn_add_relu"]
+    assert all(g["onnx_nodes"] for g in manifest["groups"])
+    assert set(manifest["builds"]) == {"unfused", "tvm", "fused"}
+
+
+def test_console_script_installed():
+    out = subprocess.run([sys.executable, "-m", "tvm_fusion", "rules"], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0].split()[:2] == ["400", "conv2d_bn_add_relu"]
