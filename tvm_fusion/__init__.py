@@ -15,6 +15,7 @@ from .compare import CompareReport, compare
 from .compile import CompileResult, compile_model
 from .errors import FusionError, ToleranceExceeded
 from .examples import example_model, example_path
+from .explain import Explanation, explain
 from .frontend import import_onnx
 from .fuse import FuseResult
 from .fuse import fuse as _fuse
@@ -25,7 +26,7 @@ from .rules import Decline, Lowering, Match, Rule, RuleSet, Spec, commutative, d
 __all__ = [
     "Built", "CompareReport", "CompileResult", "Decline", "FuseResult", "FusionError", "Lowering", "Match",
     "Rule", "RuleSet", "Spec", "ToleranceExceeded", "build", "commutative", "compare", "compile", "decline",
-    "example_model", "example_path", "fuse", "import_onnx", "load_rules", "register_compute",
+    "Explanation", "example_model", "example_path", "explain", "fuse", "import_onnx", "load_rules", "register_compute",
     "register_schedule", "rule", "rules",
 ]
 

@@ -68,15 +68,22 @@ class _NamingImporter(ONNXGraphImporter):
     def _convert_operator(self, op_name, inputs, attrs, opset):
         sym = super()._convert_operator(op_name, inputs, attrs, opset)
         name = attrs.get("tvm_custom", {}).get("name")
-        if name and isinstance(sym, relax.Call) and isinstance(sym.ty, relax.TensorType):
+        if not name:
+            return sym
+        if isinstance(sym, relax.Call) and isinstance(sym.ty, (relax.TensorType, relax.TupleType)):
             sym = self.bb.emit(sym, name_hint=str(name))
+        elif isinstance(sym, relax.Tuple) and sym.fields and isinstance(sym.fields[0], relax.Var):
+            self.var_nodes[var_name(sym.fields[0])] = str(name)  # e.g. BatchNormalization: (y, mean, var)
         return sym
 
 
 def import_onnx_graph(model, shape_dict, opset):
-    """Run TVM's ONNX importer (node results bound to vars named after the nodes)."""
+    """Run TVM's ONNX importer (node results bound to vars named after the nodes).
+
+    Returns the module and {var name: node name} for results the importer bound itself."""
     importer = _NamingImporter(shape_dict, "float32", keep_params_in_input=False, sanitize=False)
-    return importer.from_onnx(model.graph, opset)
+    importer.var_nodes = {}
+    return importer.from_onnx(model.graph, opset), importer.var_nodes
 
 
 def pack_imports_to_bytes(module) -> bytes:

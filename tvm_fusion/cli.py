@@ -1,4 +1,4 @@
-"""`tvm-fusion`: compile / compare / rules, from the command line.
+"""`tvm-fusion`: compile / compare / explain / rules, from the command line.
 
 Every error the user can act on is one line `error: ...` and exit status 2; a compare whose fused build
 exceeds its dtype tolerance prints the table and exits 1.
@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     _common(m)
     m.add_argument("--repeat", type=int, default=10, help="timed runs per build (interleaved)")
     m.add_argument("--modes", default="unfused,tvm,fused", help="builds to make (comma separated)")
+    e = sub.add_parser("explain", help="which rule took each chain, why others declined, what is left to TVM")
+    _common(e)
     r = sub.add_parser("rules", help="list the rules in priority order")
     r.add_argument("--rules", action="append", default=[], metavar="FILE.py")
     r.add_argument("--only", default="")
@@ -78,6 +80,11 @@ def _run(args) -> int:
         return 0
     rules = _rules(args)
     model, shapes = _model(args), _shapes(args)
+    if args.command == "explain":
+        from .explain import explain
+
+        print(explain(model, args.target, shapes=shapes, rules=rules))
+        return 0
     if args.command == "compile":
         from .compile import compile_model
 

@@ -204,9 +204,10 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     shape_dict = _input_shapes(proto, shapes or {}, where, renamed)
     opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=None)
     try:
-        mod = _tvm.import_onnx_graph(proto, shape_dict, opset)
+        mod, var_nodes = _tvm.import_onnx_graph(proto, shape_dict, opset)
     except Exception as err:
         raise FusionError(f"{where}: TVM's ONNX importer failed: {type(err).__name__}: {err}") from None
+    table = {**{k: table.get(v, v) for k, v in var_nodes.items()}, **table}
     mod = mod.with_attr(ONNX_NODES_ATTR, table)
     mod = _rewrite_sums(mod)
     passes = [relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()] if fold_constants else []

@@ -57,48 +57,51 @@ class FuseResult:
 
 
 # ---------------------------------------------------------------- batch_norm(x)[0] -> x * s + t
-def _bn_pattern():
-    x = dpl.wildcard()
-    stats = [dpl.is_const() for _ in range(4)]
-    bn = dpl.is_op("relax.nn.batch_norm")(x, *stats)
-    return dpl.is_tuple_get_item(bn, 0), bn, x, stats
+def _inference_bn(call) -> bool:
+    return (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.nn.batch_norm"
+            and not bool(call.attrs.training) and all(_tvm.is_constant(a) for a in call.args[1:5])
+            and static_shape(call.args[0]) is not None)
+
+
+@relax.expr_functor.mutator
+class _BatchNormToAffine(relax.PyExprMutator):
+    def __init__(self, mod, var2val):
+        super().__init__(mod)
+        self.var2val = var2val
+
+    def visit_var_binding_(self, binding):
+        value = binding.value
+        bn = value.tuple_value if isinstance(value, relax.TupleGetItem) else None
+        while isinstance(bn, relax.Var):  # through aliases
+            bn = self.var2val.get(bn)
+        if bn is None or value.index != 0 or not _inference_bn(bn):
+            return super().visit_var_binding_(binding)
+        x = self.visit_expr(bn.args[0])
+        shape = static_shape(bn.args[0])
+        gamma, beta, mean, var = (_tvm.constant_value(a).astype(np.float64) for a in bn.args[1:5])
+        axis = int(bn.attrs.axis) % len(shape)
+        s = gamma / np.sqrt(var + float(bn.attrs.epsilon))
+        t = beta - mean * s
+        bshape = [1] * len(shape)
+        bshape[axis] = shape[axis]
+        dtype = str(_tvm.expr_type(bn.args[0]).dtype)
+        scaled = self.builder_.emit(relax.op.multiply(x, _tvm.make_constant(s.reshape(bshape).astype(dtype))))
+        affine = relax.op.add(scaled, _tvm.make_constant(t.reshape(bshape).astype(dtype)))
+        name = _tvm.var_name(binding.var)  # named after the BatchNormalization node by the importer
+        emit = self.builder_.emit if isinstance(binding.var, relax.DataflowVar) else self.builder_.emit_output
+        self.set_var_remap(binding.var, emit(affine, name_hint=name))
 
 
 def normalize_batch_norm(mod: tvm.IRModule) -> tvm.IRModule:
     """Inference batch_norm(x, gamma, beta, mean, var)[0]  ==>  x * s + t,
-    s = gamma / sqrt(var + eps), t = beta - mean * s, shaped to broadcast along the BN axis."""
-    root, bn, x, stats = _bn_pattern()
-
-    def rewriter(expr, matches):
-        call = matches[bn]
-        if bool(call.attrs.training):
-            return expr
-        shape = static_shape(matches[x])
-        if shape is None:
-            return expr
-        gamma, beta, mean, var = (_tvm.constant_value(matches[p]).astype(np.float64) for p in stats)
-        axis = int(call.attrs.axis) % len(shape)
-        s = gamma / np.sqrt(var + float(call.attrs.epsilon))
-        t = beta - mean * s
-        bshape = [1] * len(shape)
-        bshape[axis] = shape[axis]
-        dtype = str(_tvm.expr_type(matches[x]).dtype)
-        s_c = _tvm.make_constant(s.reshape(bshape).astype(dtype))
-        t_c = _tvm.make_constant(t.reshape(bshape).astype(dtype))
-        return relax.op.add(relax.op.multiply(matches[x], s_c), t_c)
-
-    out = mod
+    s = gamma / sqrt(var + eps), t = beta - mean * s, shaped to broadcast along the BN axis.
+    The result keeps the BatchNorm node's name, so matches and messages still name it."""
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
-            out = out.with_function(gv, dpl.rewrite_call(root, rewriter, func)) if hasattr(out, "with_function") \
-                else _replace(out, gv, dpl.rewrite_call(root, rewriter, func))
+            mutator = _BatchNormToAffine(out, relax.analysis.get_var2val(func))
+            out[gv] = mutator.visit_expr(func)
     return relax.transform.DeadCodeElimination()(out)
-
-
-def _replace(mod, gv, func):
-    mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    mod[gv] = func
-    return mod
 
 
 # ---------------------------------------------------------------- matching
@@ -254,7 +257,7 @@ def fuse(mod: tvm.IRModule, target, rules: RuleSet) -> FuseResult:
         raise FusionError(trace.errors[0])
     lower = _LowerComposites(fused, active, target, trace.members)
     out = lower.run()
-    out = relax.transform.DeadCodeElimination()(out)
+    out = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(out))
     counts = {r.name: 0 for r in active.ordered()}
     for g in lower.groups:
         counts[g.rule] += 1

@@ -1,0 +1,80 @@
+"""`explain`: for every candidate chain, the rule that took it or each rule's reason for declining, the ops
+left to TVM's own fusion, per-rule counts and the share of ops our rules cover."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ._tvm import relax, tvm
+from .build import resolve_target
+from .fuse import Decision, FuseResult, fuse
+from .rules import RuleSet
+
+__all__ = ["Explanation", "explain", "op_counts"]
+
+
+def op_counts(func) -> Counter:
+    """Relax operator calls in a function (call_tir counted as 'call_tir')."""
+    counts: Counter = Counter()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and hasattr(expr.op, "name"):
+            counts[str(expr.op.name)] += 1
+
+    relax.analysis.post_order_visit(func, visit)
+    return counts
+
+
+@dataclass
+class Explanation:
+    result: FuseResult
+    ops_before: Counter
+    ops_left: Counter
+
+    @property
+    def covered(self) -> int:
+        return sum(self.ops_before.values()) - sum(self.ops_left.values())
+
+    @property
+    def share(self) -> float:
+        total = sum(self.ops_before.values())
+        return self.covered / total if total else 0.0
+
+    def declined(self, rule: str | None = None) -> list[Decision]:
+        return [d for d in self.result.decisions if d.reason and (rule is None or d.rule == rule)]
+
+    def __str__(self) -> str:
+        lines = ["fused groups (rule <- ONNX nodes):"]
+        for g in self.result.groups:
+            lines.append(f"  {g.function:28s} {g.rule:22s} <- {', '.join(g.onnx_nodes) or '?'}")
+        by_root: dict[str, list[Decision]] = {}
+        for d in self.declined():
+            by_root.setdefault(d.onnx_node, []).append(d)
+        if by_root:
+            lines += ["", "declined candidates (chain ending at ONNX node: rule: reason):"]
+            for node, ds in by_root.items():
+                for d in ds:
+                    lines.append(f"  {node}: {d.rule}: {d.reason}")
+        if self.ops_left:
+            left = ", ".join(f"{op.replace('relax.', '')} x{n}" for op, n in sorted(self.ops_left.items()))
+            lines += ["", f"left to TVM's own fusion: {left}"]
+        fired = ", ".join(f"{k} {v}" for k, v in self.result.counts.items() if v) or "none"
+        lines += ["", f"rules fired: {fired}",
+                  f"ops covered by our rules: {self.covered} of {sum(self.ops_before.values())} ({self.share:.0%})"]
+        return "\n".join(lines)
+
+
+def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None) -> Explanation:
+    """Fuse `model` (path, ModelProto or Relax IRModule) and explain every decision."""
+    from . import frontend
+    from .loader import load_rules_for
+
+    mod = model if isinstance(model, tvm.IRModule) else frontend.import_onnx(model, shapes)
+    rules = rules if rules is not None else load_rules_for()
+    result = fuse(mod, resolve_target(target), rules)
+    before = op_counts(mod["main"])
+    before.pop("relax.call_tir", None)
+    left = op_counts(result.mod["main"])
+    left.pop("relax.call_tir", None)
+    return Explanation(result, before, left)
