@@ -11,11 +11,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_fusion import _tvm
+from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, static_shape
 
 SUPPORTED_DTYPES = ("float32",)
+CONV_FAMILY = "conv2d_affine"  # schedules/conv2d.py registers it; rules without their own compute use it
+
+
+#: single-op activations: name in schedules/activations.py -> the Relax op TVM's ONNX importer emits
+ACTIVATION_OPS = {
+    "relu": "relax.nn.relu",
+    "sigmoid": "relax.sigmoid",
+    "tanh": "relax.tanh",
+    "gelu_erf": "relax.nn.gelu",
+    "gelu_tanh": "relax.nn.gelu_tanh",
+}
+
+
+def activation_pattern(activation: str, y):
+    """act(y) as a dpl pattern."""
+    if activation not in ACTIVATION_OPS:
+        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATION_OPS)}")
+    return dpl.is_op(ACTIVATION_OPS[activation])(y)
 
 
 def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None, activation=None) -> Spec:
@@ -37,7 +55,7 @@ def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None,
         y = commutative("relax.add", y, other)
         ann.update(residual_add=y, residual=other)
     if activation is not None:
-        y = dpl.is_op(f"relax.nn.{activation}")(y)
+        y = activation_pattern(activation, y)
         ann["activation"] = y
     ann["root"] = y
     return Spec(y, ann, lambda m: lower_conv(m, activation))
@@ -114,7 +132,7 @@ def lower_conv(m: Match, activation) -> Lowering:
     if "residual" in m:
         inputs.append(m["residual"])
     return Lowering(
-        compute=m.rule,
+        compute=m.rule if registry.has_compute(m.rule) else CONV_FAMILY,
         inputs=inputs,
         constants=[w.astype(dtype), b.astype(dtype)],
         attrs=dict(

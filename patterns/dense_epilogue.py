@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_fusion import _tvm
+from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, static_shape
 
 SUPPORTED_DTYPES = ("float32",)
+DENSE_FAMILY = "dense_affine"  # schedules/dense.py registers it; rules without their own compute use it
 
 
 def dense_epilogue(*, activation=None) -> Spec:
@@ -47,7 +48,8 @@ def lower_dense(m: Match, activation) -> Lowering:
     w = _tvm.constant_value(matmul.args[1])
     b = np.asarray(m.const("bias")).reshape(-1)
     dtype = m.dtype("matmul")
-    return Lowering(compute=m.rule, inputs=[matmul.args[0]],
+    compute = m.rule if registry.has_compute(m.rule) else DENSE_FAMILY
+    return Lowering(compute=compute, inputs=[matmul.args[0]],
                     constants=[w.astype(dtype), b.astype(dtype)], attrs=dict(activation=activation))
 
 

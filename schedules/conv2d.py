@@ -13,7 +13,9 @@ from tvm_fusion.registry import register_compute
 
 from .activations import apply_activation
 
+CONV_FAMILY = "conv2d_affine"  # the compute every conv rule without a compute of its own lowers to
 CONV_RULES = (
+    CONV_FAMILY,
     "conv2d_bn_add_relu",
     "conv2d_bn_relu",
     "conv2d_bn",

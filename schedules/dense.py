@@ -11,7 +11,8 @@ from tvm_fusion.registry import register_compute
 
 from .activations import apply_activation
 
-DENSE_RULES = ("dense_bias_relu", "dense_bias")
+DENSE_FAMILY = "dense_affine"
+DENSE_RULES = (DENSE_FAMILY, "dense_bias_relu", "dense_bias")
 
 
 @register_compute(*DENSE_RULES)

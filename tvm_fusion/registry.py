@@ -17,7 +17,7 @@ from .errors import FusionError
 from .rules import close_names
 
 __all__ = ["Schedule", "get_compute", "get_schedule", "register_compute", "register_schedule",
-           "computes", "schedules"]
+           "computes", "has_compute", "schedules"]
 
 GENERIC = "generic"
 
@@ -65,6 +65,10 @@ def get_compute(name: str, target: str) -> Callable:
         if key in _COMPUTES:
             return _COMPUTES[key]
     raise FusionError(f"no compute registered as {name!r}; {close_names(name, {n for n, _ in _COMPUTES})}")
+
+
+def has_compute(name: str, target: str = GENERIC) -> bool:
+    return (name, target) in _COMPUTES or (name, GENERIC) in _COMPUTES
 
 
 def get_schedule(name: str, target: str) -> Schedule | None:

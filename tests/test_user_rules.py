@@ -1,0 +1,69 @@
+"""Rules from a user's file and from an installed plugin (entry-point group tvm_fusion.rules)."""
+
+import textwrap
+
+import pytest
+
+from tvm_fusion import FusionError, load_rules
+from tvm_fusion.loader import load_rules_for
+from tvm_fusion.testing import GraphBuilder, check_fused
+
+TANH_RULE = textwrap.dedent('''
+    from tvm_fusion import rule
+    from tvm_fusion.patterns.conv_epilogue import conv_checks, conv_epilogue
+
+    @rule("conv2d_bn_tanh", priority=250, check=conv_checks)
+    def conv2d_bn_tanh():
+        """conv2d -> [add bias] -> batch_norm -> tanh  ==>  conv2d_bn_tanh(x, W', b')"""
+        return conv_epilogue(bn=True, activation="tanh")
+''')
+
+
+def _conv_bn_tanh():
+    g = GraphBuilder(4)
+    x = g.input("x", [2, 3, 9, 9])
+    return g.model([g.op("Tanh", [g.bn(g.conv(x, 3, 6), 6)])])
+
+
+def test_readme_rule_from_a_file(tmp_path):
+    path = tmp_path / "my_rules.py"
+    path.write_text(TANH_RULE)
+    rules = load_rules_for([path])
+    assert rules["conv2d_bn_tanh"].source == str(path)
+    check_fused(_conv_bn_tanh(), rules, expect={"conv2d_bn_tanh": 1})
+    without = load_rules_for()
+    check_fused(_conv_bn_tanh(), without, expect={"conv2d_bn": 1})
+
+
+def test_rule_file_errors_name_the_file(tmp_path):
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    with pytest.raises(FusionError, match=f"{empty}: defines no rules"):
+        load_rules(empty)
+    broken = tmp_path / "broken.py"
+    broken.write_text("import tvm_fusion\nraise RuntimeError('boom')\n")
+    with pytest.raises(FusionError, match=f"{broken}: failed to load rules: RuntimeError: boom"):
+        load_rules(broken)
+
+
+def test_duplicate_of_builtin_refused(tmp_path):
+    path = tmp_path / "dup.py"
+    path.write_text(TANH_RULE.replace('"conv2d_bn_tanh"', '"conv2d_bn_relu"'))
+    with pytest.raises(FusionError, match="duplicate rule 'conv2d_bn_relu'"):
+        load_rules_for([path])
+
+
+def test_plugin_entry_point(monkeypatch, tmp_path):
+    """An installed package exposes a module of rules under the entry-point group tvm_fusion.rules."""
+    import importlib.metadata
+    import sys
+
+    (tmp_path / "fancy_rules.py").write_text(TANH_RULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ep = importlib.metadata.EntryPoint(name="fancy", value="fancy_rules", group="tvm_fusion.rules")
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group=None, **kw: [ep] if group == "tvm_fusion.rules" else real(group=group, **kw))
+    rules = load_rules_for()
+    assert "conv2d_bn_tanh" in rules
+    sys.modules.pop("fancy_rules", None)
