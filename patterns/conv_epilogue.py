@@ -13,27 +13,11 @@ import numpy as np
 
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
-from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, static_shape
+from tvm_fusion.patterns.activations import ACTIVATIONS, activation_pattern
+from tvm_fusion.rules import Decline, Lowering, Match, Spec, commutative, decline, rule, static_shape
 
 SUPPORTED_DTYPES = ("float32",)
 CONV_FAMILY = "conv2d_affine"  # schedules/conv2d.py registers it; rules without their own compute use it
-
-
-#: single-op activations: name in schedules/activations.py -> the Relax op TVM's ONNX importer emits
-ACTIVATION_OPS = {
-    "relu": "relax.nn.relu",
-    "sigmoid": "relax.sigmoid",
-    "tanh": "relax.tanh",
-    "gelu_erf": "relax.nn.gelu",
-    "gelu_tanh": "relax.nn.gelu_tanh",
-}
-
-
-def activation_pattern(activation: str, y):
-    """act(y) as a dpl pattern."""
-    if activation not in ACTIVATION_OPS:
-        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATION_OPS)}")
-    return dpl.is_op(ACTIVATION_OPS[activation])(y)
 
 
 def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None, activation=None) -> Spec:
@@ -54,11 +38,20 @@ def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None,
         other = dpl.wildcard()
         y = commutative("relax.add", y, other)
         ann.update(residual_add=y, residual=other)
+    act_params = None
     if activation is not None:
-        y = activation_pattern(activation, y)
-        ann["activation"] = y
+        y, act_ann, act_params = activation_pattern(activation, y)
+        ann.update(act_ann, activation=y)
     ann["root"] = y
-    return Spec(y, ann, lambda m: lower_conv(m, activation))
+
+    def check(m: Match):
+        result = act_params(m) if act_params else {}
+        return result if isinstance(result, Decline) else None
+
+    def lower(m: Match) -> Lowering:
+        return lower_conv(m, activation, act_params(m) if act_params else {})
+
+    return Spec(y, ann, lower, check)
 
 
 def _per_channel(expr, channels: int) -> np.ndarray | None:
@@ -110,7 +103,7 @@ def conv_checks(m: Match):
     return None
 
 
-def lower_conv(m: Match, activation) -> Lowering:
+def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
     conv = m.value("conv")
     attrs = conv.attrs
     w = _tvm.constant_value(conv.args[1]).astype(np.float64)
@@ -141,6 +134,7 @@ def lower_conv(m: Match, activation) -> Lowering:
             dilation=tuple(int(v) for v in attrs.dilation),
             groups=int(attrs.groups),
             activation=activation,
+            activation_params=dict(activation_params or {}),
         ),
     )
 
@@ -151,31 +145,41 @@ def _vector(m: Match, expr, channels: int) -> np.ndarray:
     return vec
 
 
-@rule("conv2d_bn_add_relu", priority=400, check=conv_checks)
-def conv2d_bn_add_relu():
-    """conv2d -> [add bias] -> batch_norm -> add(., other) -> relu  ==>  conv2d_bn_add_relu(x, other, W', b')"""
-    return conv_epilogue(bn=True, residual=True, activation="relu")
+#: structure -> (name prefix, priority tier, pattern options, formula of the match)
+STRUCTURES = {
+    "bn_add": ("conv2d_bn_add", 400, dict(bn=True, residual=True),
+               "conv2d -> [add bias] -> batch_norm -> add(., other) -> {act}  ==>  {name}(x, other, W', b')"),
+    "bn": ("conv2d_bn", 300, dict(bn=True),
+           "conv2d -> [add bias] -> batch_norm -> {act}  ==>  {name}(x, W', b')"),
+    "add": ("conv2d_add", 250, dict(bn=False, residual=True),
+            "conv2d -> [add bias] -> add(., other) -> {act}  ==>  {name}(x, other, W, b)"),
+    "bias": ("conv2d_bias", 150, dict(bn=False, bias=True),
+             "conv2d -> add bias -> {act}  ==>  {name}(x, W, b)"),
+    "plain": ("conv2d", 140, dict(bn=False, bias=False),
+              "conv2d -> {act}  ==>  {name}(x, W, 0)"),
+}
+#: within a tier, activations that contain another (hardswish contains hardsigmoid, silu contains sigmoid)
+#: are tried first
+ACTIVATION_RANK = {"hardswish": 9, "silu": 8, "gelu_tanh": 7, "gelu_erf": 6, "hardsigmoid": 5,
+                   "relu6": 4, "leaky_relu": 3, "sigmoid": 2, "tanh": 1, "relu": 0}
 
 
-@rule("conv2d_bn_relu", priority=300, check=conv_checks)
-def conv2d_bn_relu():
-    """conv2d -> [add bias] -> batch_norm -> relu  ==>  conv2d_bn_relu(x, W', b')"""
-    return conv_epilogue(bn=True, activation="relu")
+def _make_rule(structure: str, activation: str | None):
+    prefix, tier, options, formula = STRUCTURES[structure]
+    name = f"{prefix}_{activation}" if activation else prefix
+    priority = tier + (ACTIVATION_RANK[activation] if activation else -100)
+
+    def build():
+        return conv_epilogue(activation=activation, **options)
+
+    build.__doc__ = formula.format(act=activation or "", name=name).replace(" -> ", " -> ", 1)
+    if activation is None:
+        build.__doc__ = "conv2d -> [add bias] -> batch_norm  ==>  conv2d_bn(x, W', b')"
+    made = rule(name, priority=priority, check=conv_checks)(build)
+    made.source = __file__
+    return made
 
 
-@rule("conv2d_bn", priority=200, check=conv_checks)
-def conv2d_bn():
-    """conv2d -> [add bias] -> batch_norm  ==>  conv2d_bn(x, W', b')"""
-    return conv_epilogue(bn=True)
-
-
-@rule("conv2d_bias_relu", priority=150, check=conv_checks)
-def conv2d_bias_relu():
-    """conv2d -> add bias -> relu  ==>  conv2d_bias_relu(x, W, b)"""
-    return conv_epilogue(bn=False, bias=True, activation="relu")
-
-
-@rule("conv2d_relu", priority=140, check=conv_checks)
-def conv2d_relu():
-    """conv2d -> relu  ==>  conv2d_relu(x, W, 0)"""
-    return conv_epilogue(bn=False, bias=False, activation="relu")
+#: the table: every structure with every activation, plus conv2d_bn (projection shortcuts)
+RULES = [_make_rule(st, act) for st in STRUCTURES for act in sorted(ACTIVATIONS, key=lambda a: -ACTIVATION_RANK[a])]
+RULES.append(_make_rule("bn", None))

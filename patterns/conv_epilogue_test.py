@@ -13,7 +13,8 @@ from tvm_fusion.build import resolve_target
 from tvm_fusion.frontend import import_onnx
 from tvm_fusion.fuse import fuse
 from tvm_fusion.rules import RuleSet
-from tvm_fusion.testing import GraphBuilder, check_fused, conv_bn_relu, residual_block
+from tvm_fusion.testing import (ACTIVATION_FORMS, GELU_OPSET, GraphBuilder, apply_activation_onnx, check_fused,
+                                conv_bn_relu, residual_block)
 
 # (batch, cin, cout, hw, kernel, stride, pads, dilation, groups, bias)
 GRID = [
@@ -137,3 +138,41 @@ def test_golden_ir_of_conv_bn_relu(rules):
     prim = result.mod["conv2d_bn_relu"]
     assert int(prim.attrs["op_pattern"]) == _tvm.OPAQUE and bool(prim.attrs[_tvm.SCHEDULED_ATTR])
     assert result.groups[0].onnx_nodes  # traceable to the ONNX nodes
+
+
+ACT_CASES = [(act, form) for act, forms in ACTIVATION_FORMS.items() for form in forms]
+
+
+@pytest.mark.parametrize("act,form", ACT_CASES, ids=[f"{a}-{f}" for a, f in ACT_CASES])
+def test_every_activation_form_after_conv_bn(act, form, rules):
+    g = GraphBuilder(5)
+    x = g.input("x", [2, 3, 7, 9])
+    y = apply_activation_onnx(g, g.bn(g.conv(x, 3, 8), 8), form)
+    check_fused(g.model([y], opset=GELU_OPSET), rules, expect={f"conv2d_bn_{act}": 1})
+
+
+@pytest.mark.parametrize("structure,act", [("bn_add", "silu"), ("add", "relu6"), ("bias", "hardswish"),
+                                           ("plain", "gelu_erf"), ("bn_add", "leaky_relu"), ("add", "tanh")])
+def test_structures(structure, act, rules):
+    g = GraphBuilder(6)
+    x = g.input("x", [1, 6, 8, 8])
+    y = g.conv(x, 6, 6, bias=structure != "plain")
+    if structure.startswith("bn"):
+        y = g.bn(y, 6)
+    if structure.endswith("add"):
+        y = g.op("Add", [x, y])  # the skip connection first: operand order must not matter
+    y = apply_activation_onnx(g, y, ACTIVATION_FORMS[act][-1])
+    prefix = {"bn_add": "conv2d_bn_add", "add": "conv2d_add", "bias": "conv2d_bias", "plain": "conv2d"}[structure]
+    check_fused(g.model([y], opset=GELU_OPSET), rules, expect={f"{prefix}_{act}": 1})
+
+
+def test_gelu_with_wrong_constant_declines_with_reason(rules):
+    g = GraphBuilder(7)
+    x = g.input("x", [1, 3, 6, 6])
+    y = g.conv(x, 3, 4)
+    erf = g.op("Erf", [g.op("Div", [y, g.const(np.array(1.5, np.float32))])])
+    out = g.op("Mul", [g.op("Mul", [y, g.op("Add", [erf, g.const(np.array(1.0, np.float32))])]),
+                       g.const(np.array(0.5, np.float32))])
+    fused = check_fused(g.model([out]), rules, expect={})
+    reasons = [d.reason for d in fused.fused.decisions if d.rule == "conv2d_bias_gelu_erf"]
+    assert reasons == ["the erf argument's divisor is 1.5; gelu needs 1.41421"]

@@ -8,31 +8,32 @@ from tvm_fusion import FusionError, load_rules
 from tvm_fusion.loader import load_rules_for
 from tvm_fusion.testing import GraphBuilder, check_fused
 
-TANH_RULE = textwrap.dedent('''
+USER_RULE = textwrap.dedent('''
     from tvm_fusion import rule
     from tvm_fusion.patterns.conv_epilogue import conv_checks, conv_epilogue
 
-    @rule("conv2d_bn_tanh", priority=250, check=conv_checks)
-    def conv2d_bn_tanh():
-        """conv2d -> [add bias] -> batch_norm -> tanh  ==>  conv2d_bn_tanh(x, W', b')"""
-        return conv_epilogue(bn=True, activation="tanh")
+    @rule("conv2d_bn_add", priority=350, check=conv_checks)
+    def conv2d_bn_add():
+        """conv2d -> [add bias] -> batch_norm -> add(., other)  ==>  conv2d_bn_add(x, other, W', b')"""
+        return conv_epilogue(bn=True, residual=True)
 ''')
 
 
-def _conv_bn_tanh():
+def _conv_bn_add():
+    """A pre-activation residual end: no activation after the add."""
     g = GraphBuilder(4)
-    x = g.input("x", [2, 3, 9, 9])
-    return g.model([g.op("Tanh", [g.bn(g.conv(x, 3, 6), 6)])])
+    x = g.input("x", [2, 6, 9, 9])
+    return g.model([g.op("Add", [g.bn(g.conv(x, 6, 6), 6), x])])
 
 
 def test_readme_rule_from_a_file(tmp_path):
     path = tmp_path / "my_rules.py"
-    path.write_text(TANH_RULE)
+    path.write_text(USER_RULE)
     rules = load_rules_for([path])
-    assert rules["conv2d_bn_tanh"].source == str(path)
-    check_fused(_conv_bn_tanh(), rules, expect={"conv2d_bn_tanh": 1})
+    assert rules["conv2d_bn_add"].source == str(path)
+    check_fused(_conv_bn_add(), rules, expect={"conv2d_bn_add": 1})
     without = load_rules_for()
-    check_fused(_conv_bn_tanh(), without, expect={"conv2d_bn": 1})
+    check_fused(_conv_bn_add(), without, expect={"conv2d_bn": 1})
 
 
 def test_rule_file_errors_name_the_file(tmp_path):
@@ -48,7 +49,7 @@ def test_rule_file_errors_name_the_file(tmp_path):
 
 def test_duplicate_of_builtin_refused(tmp_path):
     path = tmp_path / "dup.py"
-    path.write_text(TANH_RULE.replace('"conv2d_bn_tanh"', '"conv2d_bn_relu"'))
+    path.write_text(USER_RULE.replace('"conv2d_bn_add"', '"conv2d_bn_relu"'))
     with pytest.raises(FusionError, match="duplicate rule 'conv2d_bn_relu'"):
         load_rules_for([path])
 
@@ -58,12 +59,12 @@ def test_plugin_entry_point(monkeypatch, tmp_path):
     import importlib.metadata
     import sys
 
-    (tmp_path / "fancy_rules.py").write_text(TANH_RULE)
+    (tmp_path / "fancy_rules.py").write_text(USER_RULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     ep = importlib.metadata.EntryPoint(name="fancy", value="fancy_rules", group="tvm_fusion.rules")
     real = importlib.metadata.entry_points
     monkeypatch.setattr(importlib.metadata, "entry_points",
                         lambda group=None, **kw: [ep] if group == "tvm_fusion.rules" else real(group=group, **kw))
     rules = load_rules_for()
-    assert "conv2d_bn_tanh" in rules
+    assert "conv2d_bn_add" in rules
     sys.modules.pop("fancy_rules", None)

@@ -1,7 +1,8 @@
 """ONNX -> Relax: `import_onnx` loads, sanitises, binds shapes, imports and folds constants.
 
 The result is what the pattern tables match against: weights are constants, dead bindings are gone,
-an opset-9 `Sum` of two tensors is an `add`, and every binding knows the ONNX node it came from
+an opset-9 `Sum`/`Max`/`Min` of two tensors is an `add`/`maximum`/`minimum`, a `Clip` with constant
+bounds is `clip` (see NORMALIZATIONS), and every binding knows the ONNX node it came from
 (module attribute `tvm_fusion.onnx_nodes`: relax var name -> ONNX node name).
 """
 
@@ -146,25 +147,78 @@ def _input_shapes(model, shapes: dict, where: str, renamed: dict[str, str]) -> d
     return out
 
 
-def _sum_of_two_to_add() -> tuple:
-    """sum(stack((broadcast_to(a), broadcast_to(b))), axis=0) -> add(a, b)   (opset-9 `Sum`)."""
+def _scalar(expr) -> float | None:
+    """The value of a scalar (size-1) float constant, else None."""
+    if not _tvm.is_constant(expr):
+        return None
+    value = _tvm.constant_value(expr)
+    return float(value.reshape(())) if value.size == 1 and value.dtype.kind == "f" else None
+
+
+def _uniform_to_scalar(expr):
+    """A constant whose elements are all equal (the importer broadcasts scalars) as a scalar constant."""
+    if _tvm.is_constant(expr):
+        value = _tvm.constant_value(expr)
+        if value.size > 1 and (value == value.flat[0]).all():
+            return _tvm.make_constant(value.flat[0].reshape(()))
+    return expr
+
+
+def _stacked_pair(op: str, make):
+    """op(stack((broadcast_to(a), b)), axis=0) -> make(a, b)   (opset-9 Sum / Max / Min of two inputs)."""
     a, b = dpl.wildcard(), dpl.wildcard()
-    bcast_a = dpl.is_op("relax.broadcast_to")(a, dpl.wildcard())
-    bcast_b = dpl.is_op("relax.broadcast_to")(b, dpl.wildcard())
-    stacked = dpl.is_op("relax.stack")(dpl.is_tuple([bcast_a, bcast_b]))
-    root = dpl.is_op("relax.sum")(stacked)
+    operand = lambda p: dpl.is_op("relax.broadcast_to")(p, dpl.wildcard()) | p  # noqa: E731
+    stacked = dpl.is_op("relax.stack")(dpl.is_tuple([operand(a), operand(b)]))
+    root = dpl.is_op(op)(stacked)
 
     def rewriter(expr, matches):
         attrs = matches[root].attrs
-        stack_attrs = matches[stacked].attrs
-        if [int(x) for x in attrs.axis] != [0] or attrs.keepdims or int(stack_attrs.axis) != 0:
+        if [int(x) for x in attrs.axis] != [0] or attrs.keepdims or int(matches[stacked].attrs.axis) != 0:
             return expr
         shapes = [_static_shape(e) for e in (expr, matches[a], matches[b])]
-        if None in shapes or shapes[1] != shapes[0] or shapes[2] != shapes[0]:
+        if None in shapes or shapes[1] != shapes[0] or shapes[2] not in (shapes[0], []):
             return expr
-        return relax.op.add(matches[a], matches[b])
+        return make(matches[a], _uniform_to_scalar(matches[b]))
 
     return root, rewriter
+
+
+def _call_tir_pair(name: str, make):
+    """call_tir(<topi name>, (x, scalar const)) -> make(x, c): TVM's importer legalizes Clip bounds early."""
+    x, c = dpl.wildcard(), dpl.is_const()
+    root = dpl.is_call_tir(name, args=[x, c])
+
+    def rewriter(expr, matches):
+        if _scalar(matches[c]) is None or _static_shape(matches[x]) != _static_shape(expr):
+            return expr
+        return make(matches[x], matches[c])
+
+    return root, rewriter
+
+
+def _min_of_max_to_clip():
+    """minimum(maximum(x, lo), hi) with scalar lo <= hi  ->  clip(x, lo, hi)."""
+    x, lo, hi = dpl.wildcard(), dpl.is_const(), dpl.is_const()
+    root = dpl.is_op("relax.minimum")(dpl.is_op("relax.maximum")(x, lo), hi)
+
+    def rewriter(expr, matches):
+        low, high = _scalar(matches[lo]), _scalar(matches[hi])
+        if low is None or high is None or low > high:
+            return expr
+        return relax.op.clip(matches[x], low, high)
+
+    return root, rewriter
+
+
+#: Relax-level clean-ups of what TVM's ONNX importer emits, in order (name, builder of (pattern, rewriter))
+NORMALIZATIONS = [
+    ("sum_of_two_to_add", lambda: _stacked_pair("relax.sum", relax.op.add)),
+    ("max_of_two_to_maximum", lambda: _stacked_pair("relax.max", relax.op.maximum)),
+    ("min_of_two_to_minimum", lambda: _stacked_pair("relax.min", relax.op.minimum)),
+    ("clip_lower_bound", lambda: _call_tir_pair("maximum", relax.op.maximum)),
+    ("clip_upper_bound", lambda: _call_tir_pair("minimum", relax.op.minimum)),
+    ("min_of_max_to_clip", _min_of_max_to_clip),
+]
 
 
 def _static_shape(expr):
@@ -175,14 +229,14 @@ def _static_shape(expr):
         return None
 
 
-def _rewrite_sums(mod: tvm.IRModule) -> tvm.IRModule:
-    root, rewriter = _sum_of_two_to_add()
-    out = tvm.IRModule()
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            func = dpl.rewrite_call(root, rewriter, func)
-        out[gv] = func
-    return out.with_attrs(mod.attrs) if mod.attrs else out
+def _normalize(mod: tvm.IRModule) -> tvm.IRModule:
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for _, build in NORMALIZATIONS:
+        root, rewriter = build()
+        for gv, func in out.functions.items():
+            if isinstance(func, relax.Function):
+                out[gv] = dpl.rewrite_call(root, rewriter, func)
+    return out
 
 
 def onnx_node_names(mod) -> dict[str, str]:
@@ -209,11 +263,11 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
         raise FusionError(f"{where}: TVM's ONNX importer failed: {type(err).__name__}: {err}") from None
     table = {**{k: table.get(v, v) for k, v in var_nodes.items()}, **table}
     mod = mod.with_attr(ONNX_NODES_ATTR, table)
-    mod = _rewrite_sums(mod)
-    passes = [relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()] if fold_constants else []
-    passes.append(relax.transform.DeadCodeElimination())
     with tvm.transform.PassContext(opt_level=3):
-        mod = tvm.transform.Sequential(passes, name="tvm_fusion.import")(mod)
+        if fold_constants:
+            mod = relax.transform.FoldConstant()(mod)
+        mod = _normalize(mod)  # after folding: Clip bounds are constants by then
+        mod = relax.transform.DeadCodeElimination()(mod)  # also drops unused legalized-Clip PrimFuncs
     if ONNX_NODES_ATTR not in (mod.attrs or {}):
         mod = mod.with_attr(ONNX_NODES_ATTR, table)
     return mod

@@ -58,11 +58,13 @@ class Lowering:
 
 @dataclass(frozen=True)
 class Spec:
-    """What a rule builder returns: the pattern, its annotated sub-patterns, and the lowering."""
+    """What a rule builder returns: the pattern, its annotated sub-patterns, the lowering, and
+    optionally a check intrinsic to the pattern (run before the rule's own check)."""
 
     pattern: Any
     annotations: dict[str, Any]
     lower: Callable[["Match"], Lowering]
+    check: Callable[["Match"], "Decline | None"] | None = None
 
 
 class Match:
@@ -144,9 +146,14 @@ class Rule:
         return self._spec
 
     def run_check(self, match: Match) -> Decline | None:
-        if self.check is None:
-            return None
-        result = self.check(match)
+        for check in (self.spec.check, self.check):
+            result = self._one_check(check, match) if check is not None else None
+            if result is not None:
+                return result
+        return None
+
+    def _one_check(self, check, match: Match) -> Decline | None:
+        result = check(match)
         if result is not None and not isinstance(result, Decline):
             raise FusionError(f"{self.source}: check of rule {self.name!r} returned {result!r}; "
                               "return None to accept or decline('reason') to refuse")
@@ -229,5 +236,7 @@ class RuleSet:
 
 
 def rules_in_module(module) -> list[Rule]:
-    """The Rule objects a module defines, in definition order."""
+    """The Rule objects a module defines, in definition order (or its `RULES` list, if it has one)."""
+    if isinstance(getattr(module, "RULES", None), (list, tuple)):
+        return list(module.RULES)
     return [v for v in vars(module).values() if isinstance(v, Rule)]

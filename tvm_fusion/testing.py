@@ -176,3 +176,55 @@ def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
         assert {k: v for k, v in fused.counts.items() if v} == expect
     return fused
 
+
+
+#: ONNX forms of each activation: name -> list of form names accepted by `apply_activation_onnx`
+ACTIVATION_FORMS = {
+    "relu": ["Relu"],
+    "relu6": ["Clip", "MaxMin"],
+    "leaky_relu": ["LeakyRelu"],
+    "sigmoid": ["Sigmoid"],
+    "tanh": ["Tanh"],
+    "silu": ["x*Sigmoid", "Sigmoid*x"],
+    "hardsigmoid": ["HardSigmoid"],
+    "hardswish": ["HardSwish", "x*HardSigmoid", "x*Clip(x+3)/6"],
+    "gelu_erf": ["Gelu", "erf-decomposed"],
+    "gelu_tanh": ["Gelu(tanh)", "tanh-decomposed"],
+}
+GELU_OPSET = 20  # the Gelu op
+
+
+def apply_activation_onnx(g: "GraphBuilder", y: str, form: str) -> str:
+    """Append ONNX nodes computing an activation of `y` in the given form (see ACTIVATION_FORMS)."""
+    f32 = lambda v: g.const(np.array(v, np.float32))  # noqa: E731
+    if form in ("Relu", "Sigmoid", "Tanh", "HardSwish"):
+        return g.op(form, [y])
+    if form == "Clip":
+        return g.op("Clip", [y, f32(0.0), f32(6.0)])
+    if form == "MaxMin":
+        return g.op("Min", [g.op("Max", [y, f32(0.0)]), f32(6.0)])
+    if form == "LeakyRelu":
+        return g.op("LeakyRelu", [y], alpha=0.1)
+    if form == "x*Sigmoid":
+        return g.op("Mul", [y, g.op("Sigmoid", [y])])
+    if form == "Sigmoid*x":
+        return g.op("Mul", [g.op("Sigmoid", [y]), y])
+    if form == "HardSigmoid":
+        return g.op("HardSigmoid", [y], alpha=0.2, beta=0.5)
+    if form == "x*HardSigmoid":
+        return g.op("Mul", [y, g.op("HardSigmoid", [y], alpha=1.0 / 6.0, beta=0.5)])
+    if form == "x*Clip(x+3)/6":
+        relu6 = g.op("Clip", [g.op("Add", [y, f32(3.0)]), f32(0.0), f32(6.0)])
+        return g.op("Div", [g.op("Mul", [y, relu6]), f32(6.0)])
+    if form == "Gelu":
+        return g.op("Gelu", [y])
+    if form == "Gelu(tanh)":
+        return g.op("Gelu", [y], approximate="tanh")
+    if form == "erf-decomposed":  # as PyTorch exports it
+        erf = g.op("Erf", [g.op("Div", [y, f32(1.4142135381698608)])])
+        return g.op("Mul", [g.op("Mul", [y, g.op("Add", [erf, f32(1.0)])]), f32(0.5)])
+    if form == "tanh-decomposed":
+        cube = g.op("Pow", [y, f32(3.0)])
+        inner = g.op("Mul", [g.op("Add", [y, g.op("Mul", [cube, f32(0.044715)])]), f32(0.7978845834732056)])
+        return g.op("Mul", [g.op("Mul", [y, g.op("Add", [g.op("Tanh", [inner]), f32(1.0)])]), f32(0.5)])
+    raise ValueError(f"unknown activation form {form!r}")

@@ -1,0 +1,205 @@
+"""Activation patterns shared by the epilogue families: act(y) in each form TVM's ONNX importer emits.
+
+Each entry builds `(pattern, params)` for a pre-activation pattern `y`; `params(match_exprs)` returns the
+constants the compute needs (LeakyRelu alpha, HardSigmoid alpha/beta) or a Decline when the matched
+constants do not make the activation (e.g. a GELU whose erf argument is not divided by sqrt(2)).
+Names are the keys of schedules/activations.py ACTIVATIONS.
+
+    relu        relu(y)
+    relu6       clip(y, 0, 6)                              (Clip(0, 6); Max/Min pairs are normalised to clip)
+    leaky_relu  leakyrelu(y)
+    sigmoid     sigmoid(y)
+    tanh        tanh(y)
+    silu        y * sigmoid(y)                             (either operand order)
+    hardsigmoid clip(y * alpha + beta, 0, 1)
+    hardswish   y * (clip(y + 3, 0, 6) / 6)   |   y * hardsigmoid(y)   |   y * clip(y + 3, 0, 6) / 6
+    gelu_erf    gelu(y)   |   y * (erf(y / sqrt2) + 1) * 0.5
+    gelu_tanh   gelu_tanh(y)   |   y * (tanh(sqrt(2/pi) * (y + 0.044715 * y^3)) + 1) * 0.5
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm_fusion import _tvm
+from tvm_fusion._tvm import dpl
+from tvm_fusion.rules import Decline, commutative
+
+__all__ = ["ACTIVATIONS", "activation_pattern"]
+
+_TOL = 1e-4
+
+
+def _op(name, *args):
+    return dpl.is_op(name)(*args)
+
+
+def _const_value(expr) -> float | None:
+    if _tvm.is_constant(expr):
+        value = _tvm.constant_value(expr)
+        if value.size == 1:
+            return float(value.reshape(()))
+    return None
+
+
+def _clip_bounds(call) -> tuple[float, float]:
+    def number(arg):
+        while hasattr(arg, "value"):
+            arg = arg.value
+        return float(arg)
+
+    return number(call.args[1]), number(call.args[2])
+
+
+def _expect(name, expr, want: float, what: str):
+    got = _const_value(expr)
+    if got is None or abs(got - want) > _TOL * max(1.0, abs(want)):
+        return Decline(f"{what} is {got if got is not None else 'not a scalar constant'}; {name} needs {want:g}")
+    return None
+
+
+def _no_params(m):
+    return {}
+
+
+def _relu6(y):
+    clip = _op("relax.clip", y, dpl.wildcard(), dpl.wildcard())
+
+    def params(m):
+        lo, hi = _clip_bounds(m.value("act_clip"))
+        if (lo, hi) != (0.0, 6.0):
+            return Decline(f"clip bounds are ({lo:g}, {hi:g}); relu6 needs (0, 6)")
+        return {}
+
+    return clip, {"act_clip": clip}, params
+
+
+def _leaky(y):
+    p = _op("relax.nn.leakyrelu", y)
+    return p, {"act_leaky": p}, lambda m: {"alpha": float(m.value("act_leaky").attrs.alpha)}
+
+
+def _silu(y):
+    p = commutative("relax.multiply", y, _op("relax.sigmoid", y))
+    return p, {}, _no_params
+
+
+def _hardsigmoid_of(y, tag: str):
+    alpha, beta = dpl.is_const(), dpl.is_const()
+    clip = _op("relax.clip", commutative("relax.add", commutative("relax.multiply", y, alpha), beta),
+               dpl.wildcard(), dpl.wildcard())
+    ann = {f"{tag}_alpha": alpha, f"{tag}_beta": beta, f"{tag}_clip": clip}
+    return clip, ann
+
+
+def _hardsigmoid(y):
+    clip, ann = _hardsigmoid_of(y, "hs")
+
+    def params(m):
+        lo, hi = _clip_bounds(m.value("hs_clip"))
+        if (lo, hi) != (0.0, 1.0):
+            return Decline(f"clip bounds are ({lo:g}, {hi:g}); hardsigmoid needs (0, 1)")
+        a, b = _const_value(m["hs_alpha"]), _const_value(m["hs_beta"])
+        if a is None or b is None:
+            return Decline("hardsigmoid alpha/beta are not scalar constants")
+        return {"alpha": a, "beta": b}
+
+    return clip, ann, params
+
+
+def _hardswish(y):
+    three, six, six2 = dpl.is_const(), dpl.is_const(), dpl.is_const()
+    relu6_y3 = _op("relax.clip", commutative("relax.add", y, three), dpl.wildcard(), dpl.wildcard())
+    onnx_form = commutative("relax.multiply", y, _op("relax.divide", relu6_y3, six))
+    div_last = _op("relax.divide", commutative("relax.multiply", y, relu6_y3), six2)
+    hs, hs_ann = _hardsigmoid_of(y, "hw")
+    hs_form = commutative("relax.multiply", y, hs)
+    ann = {"hw_three": three, "hw_six": six, "hw_six2": six2, "hw_relu6": relu6_y3, **hs_ann}
+
+    def params(m):
+        if "hw_clip" in m:
+            lo, hi = _clip_bounds(m.value("hw_clip"))
+            checks = [(lo, 0.0, "clip low"), (hi, 1.0, "clip high"),
+                      (_const_value(m["hw_alpha"]), 1 / 6, "hardsigmoid alpha"),
+                      (_const_value(m["hw_beta"]), 0.5, "hardsigmoid beta")]
+            for got, want, what in checks:
+                if got is None or abs(got - want) > _TOL:
+                    return Decline(f"{what} is {got}; hardswish needs {want:g}")
+            return {}
+        lo, hi = _clip_bounds(m.value("hw_relu6"))
+        if (lo, hi) != (0.0, 6.0):
+            return Decline(f"clip bounds are ({lo:g}, {hi:g}); hardswish needs relu6 (0, 6)")
+        six_expr = m["hw_six"] if "hw_six" in m else m["hw_six2"]
+        return _expect("hardswish", m["hw_three"], 3.0, "the added constant") or \
+            _expect("hardswish", six_expr, 6.0, "the divisor") or {}
+
+    return onnx_form | div_last | hs_form, ann, params
+
+
+def _gelu_erf(y):
+    op = _op("relax.nn.gelu", y)
+    sqrt2, one, half = dpl.is_const(), dpl.is_const(), dpl.is_const()
+    erf = _op("relax.erf", _op("relax.divide", y, sqrt2))
+    inner = commutative("relax.multiply", y, commutative("relax.add", erf, one))
+    decomposed = commutative("relax.multiply", inner, half)
+    ann = {"ge_sqrt2": sqrt2, "ge_one": one, "ge_half": half, "ge_erf": erf}
+
+    def params(m):
+        if "ge_erf" not in m:
+            return {}
+        return (_expect("gelu", m["ge_sqrt2"], math.sqrt(2), "the erf argument's divisor")
+                or _expect("gelu", m["ge_one"], 1.0, "the added constant")
+                or _expect("gelu", m["ge_half"], 0.5, "the final factor") or {})
+
+    return op | decomposed, ann, params
+
+
+def _gelu_tanh(y):
+    op = _op("relax.nn.gelu_tanh", y)
+    c3, k, c, one, half = (dpl.is_const() for _ in range(5))
+    cube = _op("relax.power", y, c3)
+    poly = commutative("relax.add", y, commutative("relax.multiply", cube, k))
+    th = _op("relax.tanh", commutative("relax.multiply", poly, c))
+    inner = commutative("relax.multiply", y, commutative("relax.add", th, one))
+    decomposed = commutative("relax.multiply", inner, half)
+    ann = {"gt_c3": c3, "gt_k": k, "gt_c": c, "gt_one": one, "gt_half": half, "gt_tanh": th}
+
+    def params(m):
+        if "gt_tanh" not in m:
+            return {}
+        return (_expect("gelu_tanh", m["gt_c3"], 3.0, "the power")
+                or _expect("gelu_tanh", m["gt_k"], 0.044715, "the cubic coefficient")
+                or _expect("gelu_tanh", m["gt_c"], math.sqrt(2 / math.pi), "the tanh argument's factor")
+                or _expect("gelu_tanh", m["gt_one"], 1.0, "the added constant")
+                or _expect("gelu_tanh", m["gt_half"], 0.5, "the final factor") or {})
+
+    return op | decomposed, ann, params
+
+
+def _single(op_name):
+    def build(y):
+        return _op(op_name, y), {}, _no_params
+
+    return build
+
+
+#: name -> builder(y) -> (pattern, annotations, params(exprs) -> dict | Decline)
+ACTIVATIONS = {
+    "relu": _single("relax.nn.relu"),
+    "relu6": _relu6,
+    "leaky_relu": _leaky,
+    "sigmoid": _single("relax.sigmoid"),
+    "tanh": _single("relax.tanh"),
+    "silu": _silu,
+    "hardsigmoid": _hardsigmoid,
+    "hardswish": _hardswish,
+    "gelu_erf": _gelu_erf,
+    "gelu_tanh": _gelu_tanh,
+}
+
+
+def activation_pattern(name: str, y):
+    """(pattern, annotations, params) of activation `name` applied to pattern `y`."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name](y)
