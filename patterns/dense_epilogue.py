@@ -1,6 +1,9 @@
-"""matmul(x, W) -> add bias -> [relu]  ==>  dense_bias[_relu](x, W, b)   (ONNX Gemm / MatMul + Add).
+"""matmul(x, W) -> [add b] -> [batch_norm] -> [activation]  ==>  dense_<...>(x, W', b')   (Gemm / MatMul).
 
 TVM imports Gemm as permute_dims(W) + matmul + add; FoldConstant turns permute_dims(W) into a constant.
+x may be batched ([..., M, K] with a bias over the last axis): the kernel sees x as [rows, K] and its
+output is viewed back as [..., N] (reshapes, no copies). BatchNorm over the features (inference, as
+x * s + t after the fuse stage's normalization) folds into the weights: W' = W * s, b' = b * s + t.
 """
 
 from __future__ import annotations
@@ -9,57 +12,123 @@ import numpy as np
 
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
-from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, static_shape
+from tvm_fusion.patterns.activations import ACTIVATIONS, activation_pattern
+from tvm_fusion.rules import Decline, Lowering, Match, Spec, commutative, decline, rule, static_shape
 
 SUPPORTED_DTYPES = ("float32",)
 DENSE_FAMILY = "dense_affine"  # schedules/dense.py registers it; rules without their own compute use it
 
 
-def dense_epilogue(*, activation=None) -> Spec:
+def dense_epilogue(*, bias: bool | None = True, bn: bool = False, activation=None) -> Spec:
+    """The pattern of one family member. bias=None means "with or without a bias"."""
     matmul = dpl.is_op("relax.matmul")(dpl.wildcard(), dpl.is_const())
-    bias = dpl.is_const()
-    y = commutative("relax.add", matmul, bias)
-    ann = {"matmul": matmul, "bias_add": y, "bias": bias}
+    bias_const = dpl.is_const()
+    bias_add = commutative("relax.add", matmul, bias_const)
+    y = {None: matmul | bias_add, True: bias_add, False: matmul}[bias]
+    ann = {"matmul": matmul, "bias_add": bias_add, "bias": bias_const}
+    if bn:
+        scale = commutative("relax.multiply", y, dpl.is_const())
+        y = commutative("relax.add", scale, dpl.is_const())
+        ann.update(bn_scale=scale, bn_shift=y)
+    act_params = None
     if activation is not None:
-        y = dpl.is_op(f"relax.nn.{activation}")(y)
-        ann["activation"] = y
+        y, act_ann, act_params = activation_pattern(activation, y)
+        ann.update(act_ann, activation=y)
     ann["root"] = y
-    return Spec(y, ann, lambda m: lower_dense(m, activation))
+
+    def check(m: Match):
+        result = act_params(m) if act_params else {}
+        return result if isinstance(result, Decline) else None
+
+    def lower(m: Match) -> Lowering:
+        return lower_dense(m, activation, act_params(m) if act_params else {})
+
+    return Spec(y, ann, lower, check)
+
+
+def _const_operand(m: Match, name: str):
+    """The constant operand of the binary op annotated `name` (either operand order)."""
+    call = m.value(name)
+    return next(a for a in call.args if _tvm.is_constant(a))
+
+
+def _feature_vector(expr, n: int) -> np.ndarray | None:
+    """A constant broadcast over the last axis (shape (n,), (1, n), (1, 1, n), ... or scalar)."""
+    value = _tvm.constant_value(expr)
+    if value.size == 1:
+        return np.full(n, float(value.reshape(())))
+    if value.shape[-1] == n and value.size == n:
+        return value.reshape(n).astype(np.float64)
+    return None
 
 
 def dense_checks(m: Match):
     x_shape, w_shape = (static_shape(a) for a in m.value("matmul").args)
     if x_shape is None:
         return decline("matmul input has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)")
-    if len(x_shape) != 2 or len(w_shape) != 2:
-        return decline(f"matmul operands have ranks {len(x_shape)} and {len(w_shape)}; dense takes 2-D x and 2-D W")
+    if len(x_shape) < 2 or len(w_shape) != 2:
+        return decline(f"matmul operands have ranks {len(x_shape)} and {len(w_shape)}; dense takes x of rank "
+                       ">= 2 and a 2-D constant W")
     dtype = m.dtype("matmul")
     if dtype not in SUPPORTED_DTYPES:
         return decline(f"matmul dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
     n = w_shape[1]
-    b_shape = static_shape(m["bias"])
-    if b_shape not in ((n,), (1, n)):
-        return decline(f"bias has shape {b_shape}; expected ({n},) or (1, {n})")
+    for name in ("bias_add", "bn_scale", "bn_shift"):
+        if name in m:
+            const = _const_operand(m, name)
+            if _feature_vector(const, n) is None:
+                return decline(f"{name} constant has shape {static_shape(const)}; expected one value per output "
+                               f"feature ({n},) broadcast over the last axis")
     return None
 
 
-def lower_dense(m: Match, activation) -> Lowering:
+def lower_dense(m: Match, activation, activation_params=None) -> Lowering:
     matmul = m.value("matmul")
-    w = _tvm.constant_value(matmul.args[1])
-    b = np.asarray(m.const("bias")).reshape(-1)
+    x = matmul.args[0]
+    w = _tvm.constant_value(matmul.args[1]).astype(np.float64)
+    n = w.shape[1]
+    b = _feature_vector(_const_operand(m, "bias_add"), n) if "bias_add" in m else np.zeros(n)
+    if "bn_scale" in m:
+        s = _feature_vector(_const_operand(m, "bn_scale"), n)
+        t = _feature_vector(_const_operand(m, "bn_shift"), n)
+        w, b = w * s[None, :], b * s + t
     dtype = m.dtype("matmul")
-    compute = m.rule if registry.has_compute(m.rule) else DENSE_FAMILY
-    return Lowering(compute=compute, inputs=[matmul.args[0]],
-                    constants=[w.astype(dtype), b.astype(dtype)], attrs=dict(activation=activation))
+    x_shape = static_shape(x)
+    rows = int(np.prod(x_shape[:-1]))
+    batched = len(x_shape) > 2
+    return Lowering(
+        compute=m.rule if registry.has_compute(m.rule) else DENSE_FAMILY,
+        inputs=[x],
+        constants=[w.astype(dtype), b.astype(dtype)],
+        attrs=dict(activation=activation, activation_params=dict(activation_params or {})),
+        input_shapes={0: (rows, x_shape[-1])} if batched else {},
+        out_shape=(*x_shape[:-1], n) if batched else None,
+    )
 
 
-@rule("dense_bias_relu", priority=120, check=dense_checks)
-def dense_bias_relu():
-    """matmul(x, W) -> add b -> relu  ==>  dense_bias_relu(x, W, b)"""
-    return dense_epilogue(activation="relu")
+#: structure -> (name prefix, priority tier, pattern options, formula)
+STRUCTURES = {
+    "bn": ("dense_bn", 130, dict(bias=None, bn=True), "matmul(x, W) -> [add b] -> batch_norm -> {act}"),
+    "bias": ("dense_bias", 110, dict(bias=True), "matmul(x, W) -> add b -> {act}"),
+}
+ACTIVATION_RANK = {"hardswish": 9, "silu": 8, "gelu_tanh": 7, "gelu_erf": 6, "hardsigmoid": 5,
+                   "relu6": 4, "leaky_relu": 3, "sigmoid": 2, "tanh": 1, "relu": 0}
 
 
-@rule("dense_bias", priority=110, check=dense_checks)
-def dense_bias():
-    """matmul(x, W) -> add b  ==>  dense_bias(x, W, b)"""
-    return dense_epilogue()
+def _make_rule(structure: str, activation: str | None):
+    prefix, tier, options, formula = STRUCTURES[structure]
+    name = f"{prefix}_{activation}" if activation else prefix
+    priority = tier + (ACTIVATION_RANK[activation] + 1 if activation else 0)
+
+    def build():
+        return dense_epilogue(activation=activation, **options)
+
+    text = formula.replace(" -> {act}", f" -> {activation}" if activation else "")
+    build.__doc__ = f"{text}  ==>  {name}(x, W', b')"
+    made = rule(name, priority=priority, check=dense_checks)(build)
+    made.source = __file__
+    return made
+
+
+RULES = [_make_rule(st, act) for st in STRUCTURES
+         for act in [*sorted(ACTIVATIONS, key=lambda a: -ACTIVATION_RANK[a]), None]]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tvm_fusion.testing import GraphBuilder, check_fused
+from tvm_fusion.testing import GELU_OPSET, GraphBuilder, apply_activation_onnx, check_fused
 
 
 def _gemm(relu: bool, batch=3, k=20, n=12, seed=0):
@@ -30,11 +30,33 @@ def test_matmul_add_with_bias_first(rules):
     check_fused(g.model([y]), rules, expect={"dense_bias": 1})
 
 
-def test_batched_matmul_declines_with_reason(rules):
+@pytest.mark.parametrize("form", ["Gelu", "erf-decomposed", "Gelu(tanh)", "tanh-decomposed", "Relu"])
+def test_batched_matmul_bias_activation(form, rules):
+    """A transformer FFN: [batch, seq, K] @ W + b over the last axis, then GELU (both forms) or ReLU."""
     g = GraphBuilder(2)
-    x = g.input("x", [2, 3, 16])
-    w = g.const(g.rng.normal(0, 0.3, (16, 8)).astype(np.float32), "w")
-    b = g.const(g.rng.normal(0, 0.1, 8).astype(np.float32), "b")
+    x = g.input("x", [2, 5, 16])
+    w = g.const(g.rng.normal(0, 0.3, (16, 24)).astype(np.float32), "w")
+    b = g.const(g.rng.normal(0, 0.1, 24).astype(np.float32), "b")
+    y = apply_activation_onnx(g, g.op("Add", [g.op("MatMul", [x, w]), b]), form)
+    act = {"Relu": "relu", "Gelu": "gelu_erf", "erf-decomposed": "gelu_erf"}.get(form, "gelu_tanh")
+    check_fused(g.model([y], opset=GELU_OPSET), rules, expect={f"dense_bias_{act}": 1})
+
+
+def test_gemm_batch_norm_folds_into_weights(rules):
+    g = GraphBuilder(3)
+    x = g.input("x", [4, 10])
+    w = g.const(g.rng.normal(0, 0.3, (6, 10)).astype(np.float32), "w")
+    b = g.const(g.rng.normal(0, 0.1, 6).astype(np.float32), "b")
+    y = g.bn(g.op("Gemm", [x, w, b], transB=1), 6)
+    check_fused(g.model([g.op("Relu", [y])]), rules, expect={"dense_bn_relu": 1})
+
+
+def test_bias_over_wrong_axis_declines_with_reason(rules):
+    g = GraphBuilder(4)
+    x = g.input("x", [3, 8])
+    w = g.const(g.rng.normal(0, 0.3, (8, 5)).astype(np.float32), "w")
+    b = g.const(g.rng.normal(0, 0.1, (3, 1)).astype(np.float32), "b")
     fused = check_fused(g.model([g.op("Add", [g.op("MatMul", [x, w]), b])]), rules, expect={})
     reasons = [d.reason for d in fused.fused.decisions if d.rule == "dense_bias"]
-    assert reasons and "ranks 3 and 2" in reasons[0]
+    assert reasons == ["bias_add constant has shape (3, 1); expected one value per output feature (5,) "
+                       "broadcast over the last axis"]

@@ -12,7 +12,7 @@ from tvm_fusion.registry import register_compute
 from .activations import apply_activation
 
 DENSE_FAMILY = "dense_affine"
-DENSE_RULES = (DENSE_FAMILY, "dense_bias_relu", "dense_bias")
+DENSE_RULES = (DENSE_FAMILY, "dense_bias_relu", "dense_bias")  # the rest lower to DENSE_FAMILY
 
 
 @register_compute(*DENSE_RULES)

@@ -110,4 +110,7 @@ def test_compile_llvm_writes_library_and_manifest(capsys, tmp_path):
 
 def test_console_script_installed():
     out = subprocess.run([sys.executable, "-m", "tvm_fusion", "rules"], capture_output=True, text=True, check=True)
-    assert out.stdout.split("\n")[0].split()[:2] == ["400", "conv2d_bn_add_relu"]
+    rows = [line.split()[:2] for line in out.stdout.splitlines()]
+    assert ["400", "conv2d_bn_add_relu"] in rows and ["300", "conv2d_bn_relu"] in rows
+    priorities = [int(p) for p, _ in rows]
+    assert priorities == sorted(priorities, reverse=True)

@@ -134,7 +134,8 @@ def _leak(ctx, names: dict[str, str]) -> str | None:
 
 
 def _lowering_shapes(lowering: Lowering) -> list[tuple]:
-    return [static_shape(e) for e in lowering.inputs] + [tuple(c.shape) for c in lowering.constants]
+    return [lowering.shape_of_input(i) for i in range(len(lowering.inputs))] + \
+        [tuple(c.shape) for c in lowering.constants]
 
 
 def _make_check(rule: Rule, trace: _Trace):
@@ -173,7 +174,7 @@ def _make_check(rule: Rule, trace: _Trace):
 # ---------------------------------------------------------------- lowering composites
 def _build_primfunc(lowering: Lowering, target, name: str):
     compute = registry.get_compute(lowering.compute, target.kind.name)
-    tensors = [te.placeholder(static_shape(e), str(_tvm.expr_type(e).dtype), name=f"in{i}")
+    tensors = [te.placeholder(lowering.shape_of_input(i), str(_tvm.expr_type(e).dtype), name=f"in{i}")
                for i, e in enumerate(lowering.inputs)]
     consts = [te.placeholder(c.shape, str(c.dtype), name=f"c{i}") for i, c in enumerate(lowering.constants)]
     # compute signature: (*runtime inputs in rule order but weights first-class) -> see schedules/
@@ -219,6 +220,8 @@ class _LowerComposites(relax.PyExprMutator):
         lowering = spec.lower(Match(rule.name, exprs, var2val))
         params = {p: a for p, a in zip(func.params, call.args)}
         inputs = [params.get(e, e) for e in lowering.inputs]
+        inputs = [relax.op.reshape(e, lowering.input_shapes[i]) if i in lowering.input_shapes else e
+                  for i, e in enumerate(inputs)]
         key = (lowering.compute, tuple(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
         if key not in self.cache:
             prim, out = _build_primfunc(lowering, self.target, rule.name)
@@ -228,7 +231,8 @@ class _LowerComposites(relax.PyExprMutator):
         consts = [_tvm.make_constant(c) for c in lowering.constants]
         nodes = sorted({m for v in var2val for m in self.members.get(v, [])})
         self.groups.append(Group(rule.name, gv.name_hint, nodes, lowering.compute, dict(lowering.attrs)))
-        return relax.call_tir(gv, [*inputs, *consts], out_ty)
+        call = relax.call_tir(gv, [*inputs, *consts], out_ty)
+        return relax.op.reshape(call, lowering.out_shape) if lowering.out_shape else call
 
     def run(self):
         for gv, func in self.mod_.functions.items():

@@ -54,6 +54,11 @@ class Lowering:
     inputs: list  # relax exprs: runtime tensors of the matched subgraph
     constants: list[np.ndarray]  # weights folded at compile time
     attrs: dict[str, Any] = field(default_factory=dict)
+    input_shapes: dict[int, tuple] = field(default_factory=dict)  # view input i with this shape (reshape)
+    out_shape: tuple | None = None  # view the kernel's output with this shape (reshape)
+
+    def shape_of_input(self, i: int) -> tuple:
+        return tuple(self.input_shapes.get(i) or static_shape(self.inputs[i]))
 
 
 @dataclass(frozen=True)

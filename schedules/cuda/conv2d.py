@@ -1,44 +1,49 @@
 """CUDA schedule for the conv2d epilogue compute (`pad` -> `conv` -> `epilogue`, NCHW / OIHW).
 
-Direct convolution, the classic TVM `conv2d_direct` layout on the s_tir schedule:
+Direct convolution, the layout of TVM's classic `conv2d_direct` CUDA schedule on an s_tir schedule:
 
-    blockIdx.x  = (n, group, oc block, oh block, ow block)      one output tile per thread block
-    threadIdx.x = (oc thread, oh thread, ow thread)             one thread per (oc, oh, ow) column
-    per thread    OC_REG x W_REG accumulators in registers      strided by the thread count (conflict-free)
-    for rc chunk  input patch + weight tile -> shared memory    cooperative fetch by all threads,
-                  (the `pad` stage is inlined into the patch load, so padding is a predicated load)
-    epilogue      bias (+ residual) + activation from the registers, then one store
+    blockIdx.x    (n, oc block, oh block, ow block)    one output tile per block; blockIdx.y = group
+    vthread.x/y   OC_REG x W_REG accumulators          per thread, strided by the thread count, so the
+                                                       shared reads are conflict-free and stores coalesce
+    threadIdx.x   (oc, oh, ow) threads
+    for rc chunk  input patch + weight tile -> shared  cooperative fetch by all threads; the `pad` stage
+                                                       is inlined into the patch load (a predicated load)
+      rh, rw, rc  accumulate in registers
+    epilogue      bias (+ residual) + activation from the registers, one store per output
 
-Depthwise convolutions (one input channel per group) take a simpler branch: one thread per output,
-the window read straight from global memory (the op is memory bound; there is no reuse to stage).
-Extents that do not divide the tiles are split with predicates, so every shape is accepted.
+Tiles come from the shape (`pick_tiles`): a ~64-pixel spatial tile of whole-ish rows, output channels per
+block shrunk until the grid has MIN_BLOCKS blocks, then the largest rc chunk whose staging fits
+SHARED_BUDGET_BYTES. Extents that do not divide their tile are split with predicates, except inside
+grouped convs, where oc tiles and rc chunks divide the group (a tile never straddles two groups).
+Depthwise convs (one input channel per group) take a simpler branch: one thread per output, the window
+read straight from global memory (the op is memory bound; there is no reuse to stage).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.conv2d import CONV_RULES
-
-SUPPORTED_DTYPES = ("float32",)
+from tvm_fusion.schedules.conv2d import CONV_RULES, conv2d_out_size
 
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory per block (the launch limit)
 SHARED_BUDGET_BYTES = 24 * 1024  # what we aim for, so two blocks fit an SM's carve-out comfortably
 MAX_THREADS = 1024  # threads per block (the launch limit)
 TARGET_THREADS = 256  # threads per block we aim for
 MIN_BLOCKS = 128  # ~one block per SM of a 132-SM H100/H200: shrink tiles until the grid is this large
-SPATIAL_TILE = 64  # output pixels per block tile (8 x 8, 7 x 7, 4 x 14, ...)
+#: output pixels per block tile (4 x 16, 7 x 7, 4 x 14, ...); the smaller ones only when a patch won't fit
+SPATIAL_TILES = (64, 16, 4, 1)
 MAX_TILE_W = 16  # widest output-row tile
 #: (output channels per thread, threads per block) from the largest tile down, tried in order; the first
 #: whose grid has MIN_BLOCKS blocks wins (small layers trade register reuse for parallelism)
 PER_THREAD_OC = ((8, 256), (4, 256), (4, 128), (2, 128), (2, 64), (1, 64))
 W_REG = 2  # output columns per thread when the row tile is even
-RC_CHUNK = 16  # input channels staged per shared-memory round (fewer when the window is large)
+RC_CHUNK = 32  # most input channels staged per shared-memory round
+REDUCE_STEPS = 144  # multiply-adds per output per round we aim for: 32 channels of a 1x1, 16 of a 3x3, 2 of a 7x7
 DEPTHWISE_THREADS = 256  # threads per block of the depthwise branch
-UNROLL_MAX_STEP = 512  # pragma_auto_unroll_max_step on the thread loop
-BYTES = {"float32": 4}
+UNROLL_MAX_STEP = 16  # pragma_auto_unroll_max_step: more made nvcc spill the 3x3 kernels (255 registers)
+MAX_GRID_Y = 65535  # groups go on blockIdx.y
+BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}  # element sizes for the shared-memory sums
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,6 @@ class ConvTiles:
     w_reg: int  # output columns per thread (registers)
     w_threads: int
     rc_chunk: int  # input channels per shared-memory round
-    fetch_per_row: bool  # stage one kernel row per round instead of the whole window
 
     @property
     def threads(self) -> int:
@@ -85,10 +89,10 @@ class ConvTiles:
         return self.w_reg * self.w_threads
 
     def shared_bytes(self, s: ConvShape) -> int:
-        rows = s.kh if not self.fetch_per_row else 1
-        patch_h = (self.h_threads - 1) * s.sh + (rows - 1) * s.dh + 1
+        """The input patch and the weight tile of one rc chunk (the region TVM's compaction allocates)."""
+        patch_h = (self.h_threads - 1) * s.sh + (s.kh - 1) * s.dh + 1
         patch_w = (self.w_tile - 1) * s.sw + (s.kw - 1) * s.dw + 1
-        elems = self.rc_chunk * (patch_h * patch_w + self.oc_tile * rows * s.kw)
+        elems = self.rc_chunk * (patch_h * patch_w + self.oc_tile * s.kh * s.kw)
         return elems * BYTES.get(s.dtype, 4)
 
 
@@ -118,19 +122,12 @@ def _pow2_ceil(v: int) -> int:
     return 1 << (max(1, v) - 1).bit_length()
 
 
-def pick_tiles(s: ConvShape) -> ConvTiles:
-    """Tile sizes from the shape: spatial tile first, then output channels, then the rc chunk."""
-    w_tile = _tile(s.ow, MAX_TILE_W)
-    w_reg = W_REG if w_tile % W_REG == 0 and w_tile >= 2 * W_REG else 1
-    w_threads = w_tile // w_reg
-    h_threads = _tile(s.oh, max(1, SPATIAL_TILE // w_tile))
-    spatial_threads = h_threads * w_threads
-    spatial_blocks = s.n * _ceil(s.oh, h_threads) * _ceil(s.ow, w_tile) * s.groups
-
-    oc_threads_max = max(1, TARGET_THREADS // spatial_threads)
+def _oc_tiles(s: ConvShape, spatial_threads: int, spatial_blocks: int) -> tuple[int, int]:
+    """(output channels per thread, threads along output channels): the largest per-thread tile whose
+    grid still has MIN_BLOCKS blocks (small layers trade register reuse for parallelism)."""
     oc_reg, oc_threads = 1, 1
-    for want_reg, want_threads in PER_THREAD_OC:  # largest per-thread tile whose grid still fills the GPU
-        want_threads = min(max(1, want_threads // spatial_threads), oc_threads_max)
+    for want_reg, want_threads in PER_THREAD_OC:
+        want_threads = max(1, min(want_threads, TARGET_THREADS) // spatial_threads)
         if s.groups > 1:  # a block tile inside one group, so the input patch is that group's channels
             oc_reg = _divisor_at_most(s.opg, want_reg)
             oc_threads = _divisor_at_most(s.opg // oc_reg, want_threads)
@@ -139,25 +136,44 @@ def pick_tiles(s: ConvShape) -> ConvTiles:
             oc_threads = min(_pow2_floor(want_threads), _pow2_ceil(_ceil(s.opg, oc_reg)))
         if spatial_blocks * _ceil(s.opg, oc_reg * oc_threads) >= MIN_BLOCKS:
             break
+    return oc_reg, oc_threads
 
-    def tiles(rc_chunk, per_row):
-        return ConvTiles(oc_reg, oc_threads, h_threads, w_reg, w_threads, rc_chunk, per_row)
 
-    # grouped: an exact chunk, so a chunk never reaches into the next group's channels
-    rc_tile = _divisor_at_most(s.cpg, RC_CHUNK) if s.groups > 1 else _tile(s.cpg, RC_CHUNK)
-    for per_row in (False, True):
-        for rc in range(rc_tile, 0, -1):
-            if s.groups > 1 and s.cpg % rc:
-                continue
-            t = tiles(rc, per_row)
-            if t.shared_bytes(s) <= SHARED_BUDGET_BYTES:
+def _rc_chunks(s: ConvShape):
+    """Candidate input-channel chunks, largest first; exact divisors for grouped convs, so a chunk never
+    reaches into the next group's channels."""
+    want = max(1, min(RC_CHUNK, REDUCE_STEPS // (s.kh * s.kw)))
+    if s.groups > 1:
+        return [d for d in range(min(want, s.cpg), 0, -1) if s.cpg % d == 0]
+    return list(dict.fromkeys(_tile(s.cpg, limit) for limit in range(want, 0, -1)))
+
+
+def _candidates(s: ConvShape):
+    """Tilings from the preferred one down: smaller rc chunks first, then smaller spatial tiles, then a
+    single output channel per block, so only a huge window (or stride) can leave nothing that fits."""
+    for spatial in SPATIAL_TILES:
+        w_tile = _tile(s.ow, min(MAX_TILE_W, spatial))
+        w_reg = W_REG if w_tile % W_REG == 0 and w_tile >= 2 * W_REG else 1
+        h_threads = _tile(s.oh, max(1, spatial // w_tile))
+        spatial_threads = h_threads * (w_tile // w_reg)
+        spatial_blocks = s.n * s.groups * _ceil(s.oh, h_threads) * _ceil(s.ow, w_tile)
+        for oc_reg, oc_threads in (_oc_tiles(s, spatial_threads, spatial_blocks), (1, 1)):
+            for rc in _rc_chunks(s):
+                yield ConvTiles(oc_reg, oc_threads, h_threads, w_reg, w_tile // w_reg, rc)
+
+
+def pick_tiles(s: ConvShape) -> ConvTiles:
+    """Tile sizes from the shape: the first candidate within the shared-memory budget, else the first
+    within the hard limit, else the smallest (which `supports` then declines)."""
+    candidates = list(_candidates(s))
+    for limit in (SHARED_BUDGET_BYTES, MAX_SHARED_BYTES):
+        for t in candidates:
+            if t.shared_bytes(s) <= limit and t.threads <= MAX_THREADS:
                 return t
-    return tiles(1, True)
+    return candidates[-1]
 
 
 def conv_shape(attrs: dict, x_shape, w_shape, dtype: str = "float32") -> ConvShape:
-    from tvm_fusion.schedules.conv2d import conv2d_out_size
-
     n, _, h, w = x_shape
     cout, cpg, kh, kw = w_shape
     sh, sw = attrs["strides"]
@@ -169,6 +185,8 @@ def conv_shape(attrs: dict, x_shape, w_shape, dtype: str = "float32") -> ConvSha
 
 
 def supports(attrs: dict, shapes, target) -> str | None:
+    """Why the schedule cannot take this conv (the rule then declines and TVM's default path runs it), or
+    None. `shapes`: the runtime inputs (x[, residual]) then the constants (W, b)."""
     x_shape, w_shape = shapes[0], shapes[-2]
     if len(x_shape) != 4 or len(w_shape) != 4:
         return f"conv2d operands have ranks {len(x_shape)} and {len(w_shape)}; the CUDA schedule takes 4-D NCHW/OIHW"
@@ -176,6 +194,8 @@ def supports(attrs: dict, shapes, target) -> str | None:
     if s.oh < 1 or s.ow < 1:
         return f"conv2d output is empty ({s.oh}x{s.ow})"
     if not s.depthwise:
+        if s.groups > MAX_GRID_Y:
+            return f"conv2d has {s.groups} groups; the CUDA schedule puts them on blockIdx.y (at most {MAX_GRID_Y})"
         t = pick_tiles(s)
         if t.shared_bytes(s) > MAX_SHARED_BYTES:
             return (f"conv2d tile needs {t.shared_bytes(s)} bytes of shared memory even at its smallest; "
@@ -205,6 +225,7 @@ def _loop_index(sch, block, loop) -> int:
 
 @register_schedule(*CONV_RULES, target="cuda", supports=supports)
 def schedule_conv2d_cuda(sch, attrs, target):
+    """Schedule the conv PrimFunc "main" of `sch` in place."""
     s = _shape_from_func(sch, attrs)
     if s.depthwise:
         _schedule_depthwise(sch, s)
@@ -236,12 +257,11 @@ def _schedule_direct(sch, s: ConvShape, t: ConvTiles) -> None:
     sch.set_scope(conv, 0, "local")
     sch.reverse_compute_at(epi, tx)
 
-    fetch_at = rh if t.fetch_per_row else rco
-    fetch_depth = 1 + _loop_index(sch, conv, fetch_at)
+    fetch_depth = 1 + _loop_index(sch, conv, rco)
     data_shared = sch.cache_read(conv, 0, "shared")
     weight_shared = sch.cache_read(conv, 1, "shared")
     for block in (data_shared, weight_shared):
-        sch.compute_at(block, fetch_at)
+        sch.compute_at(block, rco)
     if pad is not None:
         sch.compute_inline(pad)
     for block in (data_shared, weight_shared):

@@ -1,0 +1,66 @@
+"""Check a scheduled CUDA PrimFunc against the launch limits, without a GPU.
+
+`tvm.compile` does not check the 48 KB static shared-memory limit (a 56 KB kernel builds and then fails at
+launch), so the tests lower each schedule through TVM's own s_tir pipeline, up to the point where the
+kernel's allocations and thread extents are final, and run `verify_gpu_code` on the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm_fusion._tvm import tvm, verify_gpu_code
+
+#: the launch limits of sm_90 (H100 / H200) that a kernel without dynamic shared memory must meet
+SM90_LIMITS = {
+    "max_shared_memory_per_block": 48 * 1024,
+    "max_threads_per_block": 1024,
+    "max_thread_x": 1024,
+    "max_thread_y": 1024,
+    "max_thread_z": 64,
+    "max_local_memory_per_block": 2**31 - 1,
+    "max_vthread": 8,
+    "max_vector_bytes": 16,
+}
+
+
+@dataclass(frozen=True)
+class GpuCheck:
+    ok: bool  # verify_gpu_code's verdict: threads per block, shared memory, vthreads, vector width
+    shared_bytes: int  # static shared memory per block
+
+    def __str__(self) -> str:
+        return f"verify_gpu_code={'ok' if self.ok else 'FAILED'}, shared={self.shared_bytes} B"
+
+
+def _lowering_passes():
+    """The default s_tir pipeline (tvm/s_tir/pipeline.py) up to MergeSharedMemoryAllocations."""
+    s_tir, tirx = tvm.s_tir, tvm.tirx
+    return [
+        s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerCrossThreadReduction(),
+        s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+        s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.LiftThreadBinding(),
+        s_tir.transform.ManifestSharedMemoryLocalStage(), s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.LowerAutoCopy(), s_tir.transform.UnifyThreadBinding(),
+        s_tir.transform.LowerMatchBuffer(), s_tir.transform.StmtSimplify(),
+        s_tir.transform.InjectSoftwarePipeline(), s_tir.transform.LowerOpaqueBlock(),
+        tirx.transform.FlattenBuffer(), tirx.transform.NarrowDataType(32), s_tir.transform.LoopPartition(),
+        tirx.transform.VectorizeLoop(True), s_tir.transform.InjectVirtualThread(),
+        s_tir.transform.InjectDoubleBuffer(), tirx.transform.StorageRewrite(), tirx.transform.UnrollLoop(),
+        tirx.transform.StmtSimplify(), tirx.transform.RemoveNoOp(), s_tir.transform.ThreadSync("shared"),
+        s_tir.transform.MergeSharedMemoryAllocations(),
+    ]
+
+
+def lower_for_device(func, target):
+    """`func` lowered to flat buffers with thread extents and allocations as the kernel will have them."""
+    func = func.with_attr("global_symbol", "main").with_attr("target", target)
+    with target, tvm.transform.PassContext(opt_level=3):
+        return tvm.ir.transform.Sequential(_lowering_passes())(tvm.IRModule({"main": func}))["main"]
+
+
+def check_gpu_limits(func, target, limits: dict | None = None) -> GpuCheck:
+    lowered = lower_for_device(func, target)
+    ok = bool(verify_gpu_code(lowered, limits or SM90_LIMITS))
+    alloc = tvm.s_tir.analysis.calculate_allocated_bytes(lowered)["main"]
+    return GpuCheck(ok, int(alloc.get("shared", 0)))
