@@ -9,6 +9,8 @@ from tvm_fusion.rules import RuleSet, rules_in_module
 TABLES = (
     "tvm_fusion.patterns.conv_epilogue",
     "tvm_fusion.patterns.dense_epilogue",
+    "tvm_fusion.patterns.norm",
+    "tvm_fusion.patterns.elementwise",
 )
 
 

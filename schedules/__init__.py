@@ -8,10 +8,16 @@ import importlib
 MODULES = (
     "tvm_fusion.schedules.conv2d",
     "tvm_fusion.schedules.dense",
+    "tvm_fusion.schedules.elementwise",
+    "tvm_fusion.schedules.layer_norm",
     "tvm_fusion.schedules.llvm.conv2d",
     "tvm_fusion.schedules.llvm.dense",
     "tvm_fusion.schedules.cuda.conv2d",
     "tvm_fusion.schedules.cuda.dense",
+    "tvm_fusion.schedules.llvm.elementwise",
+    "tvm_fusion.schedules.cuda.elementwise",
+    "tvm_fusion.schedules.llvm.layer_norm",
+    "tvm_fusion.schedules.cuda.layer_norm",
 )
 
 

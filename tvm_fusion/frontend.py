@@ -12,6 +12,7 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from . import _tvm
@@ -175,8 +176,8 @@ def _stacked_pair(op: str, make):
         attrs = matches[root].attrs
         if [int(x) for x in attrs.axis] != [0] or attrs.keepdims or int(matches[stacked].attrs.axis) != 0:
             return expr
-        shapes = [_static_shape(e) for e in (expr, matches[a], matches[b])]
-        if None in shapes or shapes[1] != shapes[0] or shapes[2] not in (shapes[0], []):
+        out, sa, sb = (_static_shape(e) for e in (expr, matches[a], matches[b]))
+        if None in (out, sa, sb) or list(np.broadcast_shapes(tuple(sa), tuple(sb))) != out:
             return expr
         return make(matches[a], _uniform_to_scalar(matches[b]))
 

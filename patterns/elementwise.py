@@ -1,0 +1,138 @@
+"""Elementwise / broadcast chains into one kernel:
+
+    relu(add(a, b))                          ==>  add_relu(a, b)          (a skip connection: both are tensors)
+    op_k(... op_2(op_1(a, b), c) ...), k>=3  ==>  elementwise_chain_k(...)
+
+Each op is one of schedules/elementwise.py BINARY (either operand order) or UNARY. The other operands of
+the chain may be tensors from anywhere (the dependency check of FuseOpsByPattern keeps the graph acyclic)
+or constants. An intermediate with a consumer outside the chain declines the match (generic check).
+"""
+
+from __future__ import annotations
+
+from tvm_fusion import _tvm, registry
+from tvm_fusion._tvm import dpl, relax
+from tvm_fusion.rules import Lowering, Match, Spec, decline, rule, static_shape
+from tvm_fusion.schedules.elementwise import BINARY, ELEMENTWISE_FAMILY, UNARY
+
+SUPPORTED_DTYPES = ("float32", "float16")
+LONGEST_CHAIN = 6
+
+
+def _step(prev):
+    """One op of the chain applied to `prev` (any operand slot)."""
+    alternatives = []
+    for op in BINARY:
+        alternatives += [dpl.is_op(op)(prev, dpl.wildcard()), dpl.is_op(op)(dpl.wildcard(), prev)]
+    for op in UNARY:
+        extra = [dpl.wildcard(), dpl.wildcard()] if op == "relax.clip" else []
+        alternatives.append(dpl.is_op(op)(prev, *extra))
+    out = alternatives[0]
+    for alt in alternatives[1:]:
+        out = out | alt
+    return out
+
+
+def _first():
+    binary = [dpl.is_op(op)(dpl.wildcard(), dpl.wildcard()) for op in BINARY]
+    out = binary[0]
+    for alt in binary[1:]:
+        out = out | alt
+    return out
+
+
+def chain(length: int) -> Spec:
+    y = _first()
+    ann = {"s1": y}
+    for i in range(2, length + 1):
+        y = _step(y)
+        ann[f"s{i}"] = y
+    ann["root"] = y
+    return Spec(y, ann, lambda m: lower_chain(m, length))
+
+
+def _resolve(m: Match, expr):
+    while isinstance(expr, relax.Var) and expr in m._var2val:  # noqa: SLF001 - Match internals
+        expr = m._var2val[expr]  # noqa: SLF001
+    return expr
+
+
+def _clip_params(call) -> tuple[float, float]:
+    def number(arg):
+        while hasattr(arg, "value"):
+            arg = arg.value
+        return float(arg)
+
+    return number(call.args[1]), number(call.args[2])
+
+
+def lower_chain(m: Match, length: int) -> Lowering:
+    tensors, consts, steps = [], [], []
+
+    def operand(expr) -> tuple[str, int]:
+        if _tvm.is_constant(expr):
+            consts.append(_tvm.constant_value(expr))
+            return ("c", len(consts) - 1)
+        for i, t in enumerate(tensors):
+            if t.same_as(expr):
+                return ("t", i)
+        tensors.append(expr)
+        return ("t", len(tensors) - 1)
+
+    prev = None
+    for i in range(1, length + 1):
+        call = m.value(f"s{i}")
+        op = str(call.op.name)
+        params = _clip_params(call) if op == "relax.clip" else None
+        if prev is None:
+            steps.append((op, None, (operand(call.args[0]), operand(call.args[1])), params))
+        elif op in UNARY:
+            steps.append((op, 0, None, params))
+        else:
+            pos = 0 if _resolve(m, call.args[0]).same_as(prev) else 1
+            steps.append((op, pos, operand(call.args[1 - pos]), params))
+        prev = call
+    # calling convention of the fuse core: compute(first tensor, *constants, *other tensors)
+    def index(ref):
+        kind, i = ref
+        return 1 + i if kind == "c" else (0 if i == 0 else 1 + len(consts) + i - 1)
+
+    recipe = tuple(
+        (op, pos, tuple(index(r) for r in ref) if pos is None else (None if ref is None else index(ref)), params)
+        for op, pos, ref, params in steps)
+    compute = m.rule if registry.has_compute(m.rule) else ELEMENTWISE_FAMILY
+    return Lowering(compute=compute, inputs=tensors, constants=consts, attrs={"recipe": recipe})
+
+
+def elementwise_checks(m: Match):
+    out = m["root"]
+    dtype = m.dtype("root")
+    if dtype not in SUPPORTED_DTYPES:
+        return decline(f"elementwise chain dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
+    if static_shape(out) is None:
+        return decline("elementwise chain has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)")
+    first = m.value("s1")
+    if all(_tvm.is_constant(a) for a in first.args):
+        return decline("the chain starts from constants only; FoldConstant should have folded it")
+    return None
+
+
+@rule("add_relu", priority=60, check=elementwise_checks)
+def add_relu():
+    """relu(add(a, b))  ==>  add_relu(a, b)"""
+    add = dpl.is_op("relax.add")(dpl.wildcard(), dpl.wildcard())
+    y = dpl.is_op("relax.nn.relu")(add)
+    return Spec(y, {"s1": add, "s2": y, "root": y}, lambda m: lower_chain(m, 2))
+
+
+def _make_chain_rule(length: int):
+    def build():
+        return chain(length)
+
+    build.__doc__ = f"op_{length}(...op_2(op_1(a, b), c)...)  ==>  elementwise_chain_{length}(...)"
+    made = rule(f"elementwise_chain_{length}", priority=40 + length, check=elementwise_checks)(build)
+    made.source = __file__
+    return made
+
+
+RULES = [add_relu] + [_make_chain_rule(n) for n in range(LONGEST_CHAIN, 2, -1)]

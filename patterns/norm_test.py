@@ -1,0 +1,64 @@
+"""norm rules: LayerNorm (op and decomposed), with the residual add, and the multi-consumer stories."""
+
+import numpy as np
+import pytest
+
+from tvm_fusion.testing import GraphBuilder, check_fused
+
+LN_OPSET = 18
+
+
+def layer_norm_onnx(g: GraphBuilder, h: str, c: int, decomposed: bool) -> str:
+    gamma = g.const(g.rng.uniform(0.5, 1.5, c).astype(np.float32))
+    beta = g.const(g.rng.normal(0, 0.1, c).astype(np.float32))
+    if not decomposed:
+        return g.op("LayerNormalization", [h, gamma, beta], axis=-1, epsilon=1e-5)
+    axes = g.const(np.array([-1], np.int64))
+    centered = g.op("Sub", [h, g.op("ReduceMean", [h, axes])])
+    var = g.op("ReduceMean", [g.op("Pow", [centered, g.const(np.float32(2))]), axes])
+    std = g.op("Sqrt", [g.op("Add", [var, g.const(np.float32(1e-5))])])
+    return g.op("Add", [g.op("Mul", [g.op("Div", [centered, std]), gamma]), beta])
+
+
+@pytest.mark.parametrize("decomposed", [False, True], ids=["op", "decomposed"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("shape", [(2, 5, 16), (3, 768), (1, 7, 13)])
+def test_layer_norm(decomposed, residual, shape, rules):
+    g = GraphBuilder(1)
+    x, r = g.input("x", list(shape)), g.input("r", list(shape))
+    h = g.op("Add", [x, r]) if residual else x
+    y = layer_norm_onnx(g, h, shape[-1], decomposed)
+    check_fused(g.model([y], opset=LN_OPSET), rules, expect={"add_layer_norm" if residual else "layer_norm": 1})
+
+
+def test_post_ln_output_with_several_consumers_fuses(rules):
+    """BERT (post-LN): the LayerNorm output feeds Q, K, V and the next residual add; it is the root."""
+    g = GraphBuilder(2)
+    x, r = g.input("x", [2, 4, 16]), g.input("r", [2, 4, 16])
+    ln = layer_norm_onnx(g, g.op("Add", [x, r]), 16, decomposed=False)
+    outs = [g.op("Tanh", [ln]), g.op("Sigmoid", [ln]), g.op("Add", [ln, x])]
+    fused = check_fused(g.model(outs, opset=LN_OPSET), rules)
+    assert fused.counts["add_layer_norm"] == 1
+
+
+def test_pre_ln_residual_sum_with_second_consumer_declines(rules):
+    """Pre-LN: the residual sum h = x + r is kept for the next residual, so it cannot be hidden."""
+    g = GraphBuilder(3)
+    x, r = g.input("x", [2, 4, 16]), g.input("r", [2, 4, 16])
+    h = g.op("Add", [x, r])
+    ln = layer_norm_onnx(g, h, 16, decomposed=True)
+    fused = check_fused(g.model([ln, g.op("Mul", [h, h])], opset=LN_OPSET), rules)
+    assert fused.counts["add_layer_norm"] == 0 and fused.counts["layer_norm"] == 1
+    reasons = [d.reason for d in fused.fused.decisions if d.rule == "add_layer_norm"]
+    assert reasons and "has 3 consumers" in reasons[0] and "Mul" in reasons[0]
+
+
+def test_layer_norm_over_two_axes_declines(rules):
+    g = GraphBuilder(4)
+    x = g.input("x", [2, 4, 8])
+    gamma = g.const(np.ones((4, 8), np.float32))
+    beta = g.const(np.zeros((4, 8), np.float32))
+    y = g.op("LayerNormalization", [x, gamma, beta], axis=-2, epsilon=1e-5)
+    fused = check_fused(g.model([y], opset=LN_OPSET), rules, expect={})
+    reasons = [d.reason for d in fused.fused.decisions if d.rule == "layer_norm"]
+    assert reasons == ["layer_norm normalizes axes [1, 2]; the compute takes the last axis only"]

@@ -1,0 +1,31 @@
+"""CPU schedule for an elementwise chain: every stage inlined into the last, loops fused, parallel outer
+part, vectorized inner part."""
+
+from __future__ import annotations
+
+from tvm_fusion.registry import register_schedule
+from tvm_fusion.schedules.elementwise import ELEMENTWISE_RULES
+
+VECTOR = 16  # fp32 lanes of one AVX-512 register
+MIN_PARALLEL = 4096  # elements below which threading costs more than it saves
+
+
+def inline_into_last(sch):
+    """Inline every stage into the output stage; return the output block."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    for block in blocks[:-1]:
+        sch.compute_inline(block)
+    return blocks[-1]
+
+
+@register_schedule(*ELEMENTWISE_RULES, target="llvm")
+def schedule_elementwise_llvm(sch, attrs, target):
+    last = inline_into_last(sch)
+    loops = sch.get_loops(last)
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    extent = int(sch.get(fused).extent)
+    if extent >= VECTOR:
+        outer, inner = sch.split(fused, [None, VECTOR])
+        sch.vectorize(inner)
+        if extent >= MIN_PARALLEL:
+            sch.parallel(outer)

@@ -1,0 +1,21 @@
+"""CPU schedule for LayerNorm: rows in parallel, both reductions and the output of a row computed
+together (the row stays in cache), the output vectorized."""
+
+from __future__ import annotations
+
+from tvm_fusion.registry import register_schedule
+from tvm_fusion.schedules.layer_norm import LAYER_NORM_RULES
+
+VECTOR = 16
+
+
+@register_schedule(*LAYER_NORM_RULES, target="llvm")
+def schedule_layer_norm_llvm(sch, attrs, target):
+    out = sch.get_sblock("out")
+    row, col = sch.get_loops(out)
+    sch.parallel(row)
+    sch.compute_at(sch.get_sblock("var"), row)
+    sch.compute_at(sch.get_sblock("mean"), row)
+    if int(sch.get(col).extent) % VECTOR == 0:
+        _, inner = sch.split(col, [None, VECTOR])
+        sch.vectorize(inner)
