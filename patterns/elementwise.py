@@ -67,9 +67,13 @@ def _clip_params(call) -> tuple[float, float]:
 
 
 def lower_chain(m: Match, length: int) -> Lowering:
-    tensors, consts, steps = [], [], []
+    tensors, consts, steps, calls = [], [], [], []
 
     def operand(expr) -> tuple[str, int]:
+        value = _resolve(m, expr)
+        for j, call in enumerate(calls):  # an earlier step's result, used again (e.g. y * f(y))
+            if value.same_as(call):
+                return ("s", j)
         if _tvm.is_constant(expr):
             consts.append(_tvm.constant_value(expr))
             return ("c", len(consts) - 1)
@@ -92,9 +96,13 @@ def lower_chain(m: Match, length: int) -> Lowering:
             pos = 0 if _resolve(m, call.args[0]).same_as(prev) else 1
             steps.append((op, pos, operand(call.args[1 - pos]), params))
         prev = call
+        calls.append(call)
     # calling convention of the fuse core: compute(first tensor, *constants, *other tensors)
+    # step results are referenced as -(step + 1)
     def index(ref):
         kind, i = ref
+        if kind == "s":
+            return -(i + 1)
         return 1 + i if kind == "c" else (0 if i == 0 else 1 + len(consts) + i - 1)
 
     recipe = tuple(
@@ -117,7 +125,7 @@ def elementwise_checks(m: Match):
     return None
 
 
-@rule("add_relu", priority=60, check=elementwise_checks)
+@rule("add_relu", priority=50, check=elementwise_checks)
 def add_relu():
     """relu(add(a, b))  ==>  add_relu(a, b)"""
     add = dpl.is_op("relax.add")(dpl.wildcard(), dpl.wildcard())
@@ -130,7 +138,7 @@ def _make_chain_rule(length: int):
         return chain(length)
 
     build.__doc__ = f"op_{length}(...op_2(op_1(a, b), c)...)  ==>  elementwise_chain_{length}(...)"
-    made = rule(f"elementwise_chain_{length}", priority=40 + length, check=elementwise_checks)(build)
+    made = rule(f"elementwise_chain_{length}", priority=60 + length, check=elementwise_checks)(build)
     made.source = __file__
     return made
 

@@ -2,9 +2,9 @@
 
     out = step_k( ... step_2(step_1(a, b), c) ... )     each step one unary or binary op (NumPy broadcasting)
 
-`recipe` is a tuple of steps (op, chain_position, operand): `chain_position` is the operand slot the running
-value takes (0 or 1; None for the first step, whose operands are both given), `operand` indexes the
-inputs (runtime tensors then constants, in call order) or is None for unary ops.
+`recipe` is a tuple of steps (op, chain_position, operand, params): `chain_position` is the operand slot the
+running value takes (0 or 1; None for the first step, whose operands are both given), `operand` indexes the
+compute's arguments (>= 0), or an earlier step's result as -(step + 1), or is None for unary ops.
 Stages are inlined into the last one by the schedules.
 """
 
@@ -40,16 +40,19 @@ UNARY = {
 
 @register_compute(*ELEMENTWISE_RULES)
 def elementwise_chain(*tensors, recipe, **_):
-    value = None
+    steps = []
+
+    def arg(ref):
+        return steps[-ref - 1] if ref < 0 else tensors[ref]
+
     for op, chain_pos, operand, params in recipe:
+        value = steps[-1] if steps else None
         if op in UNARY:
-            arg = tensors[operand] if value is None else value
-            value = UNARY[op](arg, params)
+            steps.append(UNARY[op](arg(operand) if value is None else value, params))
             continue
         if value is None:
-            a, b = tensors[operand[0]], tensors[operand[1]]
+            a, b = arg(operand[0]), arg(operand[1])
         else:
-            other = tensors[operand]
-            a, b = (value, other) if chain_pos == 0 else (other, value)
-        value = BINARY[op](a, b)
-    return value
+            a, b = (value, arg(operand)) if chain_pos == 0 else (arg(operand), value)
+        steps.append(BINARY[op](a, b))
+    return steps[-1]

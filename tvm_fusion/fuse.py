@@ -65,9 +65,10 @@ def _inference_bn(call) -> bool:
 
 @relax.expr_functor.mutator
 class _BatchNormToAffine(relax.PyExprMutator):
-    def __init__(self, mod, var2val):
+    def __init__(self, mod, var2val, names: dict):
         super().__init__(mod)
         self.var2val = var2val
+        self.names = names  # relax var name -> ONNX node; the new scale var is added to it
 
     def visit_var_binding_(self, binding):
         value = binding.value
@@ -85,21 +86,24 @@ class _BatchNormToAffine(relax.PyExprMutator):
         bshape = [1] * len(shape)
         bshape[axis] = shape[axis]
         dtype = str(_tvm.expr_type(bn.args[0]).dtype)
-        scaled = self.builder_.emit(relax.op.multiply(x, _tvm.make_constant(s.reshape(bshape).astype(dtype))))
-        affine = relax.op.add(scaled, _tvm.make_constant(t.reshape(bshape).astype(dtype)))
         name = _tvm.var_name(binding.var)  # named after the BatchNormalization node by the importer
+        scale = _tvm.make_constant(s.reshape(bshape).astype(dtype))
+        scaled = self.builder_.emit(relax.op.multiply(x, scale), name_hint=f"{name}_scale")
+        if name in self.names:
+            self.names[_tvm.var_name(scaled)] = self.names[name]
+        affine = relax.op.add(scaled, _tvm.make_constant(t.reshape(bshape).astype(dtype)))
         emit = self.builder_.emit if isinstance(binding.var, relax.DataflowVar) else self.builder_.emit_output
         self.set_var_remap(binding.var, emit(affine, name_hint=name))
 
 
-def normalize_batch_norm(mod: tvm.IRModule) -> tvm.IRModule:
+def normalize_batch_norm(mod: tvm.IRModule, names: dict | None = None) -> tvm.IRModule:
     """Inference batch_norm(x, gamma, beta, mean, var)[0]  ==>  x * s + t,
     s = gamma / sqrt(var + eps), t = beta - mean * s, shaped to broadcast along the BN axis.
     The result keeps the BatchNorm node's name, so matches and messages still name it."""
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
-            mutator = _BatchNormToAffine(out, relax.analysis.get_var2val(func))
+            mutator = _BatchNormToAffine(out, relax.analysis.get_var2val(func), {} if names is None else names)
             out[gv] = mutator.visit_expr(func)
     return relax.transform.DeadCodeElimination()(out)
 
@@ -253,7 +257,7 @@ def fuse(mod: tvm.IRModule, target, rules: RuleSet) -> FuseResult:
     ]
     token = _TARGET.set(target)
     try:
-        mod = normalize_batch_norm(mod)
+        mod = normalize_batch_norm(mod, names)
         fused = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=False)(mod)
     finally:
         _TARGET.reset(token)
