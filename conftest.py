@@ -7,6 +7,16 @@ import pytest
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# CI runs derandomized (the same examples every run); a failure prints the example and the seed/blob to
+# reproduce it (`@reproduce_failure(...)`). Locally: HYPOTHESIS_PROFILE=explore for fresh random examples.
+settings.register_profile("ci", derandomize=True, max_examples=12, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", max_examples=60, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 
 @pytest.fixture(scope="session")
 def resnet50_path():

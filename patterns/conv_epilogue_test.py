@@ -13,6 +13,7 @@ from tvm_fusion.build import resolve_target
 from tvm_fusion.frontend import import_onnx
 from tvm_fusion.fuse import fuse
 from tvm_fusion.rules import RuleSet
+from tvm_fusion.patterns.conv_epilogue import STRUCTURES
 from tvm_fusion.testing import (ACTIVATION_FORMS, GELU_OPSET, GraphBuilder, apply_activation_onnx, check_fused,
                                 conv_bn_relu, residual_block)
 
@@ -178,3 +179,48 @@ def test_gelu_with_wrong_constant_declines_with_reason(rules):
     fused = check_fused(g.model([out]), rules, expect={"elementwise_chain_6": 1})
     reasons = [d.reason for d in fused.fused.decisions if d.rule == "conv2d_bias_gelu_erf"]
     assert reasons == ["the erf argument's divisor is 1.5; gelu needs 1.41421"]
+
+
+# ---------------------------------------------------------------- property: over the family's domain
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tvm_fusion.testing import check_rule_property  # noqa: E402
+
+
+@st.composite
+def conv_chains(draw):
+    groups_kind = draw(st.sampled_from(["1", "2", "depthwise"]))
+    cin = draw(st.integers(1, 6)) * (2 if groups_kind == "2" else 1)
+    cout = {"1": draw(st.integers(1, 9)), "2": 2 * draw(st.integers(1, 4)), "depthwise": cin}[groups_kind]
+    groups = {"1": 1, "2": 2, "depthwise": cin}[groups_kind]
+    k, stride, dilation = draw(st.sampled_from([1, 3, 5])), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    pads = [draw(st.integers(0, k // 2 * dilation)) for _ in range(4)]
+    span = dilation * (k - 1) + 1
+    h, w = draw(st.integers(span, span + 6)), draw(st.integers(span, span + 6))
+    structure = draw(st.sampled_from(list(STRUCTURES)))
+    act = draw(st.sampled_from(list(ACTIVATION_FORMS)))
+    form = draw(st.sampled_from(ACTIVATION_FORMS[act]))
+    g = GraphBuilder(draw(st.integers(0, 2**16)))
+    n = draw(st.integers(1, 2))
+    x = g.input("x", [n, cin, h, w])
+    oh = (h + pads[0] + pads[2] - span) // stride + 1
+    ow = (w + pads[1] + pads[3] - span) // stride + 1
+    y = g.conv(x, cin, cout, k=k, stride=stride, pads=pads, dilation=dilation, groups=groups,
+               bias=structure != "plain")
+    if structure.startswith("bn"):
+        y = g.bn(y, cout)
+    if structure.endswith("add"):
+        skip = g.input("skip", [n, cout, oh, ow])
+        y = g.op("Add", [skip, y] if draw(st.booleans()) else [y, skip])
+    pre = y
+    y = apply_activation_onnx(g, y, form)
+    prefix = STRUCTURES[structure][0]
+    leak = draw(st.integers(0, 3)) == 0  # a near miss: the pre-activation value escapes, so it declines
+    return g.model([y, pre] if leak else [y], opset=GELU_OPSET), f"{prefix}_{act}"
+
+
+@given(case=conv_chains())
+def test_property_conv_family(case, rules):
+    model, rule_name = case
+    check_rule_property(model, rules, rule_name)

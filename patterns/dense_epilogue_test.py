@@ -60,3 +60,35 @@ def test_bias_over_wrong_axis_declines_with_reason(rules):
     reasons = [d.reason for d in fused.fused.decisions if d.rule == "dense_bias"]
     assert reasons == ["bias_add constant has shape (3, 1); expected one value per output feature (5,) "
                        "broadcast over the last axis"]
+
+
+# ---------------------------------------------------------------- property: over the family's domain
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tvm_fusion.testing import ACTIVATION_FORMS, check_rule_property  # noqa: E402
+
+
+@st.composite
+def dense_chains(draw):
+    lead = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
+    k, n = draw(st.integers(1, 24)), draw(st.integers(1, 24))
+    act = draw(st.sampled_from([None, *ACTIVATION_FORMS]))
+    bn = len(lead) == 1 and draw(st.booleans())  # BatchNormalization of a Gemm output: [N, C]
+    g = GraphBuilder(draw(st.integers(0, 2**16)))
+    x = g.input("x", [*lead, k])
+    w = g.const(g.rng.normal(0, 0.5, (k, n)).astype(np.float32))
+    b = g.const(g.rng.normal(0, 0.1, n).astype(np.float32))
+    y = g.op("Add", [b, g.op("MatMul", [x, w])] if draw(st.booleans()) else [g.op("MatMul", [x, w]), b])
+    if bn:
+        y = g.bn(y, n)
+    if act:
+        y = apply_activation_onnx(g, y, draw(st.sampled_from(ACTIVATION_FORMS[act])))
+    name = ("dense_bn" if bn else "dense_bias") + (f"_{act}" if act else "")
+    return g.model([y], opset=GELU_OPSET), name
+
+
+@given(case=dense_chains())
+def test_property_dense_family(case, rules):
+    model, rule_name = case
+    check_rule_property(model, rules, rule_name)

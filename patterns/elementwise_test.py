@@ -43,3 +43,36 @@ def test_chain_declines_when_an_intermediate_escapes(rules):
     assert fused.counts["elementwise_chain_4"] == 0
     reasons = [d.reason for d in fused.fused.decisions if d.rule == "elementwise_chain_4"]
     assert reasons and "consumers" in reasons[0]
+
+
+# ---------------------------------------------------------------- property: over the family's domain
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tvm_fusion.testing import check_rule_property  # noqa: E402
+
+
+@st.composite
+def chains(draw):
+    length = draw(st.integers(3, 6))
+    shape = draw(st.lists(st.integers(1, 6), min_size=1, max_size=4))
+    g = GraphBuilder(draw(st.integers(0, 2**16)))
+    a = g.input("a", shape)
+    b = g.input("b", [1] * (len(shape) - 1) + [shape[-1]])
+    y = g.op(draw(st.sampled_from(["Add", "Sub", "Mul"])), [a, b])
+    for _ in range(length - 1):
+        if draw(st.booleans()):
+            y = g.op(draw(st.sampled_from(["Relu", "Sigmoid", "Tanh", "Neg"])), [y])
+        else:
+            other = draw(st.sampled_from(["a", "b", "const"]))
+            other = g.const(g.rng.uniform(0.5, 1.5, shape[-1]).astype(np.float32)) if other == "const" else \
+                {"a": a, "b": b}[other]
+            op = draw(st.sampled_from(["Add", "Sub", "Mul", "Max", "Min"]))
+            y = g.op(op, [other, y] if draw(st.booleans()) else [y, other])
+    return g.model([y]), f"elementwise_chain_{length}"
+
+
+@given(case=chains())
+def test_property_elementwise_family(case, rules):
+    model, rule_name = case
+    check_rule_property(model, rules, rule_name)

@@ -62,3 +62,29 @@ def test_layer_norm_over_two_axes_declines(rules):
     fused = check_fused(g.model([y], opset=LN_OPSET), rules, expect={})
     reasons = [d.reason for d in fused.fused.decisions if d.rule == "layer_norm"]
     assert reasons == ["layer_norm normalizes axes [1, 2]; the compute takes the last axis only"]
+
+
+# ---------------------------------------------------------------- property: over the family's domain
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tvm_fusion.testing import check_rule_property  # noqa: E402
+
+
+@st.composite
+def layer_norms(draw):
+    shape = draw(st.lists(st.integers(1, 5), min_size=1, max_size=2)) + [draw(st.integers(2, 40))]
+    residual, decomposed = draw(st.booleans()), draw(st.booleans())
+    g = GraphBuilder(draw(st.integers(0, 2**16)))
+    x = g.input("x", shape)
+    h = g.op("Add", [x, g.input("r", shape)]) if residual else x
+    outs = [layer_norm_onnx(g, h, shape[-1], decomposed)]
+    if residual and draw(st.integers(0, 3)) == 0:  # a near miss: the residual sum escapes
+        outs.append(h)
+    return g.model(outs, opset=LN_OPSET), "add_layer_norm" if residual else "layer_norm"
+
+
+@given(case=layer_norms())
+def test_property_norm_family(case, rules):
+    model, rule_name = case
+    check_rule_property(model, rules, rule_name)

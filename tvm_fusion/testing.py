@@ -228,3 +228,25 @@ def apply_activation_onnx(g: "GraphBuilder", y: str, form: str) -> str:
         inner = g.op("Mul", [g.op("Add", [y, g.op("Mul", [cube, f32(0.044715)])]), f32(0.7978845834732056)])
         return g.op("Mul", [g.op("Mul", [y, g.op("Add", [g.op("Tanh", [inner]), f32(1.0)])]), f32(0.5)])
     raise ValueError(f"unknown activation form {form!r}")
+
+
+def check_rule_property(model, rules, rule_name: str, seed: int = 0) -> bool:
+    """The property every rule must have, with only `rule_name` active: if it fired, the fused build
+    matches the unfused build and onnxruntime; if it declined, the fused module is the module with no
+    rules at all. Returns whether it fired."""
+    from .build import resolve_target
+    from .frontend import import_onnx
+    from .fuse import fuse
+    from .rules import RuleSet
+
+    only = RuleSet([rules[rule_name]])
+    target = resolve_target("llvm")
+    mod = import_onnx(model)
+    result = fuse(mod, target, only)
+    if result.counts[rule_name]:
+        check_fused(model, only, seed=seed)
+        return True
+    from ._tvm import tvm
+
+    tvm.ir.assert_structural_equal(result.mod["main"], fuse(mod, target, RuleSet()).mod["main"])
+    return False
