@@ -1,0 +1,42 @@
+"""patterns/README.md's worked example runs as written."""
+
+import re
+from pathlib import Path
+
+import onnx
+
+from tvm_fusion.cli import main
+from tvm_fusion.testing import GraphBuilder, check_fused
+
+README = Path(__file__).parent.parent / "patterns" / "README.md"
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), re.S)
+
+
+def _pre_activation_block() -> onnx.ModelProto:
+    g = GraphBuilder(11)
+    x = g.input("x", [2, 8, 10, 10])
+    y = g.op("Relu", [g.bn(g.conv(x, 8, 8), 8)])
+    return g.model([g.op("Add", [g.bn(g.conv(y, 8, 8), 8), x])])
+
+
+def test_worked_example(tmp_path, monkeypatch, capsys):
+    rules_file, python_usage = _blocks("python")
+    (tmp_path / "my_rules.py").write_text(rules_file)
+    onnx.save(_pre_activation_block(), str(tmp_path / "model.onnx"))
+    monkeypatch.chdir(tmp_path)
+
+    assert main(["explain", "model.onnx", "--rules", "my_rules.py"]) == 0
+    out = capsys.readouterr().out
+    assert "rules fired: conv2d_bn_add 1, conv2d_bn_relu 1" in out
+
+    exec(compile(python_usage, "README python block", "exec"), {})  # noqa: S102 - our own docs
+    assert "conv2d_bn_add" in capsys.readouterr().out
+
+    import tvm_fusion as tf
+
+    check_fused(_pre_activation_block(), tf.rules(["my_rules.py"]),
+                expect={"conv2d_bn_add": 1, "conv2d_bn_relu": 1})
+    assert main(["compare", "model.onnx", "--rules", "my_rules.py", "--repeat", "1"]) == 0
