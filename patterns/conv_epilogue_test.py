@@ -224,3 +224,29 @@ def conv_chains(draw):
 def test_property_conv_family(case, rules):
     model, rule_name = case
     check_rule_property(model, rules, rule_name)
+
+
+def test_per_channel_checks_decline_with_reasons(rules):
+    """A conv 'bias' that is not per output channel, and a residual of another shape."""
+    from tvm_fusion import explain
+
+    g = GraphBuilder(12)
+    x = g.input("x", [1, 4, 6, 6])
+    c = g.conv(x, 4, 4, bias=False)
+    y = g.op("Relu", [g.op("Add", [c, g.const(np.ones((1, 1, 6, 6), np.float32))])])
+    reasons = [d.reason for d in explain(g.model([y]), rules=rules).declined("conv2d_add_relu")]
+    assert reasons == ["residual operand has shape (1, 1, 6, 6); expected the conv output shape (1, 4, 6, 6)"]
+
+
+def test_float16_conv_declines_with_reason(rules):
+    from onnx import TensorProto
+
+    from tvm_fusion import explain
+
+    g = GraphBuilder(13)
+    x = g.input("x", [1, 2, 5, 5], TensorProto.FLOAT16)
+    w = g.const(g.rng.normal(size=(3, 2, 3, 3)).astype(np.float16))
+    y = g.op("Relu", [g.op("Conv", [x, w], kernel_shape=[3, 3], pads=[1, 1, 1, 1])])
+    reasons = [d.reason for d in explain(g.model([y], dtype=TensorProto.FLOAT16), rules=rules)
+               .declined("conv2d_relu")]
+    assert reasons == ["conv2d dtype is float16; the compute supports float32"]

@@ -92,3 +92,46 @@ def dense_chains(draw):
 def test_property_dense_family(case, rules):
     model, rule_name = case
     check_rule_property(model, rules, rule_name)
+
+
+def test_golden_ir_of_batched_dense_bias_relu(rules):
+    """main: x viewed as [rows, K], one call_tir of dense_bias_relu with W and b as constants, viewed back."""
+    import tvm
+
+    from tvm_fusion import _tvm
+    from tvm_fusion._tvm import relax
+    from tvm_fusion.build import resolve_target
+    from tvm_fusion.frontend import import_onnx
+    from tvm_fusion.fuse import fuse
+
+    g = GraphBuilder(8)
+    x = g.input("x", [2, 3, 4])
+    w = g.rng.normal(0, 0.3, (4, 5)).astype(np.float32)
+    b = g.rng.normal(0, 0.1, 5).astype(np.float32)
+    y = g.op("Relu", [g.op("Add", [g.op("MatMul", [x, g.const(w)]), g.const(b)])])
+    result = fuse(import_onnx(g.model([y])), resolve_target("llvm"), rules)
+    gv = result.mod.get_global_var("dense_bias_relu")
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", _tvm.tensor_type((2, 3, 4), "float32"))
+    with bb.function("main", [xv], {"num_input": 1}):
+        with bb.dataflow():
+            flat = bb.emit(relax.op.reshape(xv, (6, 4)))
+            call = bb.emit(relax.call_tir(gv, [flat, relax.const(w), relax.const(b)],
+                                          _tvm.tensor_type((6, 5), "float32")))
+            out = bb.emit_output(relax.op.reshape(call, (2, 3, 5)))
+        bb.emit_func_output(out)
+    tvm.ir.assert_structural_equal(result.mod["main"], bb.get()["main"], map_free_vars=True)
+
+
+def test_float16_declines_with_reason(rules):
+    from onnx import TensorProto
+
+    g = GraphBuilder(9)
+    x = g.input("x", [2, 4], TensorProto.FLOAT16)
+    w = g.const(g.rng.normal(0, 0.3, (4, 3)).astype(np.float16))
+    b = g.const(g.rng.normal(0, 0.1, 3).astype(np.float16))
+    model = g.model([g.op("Add", [g.op("MatMul", [x, w]), b])], dtype=TensorProto.FLOAT16)
+    from tvm_fusion import explain
+
+    reasons = [d.reason for d in explain(model, rules=rules).declined("dense_bias")]
+    assert reasons == ["matmul dtype is float16; the compute supports float32"]

@@ -76,3 +76,39 @@ def chains(draw):
 def test_property_elementwise_family(case, rules):
     model, rule_name = case
     check_rule_property(model, rules, rule_name)
+
+
+def test_golden_ir_of_add_relu(rules):
+    import tvm
+
+    from tvm_fusion import _tvm
+    from tvm_fusion._tvm import relax
+    from tvm_fusion.build import resolve_target
+    from tvm_fusion.frontend import import_onnx
+    from tvm_fusion.fuse import fuse
+
+    g = GraphBuilder(3)
+    a, b = g.input("a", [2, 5]), g.input("b", [2, 5])
+    result = fuse(import_onnx(g.model([g.op("Relu", [g.op("Add", [a, b])])])), resolve_target("llvm"), rules)
+    gv = result.mod.get_global_var("add_relu")
+    assert result.groups[0].attrs["recipe"] == (("relax.add", None, (0, 1), None), ("relax.nn.relu", 0, None, None))
+    bb = relax.BlockBuilder()
+    av, bv = (relax.Var(n, _tvm.tensor_type((2, 5), "float32")) for n in ("a", "b"))
+    with bb.function("main", [av, bv], {"num_input": 2}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.call_tir(gv, [av, bv], _tvm.tensor_type((2, 5), "float32")))
+        bb.emit_func_output(out)
+    tvm.ir.assert_structural_equal(result.mod["main"], bb.get()["main"], map_free_vars=True)
+
+
+def test_integer_chain_declines_with_reason(rules):
+    from onnx import TensorProto
+
+    from tvm_fusion import explain
+
+    g = GraphBuilder(4)
+    a, b = g.input("a", [3, 4], TensorProto.INT32), g.input("b", [3, 4], TensorProto.INT32)
+    y = g.op("Mul", [g.op("Sub", [g.op("Add", [a, b]), b]), a])
+    reasons = [d.reason for d in explain(g.model([y], dtype=TensorProto.INT32), rules=rules)
+               .declined("elementwise_chain_3")]
+    assert reasons == ["elementwise chain dtype is int32; the compute supports float32, float16"]

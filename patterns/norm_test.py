@@ -88,3 +88,46 @@ def layer_norms(draw):
 def test_property_norm_family(case, rules):
     model, rule_name = case
     check_rule_property(model, rules, rule_name)
+
+
+def test_golden_ir_of_add_layer_norm(rules):
+    """main: one call_tir of add_layer_norm over both residual operands, gamma and beta as constants."""
+    import tvm
+
+    from tvm_fusion import _tvm
+    from tvm_fusion._tvm import relax
+    from tvm_fusion.build import resolve_target
+    from tvm_fusion.frontend import import_onnx
+    from tvm_fusion.fuse import fuse
+
+    g = GraphBuilder(5)
+    x, r = g.input("x", [3, 8]), g.input("r", [3, 8])
+    gamma = g.rng.uniform(0.5, 1.5, 8).astype(np.float32)
+    beta = g.rng.normal(0, 0.1, 8).astype(np.float32)
+    y = g.op("LayerNormalization", [g.op("Add", [x, r]), g.const(gamma), g.const(beta)], axis=-1, epsilon=1e-5)
+    result = fuse(import_onnx(g.model([y], opset=LN_OPSET)), resolve_target("llvm"), rules)
+    gv = result.mod.get_global_var("add_layer_norm")
+    assert float(result.groups[0].attrs["epsilon"]) == float(np.float32(1e-5))
+    bb = relax.BlockBuilder()
+    xv, rv = (relax.Var(n, _tvm.tensor_type((3, 8), "float32")) for n in ("x", "r"))
+    with bb.function("main", [xv, rv], {"num_input": 2}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.call_tir(gv, [xv, rv, relax.const(gamma), relax.const(beta)],
+                                                _tvm.tensor_type((3, 8), "float32")))
+        bb.emit_func_output(out)
+    tvm.ir.assert_structural_equal(result.mod["main"], bb.get()["main"], map_free_vars=True)
+
+
+def test_variance_with_wrong_power_declines(rules):
+    g = GraphBuilder(6)
+    x = g.input("x", [2, 8])
+    axes = g.const(np.array([-1], np.int64))
+    centered = g.op("Sub", [x, g.op("ReduceMean", [x, axes])])
+    var = g.op("ReduceMean", [g.op("Pow", [centered, g.const(np.float32(3))]), axes])
+    std = g.op("Sqrt", [g.op("Add", [var, g.const(np.float32(1e-5))])])
+    y = g.op("Add", [g.op("Mul", [g.op("Div", [centered, std]), g.const(np.ones(8, np.float32))]),
+                     g.const(np.zeros(8, np.float32))])
+    from tvm_fusion import explain
+
+    reasons = [d.reason for d in explain(g.model([y], opset=LN_OPSET), rules=rules).declined("layer_norm")]
+    assert reasons == ["the variance uses power 3.0; LayerNorm needs 2"]

@@ -113,8 +113,8 @@ class GraphBuilder:
             return self.op("BatchNormalization", ins, n_out=3, epsilon=1e-5, training_mode=1)[0]
         return self.op("BatchNormalization", ins, epsilon=1e-5)
 
-    def model(self, outputs, opset: int = OPSET) -> onnx.ModelProto:
-        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+    def model(self, outputs, opset: int = OPSET, dtype=TensorProto.FLOAT) -> onnx.ModelProto:
+        outs = [helper.make_tensor_value_info(o, dtype, None) for o in outputs]
         graph = helper.make_graph(self.nodes, "test", self.inputs, outs, self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
         model = onnx.shape_inference.infer_shapes(model)
