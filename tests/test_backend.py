@@ -1,0 +1,43 @@
+"""tvm_fusion.backend: the ONNX backend interface (prepare / run_model / run_node / supports_device)."""
+
+import numpy as np
+import onnx
+import pytest
+
+import tvm_fusion.backend as backend
+from tvm_fusion.compare import random_inputs, run_onnxruntime
+from tvm_fusion.testing import assert_close, residual_block
+
+
+def test_prepare_and_run_matches_onnxruntime():
+    model = residual_block(n=2)
+    inputs = random_inputs(model, seed=3)
+    rep = backend.prepare(model, "CPU")
+    got = rep.run([inputs["x"]])
+    ref = run_onnxruntime(model, inputs)[0].run(None, inputs)
+    assert_close(got[0], ref[0])
+    unfused = backend.prepare(model, "CPU", mode="unfused").run({"x": inputs["x"]})
+    assert_close(got[0], unfused[0])
+
+
+def test_run_node():
+    node = onnx.helper.make_node("LeakyRelu", ["a"], ["b"], alpha=0.5)
+    (out,) = backend.run_node(node, [np.array([-2.0, 3.0], np.float32)])
+    np.testing.assert_array_equal(out, [-1.0, 3.0])
+
+
+def test_symbolic_batch_builds_per_shape():
+    from tvm_fusion.testing import GraphBuilder
+
+    g = GraphBuilder()
+    x = g.input("x", ["N", 4])
+    rep = backend.prepare(g.model([g.op("Relu", [x])]), "CPU")
+    for n in (1, 3):
+        (out,) = rep.run([np.full((n, 4), -1.0, np.float32)])
+        assert out.shape == (n, 4) and not out.any()
+
+
+def test_devices():
+    assert backend.supports_device("CPU")
+    with pytest.raises(ValueError, match="device 'TPU' is not supported"):
+        backend.prepare(residual_block(), "TPU")

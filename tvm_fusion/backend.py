@@ -1,0 +1,125 @@
+"""An ONNX backend (onnx.backend.base.Backend) that compiles with tvm_fusion.
+
+    import tvm_fusion.backend as backend
+    rep = backend.prepare(model, "CPU")              # fused build (mode="unfused" for the reference)
+    outputs = rep.run([x])
+
+Builds are made per input-shape signature on first use (a model with symbolic dims runs at any shape).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx.backend.base import Backend, BackendRep
+
+from ._tvm import relax, tvm
+from .build import build, resolve_target
+from .frontend import import_onnx
+from .rules import RuleSet
+
+__all__ = ["TVMFusionBackend", "TVMFusionRep", "prepare", "run_model", "run_node", "supports_device"]
+
+_TARGETS = {"CPU": "llvm", "CUDA": "cuda"}
+
+
+def _device(device: str):
+    kind = str(device).split(":")[0].upper()
+    if kind not in _TARGETS:
+        raise ValueError(f"device {device!r} is not supported; use CPU or CUDA")
+    return kind
+
+
+class TVMFusionRep(BackendRep):
+    def __init__(self, model: onnx.ModelProto, device: str, mode: str, rules: RuleSet | None):
+        self.model, self.kind, self.mode, self.rules = model, _device(device), mode, rules
+        inits = {t.name for t in model.graph.initializer}
+        self.input_names = [i.name for i in model.graph.input if i.name not in inits]
+        self._vms: dict = {}
+
+    def _vm(self, arrays):
+        key = tuple((a.shape, str(a.dtype)) for a in arrays)
+        if key not in self._vms:
+            shapes = {n: a.shape for n, a in zip(self.input_names, arrays)}
+            mod = import_onnx(self.model, shapes)
+            built = build(mod, resolve_target(_TARGETS[self.kind]), self.mode, rules=self.rules)
+            dev = tvm.cuda(0) if self.kind == "CUDA" else tvm.cpu(0)
+            self._vms[key] = (relax.VirtualMachine(built.executable, dev), dev)
+        return self._vms[key]
+
+    def run(self, inputs, **kwargs):
+        if isinstance(inputs, dict):
+            arrays = [np.asarray(inputs[n]) for n in self.input_names]
+        else:
+            arrays = [np.asarray(a) for a in (inputs if isinstance(inputs, (list, tuple)) else [inputs])]
+        if len(arrays) != len(self.input_names):
+            raise ValueError(f"model has inputs {self.input_names}, got {len(arrays)} arrays")
+        vm, dev = self._vm(arrays)
+        out = vm["main"](*[tvm.runtime.tensor(a, dev) for a in arrays])
+        outs = [out] if hasattr(out, "numpy") else list(out)
+        return tuple(o.numpy() for o in outs)
+
+
+class TVMFusionBackend(Backend):
+    """tvm_fusion as an ONNX backend; `mode` is 'fused' (default), 'tvm' or 'unfused'."""
+
+    MODE = "fused"
+
+    @classmethod
+    def is_compatible(cls, model, device: str = "CPU", **kwargs) -> bool:
+        return cls.supports_device(device)
+
+    @classmethod
+    def prepare(cls, model, device: str = "CPU", mode: str | None = None, rules: RuleSet | None = None,
+                **kwargs) -> TVMFusionRep:
+        super().prepare(model, device, **kwargs)
+        return TVMFusionRep(model, device, mode or cls.MODE, rules)
+
+    @classmethod
+    def run_model(cls, model, inputs, device: str = "CPU", **kwargs):
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(cls, node, inputs, device: str = "CPU", outputs_info=None, **kwargs):
+        """One node as a model: inputs named as the node's inputs, outputs typed from `outputs_info`."""
+        super().run_node(node, inputs, device=device, outputs_info=outputs_info, **kwargs)
+        arrays = [np.asarray(a) for a in inputs]
+        ins = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+               for n, a in zip(node.input, arrays)]
+        outs = [onnx.helper.make_empty_tensor_value_info(n) for n in node.output]  # typed below
+        if outputs_info:
+            outs = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dt)), shape)
+                    for n, (dt, shape) in zip(node.output, outputs_info)]
+        opset = kwargs.pop("opset_version", None)
+        imports = [onnx.helper.make_opsetid("", opset)] if opset else None
+        model = onnx.helper.make_model(onnx.helper.make_graph([node], "node", ins, outs), opset_imports=imports)
+        if not outputs_info:  # type the outputs by shape inference
+            inferred = onnx.shape_inference.infer_shapes(model)
+            known = {v.name: v for v in inferred.graph.value_info}
+            del model.graph.output[:]
+            model.graph.output.extend(known.get(n, onnx.helper.make_tensor_value_info(
+                n, ins[0].type.tensor_type.elem_type, None)) for n in node.output)
+        return cls.run_model(model, arrays, device, **kwargs)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        kind = str(device).split(":")[0].upper()
+        if kind == "CPU":
+            return True
+        if kind == "CUDA":
+            from .compare import gpu_available
+
+            return gpu_available()[0]
+        return False
+
+
+class UnfusedBackend(TVMFusionBackend):
+    """The same backend building every op as its own kernel: the suite's reference for 'fusion changed nothing'."""
+
+    MODE = "unfused"
+
+
+prepare = TVMFusionBackend.prepare
+run_model = TVMFusionBackend.run_model
+run_node = TVMFusionBackend.run_node
+supports_device = TVMFusionBackend.supports_device
