@@ -23,9 +23,9 @@ import math
 
 from tvm_fusion import _tvm
 from tvm_fusion._tvm import dpl
-from tvm_fusion.rules import Decline, commutative
+from tvm_fusion.rules import Decline, Spec, commutative
 
-__all__ = ["ACTIVATIONS", "activation_pattern"]
+__all__ = ["ACTIVATIONS", "activation_pattern", "clip_bounds", "epilogue_spec", "scalar_constant"]
 
 _TOL = 1e-4
 
@@ -34,7 +34,8 @@ def _op(name, *args):
     return dpl.is_op(name)(*args)
 
 
-def _const_value(expr) -> float | None:
+def scalar_constant(expr) -> float | None:
+    """The value of a size-1 relax constant, else None."""
     if _tvm.is_constant(expr):
         value = _tvm.constant_value(expr)
         if value.size == 1:
@@ -42,7 +43,8 @@ def _const_value(expr) -> float | None:
     return None
 
 
-def _clip_bounds(call) -> tuple[float, float]:
+def clip_bounds(call) -> tuple[float, float]:
+    """(min, max) of a relax clip call."""
     def number(arg):
         while hasattr(arg, "value"):
             arg = arg.value
@@ -52,7 +54,7 @@ def _clip_bounds(call) -> tuple[float, float]:
 
 
 def _expect(name, expr, want: float, what: str):
-    got = _const_value(expr)
+    got = scalar_constant(expr)
     if got is None or abs(got - want) > _TOL * max(1.0, abs(want)):
         return Decline(f"{what} is {got if got is not None else 'not a scalar constant'}; {name} needs {want:g}")
     return None
@@ -66,7 +68,7 @@ def _relu6(y):
     clip = _op("relax.clip", y, dpl.wildcard(), dpl.wildcard())
 
     def params(m):
-        lo, hi = _clip_bounds(m.value("act_clip"))
+        lo, hi = clip_bounds(m.value("act_clip"))
         if (lo, hi) != (0.0, 6.0):
             return Decline(f"clip bounds are ({lo:g}, {hi:g}); relu6 needs (0, 6)")
         return {}
@@ -96,10 +98,10 @@ def _hardsigmoid(y):
     clip, ann = _hardsigmoid_of(y, "hs")
 
     def params(m):
-        lo, hi = _clip_bounds(m.value("hs_clip"))
+        lo, hi = clip_bounds(m.value("hs_clip"))
         if (lo, hi) != (0.0, 1.0):
             return Decline(f"clip bounds are ({lo:g}, {hi:g}); hardsigmoid needs (0, 1)")
-        a, b = _const_value(m["hs_alpha"]), _const_value(m["hs_beta"])
+        a, b = scalar_constant(m["hs_alpha"]), scalar_constant(m["hs_beta"])
         if a is None or b is None:
             return Decline("hardsigmoid alpha/beta are not scalar constants")
         return {"alpha": a, "beta": b}
@@ -118,15 +120,15 @@ def _hardswish(y):
 
     def params(m):
         if "hw_clip" in m:
-            lo, hi = _clip_bounds(m.value("hw_clip"))
+            lo, hi = clip_bounds(m.value("hw_clip"))
             checks = [(lo, 0.0, "clip low"), (hi, 1.0, "clip high"),
-                      (_const_value(m["hw_alpha"]), 1 / 6, "hardsigmoid alpha"),
-                      (_const_value(m["hw_beta"]), 0.5, "hardsigmoid beta")]
+                      (scalar_constant(m["hw_alpha"]), 1 / 6, "hardsigmoid alpha"),
+                      (scalar_constant(m["hw_beta"]), 0.5, "hardsigmoid beta")]
             for got, want, what in checks:
                 if got is None or abs(got - want) > _TOL:
                     return Decline(f"{what} is {got}; hardswish needs {want:g}")
             return {}
-        lo, hi = _clip_bounds(m.value("hw_relu6"))
+        lo, hi = clip_bounds(m.value("hw_relu6"))
         if (lo, hi) != (0.0, 6.0):
             return Decline(f"clip bounds are ({lo:g}, {hi:g}); hardswish needs relu6 (0, 6)")
         six_expr = m["hw_six"] if "hw_six" in m else m["hw_six2"]
@@ -203,3 +205,22 @@ def activation_pattern(name: str, y):
     if name not in ACTIVATIONS:
         raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
     return ACTIVATIONS[name](y)
+
+
+def epilogue_spec(y, annotations: dict, activation: str | None, lower) -> Spec:
+    """`y` followed by `activation` as a Spec: the activation's constants are checked (a Decline when they
+    do not make the activation) and handed to `lower(match, activation, params)`."""
+    act_params = None
+    if activation is not None:
+        y, act_ann, act_params = activation_pattern(activation, y)
+        annotations.update(act_ann, activation=y)
+    annotations["root"] = y
+
+    def check(m):
+        result = act_params(m) if act_params else {}
+        return result if isinstance(result, Decline) else None
+
+    def lower_match(m):
+        return lower(m, activation, act_params(m) if act_params else {})
+
+    return Spec(y, annotations, lower_match, check)

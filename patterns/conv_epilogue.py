@@ -13,8 +13,8 @@ import numpy as np
 
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
-from tvm_fusion.patterns.activations import ACTIVATIONS, activation_pattern
-from tvm_fusion.rules import Decline, Lowering, Match, Spec, commutative, decline, rule, static_shape
+from tvm_fusion.patterns.activations import ACTIVATIONS, epilogue_spec
+from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, static_shape
 
 SUPPORTED_DTYPES = ("float32",)
 CONV_FAMILY = "conv2d_affine"  # schedules/conv2d.py registers it; rules without their own compute use it
@@ -38,20 +38,7 @@ def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None,
         other = dpl.wildcard()
         y = commutative("relax.add", y, other)
         ann.update(residual_add=y, residual=other)
-    act_params = None
-    if activation is not None:
-        y, act_ann, act_params = activation_pattern(activation, y)
-        ann.update(act_ann, activation=y)
-    ann["root"] = y
-
-    def check(m: Match):
-        result = act_params(m) if act_params else {}
-        return result if isinstance(result, Decline) else None
-
-    def lower(m: Match) -> Lowering:
-        return lower_conv(m, activation, act_params(m) if act_params else {})
-
-    return Spec(y, ann, lower, check)
+    return epilogue_spec(y, ann, activation, lower_conv)
 
 
 def _per_channel(expr, channels: int) -> np.ndarray | None:

@@ -12,8 +12,8 @@ import numpy as np
 
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
-from tvm_fusion.patterns.activations import ACTIVATIONS, activation_pattern
-from tvm_fusion.rules import Decline, Lowering, Match, Spec, commutative, decline, rule, static_shape
+from tvm_fusion.patterns.activations import ACTIVATIONS, epilogue_spec
+from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, static_shape
 
 SUPPORTED_DTYPES = ("float32",)
 DENSE_FAMILY = "dense_affine"  # schedules/dense.py registers it; rules without their own compute use it
@@ -30,20 +30,7 @@ def dense_epilogue(*, bias: bool | None = True, bn: bool = False, activation=Non
         scale = commutative("relax.multiply", y, dpl.is_const())
         y = commutative("relax.add", scale, dpl.is_const())
         ann.update(bn_scale=scale, bn_shift=y)
-    act_params = None
-    if activation is not None:
-        y, act_ann, act_params = activation_pattern(activation, y)
-        ann.update(act_ann, activation=y)
-    ann["root"] = y
-
-    def check(m: Match):
-        result = act_params(m) if act_params else {}
-        return result if isinstance(result, Decline) else None
-
-    def lower(m: Match) -> Lowering:
-        return lower_dense(m, activation, act_params(m) if act_params else {})
-
-    return Spec(y, ann, lower, check)
+    return epilogue_spec(y, ann, activation, lower_dense)
 
 
 def _const_operand(m: Match, name: str):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl, relax
+from tvm_fusion.patterns.activations import clip_bounds
 from tvm_fusion.rules import Lowering, Match, Spec, decline, rule, static_shape
 from tvm_fusion.schedules.elementwise import BINARY, ELEMENTWISE_FAMILY, UNARY
 
@@ -57,15 +58,6 @@ def _resolve(m: Match, expr):
     return expr
 
 
-def _clip_params(call) -> tuple[float, float]:
-    def number(arg):
-        while hasattr(arg, "value"):
-            arg = arg.value
-        return float(arg)
-
-    return number(call.args[1]), number(call.args[2])
-
-
 def lower_chain(m: Match, length: int) -> Lowering:
     tensors, consts, steps, calls = [], [], [], []
 
@@ -87,7 +79,7 @@ def lower_chain(m: Match, length: int) -> Lowering:
     for i in range(1, length + 1):
         call = m.value(f"s{i}")
         op = str(call.op.name)
-        params = _clip_params(call) if op == "relax.clip" else None
+        params = clip_bounds(call) if op == "relax.clip" else None
         if prev is None:
             steps.append((op, None, (operand(call.args[0]), operand(call.args[1])), params))
         elif op in UNARY:

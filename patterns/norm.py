@@ -15,6 +15,7 @@ import numpy as np
 
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
+from tvm_fusion.patterns.activations import scalar_constant
 from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, static_shape
 from tvm_fusion.schedules.layer_norm import LAYER_NORM_FAMILY
 
@@ -44,20 +45,12 @@ def layer_norm_pattern(residual: bool) -> Spec:
     return Spec(root, ann, lambda m: lower_layer_norm(m, residual), _residual_check if residual else None)
 
 
-def _scalar(expr) -> float | None:
-    if _tvm.is_constant(expr):
-        v = _tvm.constant_value(expr)
-        if v.size == 1:
-            return float(v.reshape(()))
-    return None
-
-
 def _params(m: Match) -> tuple[np.ndarray, np.ndarray, float]:
     if "ln_op" in m:
         call = m.value("ln_op")
         gamma, beta = (_tvm.constant_value(a) for a in call.args[1:3])
         return gamma, beta, float(call.attrs.epsilon)
-    return (_tvm.constant_value(m["ln_gamma"]), _tvm.constant_value(m["ln_beta"]), _scalar(m["ln_eps"]))
+    return (_tvm.constant_value(m["ln_gamma"]), _tvm.constant_value(m["ln_beta"]), scalar_constant(m["ln_eps"]))
 
 
 def layer_norm_checks(m: Match):
@@ -79,9 +72,9 @@ def layer_norm_checks(m: Match):
             if axes != [len(shape) - 1] or not attrs.keepdims:
                 return decline(f"{name} reduces axes {axes} (keepdims={bool(attrs.keepdims)}); LayerNorm needs "
                                "the last axis with keepdims")
-        if _scalar(m["ln_two"]) != 2.0:
-            return decline(f"the variance uses power {_scalar(m['ln_two'])}; LayerNorm needs 2")
-        if _scalar(m["ln_eps"]) is None:
+        if scalar_constant(m["ln_two"]) != 2.0:
+            return decline(f"the variance uses power {scalar_constant(m['ln_two'])}; LayerNorm needs 2")
+        if scalar_constant(m["ln_eps"]) is None:
             return decline("epsilon is not a scalar constant")
     gamma, beta, _ = _params(m)
     if gamma.size != c or beta.size != c:
