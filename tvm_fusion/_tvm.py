@@ -5,9 +5,16 @@ Everything else in tvm_fusion imports TVM names from here, so a TVM upgrade touc
 
 from __future__ import annotations
 
-import tvm
-import tvm_ffi
-from tvm import relax, te, topi  # noqa: F401  (re-exported)
+import os
+
+# TVM's CPU thread pool halves the core count on x86 (to skip hyper-threads) and reads TVM_NUM_THREADS only
+# when it starts: on a 2-vCPU machine it would run every parallel kernel on one thread. Use every core
+# this process may run on, unless the user chose otherwise.
+os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+
+import tvm  # noqa: E402
+import tvm_ffi  # noqa: E402
+from tvm import relax, te, topi  # noqa: E402,F401  (re-exported)
 from tvm.ir import GenericConst  # relax constants in 0.27
 from tvm.relax import dpl  # noqa: F401
 from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline

@@ -1,0 +1,164 @@
+"""CPU (llvm) conv2d and dense schedules: the tile choice on ResNet-50, and numerics against numpy over a
+grid of kernels, strides, paddings, dilations, groups, odd channel counts, batches and small images."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from tvm_fusion._tvm import te, tvm
+from tvm_fusion.build import resolve_target
+from tvm_fusion.schedules.conv2d import conv2d_affine, conv2d_out_size
+from tvm_fusion.schedules.dense import dense_affine
+from tvm_fusion.schedules.llvm.conv2d import (FLOAT_BYTES, MAX_ACCUMULATORS, PANEL_BYTES, VECTOR, choose_tile,
+                                              schedule_conv2d_llvm)
+from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
+from tvm_fusion.testing import assert_close
+
+TARGET = resolve_target("llvm")
+
+#: (n, c, h, w, oc, k, stride, pad): the 23 distinct convs of ResNet-50 at batch 1
+RESNET50 = [
+    (1, 3, 224, 224, 64, 7, 2, 3), (1, 64, 56, 56, 64, 1, 1, 0), (1, 64, 56, 56, 64, 3, 1, 1),
+    (1, 64, 56, 56, 256, 1, 1, 0), (1, 256, 56, 56, 64, 1, 1, 0), (1, 256, 56, 56, 128, 1, 1, 0),
+    (1, 128, 56, 56, 128, 3, 2, 1), (1, 128, 28, 28, 512, 1, 1, 0), (1, 256, 56, 56, 512, 1, 2, 0),
+    (1, 512, 28, 28, 128, 1, 1, 0), (1, 128, 28, 28, 128, 3, 1, 1), (1, 512, 28, 28, 256, 1, 1, 0),
+    (1, 256, 28, 28, 256, 3, 2, 1), (1, 256, 14, 14, 1024, 1, 1, 0), (1, 512, 28, 28, 1024, 1, 2, 0),
+    (1, 1024, 14, 14, 256, 1, 1, 0), (1, 256, 14, 14, 256, 3, 1, 1), (1, 1024, 14, 14, 512, 1, 1, 0),
+    (1, 512, 14, 14, 512, 3, 2, 1), (1, 512, 7, 7, 2048, 1, 1, 0), (1, 1024, 14, 14, 2048, 1, 2, 0),
+    (1, 2048, 7, 7, 512, 1, 1, 0), (1, 512, 7, 7, 512, 3, 1, 1),
+]
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+@pytest.mark.parametrize("n,c,h,w,oc,k,stride,pad", RESNET50)
+def test_resnet50_tiles_fill_registers_cache_and_cores(n, c, h, w, oc, k, stride, pad):
+    oh = ow = conv2d_out_size(h, k, stride, pad, pad, 1)
+    reduction = c * k * k
+    tile = choose_tile(oc, oh, ow, reduction, n, threads=2)
+    assert tile is not None
+    assert tile.accumulators <= MAX_ACCUMULATORS
+    assert oc % tile.channels == 0 and oh % tile.rows == 0 and ow % tile.cols == 0
+    assert tile.oc_vectors == 1 or reduction * tile.channels * FLOAT_BYTES <= PANEL_BYTES
+    assert oc // tile.channels >= 2, "both cores get an oc block"
+    assert tile.accumulators >= 7, "enough independent FMA chains to hide the FMA latency"
+
+
+def test_channels_not_a_multiple_of_a_vector_take_the_generic_schedule():
+    assert choose_tile(VECTOR - 1, 7, 7, 9, 1, threads=2) is None
+    assert choose_tile(VECTOR + 8, 7, 7, 9, 1, threads=2) is None
+
+
+def conv_case(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=False, activation="relu"):
+    """The fused conv PrimFunc as tvm_fusion.fuse builds it: (func, attrs, input shapes)."""
+    (kh, kw), strides, dilation = _pair(k), _pair(stride), _pair(dil)
+    padding = (pad,) * 4 if isinstance(pad, int) else tuple(pad)
+    attrs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups, activation=activation)
+    x = te.placeholder((n, c, h, w), "float32", name="x")
+    wt = te.placeholder((oc, c // groups, kh, kw), "float32", name="w")
+    b = te.placeholder((oc,), "float32", name="b")
+    oh = conv2d_out_size(h, kh, strides[0], padding[0], padding[2], dilation[0])
+    ow = conv2d_out_size(w, kw, strides[1], padding[1], padding[3], dilation[1])
+    inputs = [x] + ([te.placeholder((n, oc, oh, ow), "float32", name="r")] if residual else [])
+    out = conv2d_affine(x, wt, b, *inputs[1:], **attrs)
+    func = te.create_prim_func([*inputs, wt, b, out]).without_attr("global_symbol")
+    return func, attrs
+
+
+def conv_reference(x, wt, b, residual, attrs):
+    """float64 numpy conv2d + bias (+ residual), then relu."""
+    (sh, sw), (pt, pl, pb, pr), (dh, dw), groups = (attrs[k] for k in ("strides", "padding", "dilation", "groups"))
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    n, c = x.shape[:2]
+    oc, cpg, kh, kw = wt.shape
+    oh = (xp.shape[2] - dh * (kh - 1) - 1) // sh + 1
+    ow = (xp.shape[3] - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, oc, oh, ow))
+    opg = oc // groups
+    for g, r, s in itertools.product(range(groups), range(kh), range(kw)):
+        rows = slice(r * dh, r * dh + sh * (oh - 1) + 1, sh)
+        cols = slice(s * dw, s * dw + sw * (ow - 1) + 1, sw)
+        patch = xp[:, g * cpg:(g + 1) * cpg, rows, cols]
+        out[:, g * opg:(g + 1) * opg] += np.einsum("nchw,oc->nohw", patch, wt[g * opg:(g + 1) * opg, :, r, s])
+    out += b[None, :, None, None]
+    if residual is not None:
+        out += residual
+    return np.maximum(out, 0)
+
+
+def _build(func, schedule, attrs):
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    with TARGET:
+        schedule(sch, attrs, TARGET)
+    return tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), TARGET)
+
+
+def _run(executable, arrays, out_shape):
+    out = tvm.runtime.tensor(np.full(out_shape, np.nan, "float32"))
+    executable["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
+    return out.numpy()
+
+
+CHANNELS = ((3, 16), (13, 13), (16, 32), (7, 48), (32, 64))
+SPATIAL = ((7, 9), (15, 15), (1, 1), (9, 7), (12, 10))
+
+
+def _grid():
+    """Kernels 1/3/5/7 x strides 1/2 x groups 1/2/depthwise x symmetric, asymmetric and dilated padding;
+    channels, batch and image sizes rotate through odd and small values."""
+    combos = itertools.product((1, 3, 5, 7), (1, 2), ("1", "2", "dw"), (("sym", 1), ("asym", 1), ("sym", 2)))
+    for i, (k, s, g, (pad, dil)) in enumerate(combos):
+        c, oc = CHANNELS[i % len(CHANNELS)]
+        oc = c if g == "dw" else oc
+        if g == "2" and (c % 2 or oc % 2):
+            c, oc = 16, 32
+        groups = {"1": 1, "2": 2, "dw": c}[g]
+        h, w = SPATIAL[i % len(SPATIAL)]
+        p = (k // 2 * dil,) * 4 if pad == "sym" else (0, 1, k - 1, 0)
+        if min(conv2d_out_size(h, k, s, p[0], p[2], dil), conv2d_out_size(w, k, s, p[1], p[3], dil)) < 1:
+            h, w = 17, 17
+        yield dict(n=(1, 4)[i % 2], c=c, h=h, w=w, oc=oc, k=k, stride=s, pad=p, dil=dil, groups=groups)
+
+
+RESNET_SAMPLE = [dict(zip(("n", "c", "h", "w", "oc", "k", "stride", "pad"), RESNET50[i])) for i in (0, 6, 18, 20, 22)]
+CASES = RESNET_SAMPLE + list(_grid()) + [
+    dict(n=1, c=1, h=9, w=9, oc=16, k=1),  # one input channel, 1x1: the weight panel has no taps loop
+    dict(n=2, c=48, h=1, w=1, oc=32, k=1),
+    dict(n=1, c=8, h=9, w=7, oc=96, k=(1, 3), stride=(1, 2), pad=(0, 1, 0, 1)),
+    dict(n=1, c=24, h=13, w=11, oc=48, k=3, dil=(2, 1)),
+]
+
+
+def _id(case):
+    return "-".join(f"{k}{v}" for k, v in case.items()).replace(" ", "")
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_conv_matches_numpy(case):
+    residual = case["n"] == 4 or case["k"] == 1
+    func, attrs = conv_case(**case, residual=residual)
+    shapes = [[int(d) for d in p.shape] for p in func.params]
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype("float32") for s in shapes[:-1]]
+    x, r, wt, b = arrays if residual else (arrays[0], None, *arrays[1:])
+    got = _run(_build(func, schedule_conv2d_llvm, attrs), arrays, shapes[-1])
+    assert_close(got, conv_reference(x, wt, b, r, attrs).astype("float32"), _id(case))
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 2048, 1000), (4, 64, 48), (3, 100, 37), (2, 16, 8)])
+def test_dense_matches_numpy(m, k, n):
+    x = te.placeholder((m, k), "float32", name="x")
+    w = te.placeholder((k, n), "float32", name="w")
+    b = te.placeholder((n,), "float32", name="b")
+    attrs = dict(activation="relu")
+    func = te.create_prim_func([x, w, b, dense_affine(x, w, b, **attrs)]).without_attr("global_symbol")
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype("float32") for s in ((m, k), (k, n), (n,))]
+    got = _run(_build(func, schedule_dense_llvm, attrs), arrays, (m, n))
+    want = np.maximum(arrays[0].astype(np.float64) @ arrays[1] + arrays[2], 0)
+    assert_close(got, want.astype("float32"), f"dense {m}x{k}x{n}")
