@@ -46,13 +46,14 @@ print(manifest["builds"])
 print(json.dumps(manifest["groups"][0], indent=1))"""),
     new_markdown_cell("""## 4. The generated CUDA of a conv2d_bn_relu kernel
 The kernel is named after the rule, so it traces back to the rule and (via the manifest) to the ONNX nodes."""),
-    new_code_cell("""from tvm_fusion.export import cuda_source
+    new_code_cell("""import re
+
+from tvm_fusion.export import cuda_source
 
 built = tf.build(mod, target="cuda", mode="fused")
 source = cuda_source(built.executable)
-start = source.index('void __launch_bounds__') if '__launch_bounds__' in source else source.index("__global__")
-kernel = source[source.rfind("extern", 0, source.index("conv2d_bn_relu")):]
-print(kernel[:2500])"""),
+definition = re.search(r'extern "C" __global__ void[^;{]*\\bconv2d_bn_relu_kernel\\([^;{]*\\{', source)
+print(source[definition.start():definition.start() + 3000])"""),
     new_markdown_cell("""## 5. Compare fused, unfused, TVM's default fusion and onnxruntime on the CPU
 `compare` runs all builds on the same seeded inputs, reports the error of fused against the unfused build
 and against onnxruntime (from the tolerance table keyed by dtype), kernel counts and median latencies."""),

@@ -148,7 +148,7 @@ def _progress(items, desc):
     try:
         from tqdm import tqdm
 
-        return tqdm(items, desc=desc, leave=False)
+        return tqdm(items, desc=desc, leave=False, disable=None)  # None: only on a terminal
     except ImportError:  # pragma: no cover
         return items
 

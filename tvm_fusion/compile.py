@@ -48,7 +48,9 @@ def kernel_counts(mod, target, mode: str) -> dict:
 
 
 def _kernels(source: str) -> list[str]:
-    return re.findall(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(\w+)\s*\(", source)
+    """CUDA kernel names of a source, each once (declarations and definitions both match)."""
+    found = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(\w+)\s*\(", source)
+    return list(dict.fromkeys(found))
 
 
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
