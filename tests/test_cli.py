@@ -114,3 +114,13 @@ def test_console_script_installed():
     assert ["400", "conv2d_bn_add_relu"] in rows and ["300", "conv2d_bn_relu"] in rows
     priorities = [int(p) for p, _ in rows]
     assert priorities == sorted(priorities, reverse=True)
+
+
+def test_compare_cuda_without_gpu_builds_and_says_why(capsys, tmp_path):
+    model = tmp_path / "m.onnx"
+    onnx.save(residual_block(), str(model))
+    rc, out, _ = _run(capsys, "compare", str(model), "--target", "cuda")
+    assert rc == 0
+    assert "execution skipped: no CUDA device on this machine" in out
+    assert "nvcc compiled the generated CUDA of: unfused" in out and "fused" in out
+    assert "conv2d_bn_add_relu 1" in out

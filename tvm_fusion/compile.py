@@ -53,6 +53,27 @@ def _kernels(source: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+class _progress:
+    """A progress bar over named steps on a terminal (tqdm), silent elsewhere."""
+
+    def __init__(self, steps: list[str]):
+        from tqdm import tqdm
+
+        self.steps = steps
+        self.bar = tqdm(total=len(steps), desc=steps[0], leave=False, disable=None)
+
+    def __enter__(self):
+        return self
+
+    def update(self) -> None:
+        self.bar.update()
+        if self.bar.n < len(self.steps):
+            self.bar.set_description(self.steps[self.bar.n])
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+
+
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
                   rules: RuleSet | None = None, counts_of_other_builds: bool = True) -> CompileResult:
     """Fuse and build `model` for `target`, export the library to `output`, write `<output>.json`."""
@@ -60,14 +81,22 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
-    mod = frontend.import_onnx(model, shapes)
     tgt = resolve_target(target, arch)
-    built = build(mod, tgt, "fused", rules=rules)
-    binary = export_library(built.executable, output, arch)
-    kernels = _kernels(cuda_source(built.executable)) if tgt.kind.name == "cuda" else []
-    builds = {}
+    steps = ["import", "fuse + build", "compile GPU code + export" if tgt.kind.name == "cuda" else "export"]
     if counts_of_other_builds:
-        builds = {m: kernel_counts(mod, tgt, m) for m in ("unfused", "tvm")}
+        steps.append("count unfused / tvm kernels")
+    with _progress(steps) as bar:
+        mod = frontend.import_onnx(model, shapes)
+        bar.update()
+        built = build(mod, tgt, "fused", rules=rules)
+        bar.update()
+        binary = export_library(built.executable, output, arch)
+        kernels = _kernels(cuda_source(built.executable)) if tgt.kind.name == "cuda" else []
+        bar.update()
+        builds = {}
+        if counts_of_other_builds:
+            builds = {m: kernel_counts(mod, tgt, m) for m in ("unfused", "tvm")}
+            bar.update()
     builds["fused"] = {"primfuncs": built.primfuncs, "kernel_calls": built.kernel_calls}
     groups = []
     for g in built.fused.groups:
