@@ -112,3 +112,11 @@ def test_integer_chain_declines_with_reason(rules):
     reasons = [d.reason for d in explain(g.model([y], dtype=TensorProto.INT32), rules=rules)
                .declined("elementwise_chain_3")]
     assert reasons == ["elementwise chain dtype is int32; the compute supports float32, float16"]
+
+
+def test_scalar_chain(rules):
+    """A 0-d chain (found by the ONNX backend suite: DynamicQuantizeLinear's scale computation)."""
+    g = GraphBuilder(5)
+    a, b = g.input("a", []), g.input("b", [])
+    y = g.op("Mul", [g.op("Sub", [g.op("Add", [a, b]), b]), a])
+    check_fused(g.model([y]), rules, expect={"elementwise_chain_3": 1})

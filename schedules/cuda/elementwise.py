@@ -12,7 +12,7 @@ THREADS = 256  # threads per block: a multiple of the warp, enough to hide memor
 @register_schedule(*ELEMENTWISE_RULES, target="cuda")
 def schedule_elementwise_cuda(sch, attrs, target):
     last = inline_into_last(sch)
-    loops = sch.get_loops(last)
+    loops = sch.get_loops(last) or [sch.add_unit_loop(last)]  # a 0-d output has no loop
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     bx, tx = sch.split(fused, [None, THREADS])
     sch.bind(bx, "blockIdx.x")

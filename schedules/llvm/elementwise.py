@@ -21,7 +21,7 @@ def inline_into_last(sch):
 @register_schedule(*ELEMENTWISE_RULES, target="llvm")
 def schedule_elementwise_llvm(sch, attrs, target):
     last = inline_into_last(sch)
-    loops = sch.get_loops(last)
+    loops = sch.get_loops(last) or [sch.add_unit_loop(last)]  # a 0-d output has no loop
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = int(sch.get(fused).extent)
     if extent >= VECTOR:
