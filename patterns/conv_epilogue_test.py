@@ -250,3 +250,41 @@ def test_float16_conv_declines_with_reason(rules):
     reasons = [d.reason for d in explain(g.model([y], dtype=TensorProto.FLOAT16), rules=rules)
                .declined("conv2d_relu")]
     assert reasons == ["conv2d dtype is float16; the compute supports float32"]
+
+
+def _relax_conv_bn_relu(x_shape, data_layout="NCHW", bn_axis=1):
+    """conv2d -> batch_norm -> relu written directly in Relax (layouts and shapes ONNX cannot express)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", _tvm.tensor_type(x_shape, "float32"))
+    rng = np.random.default_rng(0)
+    kernel_layout = "OIHW" if data_layout == "NCHW" else "OHWI"
+    w_shape = (4, 3, 3, 3)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(rng.normal(size=w_shape).astype("float32"))
+            c = bb.emit(relax.op.nn.conv2d(x, w, padding=1, data_layout=data_layout, kernel_layout=kernel_layout))
+            stats = [relax.const(rng.uniform(0.5, 1.5, 4).astype("float32")) for _ in range(4)]
+            b = bb.emit(relax.op.nn.batch_norm(c, *stats, axis=bn_axis))
+            y = bb.emit(relax.TupleGetItem(b, 0))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _reasons(mod, rules, rule_name):
+    return [d.reason for d in fuse(mod, resolve_target("llvm"), rules).decisions if d.rule == rule_name]
+
+
+def test_nhwc_declines_with_reason(rules):
+    mod = _relax_conv_bn_relu((1, 6, 6, 3), data_layout="NHWC", bn_axis=3)
+    assert _reasons(mod, rules, "conv2d_bn_relu") == [
+        "conv2d layout is NHWC/OHWI; the compute takes NCHW/OIHW"]
+
+
+def test_symbolic_batch_declines_with_reason(rules):
+    from tvm_fusion._tvm import tirx
+
+    n = tirx.Var("n", "int64")
+    mod = _relax_conv_bn_relu((n, 3, 6, 6))
+    assert _reasons(mod, rules, "conv2d_bn_relu") == [
+        "conv2d has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)"]
