@@ -51,13 +51,11 @@ def _plugin_rules() -> RuleSet:
     rules = RuleSet()
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
-            obj = ep.load()
+            module = ep.load()  # a module of rules, like the built-in tables
         except Exception as err:
             raise FusionError(f"rules plugin {ep.name!r} ({ep.value}) failed to load: "
                               f"{type(err).__name__}: {err}") from None
-        module_rules = obj() if callable(obj) else obj
-        for r in (rules_in_module(module_rules) if hasattr(module_rules, "__dict__") and not
-                  isinstance(module_rules, RuleSet) else module_rules):
+        for r in rules_in_module(module):
             rules.add(r)
     return rules
 

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .errors import ToleranceExceeded
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder",
-           "check_fused", "conv_bn_relu", "residual_block", "run_build"]
+           "check_fused", "conv_bn_relu", "residual_block", "run_build", "RESNET50_CONVS"]
 
 OPSET = 17
 
@@ -250,3 +250,16 @@ def check_rule_property(model, rules, rule_name: str, seed: int = 0) -> bool:
 
     tvm.ir.assert_structural_equal(result.mod["main"], fuse(mod, target, RuleSet()).mod["main"])
     return False
+
+
+#: (n, c, h, w, oc, k, stride, pad): the 23 distinct convs of ResNet-50 at batch 1
+RESNET50_CONVS = [
+    (1, 3, 224, 224, 64, 7, 2, 3), (1, 64, 56, 56, 64, 1, 1, 0), (1, 64, 56, 56, 64, 3, 1, 1),
+    (1, 64, 56, 56, 256, 1, 1, 0), (1, 256, 56, 56, 64, 1, 1, 0), (1, 256, 56, 56, 128, 1, 1, 0),
+    (1, 128, 56, 56, 128, 3, 2, 1), (1, 128, 28, 28, 512, 1, 1, 0), (1, 256, 56, 56, 512, 1, 2, 0),
+    (1, 512, 28, 28, 128, 1, 1, 0), (1, 128, 28, 28, 128, 3, 1, 1), (1, 512, 28, 28, 256, 1, 1, 0),
+    (1, 256, 28, 28, 256, 3, 2, 1), (1, 256, 14, 14, 1024, 1, 1, 0), (1, 512, 28, 28, 1024, 1, 2, 0),
+    (1, 1024, 14, 14, 256, 1, 1, 0), (1, 256, 14, 14, 256, 3, 1, 1), (1, 1024, 14, 14, 512, 1, 1, 0),
+    (1, 512, 14, 14, 512, 3, 2, 1), (1, 512, 7, 7, 2048, 1, 1, 0), (1, 1024, 14, 14, 2048, 1, 2, 0),
+    (1, 2048, 7, 7, 512, 1, 1, 0), (1, 512, 7, 7, 512, 3, 1, 1),
+]

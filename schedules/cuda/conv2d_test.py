@@ -13,6 +13,7 @@ from tvm_fusion._tvm import nvcc, te, tvm
 from tvm_fusion.schedules.conv2d import conv2d_affine, conv2d_out_size
 from tvm_fusion.schedules.cuda.conv2d import conv_shape, pick_tiles, schedule_conv2d_cuda, supports
 from tvm_fusion.schedules.cuda.gpu_limits import SM90_LIMITS, check_gpu_limits
+from tvm_fusion.testing import RESNET50_CONVS as RESNET50
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
@@ -45,17 +46,6 @@ def schedule(func, attrs, sch_wrapper=lambda s: s):
     return sch.mod["main"]
 
 
-#: (n, c, h, w, oc, k, stride, pad): the 23 distinct convs of ResNet-50 at batch 1
-RESNET50 = [
-    (1, 3, 224, 224, 64, 7, 2, 3), (1, 64, 56, 56, 64, 1, 1, 0), (1, 64, 56, 56, 64, 3, 1, 1),
-    (1, 64, 56, 56, 256, 1, 1, 0), (1, 256, 56, 56, 64, 1, 1, 0), (1, 256, 56, 56, 128, 1, 1, 0),
-    (1, 128, 56, 56, 128, 3, 2, 1), (1, 128, 28, 28, 512, 1, 1, 0), (1, 256, 56, 56, 512, 1, 2, 0),
-    (1, 512, 28, 28, 128, 1, 1, 0), (1, 128, 28, 28, 128, 3, 1, 1), (1, 512, 28, 28, 256, 1, 1, 0),
-    (1, 256, 28, 28, 256, 3, 2, 1), (1, 256, 14, 14, 1024, 1, 1, 0), (1, 512, 28, 28, 1024, 1, 2, 0),
-    (1, 1024, 14, 14, 256, 1, 1, 0), (1, 256, 14, 14, 256, 3, 1, 1), (1, 1024, 14, 14, 512, 1, 1, 0),
-    (1, 512, 14, 14, 512, 3, 2, 1), (1, 512, 7, 7, 2048, 1, 1, 0), (1, 1024, 14, 14, 2048, 1, 2, 0),
-    (1, 2048, 7, 7, 512, 1, 1, 0), (1, 512, 7, 7, 512, 3, 1, 1),
-]
 CHANNELS = ((3, 7), (13, 13), (16, 32), (64, 64))
 SPATIAL = ((7, 9), (17, 17), (1, 1), (30, 31))
 

@@ -15,21 +15,11 @@ from tvm_fusion.schedules.dense import dense_affine
 from tvm_fusion.schedules.llvm.conv2d import (FLOAT_BYTES, MAX_ACCUMULATORS, PANEL_BYTES, VECTOR, choose_tile,
                                               schedule_conv2d_llvm)
 from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
+from tvm_fusion.testing import RESNET50_CONVS as RESNET50
 from tvm_fusion.testing import assert_close
 
 TARGET = resolve_target("llvm")
 
-#: (n, c, h, w, oc, k, stride, pad): the 23 distinct convs of ResNet-50 at batch 1
-RESNET50 = [
-    (1, 3, 224, 224, 64, 7, 2, 3), (1, 64, 56, 56, 64, 1, 1, 0), (1, 64, 56, 56, 64, 3, 1, 1),
-    (1, 64, 56, 56, 256, 1, 1, 0), (1, 256, 56, 56, 64, 1, 1, 0), (1, 256, 56, 56, 128, 1, 1, 0),
-    (1, 128, 56, 56, 128, 3, 2, 1), (1, 128, 28, 28, 512, 1, 1, 0), (1, 256, 56, 56, 512, 1, 2, 0),
-    (1, 512, 28, 28, 128, 1, 1, 0), (1, 128, 28, 28, 128, 3, 1, 1), (1, 512, 28, 28, 256, 1, 1, 0),
-    (1, 256, 28, 28, 256, 3, 2, 1), (1, 256, 14, 14, 1024, 1, 1, 0), (1, 512, 28, 28, 1024, 1, 2, 0),
-    (1, 1024, 14, 14, 256, 1, 1, 0), (1, 256, 14, 14, 256, 3, 1, 1), (1, 1024, 14, 14, 512, 1, 1, 0),
-    (1, 512, 14, 14, 512, 3, 2, 1), (1, 512, 7, 7, 2048, 1, 1, 0), (1, 1024, 14, 14, 2048, 1, 2, 0),
-    (1, 2048, 7, 7, 512, 1, 1, 0), (1, 512, 7, 7, 512, 3, 1, 1),
-]
 
 
 def _pair(v):
