@@ -14,13 +14,13 @@ from .errors import FusionError, ToleranceExceeded
 __all__ = ["main"]
 
 
-def _common(p: argparse.ArgumentParser, model_required: bool = True) -> None:
+def _common(p: argparse.ArgumentParser, target: str = "llvm") -> None:
     p.add_argument("model", nargs="?", help="path of the ONNX model (or use --example)")
     p.add_argument("--example", choices=["resnet50"], help="use a model made on the fly (seeded random weights)")
     p.add_argument("--seed", type=int, default=0, help="seed of the example's weights and of the inputs")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="bind an input's shape (repeatable); required for symbolic dims")
-    p.add_argument("--target", default="llvm", choices=["llvm", "cuda"], help="build target (default: llvm)")
+    p.add_argument("--target", default=target, choices=["llvm", "cuda"], help=f"build target (default: {target})")
     p.add_argument("--arch", default="sm_90", help="CUDA arch for --target cuda (default: sm_90)")
     p.add_argument("--rules", action="append", default=[], metavar="FILE.py", help="load extra rules from a file")
     p.add_argument("--only", default="", metavar="RULE,...", help="use only these rules")
@@ -31,8 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-fusion", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compile", help="fuse and build a model into a loadable library + JSON manifest")
-    _common(c)
-    c.set_defaults(target="cuda")
+    _common(c, target="cuda")
     c.add_argument("-o", "--output", required=True, help="library path to write (e.g. model.so)")
     c.add_argument("--no-counts", action="store_true", help="skip counting the unfused/tvm builds' kernels")
     m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report")
