@@ -6,7 +6,6 @@ import sys
 import textwrap
 
 import onnx
-import pytest
 from onnx import TensorProto, helper
 
 from tvm_fusion.cli import main

@@ -1,7 +1,5 @@
 """import_onnx: sanitised names, shape binding, Sum -> add, clear errors."""
 
-import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 

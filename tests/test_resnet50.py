@@ -2,7 +2,6 @@
 
 import json
 
-import numpy as np
 import pytest
 
 from tvm_fusion._tvm import relax
@@ -59,7 +58,7 @@ def test_fused_matches_unfused_and_onnxruntime(resnet50_path, resnet50_mod, fuse
 @pytest.mark.slow
 def test_cuda_library(resnet50_path, tmp_path):
     from tvm_fusion.compile import compile_model
-    from tvm_fusion.export import cuda_source, library_cuda_modules
+    from tvm_fusion.export import library_cuda_modules
 
     lib = tmp_path / "resnet50_fused.so"
     result = compile_model(resnet50_path, lib, "cuda", arch="sm_90")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _tvm, registry
-from ._tvm import dpl, relax, te, tvm
+from ._tvm import relax, te, tvm
 from .errors import FusionError
 from .frontend import onnx_node_names
 from .rules import Decline, Lowering, Match, Rule, RuleSet, static_shape

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .errors import ToleranceExceeded
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder",
-           "check_fused", "conv_bn_relu", "residual_block", "run_build", "RESNET50_CONVS"]
+           "check_fused", "conv_bn_relu", "residual_block", "run_build", "RESNET50_CONVS", "conv_primfunc"]
 
 OPSET = 17
 
@@ -263,3 +263,28 @@ RESNET50_CONVS = [
     (1, 512, 14, 14, 512, 3, 2, 1), (1, 512, 7, 7, 2048, 1, 1, 0), (1, 1024, 14, 14, 2048, 1, 2, 0),
     (1, 2048, 7, 7, 512, 1, 1, 0), (1, 512, 7, 7, 512, 3, 1, 1),
 ]
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=False, activation="relu"):
+    """The fused conv PrimFunc as tvm_fusion.fuse builds it: (func, attrs, input shapes) for the schedule tests."""
+    (kh, kw), strides, dilation = _pair(k), _pair(stride), _pair(dil)
+    padding = (pad,) * 4 if isinstance(pad, int) else tuple(pad)
+    attrs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups, activation=activation)
+    from ._tvm import te
+    from .schedules.conv2d import conv2d_affine
+    from .schedules.conv2d import conv2d_out_size as _conv_out
+
+    x = te.placeholder((n, c, h, w), "float32", name="x")
+    wt = te.placeholder((oc, c // groups, kh, kw), "float32", name="w")
+    b = te.placeholder((oc,), "float32", name="b")
+    oh = _conv_out(h, kh, strides[0], padding[0], padding[2], dilation[0])
+    ow = _conv_out(w, kw, strides[1], padding[1], padding[3], dilation[1])
+    inputs = [x] + ([te.placeholder((n, oc, oh, ow), "float32", name="r")] if residual else [])
+    out = conv2d_affine(x, wt, b, *inputs[1:], **attrs)
+    func = te.create_prim_func([*inputs, wt, b, out]).without_attr("global_symbol")
+    shapes = [tuple(int(d) for d in t.shape) for t in (*inputs, wt, b)]
+    return func, attrs, shapes

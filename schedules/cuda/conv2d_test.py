@@ -9,34 +9,16 @@ import shutil
 import numpy as np
 import pytest
 
-from tvm_fusion._tvm import nvcc, te, tvm
-from tvm_fusion.schedules.conv2d import conv2d_affine, conv2d_out_size
+from tvm_fusion._tvm import nvcc, tvm
+from tvm_fusion.schedules.conv2d import conv2d_out_size
 from tvm_fusion.schedules.cuda.conv2d import conv_shape, pick_tiles, schedule_conv2d_cuda, supports
 from tvm_fusion.schedules.cuda.gpu_limits import SM90_LIMITS, check_gpu_limits
 from tvm_fusion.testing import RESNET50_CONVS as RESNET50
+from tvm_fusion.testing import conv_primfunc
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
 
-def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
-def conv_case(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=False):
-    """The fused conv PrimFunc as tvm_fusion.fuse builds it: (func, attrs, input shapes)."""
-    (kh, kw), strides, dilation = _pair(k), _pair(stride), _pair(dil)
-    padding = (pad,) * 4 if isinstance(pad, int) else tuple(pad)
-    attrs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups, activation="relu")
-    x = te.placeholder((n, c, h, w), "float32", name="x")
-    wt = te.placeholder((oc, c // groups, kh, kw), "float32", name="w")
-    b = te.placeholder((oc,), "float32", name="b")
-    oh = conv2d_out_size(h, kh, strides[0], padding[0], padding[2], dilation[0])
-    ow = conv2d_out_size(w, kw, strides[1], padding[1], padding[3], dilation[1])
-    inputs = [x] + ([te.placeholder((n, oc, oh, ow), "float32", name="r")] if residual else [])
-    out = conv2d_affine(x, wt, b, *inputs[1:], **attrs)
-    func = te.create_prim_func([*inputs, wt, b, out]).without_attr("global_symbol")
-    shapes = [tuple(int(d) for d in t.shape) for t in (*inputs, wt, b)]
-    return func, attrs, shapes
 
 
 def schedule(func, attrs, sch_wrapper=lambda s: s):
@@ -90,7 +72,7 @@ def _id(case):
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_within_launch_limits(case):
-    func, attrs, shapes = conv_case(**case, residual=case["n"] == 4)
+    func, attrs, shapes = conv_primfunc(**case, residual=case["n"] == 4)
     assert supports(attrs, shapes, TARGET) is None
     check = check_gpu_limits(schedule(func, attrs), TARGET)
     assert check.ok, f"{case}: {check}"
@@ -139,7 +121,7 @@ NUMERIC = [
 def test_schedule_keeps_the_numerics(case):
     """The scheduled loop nest (predicates, shared/local stages, inlined pad, epilogue placement) computes
     what the unscheduled compute does; only the thread bindings are left out."""
-    func, attrs, shapes = conv_case(**case, residual=True)
+    func, attrs, shapes = conv_primfunc(**case, residual=True)
     out_shape = [int(d) for d in func.params[-1].shape]
     got = _run_cpu(schedule(func, attrs, _Serial), shapes, out_shape)
     want = _run_cpu(func, shapes, out_shape)
@@ -151,10 +133,10 @@ def test_schedule_keeps_the_numerics(case):
 def test_nvcc_compiles_the_kernels():
     funcs = {}
     for i, case in enumerate([RESNET50[0], RESNET50[2], RESNET50[-1]]):
-        func, attrs, _ = conv_case(*case, residual=i == 1)
+        func, attrs, _ = conv_primfunc(*case, residual=i == 1)
         funcs[f"conv{i}"] = schedule(func, attrs)
     for name, case in (("grouped", EXTREMES[7]), ("depthwise", EXTREMES[8])):
-        func, attrs, _ = conv_case(**case)
+        func, attrs, _ = conv_primfunc(**case)
         funcs[name] = schedule(func, attrs)
     mod = tvm.IRModule({k: f.with_attr("global_symbol", k) for k, f in funcs.items()})
     src = tvm.compile(mod, TARGET).mod.imports[0].inspect_source()  # the cuda module of the host module
@@ -163,6 +145,6 @@ def test_nvcc_compiles_the_kernels():
 
 
 def test_declines_a_window_no_tile_fits():
-    func, attrs, shapes = conv_case(n=1, c=4, h=300, w=300, oc=4, k=61, dil=4)
+    func, attrs, shapes = conv_primfunc(n=1, c=4, h=300, w=300, oc=4, k=61, dil=4)
     why = supports(attrs, shapes, TARGET)
     assert why is not None and "shared memory" in why and "49152" in why

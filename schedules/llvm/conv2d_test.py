@@ -10,20 +10,16 @@ import pytest
 
 from tvm_fusion._tvm import te, tvm
 from tvm_fusion.build import resolve_target
-from tvm_fusion.schedules.conv2d import conv2d_affine, conv2d_out_size
+from tvm_fusion.schedules.conv2d import conv2d_out_size
 from tvm_fusion.schedules.dense import dense_affine
 from tvm_fusion.schedules.llvm.conv2d import (FLOAT_BYTES, MAX_ACCUMULATORS, PANEL_BYTES, VECTOR, choose_tile,
                                               schedule_conv2d_llvm)
 from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
 from tvm_fusion.testing import RESNET50_CONVS as RESNET50
-from tvm_fusion.testing import assert_close
+from tvm_fusion.testing import assert_close, conv_primfunc
 
 TARGET = resolve_target("llvm")
 
-
-
-def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
 
 
 @pytest.mark.parametrize("n,c,h,w,oc,k,stride,pad", RESNET50)
@@ -44,20 +40,6 @@ def test_channels_not_a_multiple_of_a_vector_take_the_generic_schedule():
     assert choose_tile(VECTOR + 8, 7, 7, 9, 1, threads=2) is None
 
 
-def conv_case(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=False, activation="relu"):
-    """The fused conv PrimFunc as tvm_fusion.fuse builds it: (func, attrs, input shapes)."""
-    (kh, kw), strides, dilation = _pair(k), _pair(stride), _pair(dil)
-    padding = (pad,) * 4 if isinstance(pad, int) else tuple(pad)
-    attrs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups, activation=activation)
-    x = te.placeholder((n, c, h, w), "float32", name="x")
-    wt = te.placeholder((oc, c // groups, kh, kw), "float32", name="w")
-    b = te.placeholder((oc,), "float32", name="b")
-    oh = conv2d_out_size(h, kh, strides[0], padding[0], padding[2], dilation[0])
-    ow = conv2d_out_size(w, kw, strides[1], padding[1], padding[3], dilation[1])
-    inputs = [x] + ([te.placeholder((n, oc, oh, ow), "float32", name="r")] if residual else [])
-    out = conv2d_affine(x, wt, b, *inputs[1:], **attrs)
-    func = te.create_prim_func([*inputs, wt, b, out]).without_attr("global_symbol")
-    return func, attrs
 
 
 def conv_reference(x, wt, b, residual, attrs):
@@ -131,7 +113,7 @@ def _id(case):
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_conv_matches_numpy(case):
     residual = case["n"] == 4 or case["k"] == 1
-    func, attrs = conv_case(**case, residual=residual)
+    func, attrs, _ = conv_primfunc(**case, residual=residual)
     shapes = [[int(d) for d in p.shape] for p in func.params]
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(s).astype("float32") for s in shapes[:-1]]
