@@ -122,8 +122,8 @@ class _Trace:
 
 def _leak(ctx, names: dict[str, str]) -> str | None:
     """An intermediate of the match that something outside the match also reads."""
-    matched = {v for v in ctx.matched_bindings.keys()}
-    root_var = ctx.value_to_bound_var.get(ctx.matched_expr) if hasattr(ctx.value_to_bound_var, "get") else None
+    matched = set(ctx.matched_bindings.keys())
+    root_var = ctx.value_to_bound_var.get(ctx.matched_expr)
     for var in matched:
         if root_var is not None and var.same_as(root_var):
             continue
@@ -151,11 +151,11 @@ def _make_check(rule: Rule, trace: _Trace):
             reason = _leak(ctx, trace.names) or rule.run_check(match)
             if reason is None:
                 target = _TARGET.get()
-                sched = registry.get_schedule(rule.spec.lower(match).compute, target.kind.name)
+                lowering = rule.spec.lower(match)
+                sched = registry.get_schedule(lowering.compute, target.kind.name)
                 if sched is None:
                     reason = Decline(f"no {target.kind.name} schedule is registered for {rule.name}")
                 else:
-                    lowering = rule.spec.lower(match)
                     why = sched.why_not(lowering.attrs, _lowering_shapes(lowering), target)
                     reason = Decline(why) if why else None
         except FusionError as err:
@@ -176,12 +176,12 @@ def _make_check(rule: Rule, trace: _Trace):
 
 
 # ---------------------------------------------------------------- lowering composites
-def _build_primfunc(lowering: Lowering, target, name: str):
+def _build_primfunc(lowering: Lowering, target):
     compute = registry.get_compute(lowering.compute, target.kind.name)
     tensors = [te.placeholder(lowering.shape_of_input(i), str(_tvm.expr_type(e).dtype), name=f"in{i}")
                for i, e in enumerate(lowering.inputs)]
     consts = [te.placeholder(c.shape, str(c.dtype), name=f"c{i}") for i, c in enumerate(lowering.constants)]
-    # compute signature: (*runtime inputs in rule order but weights first-class) -> see schedules/
+    # the calling convention of every compute: (first input, *constants, *other inputs)
     args = [tensors[0], *consts, *tensors[1:]]
     out = compute(*args, **lowering.attrs)
     func = te.create_prim_func([*tensors, *consts, out])
@@ -228,7 +228,7 @@ class _LowerComposites(relax.PyExprMutator):
                   for i, e in enumerate(inputs)]
         key = (lowering.compute, tuple(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
         if key not in self.cache:
-            prim, out = _build_primfunc(lowering, self.target, rule.name)
+            prim, out = _build_primfunc(lowering, self.target)
             gv = self.builder_.add_func(prim, rule.name)
             self.cache[key] = (gv, _tvm.tensor_type([int(d) for d in out.shape], str(out.dtype)))
         gv, out_ty = self.cache[key]
