@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import onnx
 from onnx import TensorProto, helper
@@ -58,31 +59,13 @@ def test_compare_passes_and_prints_table(capsys, tmp_path):
         assert word in out
 
 
-WRONG_RULE = textwrap.dedent('''
-    """A deliberately wrong rule: conv -> relu lowered with weights scaled by 1.01."""
-    from tvm_fusion import Lowering, rule
-    from tvm_fusion.patterns.conv_epilogue import conv_epilogue
-
-    def _wrong(match):
-        low = conv_epilogue(bn=False, bias=False, activation="relu").lower(match)
-        low.constants[0] = low.constants[0] * 1.01
-        low.compute = "conv2d_relu"
-        return low
-
-    @rule("conv2d_relu_wrong", priority=10_000)
-    def conv2d_relu_wrong():
-        """conv2d -> relu  ==>  conv2d_relu(x, 1.01 * W)   (wrong on purpose)"""
-        spec = conv_epilogue(bn=False, bias=False, activation="relu")
-        return type(spec)(spec.pattern, spec.annotations, _wrong)
-''')
+WRONG_RULES = Path(__file__).parent / "wrong_rules.py"  # conv -> relu with weights scaled by 1.01
 
 
 def test_compare_fails_loudly_when_fused_is_wrong(capsys, tmp_path):
-    rules = tmp_path / "wrong_rules.py"
-    rules.write_text(WRONG_RULE)
     model = tmp_path / "m.onnx"
     onnx.save(conv_bn_relu(bn=False, bias=False), str(model))
-    rc, out, err = _run(capsys, "compare", str(model), "--rules", str(rules), "--repeat", "1")
+    rc, out, err = _run(capsys, "compare", str(model), "--rules", str(WRONG_RULES), "--repeat", "1")
     assert rc == 1
     assert "conv2d_relu_wrong 1" in out and "FAIL" in out
     assert err.startswith("error: fused build exceeds the tolerance")

@@ -105,3 +105,14 @@ def test_library_runs_on_gpu(resnet50_path, tmp_path):
     sess, _ = run_onnxruntime(model, inputs)
     for f, r in zip(out, sess.run(None, inputs)):
         assert_close(f, r, "GPU fused vs onnxruntime")
+
+
+@pytest.mark.slow
+def test_every_group_matches_its_unfused_subgraph(resnet50_path):
+    from tvm_fusion.differential import check_groups
+
+    report = check_groups(str(resnet50_path))
+    assert report.ok, report.first_failure()
+    assert len(report.groups) == sum(RESNET50_COUNTS.values())
+    assert {g.rule for g in report.groups} == set(RESNET50_COUNTS)
+    assert all(g.stats.max_rel < 1e-5 for g in report.groups)  # each group alone is near float32 rounding

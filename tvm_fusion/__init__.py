@@ -6,6 +6,8 @@
     built = tf.build(mod, target="cuda", mode="fused")       # 'unfused' | 'tvm' | 'fused'
     tf.compile("model.onnx", "model.so", target="cuda")      # library + model.so.json manifest
     print(tf.compare("model.onnx", target="llvm"))           # numerics, kernel counts, latency
+    print(tf.check_groups("model.onnx"))                     # each fused group vs its unfused subgraph
+    print(tf.bisect("model.onnx", rules=my_rules))           # which rule broke what
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from .build import Built, build, resolve_target
 from .compare import CompareReport, compare
 from .compile import CompileResult, compile_model
+from .differential import BisectReport, GroupReport, bisect, check_groups
 from .errors import FusionError, ToleranceExceeded
 from .examples import example_model, example_path
 from .explain import Explanation, explain
@@ -24,7 +27,7 @@ from .registry import register_compute, register_schedule
 from .rules import Decline, Lowering, Match, Rule, RuleSet, Spec, commutative, decline, rule
 
 __all__ = [
-    "Built", "CompareReport", "CompileResult", "Decline", "FuseResult", "FusionError", "Lowering", "Match",
+    "BisectReport", "Built", "CompareReport", "GroupReport", "bisect", "check_groups", "CompileResult", "Decline", "FuseResult", "FusionError", "Lowering", "Match",
     "Rule", "RuleSet", "Spec", "ToleranceExceeded", "build", "commutative", "compare", "compile", "decline",
     "Explanation", "example_model", "example_path", "explain", "fuse", "import_onnx", "load_rules", "register_compute",
     "register_schedule", "rule", "rules",

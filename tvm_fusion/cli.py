@@ -16,7 +16,9 @@ __all__ = ["main"]
 
 def _common(p: argparse.ArgumentParser, target: str = "llvm") -> None:
     p.add_argument("model", nargs="?", help="path of the ONNX model (or use --example)")
-    p.add_argument("--example", choices=["resnet50"], help="use a model made on the fly (seeded random weights)")
+    from .examples import EXAMPLES
+
+    p.add_argument("--example", choices=EXAMPLES, help="use a model made on the fly (seeded random weights)")
     p.add_argument("--seed", type=int, default=0, help="seed of the example's weights and of the inputs")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="bind an input's shape (repeatable); required for symbolic dims")
@@ -38,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     _common(m)
     m.add_argument("--repeat", type=int, default=10, help="timed runs per build (interleaved)")
     m.add_argument("--modes", default="unfused,tvm,fused", help="builds to make (comma separated)")
+    m.add_argument("--per-group", action="store_true",
+                   help="check each fused group against its unfused subgraph on the real intermediate values, "
+                        "and name the first group over tolerance")
+    m.add_argument("--bisect", action="store_true",
+                   help="--per-group, then disable the rules to blame, rebuild, and report which rule broke what")
     e = sub.add_parser("explain", help="which rule took each chain, why others declined, what is left to TVM")
     _common(e)
     r = sub.add_parser("rules", help="list the rules in priority order")
@@ -91,6 +98,8 @@ def _run(args) -> int:
                                counts_of_other_builds=not args.no_counts)
         print(result)
         return 0
+    if args.per_group or args.bisect:
+        return _differential(args, model, shapes, rules)
     from .compare import compare
 
     modes = [m for m in args.modes.split(",") if m]
@@ -99,6 +108,23 @@ def _run(args) -> int:
     print(report)
     if report.executed and not report.ok:
         raise ToleranceExceeded("fused build exceeds the tolerance: " + "; ".join(report.failures()))
+    return 0
+
+
+def _differential(args, model, shapes, rules) -> int:
+    from .differential import bisect, check_groups
+
+    kw = dict(shapes=shapes, rules=rules, seed=args.seed, arch=args.arch)
+    if args.bisect:
+        report = bisect(model, args.target, **kw)
+        print(report)
+        if not report.first.ok:
+            raise ToleranceExceeded(report.first.first_failure() + "; " + report.verdict)
+        return 0
+    report = check_groups(model, args.target, **kw)
+    print(report)
+    if not report.ok:
+        raise ToleranceExceeded(report.first_failure() + "; run with --bisect to find the rule to blame")
     return 0
 
 

@@ -1,8 +1,8 @@
 """The fuse stage: normalize BatchNorm, match the rule table, lower each match to a scheduled PrimFunc.
 
     batch_norm(x)[0]            ==>  x * s + t                      (inference only; s, t per channel)
-    FuseOpsByPattern(rules)     ==>  private functions {"Composite": rule name}
-    composite call              ==>  call_tir(<rule name PrimFunc>, inputs + folded constants)
+    FuseOpsByPattern(rules)     ==>  private functions {"Composite": rule name}     (`match`)
+    composite call              ==>  call_tir(<rule name PrimFunc>, inputs + folded constants)   (`lower`)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .errors import FusionError
 from .frontend import onnx_node_names
 from .rules import Decline, Lowering, Match, Rule, RuleSet, static_shape
 
-__all__ = ["Decision", "FuseResult", "Group", "fuse", "normalize_batch_norm"]
+__all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm"]
 
 _TARGET = contextvars.ContextVar("tvm_fusion_target")
 
@@ -245,11 +245,21 @@ class _LowerComposites(relax.PyExprMutator):
         return self.builder_.get()
 
 
-def fuse(mod: tvm.IRModule, target, rules: RuleSet) -> FuseResult:
-    """Run the fuse stage for `target` with `rules`; returns the module, per-rule counts and groups."""
+@dataclass
+class Matched:
+    """The module after matching: each accepted match is a call of a private {"Composite": rule} function
+    holding the original ops; `members` maps the matched vars to the ONNX nodes of their match."""
+
+    mod: tvm.IRModule
+    rules: RuleSet
+    members: dict
+    decisions: list[Decision]
+
+
+def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
+    """Normalize BatchNorm and group every accepted match into a composite function (nothing lowered yet)."""
     names = onnx_node_names(mod)
-    kind = target.kind.name
-    active = rules.for_target(kind)
+    active = rules.for_target(target.kind.name)
     trace = _Trace(names)
     patterns = [
         _tvm.FusionPattern(r.name, r.spec.pattern, r.spec.annotations, _make_check(r, trace))
@@ -258,15 +268,27 @@ def fuse(mod: tvm.IRModule, target, rules: RuleSet) -> FuseResult:
     token = _TARGET.set(target)
     try:
         mod = normalize_batch_norm(mod, names)
-        fused = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=False)(mod)
+        matched = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=False)(mod)
     finally:
         _TARGET.reset(token)
     if trace.errors:
         raise FusionError(trace.errors[0])
-    lower = _LowerComposites(fused, active, target, trace.members)
-    out = lower.run()
+    return Matched(matched, active, trace.members, list(trace.decisions.values()))
+
+
+def lower(matched: Matched, target) -> tuple[tvm.IRModule, list[Group]]:
+    """Replace each composite call by a call_tir of its rule's scheduled PrimFunc."""
+    lowering = _LowerComposites(matched.mod, matched.rules, target, matched.members)
+    out = lowering.run()
     out = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(out))
-    counts = {r.name: 0 for r in active.ordered()}
-    for g in lower.groups:
+    return out, lowering.groups
+
+
+def fuse(mod: tvm.IRModule, target, rules: RuleSet) -> FuseResult:
+    """Run the fuse stage for `target` with `rules`; returns the module, per-rule counts and groups."""
+    matched = match(mod, target, rules)
+    out, groups = lower(matched, target)
+    counts = {r.name: 0 for r in matched.rules.ordered()}
+    for g in groups:
         counts[g.rule] += 1
-    return FuseResult(out, counts, lower.groups, list(trace.decisions.values()))
+    return FuseResult(out, counts, groups, matched.decisions)

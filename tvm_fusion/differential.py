@@ -1,0 +1,247 @@
+"""Per-group differential check: every fused group against its own unfused subgraph, on the model's real
+intermediate values, so a wrong group is named instead of showing up as a bad final output.
+
+    y = G(a, b, ...)   for each composite call G in the matched module, in execution order:
+        reference   G's original ops, unfused, inside the unfused build of the whole model
+        fused       G's scheduled PrimFunc, on the reference values of a, b, ...
+        |fused - reference| <= atol + rtol * max|reference|      (testing.TOLERANCES, by dtype)
+
+`bisect` then disables the rules of the groups over tolerance, rebuilds the whole model and checks it
+again; when no group is to blame it tries each fired rule in turn, and finally all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+
+from . import _tvm, frontend
+from ._tvm import relax, tvm
+from .build import build, default_rules, resolve_target
+from .compare import gpu_available, random_inputs
+from .errors import FusionError
+from .fuse import Matched, lower, match
+from .rules import RuleSet
+from .testing import ErrorStats, error_stats
+
+__all__ = ["GroupCheck", "GroupReport", "BisectReport", "check_groups", "bisect"]
+
+
+@dataclass
+class GroupCheck:
+    """One fused group: where it is, what it replaced, and how far it is from its unfused subgraph."""
+
+    index: int  # execution order among the groups
+    rule: str
+    onnx_nodes: list[str]
+    stats: ErrorStats
+
+    def describe(self) -> str:
+        nodes = ", ".join(self.onnx_nodes) or "?"
+        return f"group {self.index} (rule {self.rule}; ONNX nodes {nodes})"
+
+
+@dataclass
+class GroupReport:
+    model: str
+    target: str
+    groups: list[GroupCheck]
+    outputs: list[ErrorStats]  # the whole model, fused vs unfused, per output
+    output_names: list[str]
+
+    @property
+    def failing(self) -> list[GroupCheck]:
+        return [g for g in self.groups if not g.stats.ok]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failing and all(s.ok for s in self.outputs)
+
+    def first_failure(self) -> str:
+        if self.failing:
+            g = self.failing[0]
+            return (f"{g.describe()} is the first over tolerance: max abs error {g.stats.max_abs:.3g} > "
+                    f"allowed {g.stats.bound:.3g} (max rel {g.stats.max_rel:.3g})")
+        bad = [n for n, s in zip(self.output_names, self.outputs) if not s.ok]
+        if bad:
+            return f"every group is within tolerance but output(s) {', '.join(bad)} are not"
+        return ""
+
+    def __str__(self) -> str:
+        from .compare import _table
+
+        rows = [[g.index, g.rule, _nodes(g.onnx_nodes), f"{g.stats.max_abs:.3g}", f"{g.stats.max_rel:.3g}",
+                 f"{g.stats.bound:.3g}", "ok" if g.stats.ok else "FAIL"] for g in self.groups]
+        lines = [f"model {self.model}  target {self.target}  per-group check: each fused group vs its unfused "
+                 "subgraph on the real intermediate values", "",
+                 _table(["#", "rule", "ONNX nodes", "max abs err", "max rel err", "allowed abs", ""], rows), ""]
+        for name, s in zip(self.output_names, self.outputs):
+            lines.append(f"output {name}: fused vs unfused max abs {s.max_abs:.3g} (allowed {s.bound:.3g}) "
+                         + ("ok" if s.ok else "FAIL"))
+        n_bad = len(self.failing)
+        lines += ["", f"PASS: all {len(self.groups)} groups within tolerance" if self.ok
+                  else f"FAIL: {n_bad} of {len(self.groups)} groups over tolerance; " + self.first_failure()]
+        return "\n".join(lines)
+
+
+def _nodes(nodes: list[str], limit: int = 4) -> str:
+    shown = ", ".join(nodes[:limit])
+    return shown + (f" (+{len(nodes) - limit})" if len(nodes) > limit else "")
+
+
+# ---------------------------------------------------------------- the two modules the check runs
+def _composite_calls(mod: tvm.IRModule) -> list[relax.VarBinding]:
+    """Top-level bindings of main whose value calls a composite function, in execution order."""
+    out = []
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            value = b.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+                func = mod[value.op]
+                if isinstance(func, relax.Function) and "Composite" in (func.attrs or {}):
+                    out.append(b)
+    return out
+
+
+def _strip_composite(func: relax.Function) -> relax.Function:
+    for key in ("Composite", "Primitive"):
+        if key in (func.attrs or {}):
+            func = func.without_attr(key)
+    return func
+
+
+def _reference_module(matched: Matched, watched: list[relax.Var]) -> tvm.IRModule:
+    """main returning (its outputs, the value of every watched var): the composite functions become
+    ordinary private functions, so the unfused build runs each group's original ops."""
+    mod = relax.transform.ToNonDataflow()(matched.mod)
+    funcs = {gv: _strip_composite(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions.items()}
+    mod = tvm.IRModule(funcs, attrs=mod.attrs)
+    main = mod["main"]
+    # ToNonDataflow makes new Var objects: find the watched vars by position in the binding order
+    old = [b.var for block in matched.mod["main"].body.blocks for b in block.bindings]
+    new = [b.var for block in main.body.blocks for b in block.bindings]
+    remap = {o: n for o, n in zip(old, new)}
+    remap.update({p: p for p in main.params})
+    result = relax.BlockBuilder().normalize(relax.Tuple([main.body.body, *[remap[v] for v in watched]]))
+    body = relax.BlockBuilder().normalize(relax.SeqExpr(main.body.blocks, result))
+    mod["main"] = relax.Function(main.params, body, None, main.is_pure, main.attrs)
+    return relax.transform.Normalize()(mod)
+
+
+def _group_module(matched: Matched, calls: list[relax.VarBinding], inputs: list[relax.Var]) -> tvm.IRModule:
+    """main(inputs of the groups) returning every group's output: the composite calls alone."""
+    params = {v: relax.Var(f"in{i}", _tvm.expr_type(v)) for i, v in enumerate(inputs)}
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(params.values())):
+        with bb.dataflow():
+            outs = [bb.emit(relax.Call(b.value.op, [params.get(a, a) for a in b.value.args])) for b in calls]
+            result = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(result)
+    mod = bb.get()
+    for gv, func in matched.mod.functions.items():
+        if isinstance(func, relax.Function) and "Composite" in (func.attrs or {}):
+            mod[gv] = func
+    return mod
+
+
+def _flatten(value) -> list[np.ndarray]:
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    return [a for v in value for a in _flatten(v)]
+
+
+def _run(executable, dev, args) -> list:
+    vm = relax.VirtualMachine(executable, dev)
+    return vm["main"](*args)
+
+
+# ---------------------------------------------------------------- the check
+def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
+                 seed: int = 0, arch: str = "sm_90") -> GroupReport:
+    """Run every fused group of `model` against its unfused subgraph on the real intermediate values."""
+    name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
+    proto = frontend.load_onnx(model)
+    mod = frontend.import_onnx(proto, shapes)
+    tgt = resolve_target(target, arch)
+    dev = _device(tgt)
+    rules = rules if rules is not None else default_rules()
+    matched = match(mod, tgt, rules)
+    calls = _composite_calls(matched.mod)
+    inputs = list(dict.fromkeys(a for b in calls for a in b.value.args if isinstance(a, relax.Var)))
+    watched = inputs + [b.var for b in calls]
+
+    feed = random_inputs(proto, {k: list(v) for k, v in (shapes or {}).items()}, seed)
+    order = [i.name for i in proto.graph.input if i.name in feed]
+    args = [tvm.runtime.tensor(feed[k], dev) for k in order]
+    reference = _run(build(_reference_module(matched, watched), tgt, "unfused").executable, dev, args)
+    final, values = reference[0], list(reference)[1:]
+    value_of = dict(zip(watched, values))
+
+    group_mod = _group_module(matched, calls, inputs)
+    lowered, groups = lower(Matched(group_mod, matched.rules, matched.members, []), tgt)
+    fused_out = _flatten(_run(build(lowered, tgt, "tvm").executable, dev, [value_of[v] for v in inputs]))
+    checks = [GroupCheck(i, g.rule, g.onnx_nodes, error_stats(out, value_of[b.var].numpy()))
+              for i, (g, b, out) in enumerate(zip(groups, calls, fused_out))]
+
+    fused_model = _flatten(_run(build(mod, tgt, "fused", rules=rules).executable, dev, args))
+    outputs = [error_stats(f, r) for f, r in zip(fused_model, _flatten(final))]
+    return GroupReport(name, str(tgt), checks, outputs, [o.name for o in proto.graph.output])
+
+
+def _device(target):
+    if target.kind.name == "cuda":
+        ok, why = gpu_available()
+        if not ok:
+            raise FusionError(f"the per-group check runs the builds, and --target cuda needs a GPU: {why}; "
+                              "use --target llvm")
+        return tvm.cuda(0)
+    return tvm.cpu(0)
+
+
+# ---------------------------------------------------------------- bisect
+@dataclass
+class BisectReport:
+    first: GroupReport
+    culprits: list[str]  # rules whose disabling makes the model pass
+    steps: list[tuple[list[str], bool, str]] = field(default_factory=list)  # (disabled, passed, detail)
+    verdict: str = ""
+
+    def __str__(self) -> str:
+        lines = [str(self.first), "", "bisect:"]
+        for disabled, passed, detail in self.steps:
+            lines.append(f"  disable {', '.join(disabled) or '(nothing)'}: {'PASS' if passed else 'FAIL'} ({detail})")
+        lines += ["", self.verdict]
+        return "\n".join(lines)
+
+
+def bisect(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
+           seed: int = 0, arch: str = "sm_90") -> BisectReport:
+    """Find the rule(s) that break `model`: per-group check, then disable the blamed rules and rebuild."""
+    rules = rules if rules is not None else default_rules()
+    kw = dict(shapes=shapes, seed=seed, arch=arch)
+    first = check_groups(model, target, rules=rules, **kw)
+    report = BisectReport(first, [])
+    if first.ok:
+        report.verdict = "nothing to bisect: every group and every output is within tolerance"
+        return report
+    fired = list(dict.fromkeys(g.rule for g in first.groups))
+    blamed = list(dict.fromkeys(g.rule for g in first.failing))
+    candidates = ([blamed] if blamed else []) + [[r] for r in fired if [r] != blamed] + [fired]
+    for disabled in candidates:
+        again = check_groups(model, target, rules=rules.select(disable=disabled), **kw)
+        worst = max((s.max_rel for s in again.outputs), default=0.0)
+        report.steps.append((disabled, again.ok, f"outputs max rel error {worst:.3g}"))
+        if again.ok:
+            report.culprits = disabled
+            broke = [g.describe() for g in first.failing if g.rule in disabled]
+            report.verdict = (f"culprit: rule(s) {', '.join(disabled)}: "
+                              + (f"{len(broke)} group(s) over tolerance, first {broke[0]}; " if broke else "")
+                              + "with them disabled the model is within tolerance. "
+                              + "Fix the rule, or run with " + " ".join(f"--disable {r}" for r in disabled))
+            return report
+    report.verdict = ("no culprit among the rules: the model is over tolerance even with every fired rule "
+                      "disabled, so the difference is not made by fusion")
+    return report
