@@ -25,5 +25,7 @@ def test_notebooks_match_their_source():
     spec = importlib.util.spec_from_file_location("make_notebooks", NOTEBOOKS[0].parent / "make_notebooks.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    cells = [c.source for c in module.COMPILE_RESNET50]
-    assert [c.source for c in nbformat.read(NOTEBOOKS[0], as_version=4).cells] == cells
+    assert sorted(module.NOTEBOOKS) == [p.name for p in NOTEBOOKS]
+    for path in NOTEBOOKS:
+        cells = [c.source for c in module.NOTEBOOKS[path.name]]
+        assert [c.source for c in nbformat.read(path, as_version=4).cells] == cells, f"{path.name} is stale"

@@ -63,10 +63,94 @@ assert report.ok"""),
 ]
 
 
+RULE_WITH_A_BUG = '''%%writefile my_rules.py
+"""conv2d(stride 2) -> batch_norm -> relu  ==>  conv2d_bn_relu(x, W', b')   (a kernel for stride 2)"""
+import numpy as np
+
+from tvm_fusion import decline, rule
+from tvm_fusion.patterns.conv_epilogue import conv_checks, conv_epilogue
+
+
+def stride_two(match):
+    strides = tuple(int(v) for v in match.attrs("conv").strides)
+    if strides != (2, 2):
+        return decline(f"strides are {strides}; this rule is for (2, 2)")
+    return conv_checks(match)
+
+
+def lower(match):
+    low = conv_epilogue(bn=True, activation="relu").lower(match)
+    low.constants[1] = np.zeros_like(low.constants[1])  # BUG: "ResNet convs have no bias", but the folded
+    return low                                          # bias b' = b * s + t carries the BatchNorm shift
+
+
+@rule("conv2d_bn_relu_s2", priority=1000, check=stride_two)
+def conv2d_bn_relu_s2():
+    """conv2d(stride 2) -> batch_norm -> relu  ==>  conv2d_bn_relu(x, W', b')"""
+    spec = conv_epilogue(bn=True, activation="relu")
+    return type(spec)(spec.pattern, spec.annotations, lower)'''
+
+FIND_A_WRONG_RULE = [
+    new_markdown_cell("""# Find the rule that broke a model
+
+You wrote a fusion rule, the model's outputs are off, and the model has 54 fused groups. Which one?
+
+1. write a rule file (with a realistic bug) and load it next to the built-in table,
+2. see the whole-model `compare` fail, as it must (exit status 1 on the command line),
+3. `check_groups` (`tvm-fusion compare --per-group`): every fused group runs alone on the *true* values of
+   its inputs, taken from the unfused build, and is compared with its own original ops; the error of
+   one group cannot leak into the next, so the first group over tolerance is the culprit,
+4. `bisect` (`--bisect`): disable the blamed rule, rebuild, check the whole model again.
+
+Everything runs on the CPU (`llvm`)."""),
+    new_markdown_cell("A rule for stride-2 convolutions, written into `my_rules.py` (see `patterns/README.md`):"),
+    new_code_cell(RULE_WITH_A_BUG),
+    new_code_cell("""import tvm_fusion as tf
+
+model_path = tf.example_path("resnet50", seed=0)
+rules = tf.rules(["my_rules.py"])  # the built-in table plus the new rule
+print(rules["conv2d_bn_relu_s2"].doc)"""),
+    new_markdown_cell("## 1. The new rule fires, and the model is wrong"),
+    new_code_cell("""fused = tf.fuse(tf.import_onnx(model_path), target="llvm", rules=rules)
+print({rule: n for rule, n in fused.counts.items() if n})
+
+report = tf.compare(model_path, target="llvm", rules=rules, modes=("unfused", "fused"), repeat=1)
+print(report)
+assert not report.ok"""),
+    new_markdown_cell("""## 2. Which group? The per-group check
+Each row is one fused group in execution order: its rule, the ONNX nodes it replaced, and its error
+against its own unfused ops on the same (true) inputs."""),
+    new_code_cell("""groups = tf.check_groups(model_path, target="llvm", rules=rules)
+print(groups)
+print()
+print(groups.first_failure())
+assert {g.rule for g in groups.failing} == {"conv2d_bn_relu_s2"}"""),
+    new_markdown_cell("""Only the new rule's groups fail. The built-in groups after them pass, because each one is fed the
+true values of its inputs, not the wrong values the broken groups produced.
+
+## 3. Bisect: disable the blamed rule, rebuild, check again"""),
+    new_code_cell("""result = tf.bisect(model_path, target="llvm", rules=rules)
+print(result.verdict)
+assert result.culprits == ["conv2d_bn_relu_s2"]"""),
+    new_markdown_cell("""The same from the command line:
+
+```bash
+tvm-fusion compare --example resnet50 --rules my_rules.py --per-group   # exit 1, names the group
+tvm-fusion compare --example resnet50 --rules my_rules.py --bisect      # exit 1, names the rule
+tvm-fusion compare --example resnet50 --rules my_rules.py --disable conv2d_bn_relu_s2   # passes
+```
+
+The fix is to delete the line marked BUG: `low.constants[1]` is the folded bias `b' = b * s + t`."""),
+]
+
+NOTEBOOKS = {"01_compile_resnet50.ipynb": COMPILE_RESNET50, "02_find_a_wrong_rule.ipynb": FIND_A_WRONG_RULE}
+
+
 def main() -> None:
-    nb = new_notebook(cells=COMPILE_RESNET50, metadata={
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
-    nbformat.write(nb, HERE / "01_compile_resnet50.ipynb")
+    for name, cells in NOTEBOOKS.items():
+        nb = new_notebook(cells=cells, metadata={
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+        nbformat.write(nb, HERE / name)
 
 
 if __name__ == "__main__":
