@@ -87,6 +87,11 @@ def conv_checks(m: Match):
             return decline(f"residual operand has shape {res_shape}; expected the conv output shape {out_shape}")
         if m.dtype("residual") != dtype:
             return decline(f"residual dtype is {m.dtype('residual')}; expected {dtype}")
+        residual = m.value("residual")  # e.g. add(bn(conv(x)), conv(x)): the kernel cannot take its own conv
+        for name in ("conv", "bias_add", "bn_scale", "bn_shift"):
+            if name in m and m.value(name).same_as(residual):
+                return decline(f"residual operand is this match's own {name} output; expected a value computed "
+                               "outside the match")
     return None
 
 

@@ -77,6 +77,21 @@ def test_conv_output_with_second_consumer_declines(rules):
     assert reasons["conv2d_bn_relu"].startswith("intermediate Conv3 has 2 consumers "), reasons
 
 
+
+@pytest.mark.parametrize("bias, own", [(True, "bias_add"), (False, "conv")])
+def test_residual_that_is_the_convs_own_output_declines(rules, bias, own):
+    """relu(bn(conv(x)) + conv(x)): the skip operand is computed inside the match, so the kernel could not
+    take it as an input (found by tests/fuzz; the fused build used to fail in TVM's VM codegen)."""
+    g = GraphBuilder(0)
+    x = g.input("x", [1, 2, 5, 5])
+    c = g.conv(x, 2, 4, bias=bias)
+    model = g.model([g.op("Relu", [g.op("Add", [g.bn(c, 4), c])])])
+    fused = check_fused(model, rules)
+    assert not any(n for r, n in fused.counts.items() if r.startswith("conv2d_bn_add")), fused.counts
+    reasons = [d.reason for d in fused.fused.decisions if d.rule == "conv2d_bn_add_relu"]
+    assert reasons == [f"residual operand is this match's own {own} output; expected a value computed "
+                       "outside the match"]
+
 def _training_bn_module():
     bb = relax.BlockBuilder()
     x = relax.Var("x", _tvm.tensor_type((1, 4, 8, 8), "float32"))

@@ -1,0 +1,462 @@
+"""Hypothesis strategies for random ONNX graphs, to check fused against onnxruntime on whole small networks.
+
+    onnx_graphs()  draws  RandomGraph(model, description, plan)
+
+A graph starts from an NCHW image (spatial <= 12, channels <= 16) or a token input ([batch, seq,
+features] or [batch, features]) and stacks a few layers. It is a *plan*: the domain, the input shape,
+the seed of the weights and a list of (layer kind, parameters). Each kind in LAYER_KINDS is a pair of
+small functions: `draw(draw, net, keep_shape)` picks parameters that fit the current value's shape and
+`emit(net, **params)` appends the ONNX nodes. The strategy draws and emits layer by layer (so shapes are
+known as it goes); `build(plan)` replays a plan, so a plan written by hand builds the same graph.
+
+Values with several consumers come from skip connections (an add back to an earlier value of the same
+shape), forks (one value feeding two branches that are joined again), attention (q, k and v of one value),
+elementwise ops reusing their input, and escapes (an intermediate that is also a graph output); each must
+stop a fusion across that value, or be an input of the same fused kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from hypothesis import strategies as st
+
+from tvm_fusion.testing import ACTIVATION_FORMS, GELU_OPSET, OPSET, GraphBuilder, apply_activation_onnx
+
+__all__ = ["LAYER_KINDS", "Plan", "RandomGraph", "build", "onnx_graphs"]
+
+MAX_CHANNELS = 16  # image channels and token features
+MAX_SPATIAL = 12
+MAX_LAYERS = 6
+DECOMPOSED_LN_OPSET = 18  # ReduceMean takes its axes as an input from opset 18
+DOMAINS = ("image", "tokens")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a graph is made of; `build(plan)` turns it into the same model every time."""
+
+    domain: str  # "image" or "tokens"
+    input_shape: tuple
+    seed: int  # of the weights (GraphBuilder)
+    layers: tuple  # ((layer kind, params), ...)
+
+
+@dataclass(frozen=True)
+class RandomGraph:
+    """A drawn graph: the ONNX model, a one-line-per-layer description and the plan that rebuilds it."""
+
+    model: onnx.ModelProto
+    description: str
+    plan: Plan
+
+    def __repr__(self) -> str:  # what Hypothesis prints for a falsifying example
+        return f"RandomGraph(\n{self.description}\n)"
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(repr(self))
+
+
+@dataclass
+class Net:
+    """The graph being built: the builder, the current value and every value so far with its shape."""
+
+    g: GraphBuilder
+    domain: str
+    cur: str
+    shapes: dict  # value -> shape, in creation order (the candidates of a skip connection)
+    inputs: list
+    outputs: list = field(default_factory=list)  # escaped intermediates; the last value is added at the end
+    opset: int = OPSET
+    log: list = field(default_factory=list)
+
+    @classmethod
+    def start(cls, domain: str, shape: tuple, seed: int) -> Net:
+        g = GraphBuilder(seed)
+        x = g.input("x", list(shape))
+        return cls(g, domain, x, {x: tuple(shape)}, [x])
+
+    @property
+    def shape(self) -> tuple:
+        return self.shapes[self.cur]
+
+    def set(self, value: str, shape=None) -> None:
+        """`value` is the new current value (with the current shape unless given)."""
+        self.shapes[value] = tuple(self.shape if shape is None else shape)
+        self.cur = value
+
+    def same_shape(self) -> list[str]:
+        """Earlier values with the current value's shape."""
+        return [v for v, s in self.shapes.items() if s == self.shape and v != self.cur]
+
+    def needs_opset(self, opset: int) -> None:
+        self.opset = max(self.opset, opset)
+
+    def uniform(self, shape, low=0.5, high=1.5) -> str:
+        return self.g.const(self.g.rng.uniform(low, high, shape).astype(np.float32))
+
+    def normal(self, shape, std=0.5) -> str:
+        return self.g.const(self.g.rng.normal(0.0, std, shape).astype(np.float32))
+
+    def per_channel(self) -> tuple:
+        """The shape of a constant with one value per channel (image) or per feature (tokens)."""
+        if self.domain == "image":
+            return (self.shape[1], 1, 1)
+        return (self.shape[-1],)
+
+    def finish(self, plan: Plan) -> RandomGraph:
+        outputs = self.outputs + ([self.cur] if self.cur not in self.outputs else [])
+        model = self.g.model(outputs, opset=self.opset)
+        head = f"{plan.domain} x{list(plan.input_shape)}, weights seed {plan.seed}, opset {self.opset}"
+        tail = f"outputs: {', '.join(outputs)}"
+        return RandomGraph(model, "\n".join([head, *self.log, tail]), plan)
+
+
+# ---------------------------------------------------------------- layer kinds: draw(draw, net, keep_shape), emit
+KERNELS = (1, 3, 5, (1, 3), (3, 1))  # int: square
+
+
+def _kh(k) -> int:
+    return k if isinstance(k, int) else k[0]
+
+
+def _kw(k) -> int:
+    return k if isinstance(k, int) else k[1]
+
+
+def draw_conv(draw, net: Net, keep_shape: bool = False) -> dict:
+    _, c, h, w = net.shape
+    fits = [(k, d) for k in KERNELS for d in ((1,) if k == 1 else (1, 2))
+            if (_kh(k) - 1) * d + 1 <= h and (_kw(k) - 1) * d + 1 <= w]
+    k, dilation = draw(st.sampled_from(fits))
+    groups = draw(st.sampled_from(sorted({1, c} | ({2} if c % 2 == 0 else set()))))  # c: depthwise
+    bias = draw(st.booleans())
+    same = [dilation * (_kh(k) // 2), dilation * (_kw(k) // 2)] * 2
+    if keep_shape:
+        return dict(cout=c, k=k, stride=1, pads=same, dilation=dilation, groups=groups, bias=bias)
+    cout = groups * draw(st.integers(1, MAX_CHANNELS // groups))
+    pads = [draw(st.integers(0, p)) for p in same]
+    return dict(cout=cout, k=k, stride=draw(st.integers(1, 2)), pads=pads, dilation=dilation, groups=groups,
+                bias=bias)
+
+
+def emit_conv(net: Net, cout, k, stride, pads, dilation, groups, bias) -> None:
+    n, c, h, w = net.shape
+    oh = (h + pads[0] + pads[2] - dilation * (_kh(k) - 1) - 1) // stride + 1
+    ow = (w + pads[1] + pads[3] - dilation * (_kw(k) - 1) - 1) // stride + 1
+    y = net.g.conv(net.cur, c, cout, k=k, stride=stride, pads=pads, dilation=dilation, groups=groups, bias=bias)
+    net.set(y, (n, cout, oh, ow))
+
+
+def draw_nothing(draw, net: Net, keep_shape: bool = False) -> dict:
+    return {}
+
+
+def emit_bn(net: Net) -> None:
+    """Inference BatchNormalization over axis 1 (channels; the sequence axis of [batch, seq, features])."""
+    net.set(net.g.bn(net.cur, net.shape[1]))
+
+
+def draw_act(draw, net: Net, keep_shape: bool = False) -> dict:
+    act = draw(st.sampled_from(list(ACTIVATION_FORMS)))
+    return dict(act=act, form=draw(st.sampled_from(ACTIVATION_FORMS[act])))
+
+
+def emit_act(net: Net, act, form) -> None:  # `act` only names the activation in the description
+    if form.startswith("Gelu"):
+        net.needs_opset(GELU_OPSET)
+    net.set(apply_activation_onnx(net.g, net.cur, form))
+
+
+def draw_bias_add(draw, net: Net, keep_shape: bool = False) -> dict:
+    rank = len(net.shape)
+    channel = net.per_channel()
+    broadcast = (1, *channel) if net.domain == "image" else (1,) * (rank - 1) + channel
+    return dict(shape=draw(st.sampled_from([channel, broadcast, ()])), const_first=draw(st.booleans()))
+
+
+def emit_bias_add(net: Net, shape, const_first) -> None:
+    b = net.normal(shape)
+    net.set(net.g.op("Add", [b, net.cur] if const_first else [net.cur, b]))
+
+
+def draw_skip_add(draw, net: Net, keep_shape: bool = False) -> dict:
+    return dict(other=draw(st.sampled_from(net.same_shape())), op=draw(st.sampled_from(["Add", "Sum"])),
+                other_first=draw(st.booleans()))
+
+
+def emit_skip_add(net: Net, other, op, other_first) -> None:
+    net.set(net.g.op(op, [other, net.cur] if other_first else [net.cur, other]))
+
+
+UNARY_OPS = ("Relu", "Sigmoid", "Tanh", "Neg", "Erf", "Abs")  # Abs is not in our chains: it splits them
+BINARY_OPS = ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow")
+
+
+def draw_elementwise(draw, net: Net, keep_shape: bool = False) -> dict:
+    """1-4 elementwise ops; the other operand of a binary op is a constant, an earlier value or the layer's input
+    (which then has two consumers inside one chain, as in x * sigmoid(x))."""
+    steps = []
+    for _ in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(UNARY_OPS + BINARY_OPS))
+        if op in UNARY_OPS:
+            steps.append((op, None, False))
+        elif op == "Pow":  # x ** 2 only: a fractional power of a negative value is NaN
+            steps.append((op, "two", False))
+        elif op == "Div":  # by a constant in [0.5, 1.5] only: dividing by a value near 0 amplifies rounding
+            steps.append((op, draw(st.sampled_from(["scalar", "channel"])), False))
+        else:
+            operand = draw(st.sampled_from(["scalar", "channel", net.cur, *net.same_shape()]))
+            steps.append((op, operand, draw(st.booleans())))
+    return dict(steps=tuple(steps))
+
+
+def emit_elementwise(net: Net, steps) -> None:
+    y = net.cur
+    for op, operand, operand_first in steps:
+        if operand is None:
+            y = net.g.op(op, [y])
+            continue
+        if operand == "two":
+            other = net.g.const(np.array(2.0, np.float32))
+        elif operand in ("scalar", "channel"):
+            other = net.uniform(() if operand == "scalar" else net.per_channel())
+        else:
+            other = operand
+        y = net.g.op(op, [other, y] if operand_first else [y, other])
+    net.set(y)
+
+
+def draw_fork(draw, net: Net, keep_shape: bool = False) -> dict:
+    """The current value feeds two shape-keeping branches, joined again: it has two consumers."""
+    names = [n for n, kind in LAYER_KINDS.items() if kind.branch and kind.applies(net)]
+    a, b = draw(st.sampled_from(names)), draw(st.sampled_from(names))
+    return dict(a=(a, LAYER_KINDS[a].draw(draw, net, keep_shape=True)),
+                b=(b, LAYER_KINDS[b].draw(draw, net, keep_shape=True)),
+                join=draw(st.sampled_from(["Add", "Mul"])))
+
+
+def emit_fork(net: Net, a, b, join) -> None:
+    v, ends = net.cur, []
+    for name, params in (a, b):
+        net.cur = v
+        LAYER_KINDS[name].emit(net, **params)
+        ends.append(net.cur)
+    net.set(net.g.op(join, ends))
+
+
+def draw_squeeze_excite(draw, net: Net, keep_shape: bool = False) -> dict:
+    """x * gate(conv1x1(relu(conv1x1(GlobalAveragePool(x))))) (MobileNetV3, EfficientNet): a [N, C, 1, 1]
+    value broadcast against [N, C, H, W]."""
+    return dict(hidden=draw(st.integers(1, max(1, net.shape[1] // 2))),
+                gate=draw(st.sampled_from(["Sigmoid", "HardSigmoid"])), gate_first=draw(st.booleans()))
+
+
+def emit_squeeze_excite(net: Net, hidden, gate, gate_first) -> None:
+    x, c = net.cur, net.shape[1]
+    s = net.g.op("Relu", [net.g.conv(net.g.op("GlobalAveragePool", [x]), c, hidden, k=1)])
+    s = net.g.conv(s, hidden, c, k=1)
+    s = net.g.op("Sigmoid", [s]) if gate == "Sigmoid" else net.g.op("HardSigmoid", [s], alpha=1 / 6, beta=0.5)
+    net.set(net.g.op("Mul", [s, x] if gate_first else [x, s]))
+
+
+def draw_attention(draw, net: Net, keep_shape: bool = False) -> dict:
+    """Single-head self-attention softmax(q k^T / sqrt(d)) v; q, k, v are dense layers of the current value,
+    which so has three consumers."""
+    n = net.shape[-1] if keep_shape else draw(st.integers(1, MAX_CHANNELS))
+    return dict(d=draw(st.integers(1, MAX_CHANNELS)), n=n, bias=draw(st.booleans()))
+
+
+def emit_attention(net: Net, d, n, bias) -> None:
+    x, (batch, seq, _) = net.cur, net.shape
+    heads = []
+    for width in (d, d, n):
+        net.cur = x
+        emit_dense(net, "MatMul", width, "after" if bias else None)
+        heads.append(net.cur)
+    q, k, v = heads
+    scores = net.g.op("MatMul", [q, net.g.op("Transpose", [k], perm=[0, 2, 1])])
+    scores = net.g.op("Div", [scores, net.g.const(np.array(np.sqrt(d), np.float32))])
+    net.set(net.g.op("MatMul", [net.g.op("Softmax", [scores], axis=-1), v]), (batch, seq, n))
+
+
+def draw_block(draw, net: Net, keep_shape: bool = False) -> dict:
+    """A network's usual unit: conv (image) or dense (tokens), then BatchNorm, a residual add back to a value
+    of the block's input shape (the conv or dense keeps the shape then) and/or an activation."""
+    first = "conv" if net.domain == "image" else "dense"
+    residual = draw(st.booleans())
+    layers = [(first, LAYER_KINDS[first].draw(draw, net, keep_shape or residual))]
+    if draw(st.booleans()):
+        layers.append(("bn", {}))
+    if residual:
+        layers.append(("skip_add", dict(other=draw(st.sampled_from([net.cur, *net.same_shape()])), op="Add",
+                                        other_first=draw(st.booleans()))))
+    if draw(st.integers(0, 3)):
+        layers.append(("act", draw_act(draw, net)))
+    return dict(layers=tuple(layers))
+
+
+def emit_block(net: Net, layers) -> None:
+    for name, params in layers:
+        LAYER_KINDS[name].emit(net, **params)
+
+
+def emit_escape(net: Net) -> None:
+    """The current value is also a graph output, so no fusion may hide it."""
+    net.outputs.append(net.cur)
+
+
+def draw_to_tokens(draw, net: Net, keep_shape: bool = False) -> dict:
+    return dict(how=draw(st.sampled_from(["sequence", "pool"])))
+
+
+def emit_to_tokens(net: Net, how) -> None:
+    """[N, C, H, W] -> [N, H*W, C] (a ViT-style sequence) or -> [N, C] (global average pool + flatten)."""
+    n, c, h, w = net.shape
+    net.domain = "tokens"
+    if how == "pool":
+        net.set(net.g.op("Flatten", [net.g.op("GlobalAveragePool", [net.cur])], axis=1), (n, c))
+        return
+    flat = net.g.op("Reshape", [net.cur, net.g.const(np.array([n, c, h * w], np.int64))])
+    net.set(net.g.op("Transpose", [flat], perm=[0, 2, 1]), (n, h * w, c))
+
+
+def draw_dense(draw, net: Net, keep_shape: bool = False) -> dict:
+    n = net.shape[-1] if keep_shape else draw(st.integers(1, MAX_CHANNELS))
+    if len(net.shape) == 2 and draw(st.booleans()):
+        return dict(op="Gemm", n=n, bias=draw(st.sampled_from([None, "C"])), trans_b=draw(st.booleans()),
+                    alpha=draw(st.sampled_from([1.0, 1.0, 0.5])))
+    return dict(op="MatMul", n=n, bias=draw(st.sampled_from([None, "after", "before"])))
+
+
+def emit_dense(net: Net, op, n, bias, trans_b=False, alpha=1.0) -> None:
+    f = net.shape[-1]
+    w = net.normal((n, f) if trans_b else (f, n), std=1.0 / np.sqrt(f))
+    b = net.normal((n,), std=0.1) if bias else None
+    if op == "Gemm":
+        y = net.g.op("Gemm", [net.cur, w] + ([b] if b else []), transB=int(trans_b), alpha=alpha)
+    else:
+        y = net.g.op("MatMul", [net.cur, w])
+        if b:
+            y = net.g.op("Add", [b, y] if bias == "before" else [y, b])
+    net.set(y, (*net.shape[:-1], n))
+
+
+def draw_layer_norm(draw, net: Net, keep_shape: bool = False) -> dict:
+    """LayerNormalization (the op, or its ReduceMean/Sub/Pow/Sqrt/Div form), optionally after a residual add
+    with an earlier value, the input itself (h + h) or a new graph input."""
+    form = draw(st.sampled_from(["op", "decomposed"]))
+    axis = draw(st.sampled_from([-1, -1, -2])) if form == "op" and len(net.shape) == 3 else -1  # -2 declines
+    return dict(form=form, residual=draw(st.sampled_from([None, "input", net.cur, *net.same_shape()])),
+                epsilon=draw(st.sampled_from([1e-5, 1e-3])), axis=axis)
+
+
+def emit_layer_norm(net: Net, form, residual, epsilon, axis=-1) -> None:
+    shape, h = net.shape, net.cur
+    if residual == "input":
+        residual = net.g.input(f"r{len(net.inputs)}", list(shape))
+        net.inputs.append(residual)
+    if residual:
+        h = net.g.op("Add", [h, residual])
+    gamma, beta = net.uniform(shape[axis:]), net.normal(shape[axis:], std=0.1)
+    if form == "op":
+        net.set(net.g.op("LayerNormalization", [h, gamma, beta], axis=axis, epsilon=epsilon), shape)
+        return
+    net.needs_opset(DECOMPOSED_LN_OPSET)
+    axes = net.g.const(np.array([-1], np.int64))
+    centered = net.g.op("Sub", [h, net.g.op("ReduceMean", [h, axes])])
+    var = net.g.op("ReduceMean", [net.g.op("Pow", [centered, net.g.const(np.array(2.0, np.float32))]), axes])
+    std = net.g.op("Sqrt", [net.g.op("Add", [var, net.g.const(np.array(epsilon, np.float32))])])
+    net.set(net.g.op("Add", [net.g.op("Mul", [net.g.op("Div", [centered, std]), gamma]), beta]), shape)
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """One row of the table: how to draw a layer's parameters and how to emit it, and where it applies."""
+
+    draw: Callable  # (draw, net, keep_shape) -> params for the current value
+    emit: Callable  # (net, **params): appends the nodes and moves net.cur on
+    domains: tuple = DOMAINS
+    weight: int = 1  # how often it is drawn, relative to the other kinds that apply
+    branch: bool = False  # may be a branch of a fork (keeps the shape when asked to)
+    when: Callable = lambda net: True  # applies to the current value
+
+    def applies(self, net: Net) -> bool:
+        return net.domain in self.domains and self.when(net)
+
+
+#: the layer kinds, simplest first (Hypothesis shrinks towards the first)
+LAYER_KINDS = {
+    "act": LayerKind(draw_act, emit_act, weight=3, branch=True),
+    "bn": LayerKind(draw_nothing, emit_bn, weight=2, branch=True),
+    "bias_add": LayerKind(draw_bias_add, emit_bias_add, branch=True),
+    "elementwise": LayerKind(draw_elementwise, emit_elementwise, weight=2, branch=True),
+    "conv": LayerKind(draw_conv, emit_conv, domains=("image",), weight=4, branch=True),
+    "dense": LayerKind(draw_dense, emit_dense, domains=("tokens",), weight=4, branch=True),
+    "layer_norm": LayerKind(draw_layer_norm, emit_layer_norm, domains=("tokens",), weight=3, branch=True),
+    "block": LayerKind(draw_block, emit_block, weight=4, branch=True),
+    "squeeze_excite": LayerKind(draw_squeeze_excite, emit_squeeze_excite, domains=("image",), branch=True),
+    "attention": LayerKind(draw_attention, emit_attention, domains=("tokens",), branch=True,
+                           when=lambda net: len(net.shape) == 3),
+    "skip_add": LayerKind(draw_skip_add, emit_skip_add, weight=2, when=lambda net: bool(net.same_shape())),
+    "fork": LayerKind(draw_fork, emit_fork),
+    "escape": LayerKind(draw_nothing, emit_escape,
+                        when=lambda net: net.cur not in net.inputs and net.cur not in net.outputs),
+    "to_tokens": LayerKind(draw_to_tokens, emit_to_tokens, domains=("image",)),
+}
+
+
+def _fmt(params: dict) -> str:
+    def value(v):
+        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], dict):
+            return f"{v[0]}({_fmt(v[1])})"  # a fork's branch
+        if isinstance(v, tuple) and v and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], dict)
+                                              for x in v):
+            return " -> ".join(value(x) for x in v)  # a block's layers
+        return repr(v)
+
+    return ", ".join(f"{k}={value(v)}" for k, v in params.items())
+
+
+def _add(net: Net, name: str, params: dict) -> None:
+    LAYER_KINDS[name].emit(net, **params)
+    net.log.append(f"  {name}({_fmt(params)}) -> {net.cur} {list(net.shape)}")
+
+
+def build(plan: Plan) -> RandomGraph:
+    """The graph of a plan (drawn, printed in a failure's .txt file, or written by hand)."""
+    net = Net.start(plan.domain, plan.input_shape, plan.seed)
+    for name, params in plan.layers:
+        _add(net, name, params)
+    return net.finish(plan)
+
+
+def _input_shapes(domain: str):
+    if domain == "image":
+        return st.tuples(st.integers(1, 2), st.integers(1, MAX_CHANNELS), st.integers(3, MAX_SPATIAL),
+                         st.integers(3, MAX_SPATIAL))
+    return st.tuples(st.integers(1, 2), st.integers(1, 8), st.integers(2, MAX_CHANNELS)) | \
+        st.tuples(st.integers(1, 4), st.integers(2, MAX_CHANNELS))  # [batch, features]: Gemm applies
+
+
+@st.composite
+def onnx_graphs(draw, domains=DOMAINS, max_layers: int = MAX_LAYERS) -> RandomGraph:
+    """Draws a small random ONNX graph: an image or token input, then 1 to `max_layers` layers from LAYER_KINDS
+    (conv, BatchNorm, activations in every ONNX form, bias and skip adds, elementwise ops, MatMul/Gemm,
+    LayerNorm, conv/dense blocks, squeeze-excite, attention, forks and escaped intermediates), as a
+    RandomGraph(model, description, plan)."""
+    domain = draw(st.sampled_from(domains))
+    shape = draw(_input_shapes(domain))
+    seed = draw(st.integers(0, 2**16 - 1))
+    net = Net.start(domain, shape, seed)
+    layers = []
+    for _ in range(draw(st.integers(1, max_layers))):
+        choices = [name for name, kind in LAYER_KINDS.items() if kind.applies(net) for _ in range(kind.weight)]
+        name = draw(st.sampled_from(choices))
+        params = LAYER_KINDS[name].draw(draw, net, keep_shape=False)
+        _add(net, name, params)
+        layers.append((name, params))
+    return net.finish(Plan(domain, shape, seed, tuple(layers)))
