@@ -120,6 +120,14 @@ class _Trace:
         self.decisions[(rule, root)] = Decision(rule, root, self.names.get(root, root), reason)
 
 
+def _label(var, names: dict[str, str]) -> str:
+    """The ONNX node a var came from; a var leaving the dataflow block unnamed is the graph's output."""
+    name = _tvm.var_name(var)
+    if name in names:
+        return names[name]
+    return name if isinstance(var, relax.DataflowVar) else f"the graph output {name}"
+
+
 def _leak(ctx, names: dict[str, str]) -> str | None:
     """An intermediate of the match that something outside the match also reads."""
     matched = set(ctx.matched_bindings.keys())
@@ -130,7 +138,7 @@ def _leak(ctx, names: dict[str, str]) -> str | None:
         users = [u for u in ctx.var_usages.get(var, []) if u not in matched]
         if users:
             all_users = list(ctx.var_usages.get(var, []))
-            label = lambda v: names.get(_tvm.var_name(v), _tvm.var_name(v))  # noqa: E731
+            label = lambda v: _label(v, names)  # noqa: E731
             return (f"intermediate {label(var)} has {len(all_users)} consumers "
                     f"({', '.join(label(u) for u in all_users)}); fusing would hide it from "
                     f"{', '.join(label(u) for u in users)}")
