@@ -1,7 +1,9 @@
-"""conv2d -> [add bias] -> [batch_norm] -> [add residual] -> [activation]  ==>  one conv kernel.
+"""conv2d -> [add bias] -> [batch_norm -> [* c + d]] -> [add residual] -> [activation]  ==>  one conv kernel.
 
 BatchNorm (inference) folds into the weights at compile time:
     s = gamma / sqrt(var + eps);  W' = W * s;  b' = (b - mean) * s + beta  =  b * s + t,  t = beta - mean * s
+and so does a per-channel scale layer right after it (Caffe's Scale, `* c + d`: DenseNet, Inception v2):
+    W'' = W' * c;  b'' = b' * c + d
 (s and t are rounded to the tensor dtype once, by the normalize step; the fold itself runs in float64.)
 The fuse stage first rewrites inference `batch_norm(x)[0]` as `x * s + t` (per channel), so a conv -> BN
 with nothing after it is still a single-rooted match; a training-mode batch_norm stays and is declined.
@@ -34,6 +36,11 @@ def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None,
         batch_norm = dpl.is_op("relax.nn.batch_norm")(y, *stats)
         ann.update(bn_scale=scale, bn_shift=shift, batch_norm=batch_norm)
         y = shift | dpl.is_tuple_get_item(batch_norm, 0)
+        # an optional per-channel scale layer after the BatchNorm (Caffe's Scale: DenseNet, Inception v2)
+        post_scale = dpl.is_op("relax.multiply")(y, dpl.is_const())
+        post_shift = dpl.is_op("relax.add")(post_scale, dpl.is_const())
+        ann.update(post_scale=post_scale, post_shift=post_shift)
+        y = post_shift | y
     if residual:
         other = dpl.wildcard()
         y = commutative("relax.add", y, other)
@@ -68,7 +75,7 @@ def conv_checks(m: Match):
     if out_shape is None or in_shape is None:
         return decline("conv2d has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)")
     channels = out_shape[1]
-    for name in ("bias_add", "bn_scale", "bn_shift"):
+    for name in ("bias_add", "bn_scale", "bn_shift", "post_scale", "post_shift"):
         if name in m:
             const_arg = m.value(name).args[1]
             if _per_channel(const_arg, channels) is None:
@@ -88,7 +95,7 @@ def conv_checks(m: Match):
         if m.dtype("residual") != dtype:
             return decline(f"residual dtype is {m.dtype('residual')}; expected {dtype}")
         residual = m.value("residual")  # e.g. add(bn(conv(x)), conv(x)): the kernel cannot take its own conv
-        for name in ("conv", "bias_add", "bn_scale", "bn_shift"):
+        for name in ("conv", "bias_add", "bn_scale", "bn_shift", "post_scale", "post_shift"):
             if name in m and m.value(name).same_as(residual):
                 return decline(f"residual operand is this match's own {name} output; expected a value computed "
                                "outside the match")
@@ -112,6 +119,10 @@ def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
         gamma, beta, mean, var = (_vector(m, a, channels) for a in bn.args[1:5])
         s = gamma / np.sqrt(var + float(bn.attrs.epsilon))
         w, b = w * s[:, None, None, None], (b - mean) * s + beta
+    if "post_scale" in m:
+        s2 = _vector(m, m.value("post_scale").args[1], channels)
+        t2 = _vector(m, m.value("post_shift").args[1], channels)
+        w, b = w * s2[:, None, None, None], b * s2 + t2
     dtype = m.dtype("conv")
     inputs = [conv.args[0]]
     if "residual" in m:
@@ -140,9 +151,9 @@ def _vector(m: Match, expr, channels: int) -> np.ndarray:
 #: structure -> (name prefix, priority tier, pattern options, formula of the match)
 STRUCTURES = {
     "bn_add": ("conv2d_bn_add", 400, dict(bn=True, residual=True),
-               "conv2d -> [add bias] -> batch_norm -> add(., other) -> {act}  ==>  {name}(x, other, W', b')"),
+               "conv2d -> [add bias] -> batch_norm -> [* c + d] -> add(., other) -> {act}  ==>  {name}(x, other, W', b')"),
     "bn": ("conv2d_bn", 300, dict(bn=True),
-           "conv2d -> [add bias] -> batch_norm -> {act}  ==>  {name}(x, W', b')"),
+           "conv2d -> [add bias] -> batch_norm -> [* c + d] -> {act}  ==>  {name}(x, W', b')"),
     "add": ("conv2d_add", 250, dict(bn=False, residual=True),
             "conv2d -> [add bias] -> add(., other) -> {act}  ==>  {name}(x, other, W, b)"),
     "bias": ("conv2d_bias", 150, dict(bn=False, bias=True),
@@ -166,7 +177,7 @@ def _make_rule(structure: str, activation: str | None):
 
     build.__doc__ = formula.format(act=activation or "", name=name).replace(" -> ", " -> ", 1)
     if activation is None:
-        build.__doc__ = "conv2d -> [add bias] -> batch_norm  ==>  conv2d_bn(x, W', b')"
+        build.__doc__ = "conv2d -> [add bias] -> batch_norm -> [* c + d]  ==>  conv2d_bn(x, W', b')"
     made = rule(name, priority=priority, check=conv_checks)(build)
     made.source = __file__
     return made

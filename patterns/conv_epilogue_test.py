@@ -78,6 +78,31 @@ def test_conv_output_with_second_consumer_declines(rules):
 
 
 
+
+@pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1, 1)])
+def test_scale_layer_after_batch_norm_folds_into_the_conv(rules, shape):
+    """conv -> BN -> Mul(c) -> Add(d) -> Relu (Caffe's Scale layer, as in DenseNet-121 and Inception v2):
+    one conv2d_bn_relu kernel, with c and d folded into W' and b' as well."""
+    g = GraphBuilder(5)
+    x = g.input("x", [1, 4, 9, 9])
+    y = g.bn(g.conv(x, 4, 8), 8)
+    y = g.op("Mul", [y, g.const(g.rng.uniform(0.5, 1.5, shape).astype(np.float32))])
+    y = g.op("Add", [y, g.const(g.rng.normal(0, 0.1, shape).astype(np.float32))])
+    check_fused(g.model([g.op("Relu", [y])]), rules, expect={"conv2d_bn_relu": 1})
+
+
+def test_scale_layer_that_is_not_per_channel_declines(rules):
+    g = GraphBuilder(5)
+    x = g.input("x", [1, 4, 6, 6])
+    y = g.bn(g.conv(x, 4, 8), 8)
+    y = g.op("Mul", [y, g.const(g.rng.uniform(0.5, 1.5, (8, 6, 6)).astype(np.float32))])
+    y = g.op("Add", [y, g.const(np.float32(0.1))])
+    # the conv still takes its BatchNorm; the scale layer and relu are left to the elementwise rules
+    fused = check_fused(g.model([g.op("Relu", [y])]), rules, expect={"conv2d_bn": 1, "elementwise_chain_3": 1})
+    reasons = {d.rule: d.reason for d in fused.fused.decisions}
+    assert reasons["conv2d_bn_relu"] == ("post_scale constant has shape (8, 6, 6); expected one value per output "
+                                         "channel (8,) or (1, 8, 1, 1)")
+
 @pytest.mark.parametrize("bias, own", [(True, "bias_add"), (False, "conv")])
 def test_residual_that_is_the_convs_own_output_declines(rules, bias, own):
     """relu(bn(conv(x)) + conv(x)): the skip operand is computed inside the match, so the kernel could not

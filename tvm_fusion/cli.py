@@ -114,7 +114,7 @@ def _run(args) -> int:
 def _differential(args, model, shapes, rules) -> int:
     from .differential import bisect, check_groups
 
-    kw = dict(shapes=shapes, rules=rules, seed=args.seed, arch=args.arch)
+    kw = {"shapes": shapes, "rules": rules, "seed": args.seed, "arch": args.arch}
     if args.bisect:
         report = bisect(model, args.target, **kw)
         print(report)

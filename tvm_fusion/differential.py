@@ -221,7 +221,7 @@ def bisect(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet |
            seed: int = 0, arch: str = "sm_90") -> BisectReport:
     """Find the rule(s) that break `model`: per-group check, then disable the blamed rules and rebuild."""
     rules = rules if rules is not None else default_rules()
-    kw = dict(shapes=shapes, seed=seed, arch=arch)
+    kw = {"shapes": shapes, "seed": seed, "arch": arch}
     first = check_groups(model, target, rules=rules, **kw)
     report = BisectReport(first, [])
     if first.ok:

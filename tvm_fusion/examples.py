@@ -1,9 +1,21 @@
-"""Example models made on the fly from architectures the onnx wheel ships (no downloads).
+"""Example models made on the fly from the nine architectures the onnx wheel ships (no downloads).
 
-`resnet50(seed)`: onnx's `light_resnet50.onnx` (placeholder weights 0.02) with seeded random weights at
-realistic scales: He-normal convs, gamma ~ U(0.5, 1.5), beta ~ N(0, 0.1), and BatchNorm running
-statistics calibrated on random inputs so every BN sees mean 0 / variance 1 (activations stay O(1)
-through the depth). The logits (input of the final Softmax) are added as a second output.
+`onnx/backend/test/data/light/` holds ResNet-50, DenseNet-121, Inception v1 and v2, ShuffleNet,
+SqueezeNet, VGG-19, ZFNet-512 and AlexNet with placeholder weights (ConstantOfShape 0.02, or
+initializers in parameter slots). `example_path(name, seed)` replaces them with seeded random weights at
+realistic scales:
+
+- Conv weights He-normal, Gemm weights N(0, 1/fan_in), biases N(0, 0.01);
+- BatchNormalization gamma ~ U(0.5, 1.5), beta ~ N(0, 0.1); the scale layers after it (DenseNet-121,
+  Inception v2: Unsqueeze -> Mul, Unsqueeze -> Add) scale ~ U(0.5, 1.5), shift ~ N(0, 0.1);
+- models with BatchNorm: running statistics calibrated on a random input so every BN sees mean 0 /
+  variance 1, one BN depth level at a time;
+- models without BatchNorm (AlexNet, ZFNet, VGG, SqueezeNet, Inception v1): each Conv/Gemm (weight and
+  bias) rescaled so its output has unit std on a random input (LSUV), one depth level at a time, then the
+  last level once more so the logits have unit std.
+
+Activations stay O(1) through the depth. The logits (the input of the final Softmax) are added as an
+output; a model without Softmax (DenseNet-121) already ends in its logits.
 """
 
 from __future__ import annotations
@@ -15,10 +27,16 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["EXAMPLES", "example_model", "example_path", "light_model_path"]
+__all__ = ["EXAMPLES", "LIGHT_FILES", "example_model", "example_path", "light_model_path", "logits_name"]
 
-EXAMPLES = ("resnet50",)
-CALIBRATION_BATCH = 1  # the model's Reshape fixes batch 1
+#: short name -> the file's stem in onnx/backend/test/data/light/ (light_<stem>.onnx)
+LIGHT_FILES = {
+    "resnet50": "resnet50", "densenet121": "densenet121", "inception_v1": "inception_v1",
+    "inception_v2": "inception_v2", "shufflenet": "shufflenet", "squeezenet": "squeezenet",
+    "vgg19": "vgg19", "zfnet512": "zfnet512", "alexnet": "bvlc_alexnet",
+}
+EXAMPLES = tuple(LIGHT_FILES)
+CALIBRATION_BATCH = 1  # the models' Reshapes fix batch 1
 
 
 def light_model_path(name: str) -> Path:
@@ -36,7 +54,11 @@ def _cache_dir() -> Path:
     return path
 
 
-PARAM_SLOTS = {"Conv": (1, 2), "Gemm": (1, 2), "BatchNormalization": (1, 2, 3, 4)}
+# ---------------------------------------------------------------- placeholders and what they parameterise
+
+PARAM_SLOTS = {"Conv": (1, 2), "Gemm": (1, 2), "BatchNormalization": (1, 2, 3, 4), "Unsqueeze": (0,),
+               "Reshape": (0,)}
+PASS_THROUGH = ("Unsqueeze", "Reshape")  # input 0 carries a weight on to the node it parameterises
 
 
 def _placeholders(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
@@ -46,44 +68,71 @@ def _placeholders(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
               for n in model.graph.node if n.op_type == "ConstantOfShape"}
     for node in model.graph.node:
         for i in PARAM_SLOTS.get(node.op_type, ()):
-            if i < len(node.input) and node.input[i] in inits and node.input[i] not in shapes:
-                shapes[node.input[i]] = inits[node.input[i]].shape
+            name = node.input[i] if i < len(node.input) else ""
+            # float only: a Reshape's int64 target shape is no weight
+            if name in inits and name not in shapes and inits[name].dtype == np.float32:
+                shapes[name] = inits[name].shape
     return shapes
 
 
-def _roles(model: onnx.ModelProto, names) -> dict[str, tuple[str, int]]:
-    """placeholder name -> (consumer op type, input index)."""
+def _consumers(model: onnx.ModelProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
+    out: dict[str, list] = {}
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            out.setdefault(name, []).append((node, i))
+    return out
+
+
+def _roles(model: onnx.ModelProto, names) -> dict[str, tuple[onnx.NodeProto, int]]:
+    """placeholder name -> (the node it parameterises, input index), looking through Unsqueeze/Reshape."""
+    consumers = _consumers(model)
     roles = {}
     for node in model.graph.node:
         for i, name in enumerate(node.input):
-            if name in names:
-                roles[name] = (node.op_type, i)
+            if name not in names or name in roles:
+                continue
+            target, slot = node, i
+            while target.op_type in PASS_THROUGH and slot == 0 and len(consumers.get(target.output[0], [])) == 1:
+                target, slot = consumers[target.output[0]][0]
+            roles[name] = (target, slot)
     return roles
+
+
+def _fan_in(shape) -> int:
+    return int(np.prod(shape[1:]))
+
+
+#: (op type, input index) -> random value of that shape. Mul / Add: the scale layer after a BatchNorm.
+#: Gemm weights are [out, in, ...] (transB=1 in all nine models).
+GENERATORS = {
+    ("Conv", 1): lambda rng, shape: rng.normal(0.0, np.sqrt(2.0 / _fan_in(shape)), shape),
+    ("Gemm", 1): lambda rng, shape: rng.normal(0.0, np.sqrt(1.0 / _fan_in(shape)), shape),
+    ("Conv", 2): lambda rng, shape: rng.normal(0.0, 0.01, shape),
+    ("Gemm", 2): lambda rng, shape: rng.normal(0.0, 0.01, shape),
+    ("BatchNormalization", 1): lambda rng, shape: rng.uniform(0.5, 1.5, shape),
+    ("BatchNormalization", 2): lambda rng, shape: rng.normal(0.0, 0.1, shape),
+    ("BatchNormalization", 3): lambda rng, shape: np.zeros(shape),
+    ("BatchNormalization", 4): lambda rng, shape: np.ones(shape),
+    ("Mul", 0): lambda rng, shape: rng.uniform(0.5, 1.5, shape),
+    ("Mul", 1): lambda rng, shape: rng.uniform(0.5, 1.5, shape),
+    ("Add", 0): lambda rng, shape: rng.normal(0.0, 0.1, shape),
+    ("Add", 1): lambda rng, shape: rng.normal(0.0, 0.1, shape),
+}
 
 
 def _random_weights(model, rng) -> dict[str, np.ndarray]:
     shapes = _placeholders(model)
     values = {}
-    for name, (op, idx) in _roles(model, shapes).items():
-        shape = shapes[name]
-        if (op, idx) == ("Conv", 1):
-            fan_in = int(np.prod(shape[1:]))
-            values[name] = rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)
-        elif (op, idx) == ("Gemm", 1):
-            values[name] = rng.normal(0.0, np.sqrt(1.0 / shape[-1]), shape)
-        elif op in ("Conv", "Gemm"):  # biases
-            values[name] = rng.normal(0.0, 0.01, shape)
-        elif (op, idx) == ("BatchNormalization", 1):
-            values[name] = rng.uniform(0.5, 1.5, shape)
-        elif (op, idx) == ("BatchNormalization", 2):
-            values[name] = rng.normal(0.0, 0.1, shape)
-        elif (op, idx) == ("BatchNormalization", 3):
-            values[name] = np.zeros(shape)
-        elif (op, idx) == ("BatchNormalization", 4):
-            values[name] = np.ones(shape)
-        else:
-            raise ValueError(f"placeholder {name} feeds {op} input {idx}; no generator for it")
+    for name, (node, idx) in _roles(model, shapes).items():
+        make = GENERATORS.get((node.op_type, idx))
+        if make is None:
+            raise ValueError(f"placeholder {name} feeds {node.op_type} {node.name or node.output[0]!r} input "
+                             f"{idx}; no generator for it (known: {sorted(GENERATORS)})")
+        values[name] = make(rng, shapes[name])
     return {k: v.astype(np.float32) for k, v in values.items()}
+
+
+# ---------------------------------------------------------------- graph surgery
 
 
 def _with_values(model, values: dict[str, np.ndarray], as_inputs: bool) -> onnx.ModelProto:
@@ -116,13 +165,29 @@ def _add_outputs(model: onnx.ModelProto, names, shapes=None) -> onnx.ModelProto:
     return model
 
 
-def _bn_depths(model) -> dict[str, int]:
-    """BatchNormalization node name -> number of BNs on the longest path before it."""
+def _data_input(model) -> onnx.ValueInfoProto:
+    """The real data input: the first used graph input without an initializer (weights may be inputs too)."""
+    inits = {t.name for t in model.graph.initializer}
+    used = {i for n in model.graph.node for i in n.input}
+    data = [i for i in model.graph.input if i.name not in inits and i.name in used]
+    if len(data) != 1:
+        raise ValueError(f"expected one data input, found {[i.name for i in data]}")
+    return data[0]
+
+
+def logits_name(model) -> str:
+    """The input of the last Softmax, or the last graph output when there is no Softmax."""
+    softmax = [n for n in model.graph.node if n.op_type == "Softmax"]
+    return softmax[-1].input[0] if softmax else model.graph.output[-1].name
+
+
+def _depths(model, op_types) -> dict[str, int]:
+    """node name -> number of `op_types` nodes on the longest path before it (for nodes of `op_types`)."""
     depth_of_value: dict[str, int] = {}
     depths = {}
     for node in model.graph.node:  # ONNX graphs are topologically sorted
         d = max((depth_of_value.get(i, 0) for i in node.input), default=0)
-        if node.op_type == "BatchNormalization":
+        if node.op_type in op_types:
             depths[node.name or node.output[0]] = d
             d += 1
         for o in node.output:
@@ -130,24 +195,39 @@ def _bn_depths(model) -> dict[str, int]:
     return depths
 
 
-def _calibrate(model, values, rng) -> None:
+# ---------------------------------------------------------------- calibration
+
+
+class _Probe:
+    """onnxruntime on the model with the weights as inputs and `watch` as extra outputs."""
+
+    def __init__(self, model, values, watch, x):
+        import onnxruntime as ort
+
+        probe = _add_outputs(_with_values(model, values, as_inputs=True), watch)
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        self.sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        self.names = [o.name for o in self.sess.get_outputs()]
+        self.feed = {_data_input(model).name: x}
+
+    def run(self, values) -> dict[str, np.ndarray]:
+        return dict(zip(self.names, self.sess.run(None, {**self.feed, **values})))
+
+
+def _random_data(model, rng) -> np.ndarray:
+    shape = [d.dim_value for d in _data_input(model).type.tensor_type.shape.dim]
+    return rng.standard_normal([CALIBRATION_BATCH, *shape[1:]]).astype(np.float32)
+
+
+def _calibrate_bn(model, values, x) -> None:
     """Set BN running mean/var to the statistics of their inputs, one BN depth level per pass
     (a BN is calibrated once every BN before it is, so activations never blow up)."""
-    import onnxruntime as ort
-
     bns = [n for n in model.graph.node if n.op_type == "BatchNormalization"]
-    probe = _add_outputs(_with_values(model, values, as_inputs=True), [n.input[0] for n in bns])
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    data = model.graph.input[0]
-    shape = [d.dim_value for d in data.type.tensor_type.shape.dim]
-    x = rng.standard_normal([CALIBRATION_BATCH, *shape[1:]]).astype(np.float32)
-    names = [o.name for o in sess.get_outputs()]
-    depths = _bn_depths(model)
-    levels = sorted(set(depths.values()))
-    for level in levels:
-        outs = dict(zip(names, sess.run(None, {data.name: x, **values})))
+    probe = _Probe(model, values, [n.input[0] for n in bns], x)
+    depths = _depths(model, {"BatchNormalization"})
+    for level in sorted(set(depths.values())):
+        outs = probe.run(values)
         for bn in bns:
             if depths[bn.name or bn.output[0]] != level:
                 continue
@@ -156,30 +236,63 @@ def _calibrate(model, values, rng) -> None:
             values[bn.input[4]] = (act.var(axis=(0, 2, 3)) + 1e-3).astype(np.float32)
 
 
-def _build_resnet50(seed: int) -> onnx.ModelProto:
+def _rescale(layer, values, roles, std: float) -> None:
+    """Divide a Conv/Gemm's weight and bias (the placeholders feeding them) by `std`."""
+    for idx in (1, 2):
+        name = roles.get((layer.output[0], idx))
+        if name is not None:
+            values[name] = (values[name] / std).astype(np.float32)
+
+
+def _calibrate_lsuv(model, values, x) -> None:
+    """LSUV: level by level, rescale each Conv/Gemm so its output has unit std; then the last level
+    again so the logits have unit std (SqueezeNet's logits are ReLU + global average pool of its last conv)."""
+    layers = [n for n in model.graph.node if n.op_type in ("Conv", "Gemm")]
+    roles = {(node.output[0], idx): name for name, (node, idx) in _roles(model, values).items()}
+    logits = logits_name(model)
+    probe = _Probe(model, values, [n.output[0] for n in layers] + [logits], x)
+    depths = _depths(model, {"Conv", "Gemm"})
+    levels = sorted(set(depths.values()))
+    for level in levels:
+        outs = probe.run(values)
+        for layer in layers:
+            if depths[layer.name or layer.output[0]] == level:
+                _rescale(layer, values, roles, float(outs[layer.output[0]].std()))
+    std = float(probe.run(values)[logits].std())
+    for layer in layers:
+        if depths[layer.name or layer.output[0]] == levels[-1]:
+            _rescale(layer, values, roles, std)
+
+
+# ---------------------------------------------------------------- the examples
+
+
+def _build_light(name: str, seed: int) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
-    base = onnx.load(str(light_model_path("resnet50")))
+    base = onnx.load(str(light_model_path(LIGHT_FILES[name])))
     values = _random_weights(base, rng)
-    _calibrate(base, values, rng)
+    x = _random_data(base, rng)
+    if any(n.op_type == "BatchNormalization" for n in base.graph.node):
+        _calibrate_bn(base, values, x)
+    else:
+        _calibrate_lsuv(base, values, x)
     model = _with_values(base, values, as_inputs=False)
-    softmax = [n for n in model.graph.node if n.op_type == "Softmax"][0]
-    logits_shape = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
-    model = _add_outputs(model, [softmax.input[0]], {softmax.input[0]: logits_shape})
+    logits = logits_name(model)
+    softmax_out = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "Softmax"}.get(logits)
+    shapes = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output}
+    model = _add_outputs(model, [logits], {logits: shapes.get(softmax_out)})
     onnx.checker.check_model(model)
     return model
 
 
-_BUILDERS = {"resnet50": _build_resnet50}
-
-
 def example_path(name: str = "resnet50", seed: int = 0) -> Path:
     """Path of the example model, generated (and cached) on first use."""
-    if name not in _BUILDERS:
+    if name not in LIGHT_FILES:
         raise ValueError(f"unknown example {name!r}; available: {', '.join(EXAMPLES)}")
     path = _cache_dir() / f"{name}-seed{seed}.onnx"
     if not path.exists():
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        onnx.save(_BUILDERS[name](seed), str(tmp))
+        onnx.save(_build_light(name, seed), str(tmp))
         tmp.replace(path)
     return path
 
