@@ -175,14 +175,16 @@ def _make_rule(structure: str, activation: str | None):
     def build():
         return conv_epilogue(activation=activation, **options)
 
-    build.__doc__ = formula.format(act=activation or "", name=name).replace(" -> ", " -> ", 1)
     if activation is None:
-        build.__doc__ = "conv2d -> [add bias] -> batch_norm -> [* c + d]  ==>  conv2d_bn(x, W', b')"
+        formula = formula.replace(" -> {act}", "")
+    build.__doc__ = formula.format(act=activation, name=name)
     made = rule(name, priority=priority, check=conv_checks)(build)
     made.source = __file__
     return made
 
 
-#: the table: every structure with every activation, plus conv2d_bn (projection shortcuts)
+#: the table: every structure with every activation; then, without an activation, conv2d_bn (projection
+#: shortcuts) and, at the lowest priorities, conv2d_bias and the bare conv2d, so that a conv with no
+#: epilogue to fuse (DenseNet's convs feeding a Concat) still runs our scheduled kernel, not TVM's default
 RULES = [_make_rule(st, act) for st in STRUCTURES for act in sorted(ACTIVATIONS, key=lambda a: -ACTIVATION_RANK[a])]
-RULES.append(_make_rule("bn", None))
+RULES += [_make_rule(st, None) for st in ("bn", "bias", "plain")]

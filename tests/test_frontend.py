@@ -31,6 +31,21 @@ def test_opset9_sum_of_two_becomes_add():
     assert _ops(mod) == ["relax.add"]
 
 
+@pytest.mark.parametrize("opset", [9, 17])
+def test_inference_dropout_is_removed(opset):
+    """Dropout at inference is the identity: gone at import, so Gemm + bias + relu fuse across it."""
+    from tvm_fusion.testing import check_fused
+
+    g = GraphBuilder()
+    x = g.input("x", [2, 8])
+    y = g.op("MatMul", [x, g.const(g.rng.normal(0, 0.3, (8, 6)).astype("float32"))])
+    y = g.op("Add", [y, g.const(g.rng.normal(0, 0.1, 6).astype("float32"))])
+    y = g.op("Dropout", [y], **({"ratio": 0.5} if opset < 12 else {}))
+    model = g.model([g.op("Relu", [y])], opset=opset)
+    assert _ops(import_onnx(model)) == ["relax.matmul", "relax.add", "relax.nn.relu"]
+    check_fused(model, expect={"dense_bias_relu": 1})
+
+
 def test_constants_folded_and_dead_bn_outputs_removed():
     mod = import_onnx(conv_bn_relu())
     assert _ops(mod) == ["relax.nn.conv2d", "relax.add", "relax.nn.batch_norm", "relax.nn.relu"]

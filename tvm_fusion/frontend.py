@@ -2,7 +2,7 @@
 
 The result is what the pattern tables match against: weights are constants, dead bindings are gone,
 an opset-9 `Sum`/`Max`/`Min` of two tensors is an `add`/`maximum`/`minimum`, a `Clip` with constant
-bounds is `clip` (see NORMALIZATIONS), and every binding knows the ONNX node it came from
+bounds is `clip`, an inference `Dropout` is gone (see NORMALIZATIONS), and every binding knows the ONNX node it came from
 (module attribute `tvm_fusion.onnx_nodes`: relax var name -> ONNX node name).
 """
 
@@ -211,8 +211,17 @@ def _min_of_max_to_clip():
     return root, rewriter
 
 
+def _dropout_to_identity():
+    """dropout(x)[0] -> x: ONNX Dropout at inference is the identity (TVM's importer ignores training_mode
+    as well); otherwise it stays a copy kernel between a matmul and what follows."""
+    x = dpl.wildcard()
+    root = dpl.is_tuple_get_item(dpl.is_op("relax.nn.dropout")(x), 0)
+    return root, lambda expr, matches: matches[x]
+
+
 #: Relax-level clean-ups of what TVM's ONNX importer emits, in order (name, builder of (pattern, rewriter))
 NORMALIZATIONS = [
+    ("dropout_to_identity", _dropout_to_identity),
     ("sum_of_two_to_add", lambda: _stacked_pair("relax.sum", relax.op.add)),
     ("max_of_two_to_maximum", lambda: _stacked_pair("relax.max", relax.op.maximum)),
     ("min_of_two_to_minimum", lambda: _stacked_pair("relax.min", relax.op.minimum)),

@@ -173,7 +173,8 @@ def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
         assert_close(f, u, f"output {i}: fused vs unfused")
         assert_close(f, r, f"output {i}: fused vs onnxruntime")
     if expect is not None:
-        assert {k: v for k, v in fused.counts.items() if v} == expect
+        fired = {k: v for k, v in fused.counts.items() if v}
+        assert fired == expect, f"rules fired {fired}; expected {expect}"
     return fused
 
 
