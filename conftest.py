@@ -4,6 +4,8 @@ import pytest
 
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one TVM thread per test worker (-n auto: one worker per core)
+    os.environ.setdefault("TVM_NUM_THREADS", "1")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

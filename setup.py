@@ -28,6 +28,7 @@ setup(
     extras_require={
         "test": [
             "pytest>=8",
+            "pytest-xdist>=3.5",
             "hypothesis>=6.100",
             "nbclient>=0.10",
             "nbformat>=5.10",

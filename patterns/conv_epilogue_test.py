@@ -126,7 +126,10 @@ def test_convs_with_nothing_to_fuse_still_get_our_kernel(rules):
     x = g.input("x", [1, 4, 8, 8])
     a, b = g.conv(x, 4, 6, bias=False), g.conv(x, 4, 5, k=1)
     y = g.conv(g.op("Concat", [a, b], axis=1), 11, 7, stride=2, bias=False)
-    check_fused(g.model([y]), rules, expect={"conv2d": 2, "conv2d_bias": 1})
+    fused = check_fused(g.model([y]), rules, expect={"conv2d": 2, "conv2d_bias": 1})
+    # a one-op group still names its ONNX node (found through its weight constant)
+    assert sorted(n for grp in fused.fused.groups for n in grp.onnx_nodes) == sorted(
+        n.name for n in g.nodes if n.op_type == "Conv")
 
 def _training_bn_module():
     bb = relax.BlockBuilder()

@@ -178,6 +178,10 @@ def _make_check(rule: Rule, trace: _Trace):
             nodes = sorted({trace.names[n] for n in map(_tvm.var_name, variables) if n in trace.names})
             for v in variables:  # the composite function reuses these Var objects, except its output
                 trace.members[v] = nodes
+            # a one-op match has no other var: its constant operands (the same objects) find it instead
+            for arg in getattr(ctx.matched_expr, "args", []):
+                if _tvm.is_constant(arg):
+                    trace.members[arg] = nodes
         return reason is None
 
     return check
@@ -242,6 +246,9 @@ class _LowerComposites(relax.PyExprMutator):
         gv, out_ty = self.cache[key]
         consts = [_tvm.make_constant(c) for c in lowering.constants]
         nodes = sorted({m for v in var2val for m in self.members.get(v, [])})
+        if not nodes:
+            nodes = sorted({m for value in var2val.values() for a in getattr(value, "args", [])
+                            for m in self.members.get(a, [])})
         self.groups.append(Group(rule.name, gv.name_hint, nodes, lowering.compute, dict(lowering.attrs)))
         call = relax.call_tir(gv, [*inputs, *consts], out_ty)
         return relax.op.reshape(call, lowering.out_shape) if lowering.out_shape else call
