@@ -12,9 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tvm_fusion import pipeline
-from tvm_fusion._tvm import tvm
-from tvm_fusion.build import Built, build, count_kernel_calls, resolve_target
+from tvm_fusion.build import Built, build, count_kernel_calls, legalize
 from tvm_fusion.compare import random_inputs, run_onnxruntime
 from tvm_fusion.examples import EXAMPLES, example_path, logits_name
 from tvm_fusion.frontend import import_onnx
@@ -67,10 +65,7 @@ class Light:
 def _tvm_kernel_calls(mod) -> int:
     """The tvm build's kernel calls, counted as build() counts them, without compiling (10-15 s on the
     big models; its execution is not checked here)."""
-    target = resolve_target("llvm")
-    with target, tvm.transform.PassContext(opt_level=3):
-        legal = pipeline.sequential(pipeline.legalize_passes("tvm", target), "tvm.legalize")(mod)
-    return count_kernel_calls(legal)[1]
+    return count_kernel_calls(legalize(mod, "llvm", "tvm"))[1]
 
 
 @pytest.fixture(scope="module", params=MODELS)

@@ -11,7 +11,7 @@ from .errors import FusionError
 from .fuse import FuseResult, fuse
 from .rules import RuleSet
 
-__all__ = ["Built", "build", "resolve_target", "count_kernel_calls", "default_rules"]
+__all__ = ["Built", "build", "legalize", "resolve_target", "count_kernel_calls", "default_rules"]
 
 
 def resolve_target(target="llvm", arch: str = "sm_90"):
@@ -63,6 +63,13 @@ class Built:
         return self.fused.counts if self.fused else {}
 
 
+def legalize(mod, target, mode: str):
+    """The `legalize` stage of `mode` (what build() counts kernels on), without compiling."""
+    target = resolve_target(target)
+    with target, tvm.transform.PassContext(opt_level=3):
+        return pipeline.sequential(pipeline.legalize_passes(mode, target), f"{mode}.legalize")(mod)
+
+
 def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None) -> Built:
     """Compile `mod` for `target` in `mode` ('unfused', 'tvm' or 'fused')."""
     target = resolve_target(target)
@@ -73,8 +80,7 @@ def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None)
     if mode == "fused":
         fused = fuse(mod, target, rules if rules is not None else default_rules())
         mod = fused.mod
-    with target, tvm.transform.PassContext(opt_level=3):
-        legal = pipeline.sequential(pipeline.legalize_passes(mode, target), f"{mode}.legalize")(mod)
+    legal = legalize(mod, target, mode)
     primfuncs, calls = count_kernel_calls(legal)
     ex = tvm.compile(legal, target, relax_pipeline=pipeline.sequential(pipeline.lower_passes(target), "lower"))
     return Built(mode, target, ex, primfuncs, calls, time.perf_counter() - start, fused, legal)

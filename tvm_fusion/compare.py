@@ -64,10 +64,18 @@ def gpu_available() -> tuple[bool, str]:
     return False, "no CUDA device on this machine (tvm.cuda(0).exist is False)"
 
 
-def _as_list(out) -> list[np.ndarray]:
-    if isinstance(out, (list, tuple)) or (hasattr(out, "__len__") and not hasattr(out, "numpy")):
-        return [o.numpy() for o in out]
-    return [out.numpy()]
+def as_arrays(out) -> list[np.ndarray]:
+    """A VM result (a tensor, or nested tuples of them) as a flat list of numpy arrays."""
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    return [a for o in out for a in as_arrays(o)]
+
+
+def input_tensors(proto: onnx.ModelProto, shapes: dict | None, seed: int, dev) -> tuple[dict, list]:
+    """Seeded inputs by name (for onnxruntime) and as device tensors in graph order (for the VM)."""
+    inputs = random_inputs(proto, {k: list(v) for k, v in (shapes or {}).items()}, seed)
+    order = [i.name for i in proto.graph.input if i.name in inputs]
+    return inputs, [tvm.runtime.tensor(inputs[k], dev) for k in order]
 
 
 @dataclass
@@ -176,11 +184,9 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
                 stats[m].nvcc_seconds = time.perf_counter() - t0
             return CompareReport(name, str(tgt), outputs, stats, {}, counts, False, why)
     dev = tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
-    inputs = random_inputs(proto, {k: list(v) for k, v in (shapes or {}).items()}, seed)
-    order = [i.name for i in proto.graph.input if i.name in inputs]
-    tensors = [tvm.runtime.tensor(inputs[k], dev) for k in order]
+    inputs, tensors = input_tensors(proto, shapes, seed, dev)
     vms = {m: relax.VirtualMachine(b.executable, dev) for m, b in builds.items()}
-    results = {m: _as_list(vm["main"](*tensors)) for m, vm in vms.items()}
+    results = {m: as_arrays(vm["main"](*tensors)) for m, vm in vms.items()}
     sess, ort_names = run_onnxruntime(proto, inputs)
     ref = sess.run(None, inputs)
     ort_lat = []

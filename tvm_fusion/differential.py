@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 
 
 from . import _tvm, frontend
 from ._tvm import relax, tvm
 from .build import build, default_rules, resolve_target
-from .compare import gpu_available, random_inputs
+from .compare import as_arrays, gpu_available, input_tensors
 from .errors import FusionError
 from .fuse import Matched, lower, match
 from .rules import RuleSet
@@ -147,12 +146,6 @@ def _group_module(matched: Matched, calls: list[relax.VarBinding], inputs: list[
     return mod
 
 
-def _flatten(value) -> list[np.ndarray]:
-    if hasattr(value, "numpy"):
-        return [value.numpy()]
-    return [a for v in value for a in _flatten(v)]
-
-
 def _run(executable, dev, args) -> list:
     vm = relax.VirtualMachine(executable, dev)
     return vm["main"](*args)
@@ -173,21 +166,20 @@ def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: Rul
     inputs = list(dict.fromkeys(a for b in calls for a in b.value.args if isinstance(a, relax.Var)))
     watched = inputs + [b.var for b in calls]
 
-    feed = random_inputs(proto, {k: list(v) for k, v in (shapes or {}).items()}, seed)
-    order = [i.name for i in proto.graph.input if i.name in feed]
-    args = [tvm.runtime.tensor(feed[k], dev) for k in order]
+    _, args = input_tensors(proto, shapes, seed, dev)
     reference = _run(build(_reference_module(matched, watched), tgt, "unfused").executable, dev, args)
     final, values = reference[0], list(reference)[1:]
     value_of = dict(zip(watched, values))
 
     group_mod = _group_module(matched, calls, inputs)
     lowered, groups = lower(Matched(group_mod, matched.rules, matched.members, []), tgt)
-    fused_out = _flatten(_run(build(lowered, tgt, "tvm").executable, dev, [value_of[v] for v in inputs]))
+    fused_out = as_arrays(_run(build(lowered, tgt, "tvm").executable, dev, [value_of[v] for v in inputs]))
     checks = [GroupCheck(i, g.rule, g.onnx_nodes, error_stats(out, value_of[b.var].numpy()))
               for i, (g, b, out) in enumerate(zip(groups, calls, fused_out))]
 
-    fused_model = _flatten(_run(build(mod, tgt, "fused", rules=rules).executable, dev, args))
-    outputs = [error_stats(f, r) for f, r in zip(fused_model, _flatten(final))]
+    whole, _ = lower(matched, tgt)  # the fused build of the whole model, from the same matches
+    fused_model = as_arrays(_run(build(whole, tgt, "tvm").executable, dev, args))
+    outputs = [error_stats(f, r) for f, r in zip(fused_model, as_arrays(final))]
     return GroupReport(name, str(tgt), checks, outputs, [o.name for o in proto.graph.output])
 
 

@@ -202,13 +202,10 @@ class _Probe:
     """onnxruntime on the model with the weights as inputs and `watch` as extra outputs."""
 
     def __init__(self, model, values, watch, x):
-        import onnxruntime as ort
+        from .compare import run_onnxruntime
 
         probe = _add_outputs(_with_values(model, values, as_inputs=True), watch)
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        self.sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        self.names = [o.name for o in self.sess.get_outputs()]
+        self.sess, self.names = run_onnxruntime(probe, {})
         self.feed = {_data_input(model).name: x}
 
     def run(self, values) -> dict[str, np.ndarray]:
