@@ -44,11 +44,15 @@ def random_inputs(model: onnx.ModelProto, shapes: dict | None = None, seed: int 
     return out
 
 
-def run_onnxruntime(model: onnx.ModelProto, inputs: dict, threads: int | None = None):
+def run_onnxruntime(model: onnx.ModelProto, inputs: dict, threads: int | None = None, optimize: bool = True):
+    """An onnxruntime CPU session of `model`; optimize=False runs the graph as written (the literal reference,
+    and a faster session start)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if threads:
         opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -14,6 +15,7 @@ from . import _tvm, frontend, pipeline
 from .build import build, count_kernel_calls, resolve_target
 from .export import cuda_source, export_library
 from .rules import RuleSet
+from .verify import skipped, verify_fused
 
 __all__ = ["CompileResult", "compile_model", "kernel_counts"]
 
@@ -33,10 +35,18 @@ class CompileResult:
             f"wrote {self.library} ({m['target']}) in {self.seconds:.1f}s",
             f"      {self.manifest_path}",
             f"fused groups: {len(m['groups'])} ({fired})",
+            _verified(m["verification"]),
             "kernel calls per inference: " + ", ".join(f"{k} {v['kernel_calls']}" for k, v in b.items()),
             *( [f"GPU code: {m['cuda_binary']['format']} for {m['arch']}, {m['cuda_binary']['bytes']} bytes "
                 f"(nvcc {m['cuda_binary']['nvcc_seconds']:.1f}s)"] if m.get("cuda_binary") else []),
         ])
+
+
+def _verified(v: dict) -> str:
+    if not v["verified"]:
+        return f"not verified ({v['reason']})"
+    worst = max((o["max_rel"] for o in v["outputs"].values()), default=0.0)
+    return f"verified: {v['method']}; worst max rel error {worst:.2g} ({v['seconds']:.1f}s)"
 
 
 def kernel_counts(mod, target, mode: str) -> dict:
@@ -75,22 +85,33 @@ class _progress:
 
 
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
-                  rules: RuleSet | None = None, counts_of_other_builds: bool = True) -> CompileResult:
-    """Fuse and build `model` for `target`, export the library to `output`, write `<output>.json`."""
+                  rules: RuleSet | None = None, counts_of_other_builds: bool = True, verify: bool = True,
+                  seed: int = 0) -> CompileResult:
+    """Fuse and build `model` for `target`, verify it against onnxruntime on inputs seeded with `seed`
+    (verify.py: nothing is written when it differs), export the library to `output`, write `<output>.json`."""
     start = time.perf_counter()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
     tgt = resolve_target(target, arch)
-    steps = ["import", "fuse + build", "compile GPU code + export" if tgt.kind.name == "cuda" else "export"]
+    steps = ["import", "fuse + build", "verify" if verify else "(not verified)",
+             "compile GPU code + export" if tgt.kind.name == "cuda" else "export"]
     if counts_of_other_builds:
         steps.append("count unfused / tvm kernels")
+    partial = output.with_name(f".partial-{os.getpid()}-{output.name}")  # renamed only once verified
     with _progress(steps) as bar:
-        mod = frontend.import_onnx(model, shapes)
+        proto = frontend.load_onnx(model)
+        mod = frontend.import_onnx(proto, shapes)
         bar.update()
         built = build(mod, tgt, "fused", rules=rules)
         bar.update()
-        binary = export_library(built.executable, output, arch)
+        verification = verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed) if verify else skipped()
+        bar.update()
+        try:
+            binary = export_library(built.executable, partial, arch)
+            os.replace(partial, output)
+        finally:
+            partial.unlink(missing_ok=True)
         kernels = _kernels(cuda_source(built.executable)) if tgt.kind.name == "cuda" else []
         bar.update()
         builds = {}
@@ -115,6 +136,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         "groups": groups,
         "builds": builds,
         "declined": [asdict(d) for d in built.fused.decisions if d.reason],
+        "verification": verification.manifest(),
     }
     if binary is not None:
         manifest["cuda_binary"] = {"format": binary.fmt, "bytes": binary.size, "nvcc_seconds": binary.compile_seconds}

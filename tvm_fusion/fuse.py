@@ -50,6 +50,7 @@ class FuseResult:
     counts: dict[str, int]
     groups: list[Group]
     decisions: list[Decision] = field(default_factory=list)
+    matched: "Matched | None" = field(default=None, repr=False)  # before lowering: to lower for another target
 
     @property
     def total(self) -> int:
@@ -188,7 +189,7 @@ def _make_check(rule: Rule, trace: _Trace):
 
 
 # ---------------------------------------------------------------- lowering composites
-def _build_primfunc(lowering: Lowering, target):
+def _build_primfunc(lowering: Lowering, target, any_target: bool = False):
     compute = registry.get_compute(lowering.compute, target.kind.name)
     tensors = [te.placeholder(lowering.shape_of_input(i), str(_tvm.expr_type(e).dtype), name=f"in{i}")
                for i, e in enumerate(lowering.inputs)]
@@ -199,6 +200,8 @@ def _build_primfunc(lowering: Lowering, target):
     func = te.create_prim_func([*tensors, *consts, out])
     func = func.without_attr("global_symbol").with_attr("op_pattern", _tvm.OPAQUE)
     sched = registry.get_schedule(lowering.compute, target.kind.name)
+    if any_target and (sched is None or sched.why_not(lowering.attrs, _lowering_shapes(lowering), target)):
+        return func, out  # matched for another target: the plain compute, left to TVM's default schedules
     sch = _tvm.Schedule(tvm.IRModule({"main": func}))
     with target:
         sched.apply(sch, lowering.attrs, target)
@@ -208,8 +211,9 @@ def _build_primfunc(lowering: Lowering, target):
 
 @relax.expr_functor.mutator
 class _LowerComposites(relax.PyExprMutator):
-    def __init__(self, mod, rules: RuleSet, target, members):
+    def __init__(self, mod, rules: RuleSet, target, members, any_target: bool = False):
         super().__init__(mod)
+        self.any_target = any_target
         self.mod_ = mod
         self.rules = rules
         self.target = target
@@ -240,7 +244,7 @@ class _LowerComposites(relax.PyExprMutator):
                   for i, e in enumerate(inputs)]
         key = (lowering.compute, tuple(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
         if key not in self.cache:
-            prim, out = _build_primfunc(lowering, self.target)
+            prim, out = _build_primfunc(lowering, self.target, self.any_target)
             gv = self.builder_.add_func(prim, rule.name)
             self.cache[key] = (gv, _tvm.tensor_type([int(d) for d in out.shape], str(out.dtype)))
         gv, out_ty = self.cache[key]
@@ -291,9 +295,10 @@ def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
     return Matched(matched, active, trace.members, list(trace.decisions.values()))
 
 
-def lower(matched: Matched, target) -> tuple[tvm.IRModule, list[Group]]:
-    """Replace each composite call by a call_tir of its rule's scheduled PrimFunc."""
-    lowering = _LowerComposites(matched.mod, matched.rules, target, matched.members)
+def lower(matched: Matched, target, *, any_target: bool = False) -> tuple[tvm.IRModule, list[Group]]:
+    """Replace each composite call by a call_tir of its rule's scheduled PrimFunc. `any_target`: the matches
+    were made for another target, so a group this target's schedule cannot take keeps its plain compute."""
+    lowering = _LowerComposites(matched.mod, matched.rules, target, matched.members, any_target)
     out = lowering.run()
     out = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(out))
     return out, lowering.groups
@@ -306,4 +311,4 @@ def fuse(mod: tvm.IRModule, target, rules: RuleSet) -> FuseResult:
     counts = {r.name: 0 for r in matched.rules.ordered()}
     for g in groups:
         counts[g.rule] += 1
-    return FuseResult(out, counts, groups, matched.decisions)
+    return FuseResult(out, counts, groups, matched.decisions, matched)
