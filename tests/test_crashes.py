@@ -10,7 +10,7 @@ import tvm_fusion as tf
 from tvm_fusion._tvm import relax
 from tvm_fusion.compare import random_inputs, run_onnxruntime
 from tvm_fusion.explain import op_counts
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.frontend import import_onnx, onnx_node_names
 from tvm_fusion.fuse import normalize_batch_norm
 from tvm_fusion.testing import GraphBuilder, conv_bn_relu, run_build
 
@@ -110,3 +110,25 @@ def test_duplicate_node_names_numerics():
     for mode in ("unfused", "fused"):
         got = run_build(tf.build(import_onnx(model), "llvm", mode), [inputs["x"]])
         np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(ref[0]).max())))
+
+
+def test_if_branches_with_unusual_and_duplicate_names():
+    """Subgraph nodes and values are sanitised too: a branch node named `main` crashed the import."""
+    g = GraphBuilder()
+    y = g.op("Relu", [g.input("x", [2, 3])])
+    g.nodes[-1].name = "dup"
+    branch = lambda op, out, name: helper.make_graph(  # noqa: E731
+        [helper.make_node(op, [y], [out], name=name)], "b", [],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, [2, 3])])
+    g.nodes.append(helper.make_node("If", [g.const(np.array(False))], ["z"], name="dup",
+                                    then_branch=branch("Relu", "a/b", "main"), else_branch=branch("Neg", "c.d", "if")))
+    model = g.model(["z"])
+    inputs = random_inputs(model)
+    unique = type(model).FromString(model.SerializeToString())
+    unique.graph.node[1].name = "the_if"  # onnxruntime refuses duplicate node names
+    ref = run_onnxruntime(unique, inputs)[0].run(None, inputs)
+    mod = import_onnx(model)
+    assert set(onnx_node_names(mod).values()) >= {"dup (node 0)", "dup (node 1)", "main", "if"}
+    for mode in ("unfused", "fused"):
+        got = run_build(tf.build(mod, "llvm", mode), [inputs["x"]])
+        np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5)

@@ -82,18 +82,33 @@ def _c_name(name: str, taken: set[str]) -> str:
     return safe
 
 
+def _walk(graph: onnx.GraphProto, where: str = ""):
+    """(graph, node, where) for every node, the main graph's first (`node 12`), then those of the subgraphs
+    (an If's branches: `node 12 then_branch node 0`), depth first."""
+    subgraphs = []
+    for i, n in enumerate(graph.node):
+        here = f"{where}node {i}"
+        yield graph, n, here
+        for attr in n.attribute:
+            subgraphs += [(g, f"{here} {attr.name} ") for g in ([attr.g] if attr.HasField("g") else [])]
+            subgraphs += [(g, f"{here} {attr.name}[{k}] ") for k, g in enumerate(attr.graphs)]
+    for g, prefix in subgraphs:
+        yield from _walk(g, prefix)
+
+
 def node_labels(model: onnx.ModelProto) -> list[str]:
-    """How messages name each node: its name, or `Relu (node 12)` when the name is empty or not unique
-    (ONNX allows both), so every node stays distinguishable."""
+    """How messages name each node (in `_walk` order): its name, or `Relu (node 12)` when the name is
+    empty or not unique (ONNX allows both), so every node stays distinguishable."""
+    nodes = [(n, where) for _, n, where in _walk(model.graph)]
     count: dict[str, int] = {}
-    for n in model.graph.node:
+    for n, _ in nodes:
         count[n.name] = count.get(n.name, 0) + 1
     labels: list[str] = []
-    used = {n.name for n in model.graph.node if n.name and count[n.name] == 1}
-    for i, n in enumerate(model.graph.node):
+    used = {n.name for n, _ in nodes if n.name and count[n.name] == 1}
+    for n, where in nodes:
         label = n.name
         if not n.name or count[n.name] > 1:
-            label = f"{n.name or n.op_type} (node {i})"
+            label = f"{n.name or n.op_type} ({where})"
             while label in used:
                 label += "'"
             used.add(label)
@@ -102,29 +117,33 @@ def node_labels(model: onnx.ModelProto) -> list[str]:
 
 
 def _sanitize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str], dict[str, str]]:
-    """Copy of the model whose value and node names are distinct C identifiers, none of them reserved.
+    """Copy of the model whose value and node names, subgraphs included, are distinct C identifiers, none of
+    them reserved.
 
     Returns it, value names old -> new, and node names new -> label (see node_labels)."""
     labels = node_labels(model)
     model = onnx.ModelProto.FromString(model.SerializeToString())
-    g = model.graph
+    walk = list(_walk(model.graph))
+    graphs = [model.graph] + [g for g in {id(g): g for g, _, _ in walk}.values() if g is not model.graph]
     names: dict[str, str] = {}
     taken: set[str] = set()  # values and nodes share it: both become Relax var names
-    values = [v.name for v in g.input] + [t.name for t in g.initializer]
-    values += [o for n in g.node for o in n.output] + [v.name for v in g.output]
-    for v in values:
-        if v and v not in names:
-            names[v] = _c_name(v, taken)
-    for v in list(g.input) + list(g.output) + list(g.value_info):
-        v.name = names.get(v.name, v.name)
-    for t in g.initializer:
-        t.name = names[t.name]
+    for g in graphs:
+        values = [v.name for v in g.input] + [t.name for t in g.initializer]
+        values += [o for n in g.node for o in n.output] + [v.name for v in g.output]
+        for v in values:
+            if v and v not in names:
+                names[v] = _c_name(v, taken)
+    for g in graphs:
+        for v in list(g.input) + list(g.output) + list(g.value_info):
+            v.name = names.get(v.name, v.name)
+        for t in g.initializer:
+            t.name = names[t.name]
     nodes: dict[str, str] = {}
-    for i, n in enumerate(g.node):
+    for (_, n, where), label in zip(walk, labels):
         n.input[:] = [names.get(x, x) for x in n.input]
         n.output[:] = [names.get(x, x) for x in n.output]
-        n.name = _c_name(n.name or f"{n.op_type}_{i}", taken)
-        nodes[n.name] = labels[i]
+        n.name = _c_name(n.name or f"{n.op_type}_{where.replace(' ', '_')}", taken)
+        nodes[n.name] = label
     return model, names, nodes
 
 
@@ -132,7 +151,7 @@ def _check_ops(model: onnx.ModelProto, where: str) -> None:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
     known = set(_get_convert_map()) | {"Constant", "If"}
-    for node, label in zip(model.graph.node, node_labels(model)):
+    for (_, node, _), label in zip(_walk(model.graph), node_labels(model)):
         if node.domain not in ("", "ai.onnx"):
             raise FusionError(
                 f"{where}: node {label!r} uses op {node.domain}::{node.op_type}, which TVM's ONNX "
