@@ -110,7 +110,8 @@ def test_unsupported_op_named():
 
 
 # ---------------------------------------------------------------- every normalisation keeps shape and dtype
-_TOL = {"float32": (1e-4, 1e-5), "float16": (1e-2, 1e-3)}  # (rtol, atol at |ref| ~ 1), per element
+#: (rtol, atol at |ref| ~ 1), per element; integers exactly
+_TOL = {"float32": (1e-4, 1e-5), "float16": (1e-2, 1e-3), "int32": (0, 0), "int64": (0, 0)}
 
 
 def _output_types(mod):
@@ -199,6 +200,30 @@ def test_dropout_removal_keeps_shape(rank):
     assert _ops(mod) == ["relax.nn.relu"]
 
 
+_F16_FORMS = {"Sum": ["relax.add"], "Max": ["relax.maximum"], "Min": ["relax.minimum"], "Clip": ["relax.clip"],
+              "MaxMin": ["relax.clip"], "Dropout": []}
+
+
+@pytest.mark.parametrize("form", sorted(_F16_FORMS))
+def test_normalisations_keep_float16(form):
+    import numpy as np
+    from onnx import TensorProto
+
+    g = GraphBuilder()
+    x = g.input("x", [1, 3, 4, 5], TensorProto.FLOAT16)
+    f16 = lambda v, shape=(): g.const(np.full(shape, v, np.float16))  # noqa: E731
+    if form in ("Sum", "Max", "Min"):
+        y = g.op(form, [f16(0.25, (2, 3, 4, 5)), x])
+    elif form == "Clip":
+        y = g.op("Clip", [x, f16(-0.5), f16(0.5)])
+    elif form == "MaxMin":
+        y = g.op("Min", [g.op("Max", [x, f16(-0.5, (1,))]), f16(0.5, (1,))])
+    else:
+        y = g.op("Dropout", [x])
+    mod = _assert_matches_onnxruntime(g.model([y], opset=13, dtype=TensorProto.FLOAT16))
+    assert _ops(mod) == _F16_FORMS[form]
+
+
 def test_normalisation_that_changes_a_shape_is_refused():
     """The root check: a rewrite whose result has another type than the original is not applied."""
     from tvm_fusion import frontend
@@ -247,6 +272,19 @@ def test_float16_model_keeps_float16(bn):
     assert [str(p.ty.dtype) for p in mod["main"].params] == ["float16"]
     assert _output_types(mod) == [([1, 8 if bn else 4, 6, 6], "float16")]
     _assert_matches_onnxruntime(_fp16_model(bn))
+
+
+def test_integer_model_keeps_its_dtypes():
+    import numpy as np
+    from onnx import TensorProto
+
+    g = GraphBuilder()
+    a = g.input("a", [2, 3], TensorProto.INT32)
+    model = g.model([g.op("Mul", [g.op("Add", [a, g.const(np.full((2, 3), 3, np.int32))]), a])],
+                    dtype=TensorProto.INT32)
+    mod = _assert_matches_onnxruntime(model)
+    assert [str(p.ty.dtype) for p in mod["main"].params] == ["int32"]
+    assert _output_types(mod) == [([2, 3], "int32")]
 
 
 # ---------------------------------------------------------------- unusual node and value names
