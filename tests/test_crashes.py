@@ -1,7 +1,10 @@
 """Valid models that crashed or lost information: BatchNorm in a graph with an If, a node named `main`,
 duplicate node names (issue 8). Each runs import, fuse, compare, explain (and compile for the If case)."""
 
+import json
+
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 from test_frontend import _assert_matches_onnxruntime
@@ -132,3 +135,23 @@ def test_if_branches_with_unusual_and_duplicate_names():
     for mode in ("unfused", "fused"):
         got = run_build(tf.build(mod, "llvm", mode), [inputs["x"]])
         np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["bn_with_if", "node_named_main"])
+def test_cli_subcommands_on_crash_models(model, tmp_path, capsys):
+    """Every subcommand that crashed: explain, compare, compile (llvm) exit 0."""
+    from tvm_fusion.cli import main
+
+    proto = _bn_with_if() if model == "bn_with_if" else conv_bn_relu()
+    if model == "node_named_main":
+        proto.graph.node[2].name = "main"
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, str(path))
+    for argv in (["explain", str(path), "--target", "llvm"], ["compare", str(path), "--target", "llvm"],
+                 ["compile", str(path), "--target", "llvm", "-o", str(tmp_path / "m.so")]):
+        rc = main(argv)
+        out, err = capsys.readouterr()
+        assert rc == 0, (argv, out, err)
+    manifest = json.loads((tmp_path / "m.so.json").read_text())
+    assert (tmp_path / "m.so").exists()
+    assert {k: v for k, v in manifest["rule_counts"].items() if v} == {"conv2d_bn_relu": 1}
