@@ -107,3 +107,232 @@ def test_unsupported_op_named():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
     with pytest.raises(FusionError, match="node 'my_fancy_node' uses op com.example::FancyOp"):
         import_onnx(model)
+
+
+# ---------------------------------------------------------------- every normalisation keeps shape and dtype
+#: (rtol, atol at |ref| ~ 1), per element; integers exactly
+_TOL = {"float32": (1e-4, 1e-5), "float16": (1e-2, 1e-3), "int32": (0, 0), "int64": (0, 0)}
+
+
+def _output_types(mod):
+    ty = mod["main"].body.ty
+    fields = ty.fields if isinstance(ty, relax.TupleType) else [ty]
+    return [([int(d) for d in t.shape], str(t.dtype)) for t in fields]
+
+
+def _assert_matches_onnxruntime(model, seed=0):
+    """Imported output types == onnxruntime's outputs; fused and unfused llvm builds == onnxruntime,
+    element by element. Returns the imported module."""
+    import numpy as np
+
+    from tvm_fusion.build import build
+    from tvm_fusion.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.testing import run_build
+
+    mod = import_onnx(model)
+    inputs = random_inputs(model, seed=seed)
+    ref = run_onnxruntime(model, inputs)[0].run(None, inputs)
+    assert _output_types(mod) == [(list(r.shape), str(r.dtype)) for r in ref]
+    arrays = [inputs[i.name] for i in model.graph.input if i.name in inputs]
+    for mode in ("unfused", "fused"):
+        got = run_build(build(mod, "llvm", mode), arrays)
+        for g, r in zip(got, ref):
+            rtol, atol = _TOL[str(r.dtype)]
+            assert g.shape == r.shape and g.dtype == r.dtype, (mode, g.shape, g.dtype, r.shape, r.dtype)
+            np.testing.assert_allclose(g.astype("float64"), r.astype("float64"), rtol=rtol,
+                                       atol=atol * max(1.0, float(np.abs(r).max())), err_msg=mode)
+    return mod
+
+
+_FULL = [2, 3, 4, 5, 6]
+#: (constant shape, input shape) for rank r: the constant broadcasts, the input broadcasts, the constant
+#: adds leading axes (the rank-5 case that lost its leading axis)
+_LAYOUTS = {
+    "const_broadcasts": lambda r: ([1] * (r - 1) + [_FULL[r - 1]], _FULL[:r]),
+    "input_broadcasts": lambda r: (_FULL[:r], [1] * r),
+    "const_adds_axes": lambda r: ([2] + [1] * (r - 1), _FULL[1:r]),
+}
+
+
+@pytest.mark.parametrize("op,relax_op", [("Sum", "relax.add"), ("Max", "relax.maximum"), ("Min", "relax.minimum")])
+@pytest.mark.parametrize("rank", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("layout", sorted(_LAYOUTS))
+@pytest.mark.parametrize("const_first", [True, False])
+def test_sum_max_min_of_two_keep_onnx_broadcast_shape(op, relax_op, rank, layout, const_first):
+    """A uniform constant (what the importer makes of a scalar) must not become a scalar where its own
+    shape decides the output's: Sum(x[1,4], c[3,4]) is [3,4], not [1,4]."""
+    import numpy as np
+
+    if layout == "const_adds_axes" and rank == 1:
+        pytest.skip("no rank-0 input")
+    cshape, xshape = _LAYOUTS[layout](rank)
+    g = GraphBuilder()
+    x = g.input("x", xshape)
+    c = g.const(np.full(cshape, 0.25, np.float32))
+    model = g.model([g.op(op, [c, x] if const_first else [x, c])], opset=9)
+    mod = _assert_matches_onnxruntime(model)
+    assert _ops(mod) == [relax_op]
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("bound_rank", [0, 1, 6])
+def test_clip_forms_keep_shape(rank, bound_rank):
+    """Clip with constant bounds and Min(Max(x, lo), hi) become clip only where that keeps the shape: a
+    size-1 bound of higher rank than x broadcasts x to more axes."""
+    import numpy as np
+
+    g = GraphBuilder()
+    x = g.input("x", _FULL[:rank])
+    lo, hi = (g.const(np.full([1] * bound_rank, v, np.float32)) for v in (-0.5, 0.5))
+    clip = g.op("Clip", [x, g.const(np.float32(-0.75)), g.const(np.float32(0.75))])
+    maxmin = g.op("Min", [g.op("Max", [x, lo]), hi])
+    mod = _assert_matches_onnxruntime(g.model([clip, maxmin], opset=13))
+    expected = ["relax.clip", "relax.clip"] if bound_rank <= rank else ["relax.clip", "relax.maximum",
+                                                                         "relax.minimum"]
+    assert _ops(mod) == expected
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3, 4, 5])
+def test_dropout_removal_keeps_shape(rank):
+    g = GraphBuilder()
+    x = g.input("x", _FULL[:rank])
+    mod = _assert_matches_onnxruntime(g.model([g.op("Relu", [g.op("Dropout", [x])])]))
+    assert _ops(mod) == ["relax.nn.relu"]
+
+
+_F16_FORMS = {"Sum": ["relax.add"], "Max": ["relax.maximum"], "Min": ["relax.minimum"], "Clip": ["relax.clip"],
+              "MaxMin": ["relax.clip"], "Dropout": []}
+
+
+@pytest.mark.parametrize("form", sorted(_F16_FORMS))
+def test_normalisations_keep_float16(form):
+    import numpy as np
+    from onnx import TensorProto
+
+    g = GraphBuilder()
+    x = g.input("x", [1, 3, 4, 5], TensorProto.FLOAT16)
+    f16 = lambda v, shape=(): g.const(np.full(shape, v, np.float16))  # noqa: E731
+    if form in ("Sum", "Max", "Min"):
+        y = g.op(form, [f16(0.25, (2, 3, 4, 5)), x])
+    elif form == "Clip":
+        y = g.op("Clip", [x, f16(-0.5), f16(0.5)])
+    elif form == "MaxMin":
+        y = g.op("Min", [g.op("Max", [x, f16(-0.5, (1,))]), f16(0.5, (1,))])
+    else:
+        y = g.op("Dropout", [x])
+    mod = _assert_matches_onnxruntime(g.model([y], opset=13, dtype=TensorProto.FLOAT16))
+    assert _ops(mod) == _F16_FORMS[form]
+
+
+def test_normalisation_that_changes_a_shape_is_refused():
+    """The root check: a rewrite whose result has another type than the original is not applied."""
+    from tvm_fusion import frontend
+    from tvm_fusion._tvm import dpl
+
+    def drop_broadcast():  # add(x, c) -> x: wrong whenever c widens x
+        x = dpl.wildcard()
+        return dpl.is_op("relax.add")(x, dpl.is_const()), lambda expr, m: m[x]
+
+    g = GraphBuilder()
+    import numpy as np
+
+    x = g.input("x", [1, 4])
+    mod = import_onnx(g.model([g.op("Add", [x, g.const(np.ones((3, 4), np.float32))])]))
+    kept = frontend._normalize(mod, [("drop_broadcast", drop_broadcast)])
+    assert _ops(kept) == ["relax.add"] and _output_types(kept) == [([3, 4], "float32")]
+    g = GraphBuilder()
+    x = g.input("x", [3, 4])
+    mod = import_onnx(g.model([g.op("Add", [x, g.const(np.ones((1, 4), np.float32))])]))
+    assert _ops(frontend._normalize(mod, [("drop_broadcast", drop_broadcast)])) == []  # same type: applied
+
+
+# ---------------------------------------------------------------- input dtypes
+def _fp16_model(bn: bool):
+    import numpy as np
+    from onnx import TensorProto
+
+    g = GraphBuilder()
+    x = g.input("x", [1, 4, 6, 6], TensorProto.FLOAT16)
+    f16 = lambda a: g.const(np.asarray(a, np.float16))  # noqa: E731
+    if bn:
+        w = f16(g.rng.normal(0, 0.3, (8, 4, 3, 3)))
+        y = g.op("Conv", [x, w, f16(g.rng.normal(0, 0.1, 8))], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+        stats = [g.rng.uniform(0.5, 1.5, 8), g.rng.normal(0, 0.1, 8), g.rng.normal(0, 0.5, 8), g.rng.uniform(0.5, 2, 8)]
+        y = g.op("BatchNormalization", [y, *map(f16, stats)], epsilon=1e-5)
+    else:
+        y = g.op("Add", [x, f16(g.rng.normal(0, 1, (1, 4, 1, 1)))])
+    return g.model([g.op("Relu", [y])], dtype=TensorProto.FLOAT16)
+
+
+@pytest.mark.parametrize("bn", [False, True], ids=["add_relu", "conv_bn_relu"])
+def test_float16_model_keeps_float16(bn):
+    """Inputs and outputs stay float16, and so do the unfused build's arrays (TVM legalizes a float16
+    batch_norm to a float32 result; the import computes it in float32 and casts back)."""
+    mod = import_onnx(_fp16_model(bn))
+    assert [str(p.ty.dtype) for p in mod["main"].params] == ["float16"]
+    assert _output_types(mod) == [([1, 8 if bn else 4, 6, 6], "float16")]
+    _assert_matches_onnxruntime(_fp16_model(bn))
+
+
+def test_integer_model_keeps_its_dtypes():
+    import numpy as np
+    from onnx import TensorProto
+
+    g = GraphBuilder()
+    a = g.input("a", [2, 3], TensorProto.INT32)
+    model = g.model([g.op("Mul", [g.op("Add", [a, g.const(np.full((2, 3), 3, np.int32))]), a])],
+                    dtype=TensorProto.INT32)
+    mod = _assert_matches_onnxruntime(model)
+    assert [str(p.ty.dtype) for p in mod["main"].params] == ["int32"]
+    assert _output_types(mod) == [([2, 3], "int32")]
+
+
+# ---------------------------------------------------------------- unusual node and value names
+def _named_chain(node_names, value_names=None):
+    """x -> Relu -> Neg -> Relu ... with the given node names (and optionally value names)."""
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    values = value_names or [f"v{i}" for i in range(len(node_names) + 1)]
+    ops = ["Relu", "Neg"] * len(node_names)
+    nodes = [h.make_node(ops[i], [values[i]], [values[i + 1]], name=n) for i, n in enumerate(node_names)]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info(values[0], TensorProto.FLOAT, [2, 3])],
+                         [h.make_tensor_value_info(values[-1], TensorProto.FLOAT, [2, 3])])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+_ODD_NAMES = {
+    "main": ["main", "relu"],
+    "tvm_function_names": ["maximum", "minimum", "add", "relu"],
+    "importer_var_names": ["lv", "gv", "lv1", "gv2"],
+    "python_c_keywords": ["if", "return", "int", "class", "lambda", "None"],
+    "collide_after_sanitising": ["a/b", "a.b", "a:b", "a_b"],
+    "empty": ["", "", ""],
+    "punctuation": ["/model/conv.1:0", "x", "1st", "v0"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(_ODD_NAMES))
+def test_unusual_node_names_import_and_stay_distinct(case):
+    """TVM's own importer takes these models; so must we, and each node keeps its own label."""
+    names = _ODD_NAMES[case]
+    model = _named_chain(names)
+    mod = _assert_matches_onnxruntime(model)
+    table = onnx_node_names(mod)
+    labels = set(table.values())
+    assert len(labels) == len(names), table
+    if case == "empty":
+        assert labels == {"Relu (node 0)", "Neg (node 1)", "Relu (node 2)"}
+    else:
+        assert labels == set(names)
+
+
+@pytest.mark.parametrize("values", [["main", "if", "a/b", "a.b"], ["lv", "gv", "x:0", "maximum"]])
+def test_unusual_value_names(values):
+    _assert_matches_onnxruntime(_named_chain(["n1", "n2", "n3"], values))
+
+
+def test_duplicate_node_names_stay_distinct():
+    model = _named_chain(["dup", "dup", "other", "dup"])
+    labels = sorted(set(onnx_node_names(import_onnx(model)).values()))
+    assert labels == ["dup (node 0)", "dup (node 1)", "dup (node 3)", "other"]

@@ -47,6 +47,16 @@ def expr_type(expr):
     return expr.ty
 
 
+def infer_type(expr):
+    """The type TVM infers for an expression that is not normalised yet (e.g. a rewrite's result)."""
+    bb = relax.BlockBuilder()
+    bb._begin_binding_block()  # normalising a nested call needs a block to bind its arguments in
+    try:
+        return bb.normalize(expr).ty
+    finally:
+        bb._end_block()
+
+
 def is_constant(expr) -> bool:
     return isinstance(expr, GenericConst)
 
@@ -79,16 +89,19 @@ class _NamingImporter(ONNXGraphImporter):
             return sym
         if isinstance(sym, relax.Call) and isinstance(sym.ty, (relax.TensorType, relax.TupleType)):
             sym = self.bb.emit(sym, name_hint=str(name))
+            if var_name(sym) != str(name):  # the name pool gave it another name: record that one
+                self.var_nodes[var_name(sym)] = str(name)
         elif isinstance(sym, relax.Tuple) and sym.fields and isinstance(sym.fields[0], relax.Var):
             self.var_nodes[var_name(sym.fields[0])] = str(name)  # e.g. BatchNormalization: (y, mean, var)
         return sym
 
 
-def import_onnx_graph(model, shape_dict, opset):
+def import_onnx_graph(model, shape_dict, opset, dtype_dict):
     """Run TVM's ONNX importer (node results bound to vars named after the nodes).
 
+    `dtype_dict`: {input name: dtype}, the model's own input dtypes (a plain string would be a default).
     Returns the module and {var name: node name} for results the importer bound itself."""
-    importer = _NamingImporter(shape_dict, "float32", keep_params_in_input=False, sanitize=False)
+    importer = _NamingImporter(shape_dict, dtype_dict, keep_params_in_input=False, sanitize=False)
     importer.var_nodes = {}
     return importer.from_onnx(model.graph, opset), importer.var_nodes
 

@@ -2,12 +2,14 @@
 
 The result is what the pattern tables match against: weights are constants, dead bindings are gone,
 an opset-9 `Sum`/`Max`/`Min` of two tensors is an `add`/`maximum`/`minimum`, a `Clip` with constant
-bounds is `clip`, an inference `Dropout` is gone (see NORMALIZATIONS), and every binding knows the ONNX node it came from
+bounds is `clip`, an inference `Dropout` is gone, a float16 BatchNormalization computes in float32 (see
+NORMALIZATIONS; each rewrite is checked to keep its expression's shape and dtype), and every binding knows the ONNX node it came from
 (module attribute `tvm_fusion.onnx_nodes`: relax var name -> ONNX node name).
 """
 
 from __future__ import annotations
 
+import keyword
 import os
 import re
 from pathlib import Path
@@ -55,10 +57,24 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+#: names a node- or value-derived Relax var must not take. TVM's BlockBuilder names vars and functions
+#: from one pool, so a var called `main` pushes the importer's function to `main1` ("Cannot find global var
+#: main"), and one called `maximum` renames the Clip PrimFunc our normalisation looks for; `lv`/`gv` are the
+#: importer's own var names; keywords would make the printed TVMScript or the generated C/CUDA invalid.
+_C_KEYWORDS = """auto break case char const continue default do double else enum extern float for goto if
+    inline int long register restrict return short signed sizeof static struct switch typedef union unsigned
+    void volatile while bool true false class namespace template typename this new delete operator private
+    protected public virtual friend using nullptr constexpr""".split()
+_RESERVED = {"main", "maximum", "minimum", *keyword.kwlist, *keyword.softkwlist, *_C_KEYWORDS}
+_IMPORTER_NAME = re.compile(r"(lv|gv)\d*")
+
+
 def _c_name(name: str, taken: set[str]) -> str:
     safe = re.sub(r"\W", "_", name) or "v"
     if safe[0].isdigit():
         safe = "v_" + safe
+    if safe in _RESERVED or _IMPORTER_NAME.fullmatch(safe):
+        safe += "_"
     base, i = safe, 1
     while safe in taken:
         safe, i = f"{base}_{i}", i + 1
@@ -66,31 +82,68 @@ def _c_name(name: str, taken: set[str]) -> str:
     return safe
 
 
-def _sanitize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str], dict[str, str]]:
-    """Copy of the model whose value and node names are C identifiers.
+def _walk(graph: onnx.GraphProto, where: str = ""):
+    """(graph, node, where) for every node, the main graph's first (`node 12`), then those of the subgraphs
+    (an If's branches: `node 12 then_branch node 0`), depth first."""
+    subgraphs = []
+    for i, n in enumerate(graph.node):
+        here = f"{where}node {i}"
+        yield graph, n, here
+        for attr in n.attribute:
+            subgraphs += [(g, f"{here} {attr.name} ") for g in ([attr.g] if attr.HasField("g") else [])]
+            subgraphs += [(g, f"{here} {attr.name}[{k}] ") for k, g in enumerate(attr.graphs)]
+    for g, prefix in subgraphs:
+        yield from _walk(g, prefix)
 
-    Returns it, value names old -> new, and node names new -> old."""
+
+def node_labels(model: onnx.ModelProto) -> list[str]:
+    """How messages name each node (in `_walk` order): its name, or `Relu (node 12)` when the name is
+    empty or not unique (ONNX allows both), so every node stays distinguishable."""
+    nodes = [(n, where) for _, n, where in _walk(model.graph)]
+    count: dict[str, int] = {}
+    for n, _ in nodes:
+        count[n.name] = count.get(n.name, 0) + 1
+    labels: list[str] = []
+    used = {n.name for n, _ in nodes if n.name and count[n.name] == 1}
+    for n, where in nodes:
+        label = n.name
+        if not n.name or count[n.name] > 1:
+            label = f"{n.name or n.op_type} ({where})"
+            while label in used:
+                label += "'"
+            used.add(label)
+        labels.append(label)
+    return labels
+
+
+def _sanitize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str], dict[str, str]]:
+    """Copy of the model whose value and node names, subgraphs included, are distinct C identifiers, none of
+    them reserved.
+
+    Returns it, value names old -> new, and node names new -> label (see node_labels)."""
+    labels = node_labels(model)
     model = onnx.ModelProto.FromString(model.SerializeToString())
-    g = model.graph
+    walk = list(_walk(model.graph))
+    graphs = [model.graph] + [g for g in {id(g): g for g, _, _ in walk}.values() if g is not model.graph]
     names: dict[str, str] = {}
-    taken: set[str] = set()
-    values = [v.name for v in g.input] + [t.name for t in g.initializer]
-    values += [o for n in g.node for o in n.output] + [v.name for v in g.output]
-    for v in values:
-        if v and v not in names:
-            names[v] = _c_name(v, taken)
-    for v in list(g.input) + list(g.output) + list(g.value_info):
-        v.name = names.get(v.name, v.name)
-    for t in g.initializer:
-        t.name = names[t.name]
+    taken: set[str] = set()  # values and nodes share it: both become Relax var names
+    for g in graphs:
+        values = [v.name for v in g.input] + [t.name for t in g.initializer]
+        values += [o for n in g.node for o in n.output] + [v.name for v in g.output]
+        for v in values:
+            if v and v not in names:
+                names[v] = _c_name(v, taken)
+    for g in graphs:
+        for v in list(g.input) + list(g.output) + list(g.value_info):
+            v.name = names.get(v.name, v.name)
+        for t in g.initializer:
+            t.name = names[t.name]
     nodes: dict[str, str] = {}
-    node_taken: set[str] = set()
-    for i, n in enumerate(g.node):
+    for (_, n, where), label in zip(walk, labels):
         n.input[:] = [names.get(x, x) for x in n.input]
         n.output[:] = [names.get(x, x) for x in n.output]
-        original = n.name or f"{n.op_type}_{i}"
-        n.name = _c_name(original, node_taken)
-        nodes[n.name] = original
+        n.name = _c_name(n.name or f"{n.op_type}_{where.replace(' ', '_')}", taken)
+        nodes[n.name] = label
     return model, names, nodes
 
 
@@ -98,15 +151,15 @@ def _check_ops(model: onnx.ModelProto, where: str) -> None:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
     known = set(_get_convert_map()) | {"Constant", "If"}
-    for node in model.graph.node:
+    for (_, node, _), label in zip(_walk(model.graph), node_labels(model)):
         if node.domain not in ("", "ai.onnx"):
             raise FusionError(
-                f"{where}: node {node.name!r} uses op {node.domain}::{node.op_type}, which TVM's ONNX "
+                f"{where}: node {label!r} uses op {node.domain}::{node.op_type}, which TVM's ONNX "
                 "importer does not support; export the model with standard ONNX ops only"
             )
         if node.op_type not in known:
             raise FusionError(
-                f"{where}: node {node.name!r} uses op {node.op_type!r}, which TVM's ONNX importer does "
+                f"{where}: node {label!r} uses op {node.op_type!r}, which TVM's ONNX importer does "
                 "not support; replace it in the exporter or decompose it into supported ops"
             )
 
@@ -148,6 +201,16 @@ def _input_shapes(model, shapes: dict, where: str, renamed: dict[str, str]) -> d
     return out
 
 
+def _input_dtypes(model: onnx.ModelProto) -> dict[str, str]:
+    """{input name: dtype} as the model declares them (float16 inputs stay float16)."""
+    out = {}
+    for inp in model.graph.input:
+        elem = inp.type.tensor_type.elem_type
+        if elem:
+            out[inp.name] = str(onnx.helper.tensor_dtype_to_np_dtype(elem))
+    return out
+
+
 def _scalar(expr) -> float | None:
     """The value of a scalar (size-1) float constant, else None."""
     if not _tvm.is_constant(expr):
@@ -156,13 +219,15 @@ def _scalar(expr) -> float | None:
     return float(value.reshape(())) if value.size == 1 and value.dtype.kind == "f" else None
 
 
-def _uniform_to_scalar(expr):
-    """A constant whose elements are all equal (the importer broadcasts scalars) as a scalar constant."""
-    if _tvm.is_constant(expr):
-        value = _tvm.constant_value(expr)
-        if value.size > 1 and (value == value.flat[0]).all():
-            return _tvm.make_constant(value.flat[0].reshape(()))
-    return expr
+def _as_scalar_if_uniform(const, other, out_shape):
+    """A constant whose elements are all equal (the importer broadcasts scalars) as a scalar constant,
+    when that keeps the result's shape: `other` alone must already have the broadcast shape."""
+    if not _tvm.is_constant(const) or _static_shape(other) != out_shape:
+        return const
+    value = _tvm.constant_value(const)
+    if value.size > 1 and (value == value.flat[0]).all():
+        return _tvm.make_constant(value.flat[0].reshape(()))
+    return const
 
 
 def _stacked_pair(op: str, make):
@@ -179,7 +244,8 @@ def _stacked_pair(op: str, make):
         out, sa, sb = (_static_shape(e) for e in (expr, matches[a], matches[b]))
         if None in (out, sa, sb) or list(np.broadcast_shapes(tuple(sa), tuple(sb))) != out:
             return expr
-        return make(matches[a], _uniform_to_scalar(matches[b]))
+        x, y = matches[a], matches[b]
+        return make(_as_scalar_if_uniform(x, y, out), _as_scalar_if_uniform(y, x, out))
 
     return root, rewriter
 
@@ -219,9 +285,33 @@ def _dropout_to_identity():
     return root, lambda expr, matches: matches[x]
 
 
-#: Relax-level clean-ups of what TVM's ONNX importer emits, in order (name, builder of (pattern, rewriter))
+def _batch_norm_in_float32():
+    """batch_norm(x: fp16)[0] -> astype(batch_norm(astype(x, f32), f32 params)[0], fp16).
+
+    TVM's legalization of a float16 batch_norm returns float32: the build's output dtype would differ from
+    the model's. Computing in float32 and casting back keeps the model's dtype (and is more exact)."""
+    x = dpl.wildcard()
+    params = [dpl.is_const() for _ in range(4)]
+    bn = dpl.is_op("relax.nn.batch_norm")(x, *params)
+    root = dpl.is_tuple_get_item(bn, 0)
+
+    def rewriter(expr, matches):
+        dtype = str(_tvm.expr_type(matches[x]).dtype)
+        call = matches[bn]
+        if dtype == "float32" or not dtype.startswith(("float", "bfloat")) or bool(call.attrs.training):
+            return expr
+        consts = [_tvm.make_constant(_tvm.constant_value(matches[p]).astype("float32")) for p in params]
+        wide = relax.Call(call.op, [relax.op.astype(matches[x], "float32"), *consts], call.attrs)
+        return relax.op.astype(relax.TupleGetItem(wide, 0), dtype)
+
+    return root, rewriter
+
+
+#: Relax-level clean-ups of what TVM's ONNX importer emits, in order (name, builder of (pattern, rewriter)).
+#: Each rewrite must keep the rewritten expression's type (shape and dtype); `_normalize` checks it.
 NORMALIZATIONS = [
     ("dropout_to_identity", _dropout_to_identity),
+    ("batch_norm_in_float32", _batch_norm_in_float32),
     ("sum_of_two_to_add", lambda: _stacked_pair("relax.sum", relax.op.add)),
     ("max_of_two_to_maximum", lambda: _stacked_pair("relax.max", relax.op.maximum)),
     ("min_of_two_to_minimum", lambda: _stacked_pair("relax.min", relax.op.minimum)),
@@ -239,14 +329,55 @@ def _static_shape(expr):
         return None
 
 
-def _normalize(mod: tvm.IRModule) -> tvm.IRModule:
+def _type_preserving(rewriter):
+    """`rewriter`, except that a rewrite whose type (shape + dtype) differs from the original's is dropped:
+    no normalisation can change what a graph computes into something of another shape or dtype."""
+
+    def checked(expr, matches):
+        new = rewriter(expr, matches)
+        if new.same_as(expr):
+            return expr
+        try:
+            new_ty = _tvm.infer_type(new)
+        except Exception:  # TVM refused to infer it (e.g. a dtype mismatch): keep the original
+            return expr
+        return new if _tvm.structural_equal(new_ty, _tvm.expr_type(expr)) else expr
+
+    return checked
+
+
+def _normalize(mod: tvm.IRModule, normalizations=None) -> tvm.IRModule:
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    for _, build in NORMALIZATIONS:
+    for _, build in NORMALIZATIONS if normalizations is None else normalizations:
         root, rewriter = build()
         for gv, func in out.functions.items():
             if isinstance(func, relax.Function):
-                out[gv] = dpl.rewrite_call(root, rewriter, func)
+                out[gv] = dpl.rewrite_call(root, _type_preserving(rewriter), func)
     return out
+
+
+def _alias_labels(mod: tvm.IRModule, table: dict[str, str]) -> dict[str, str]:
+    """`gv = Relu12` (the importer's output binding) -> {"gv": label of Relu12}: rewrites and binding
+    canonicalisation may drop the alias's source and keep the output var."""
+    out = {}
+
+    def visit(binding):
+        if isinstance(binding.value, relax.Var) and _tvm.var_name(binding.value) in table:
+            out.setdefault(_tvm.var_name(binding.var), table[_tvm.var_name(binding.value)])
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    visit(binding)
+    return {k: v for k, v in out.items() if k not in table}
+
+
+def _has_plain_blocks(mod: tvm.IRModule) -> bool:
+    """Whether a Relax function has bindings outside dataflow blocks."""
+    return any(isinstance(f, relax.Function) and isinstance(f.body, relax.SeqExpr)
+               and any(b.bindings and not isinstance(b, relax.DataflowBlock) for b in f.body.blocks)
+               for f in mod.functions.values())
 
 
 def onnx_node_names(mod) -> dict[str, str]:
@@ -268,12 +399,17 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     shape_dict = _input_shapes(proto, shapes or {}, where, renamed)
     opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=None)
     try:
-        mod, var_nodes = _tvm.import_onnx_graph(proto, shape_dict, opset)
+        mod, var_nodes = _tvm.import_onnx_graph(proto, shape_dict, opset, _input_dtypes(proto))
     except Exception as err:
         raise FusionError(f"{where}: TVM's ONNX importer failed: {type(err).__name__}: {err}") from None
-    table = {**{k: table.get(v, v) for k, v in var_nodes.items()}, **table}
+    table = {**table, **{k: table.get(v, v) for k, v in var_nodes.items()}}  # actual var names win
+    table.update(_alias_labels(mod, table))
     mod = mod.with_attr(ONNX_NODES_ATTR, table)
     with tvm.transform.PassContext(opt_level=3):
+        if _has_plain_blocks(mod):
+            # with an If in the graph the importer builds no dataflow block, and constant folding and
+            # pattern fusion only look inside dataflow blocks: put the pure runs around it into some
+            mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
         if fold_constants:
             mod = relax.transform.FoldConstant()(mod)
         mod = _normalize(mod)  # after folding: Clip bounds are constants by then

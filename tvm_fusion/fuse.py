@@ -93,7 +93,11 @@ class _BatchNormToAffine(relax.PyExprMutator):
         if name in self.names:
             self.names[_tvm.var_name(scaled)] = self.names[name]
         affine = relax.op.add(scaled, _tvm.make_constant(t.reshape(bshape).astype(dtype)))
-        emit = self.builder_.emit if isinstance(binding.var, relax.DataflowVar) else self.builder_.emit_output
+        # a graph output leaves a dataflow block through emit_output; outside one (the importer builds no
+        # dataflow block when the graph has an If) every binding is a plain emit
+        in_dataflow = self.builder_.current_block_is_dataflow()
+        is_output = in_dataflow and not isinstance(binding.var, relax.DataflowVar)
+        emit = self.builder_.emit_output if is_output else self.builder_.emit
         self.set_var_remap(binding.var, emit(affine, name_hint=name))
 
 
