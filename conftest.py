@@ -44,3 +44,23 @@ def rules():
     from tvm_fusion.loader import load_rules_for
 
     return load_rules_for()
+
+
+@pytest.fixture(scope="session")
+def matches_onnxruntime():
+    """assert(model, fused build): fused equals onnxruntime element by element, |a - b| <= atol + rtol * |ref|
+    (float32: rtol 1e-4, atol 1e-5 scaled to the output's magnitude), on check_fused's seeded inputs."""
+    import numpy as np
+
+    from tvm_fusion.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.testing import run_build
+
+    def check(model, fused, seed: int = 0):
+        inputs = random_inputs(model, seed=seed)
+        sess, _ = run_onnxruntime(model, inputs)
+        got = run_build(fused, [inputs[i.name] for i in model.graph.input if i.name in inputs])
+        for out, ref in zip(got, sess.run(None, inputs)):
+            assert out.shape == ref.shape, f"fused output shape {out.shape}; onnxruntime {ref.shape}"
+            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+
+    return check

@@ -1,9 +1,13 @@
 """Activation patterns shared by the epilogue families: act(y) in each form TVM's ONNX importer emits.
 
 Each entry builds `(pattern, params)` for a pre-activation pattern `y`; `params(match_exprs)` returns the
-constants the compute needs (LeakyRelu alpha, HardSigmoid alpha/beta) or a Decline when the matched
-constants do not make the activation (e.g. a GELU whose erf argument is not divided by sqrt(2)).
-Names are the keys of schedules/activations.py ACTIVATIONS.
+constants the compute needs, exactly as matched (LeakyRelu alpha, HardSigmoid alpha/beta, hardswish's
+shift and divisor or alpha/beta, the GELU constants), or a Decline when the matched constants do not make
+the activation (e.g. a GELU whose erf argument is divided by 1.5). The compute then uses exactly the
+matched values, never the canonical ones (`schedules/activations.py CANONICAL`), so a constant that is
+near but not equal to the canonical one gives the model's numbers. Constants the compute hard-codes
+(clip bounds, GELU's power 3) must equal the canonical value exactly. Names are the keys of
+schedules/activations.py ACTIVATIONS.
 
     relu        relu(y)
     relu6       clip(y, 0, 6)                              (Clip(0, 6); Max/Min pairs are normalised to clip)
@@ -12,22 +16,23 @@ Names are the keys of schedules/activations.py ACTIVATIONS.
     tanh        tanh(y)
     silu        y * sigmoid(y)                             (either operand order)
     hardsigmoid clip(y * alpha + beta, 0, 1)
-    hardswish   y * (clip(y + 3, 0, 6) / 6)   |   y * hardsigmoid(y)   |   y * clip(y + 3, 0, 6) / 6
+    hardswish   y * (clip(y + a, 0, 6) / d)   |   y * hardsigmoid(y)   |   y * clip(y + a, 0, 6) / d
     gelu_erf    gelu(y)   |   y * (erf(y / sqrt2) + 1) * 0.5
     gelu_tanh   gelu_tanh(y)   |   y * (tanh(sqrt(2/pi) * (y + 0.044715 * y^3)) + 1) * 0.5
 """
 
 from __future__ import annotations
 
-import math
-
 from tvm_fusion import _tvm
 from tvm_fusion._tvm import dpl
 from tvm_fusion.rules import Decline, Spec, commutative
+from tvm_fusion.schedules.activations import CANONICAL
 
 __all__ = ["ACTIVATIONS", "activation_pattern", "clip_bounds", "epilogue_spec", "scalar_constant"]
 
-_TOL = 1e-4
+#: how far a carried constant may be from the canonical one and still name the activation (relative); the
+#: compute uses the matched value, so this only decides what the rule is called, never the numbers
+_NAMES_IT = 1e-4
 
 
 def _op(name, *args):
@@ -53,10 +58,25 @@ def clip_bounds(call) -> tuple[float, float]:
     return number(call.args[1]), number(call.args[2])
 
 
-def _expect(name, expr, want: float, what: str):
+def _carry(name: str, m, constants: dict[str, tuple[str, str]], label: str | None = None):
+    """The matched value of each constant {param: (annotation, what)} of activation `name`, to carry
+    into the compute, or a Decline when one is not a scalar constant or not near the canonical value."""
+    params = {}
+    for param, (ann, what) in constants.items():
+        got, want = scalar_constant(m[ann]), CANONICAL[name][param]
+        if got is None or abs(got - want) > _NAMES_IT * max(1.0, abs(want)):
+            return Decline(f"{what} is {got if got is not None else 'not a scalar constant'}; {label or name} needs "
+                           f"{want:g}")
+        params[param] = got
+    return params
+
+
+def _exact(name: str, expr, want: float, what: str):
+    """A constant the compute hard-codes: it must be exactly `want`."""
     got = scalar_constant(expr)
-    if got is None or abs(got - want) > _TOL * max(1.0, abs(want)):
-        return Decline(f"{what} is {got if got is not None else 'not a scalar constant'}; {name} needs {want:g}")
+    if got != want:
+        return Decline(f"{what} is {got if got is not None else 'not a scalar constant'}; {name} needs exactly "
+                       f"{want:g}")
     return None
 
 
@@ -121,19 +141,15 @@ def _hardswish(y):
     def params(m):
         if "hw_clip" in m:
             lo, hi = clip_bounds(m.value("hw_clip"))
-            checks = [(lo, 0.0, "clip low"), (hi, 1.0, "clip high"),
-                      (scalar_constant(m["hw_alpha"]), 1 / 6, "hardsigmoid alpha"),
-                      (scalar_constant(m["hw_beta"]), 0.5, "hardsigmoid beta")]
-            for got, want, what in checks:
-                if got is None or abs(got - want) > _TOL:
-                    return Decline(f"{what} is {got}; hardswish needs {want:g}")
-            return {}
+            if (lo, hi) != (0.0, 1.0):
+                return Decline(f"clip bounds are ({lo:g}, {hi:g}); hardswish's hardsigmoid needs (0, 1)")
+            return _carry("hardswish", m, {"alpha": ("hw_alpha", "hardsigmoid alpha"),
+                                           "beta": ("hw_beta", "hardsigmoid beta")})
         lo, hi = clip_bounds(m.value("hw_relu6"))
         if (lo, hi) != (0.0, 6.0):
             return Decline(f"clip bounds are ({lo:g}, {hi:g}); hardswish needs relu6 (0, 6)")
-        six_expr = m["hw_six"] if "hw_six" in m else m["hw_six2"]
-        return _expect("hardswish", m["hw_three"], 3.0, "the added constant") or \
-            _expect("hardswish", six_expr, 6.0, "the divisor") or {}
+        six = "hw_six" if "hw_six" in m else "hw_six2"
+        return _carry("hardswish", m, {"shift": ("hw_three", "the added constant"), "divisor": (six, "the divisor")})
 
     return onnx_form | div_last | hs_form, ann, params
 
@@ -149,9 +165,9 @@ def _gelu_erf(y):
     def params(m):
         if "ge_erf" not in m:
             return {}
-        return (_expect("gelu", m["ge_sqrt2"], math.sqrt(2), "the erf argument's divisor")
-                or _expect("gelu", m["ge_one"], 1.0, "the added constant")
-                or _expect("gelu", m["ge_half"], 0.5, "the final factor") or {})
+        return _carry("gelu_erf", m, {"divisor": ("ge_sqrt2", "the erf argument's divisor"),
+                                      "one": ("ge_one", "the added constant"),
+                                      "half": ("ge_half", "the final factor")}, label="gelu")
 
     return op | decomposed, ann, params
 
@@ -169,11 +185,9 @@ def _gelu_tanh(y):
     def params(m):
         if "gt_tanh" not in m:
             return {}
-        return (_expect("gelu_tanh", m["gt_c3"], 3.0, "the power")
-                or _expect("gelu_tanh", m["gt_k"], 0.044715, "the cubic coefficient")
-                or _expect("gelu_tanh", m["gt_c"], math.sqrt(2 / math.pi), "the tanh argument's factor")
-                or _expect("gelu_tanh", m["gt_one"], 1.0, "the added constant")
-                or _expect("gelu_tanh", m["gt_half"], 0.5, "the final factor") or {})
+        return _exact("gelu_tanh", m["gt_c3"], 3.0, "the power") or _carry("gelu_tanh", m, {
+            "k": ("gt_k", "the cubic coefficient"), "c": ("gt_c", "the tanh argument's factor"),
+            "one": ("gt_one", "the added constant"), "half": ("gt_half", "the final factor")})
 
     return op | decomposed, ann, params
 
@@ -212,11 +226,15 @@ def epilogue_spec(y, annotations: dict, activation: str | None, lower) -> Spec:
     do not make the activation) and handed to `lower(match, activation, params)`."""
     act_params = None
     if activation is not None:
+        annotations["pre_activation"] = y
         y, act_ann, act_params = activation_pattern(activation, y)
         annotations.update(act_ann, activation=y)
     annotations["root"] = y
 
     def check(m):
+        if activation is not None and m.shape("root") != m.shape("pre_activation"):
+            return Decline(f"{activation}'s constants broadcast its output to shape {m.shape('root')}; expected "
+                           f"its input's shape {m.shape('pre_activation')}")
         result = act_params(m) if act_params else {}
         return result if isinstance(result, Decline) else None
 

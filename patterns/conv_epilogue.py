@@ -16,7 +16,8 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import ACTIVATIONS, epilogue_spec
-from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, static_shape
+from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, axis_vector_shapes, commutative, decline, rule,
+                              static_shape)
 
 SUPPORTED_DTYPES = ("float32",)
 CONV_FAMILY = "conv2d_affine"  # schedules/conv2d.py registers it; rules without their own compute use it
@@ -48,16 +49,12 @@ def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None,
     return epilogue_spec(y, ann, activation, lower_conv)
 
 
-def _per_channel(expr, channels: int) -> np.ndarray | None:
-    """A relax constant as a per-output-channel float64 vector, or None if it is not one."""
+def _per_channel(expr, out_shape) -> np.ndarray | None:
+    """A relax constant as a per-output-channel float64 vector (axis 1 of the NCHW conv output, under
+    NumPy broadcasting), or None if it is not one."""
     if not _tvm.is_constant(expr):
         return None
-    value = _tvm.constant_value(expr)
-    if value.size == 1:
-        return np.full(channels, float(value.reshape(())), dtype=np.float64)
-    if value.shape in ((channels,), (channels, 1, 1), (1, channels, 1, 1)):
-        return value.reshape(channels).astype(np.float64)
-    return None
+    return axis_vector(_tvm.constant_value(expr), out_shape, 1)
 
 
 def conv_checks(m: Match):
@@ -74,13 +71,13 @@ def conv_checks(m: Match):
     in_shape = static_shape(m.value("conv").args[0])
     if out_shape is None or in_shape is None:
         return decline("conv2d has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)")
-    channels = out_shape[1]
     for name in ("bias_add", "bn_scale", "bn_shift", "post_scale", "post_shift"):
         if name in m:
             const_arg = m.value(name).args[1]
-            if _per_channel(const_arg, channels) is None:
+            if _per_channel(const_arg, out_shape) is None:
                 return decline(f"{name} constant has shape {static_shape(const_arg)}; expected one value per "
-                               f"output channel ({channels},) or (1, {channels}, 1, 1)")
+                               f"output channel, {axis_vector_shapes(out_shape, 1)}, broadcast against the conv "
+                               f"output {out_shape}")
     if "batch_norm" in m:
         bn_attrs = m.attrs("batch_norm")
         if bool(bn_attrs.training):
@@ -107,21 +104,22 @@ def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
     attrs = conv.attrs
     w = _tvm.constant_value(conv.args[1]).astype(np.float64)
     channels = w.shape[0]
+    out_shape = m.shape("conv")
     b = np.zeros(channels)
     if "bias_add" in m:
-        b = _vector(m, m.value("bias_add").args[1], channels)
+        b = _vector(m.value("bias_add").args[1], out_shape)
     if "bn_scale" in m:
-        s = _vector(m, m.value("bn_scale").args[1], channels)
-        t = _vector(m, m.value("bn_shift").args[1], channels)
+        s = _vector(m.value("bn_scale").args[1], out_shape)
+        t = _vector(m.value("bn_shift").args[1], out_shape)
         w, b = w * s[:, None, None, None], b * s + t
-    elif "batch_norm" in m:
+    elif "batch_norm" in m:  # the op's statistics are 1-D over its axis (1, checked) by definition
         bn = m.value("batch_norm")
-        gamma, beta, mean, var = (_vector(m, a, channels) for a in bn.args[1:5])
+        gamma, beta, mean, var = (_tvm.constant_value(a).reshape(channels).astype(np.float64) for a in bn.args[1:5])
         s = gamma / np.sqrt(var + float(bn.attrs.epsilon))
         w, b = w * s[:, None, None, None], (b - mean) * s + beta
     if "post_scale" in m:
-        s2 = _vector(m, m.value("post_scale").args[1], channels)
-        t2 = _vector(m, m.value("post_shift").args[1], channels)
+        s2 = _vector(m.value("post_scale").args[1], out_shape)
+        t2 = _vector(m.value("post_shift").args[1], out_shape)
         w, b = w * s2[:, None, None, None], b * s2 + t2
     dtype = m.dtype("conv")
     inputs = [conv.args[0]]
@@ -142,8 +140,8 @@ def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
     )
 
 
-def _vector(m: Match, expr, channels: int) -> np.ndarray:
-    vec = _per_channel(expr, channels)
+def _vector(expr, out_shape) -> np.ndarray:
+    vec = _per_channel(expr, out_shape)
     assert vec is not None, "conv_checks guarantees per-channel constants"
     return vec
 

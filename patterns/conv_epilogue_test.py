@@ -102,7 +102,8 @@ def test_scale_layer_that_is_not_per_channel_declines(rules):
     fused = check_fused(g.model([g.op("Relu", [y])]), rules, expect={"conv2d_bn": 1, "elementwise_chain_3": 1})
     reasons = {d.rule: d.reason for d in fused.fused.decisions}
     assert reasons["conv2d_bn_relu"] == ("post_scale constant has shape (8, 6, 6); expected one value per output "
-                                         "channel (8,) or (1, 8, 1, 1)")
+                                         "channel, (8, 1, 1) or (1, 8, 1, 1), broadcast against the conv output "
+                                         "(1, 8, 6, 6)")
 
 @pytest.mark.parametrize("bias, own", [(True, "bias_add"), (False, "conv")])
 def test_residual_that_is_the_convs_own_output_declines(rules, bias, own):
@@ -342,3 +343,51 @@ def test_symbolic_batch_declines_with_reason(rules):
     mod = _relax_conv_bn_relu((n, 3, 6, 6))
     assert _reasons(mod, rules, "conv2d_bn_relu") == [
         "conv2d has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)"]
+
+
+# ---------------------------------------------------------------- per channel only from the broadcast shape
+def _w_equals_c(tail):
+    """conv with C = W = 8 output channels and columns, then tail(g, y) with (C,)-shaped constants: ONNX
+    broadcasting puts a (C,) constant over the last axis (W), not over the channels."""
+    g = GraphBuilder(21)
+    x = g.input("x", [1, 4, 8, 8])
+    y = tail(g, g.conv(x, 4, 8, bias=False))
+    return g.model([g.op("Relu", [y])])
+
+
+def _vec(g, low, high):
+    return g.const(g.rng.uniform(low, high, 8).astype(np.float32))
+
+
+W_EQUALS_C = {
+    # name -> (tail, rule that folded it on main, counts now, the annotated constant it declines on)
+    "bias_add": (lambda g, y: g.op("Add", [y, _vec(g, -3, 3)]), "conv2d_bias_relu",
+                 {"conv2d": 1, "add_relu": 1}, "bias_add"),
+    "mul_add_as_bn": (lambda g, y: g.op("Add", [g.op("Mul", [y, _vec(g, 0.5, 3)]), _vec(g, -3, 3)]),
+                      "conv2d_bn_relu", {"conv2d": 1, "elementwise_chain_3": 1}, "bn_scale"),
+    "scale_layer_after_bn": (lambda g, y: g.op("Add", [g.op("Mul", [g.bn(y, 8), _vec(g, 0.5, 3)]), _vec(g, -3, 3)]),
+                             "conv2d_bn_relu", {"conv2d_bn": 1, "elementwise_chain_3": 1}, "post_scale"),
+}
+
+
+@pytest.mark.parametrize("case", W_EQUALS_C)
+def test_c_shaped_constant_broadcasts_over_w_not_channels(case, rules, matches_onnxruntime):
+    """Issue 8: with W == C a (C,) constant after a conv was folded as per channel (max abs error 4.5)."""
+    tail, rule_name, counts, part = W_EQUALS_C[case]
+    model = _w_equals_c(tail)
+    fused = check_fused(model, rules, expect=counts)
+    matches_onnxruntime(model, fused)
+    reasons = {d.rule: d.reason for d in fused.fused.decisions}
+    assert reasons[rule_name] == (f"{part} constant has shape (8,); expected one value per output channel, "
+                                  "(8, 1, 1) or (1, 8, 1, 1), broadcast against the conv output (1, 8, 8, 8)")
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 8, 1, 1), (1, 8, 1, 1, 1)])
+def test_constant_of_higher_rank_than_the_conv_output_declines(shape, rules):
+    """A (1, 1, C, 1, 1) 'bias' makes the output rank 5: it is not a per-channel bias of the conv."""
+    g = GraphBuilder(22)
+    x = g.input("x", [1, 4, 6, 6])
+    y = g.op("Add", [g.conv(x, 4, 8, bias=False), g.const(g.rng.normal(0, 1, shape).astype(np.float32))])
+    fused = check_fused(g.model([g.op("Relu", [y])]), rules, expect={"conv2d": 1, "add_relu": 1})
+    reasons = {d.rule: d.reason for d in fused.fused.decisions}
+    assert reasons["conv2d_bias_relu"].startswith(f"bias_add constant has shape {shape}; expected one value per")

@@ -13,7 +13,7 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import ACTIVATIONS, epilogue_spec
-from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, static_shape
+from tvm_fusion.rules import Lowering, Match, Spec, axis_vector, commutative, decline, rule, static_shape
 
 SUPPORTED_DTYPES = ("float32",)
 DENSE_FAMILY = "dense_affine"  # schedules/dense.py registers it; rules without their own compute use it
@@ -39,14 +39,12 @@ def _const_operand(m: Match, name: str):
     return next(a for a in call.args if _tvm.is_constant(a))
 
 
-def _feature_vector(expr, n: int) -> np.ndarray | None:
-    """A constant broadcast over the last axis (shape (n,), (1, n), (1, 1, n), ... or scalar)."""
-    value = _tvm.constant_value(expr)
-    if value.size == 1:
-        return np.full(n, float(value.reshape(())))
-    if value.shape[-1] == n and value.size == n:
-        return value.reshape(n).astype(np.float64)
-    return None
+def _feature_vector(expr, out_shape) -> np.ndarray | None:
+    """A constant that is one value per output feature (the last axis) of the match's output shape
+    `out_shape` under NumPy broadcasting: (n,), (1, n), ... or size 1. A constant of a higher rank than the
+    matmul output makes the output rank higher ([2, K] @ W + b[1, 1, N] is [1, 2, N]): the kernel's
+    [rows, N] is then viewed as that shape."""
+    return axis_vector(_tvm.constant_value(expr), out_shape, -1)
 
 
 def dense_checks(m: Match):
@@ -60,10 +58,11 @@ def dense_checks(m: Match):
     if dtype not in SUPPORTED_DTYPES:
         return decline(f"matmul dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
     n = w_shape[1]
+    out_shape = m.shape("root")
     for name in ("bias_add", "bn_scale", "bn_shift"):
         if name in m:
             const = _const_operand(m, name)
-            if _feature_vector(const, n) is None:
+            if _feature_vector(const, out_shape) is None:
                 return decline(f"{name} constant has shape {static_shape(const)}; expected one value per output "
                                f"feature ({n},) broadcast over the last axis")
     return None
@@ -74,22 +73,22 @@ def lower_dense(m: Match, activation, activation_params=None) -> Lowering:
     x = matmul.args[0]
     w = _tvm.constant_value(matmul.args[1]).astype(np.float64)
     n = w.shape[1]
-    b = _feature_vector(_const_operand(m, "bias_add"), n) if "bias_add" in m else np.zeros(n)
+    out_shape = m.shape("root")
+    b = _feature_vector(_const_operand(m, "bias_add"), out_shape) if "bias_add" in m else np.zeros(n)
     if "bn_scale" in m:
-        s = _feature_vector(_const_operand(m, "bn_scale"), n)
-        t = _feature_vector(_const_operand(m, "bn_shift"), n)
+        s = _feature_vector(_const_operand(m, "bn_scale"), out_shape)
+        t = _feature_vector(_const_operand(m, "bn_shift"), out_shape)
         w, b = w * s[None, :], b * s + t
     dtype = m.dtype("matmul")
     x_shape = static_shape(x)
     rows = int(np.prod(x_shape[:-1]))
-    batched = len(x_shape) > 2
     return Lowering(
         compute=m.rule if registry.has_compute(m.rule) else DENSE_FAMILY,
         inputs=[x],
         constants=[w.astype(dtype), b.astype(dtype)],
         attrs=dict(activation=activation, activation_params=dict(activation_params or {})),
-        input_shapes={0: (rows, x_shape[-1])} if batched else {},
-        out_shape=(*x_shape[:-1], n) if batched else None,
+        input_shapes={0: (rows, x_shape[-1])} if len(x_shape) != 2 else {},
+        out_shape=out_shape if out_shape != (rows, n) else None,
     )
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tvm_fusion.testing import GELU_OPSET, GraphBuilder, apply_activation_onnx, check_fused
+from tvm_fusion.testing import GELU_OPSET, GraphBuilder, apply_activation_onnx, check_fused, run_build
 
 
 def _gemm(relu: bool, batch=3, k=20, n=12, seed=0):
@@ -135,3 +135,21 @@ def test_float16_declines_with_reason(rules):
 
     reasons = [d.reason for d in explain(model, rules=rules).declined("dense_bias")]
     assert reasons == ["matmul dtype is float16; the compute supports float32"]
+
+
+@pytest.mark.parametrize("x_shape,bias_shape,out_shape", [
+    ([2, 8], (1, 1, 5), (1, 2, 5)),
+    ([1, 2, 8], (1, 1, 1, 5), (1, 1, 2, 5)),
+    ([1, 2, 8], (5,), (1, 2, 5)),
+    ([1, 2, 8], (1, 5), (1, 2, 5)),
+])
+def test_bias_of_higher_rank_keeps_the_output_shape(x_shape, bias_shape, out_shape, rules, matches_onnxruntime):
+    """Issue 8: [2, K] @ W + b[1, 1, N] is [1, 2, N] in ONNX; the fused build returned [2, N]."""
+    g = GraphBuilder(10)
+    x = g.input("x", x_shape)
+    w = g.const(g.rng.normal(0, 0.3, (8, 5)).astype(np.float32))
+    b = g.const(g.rng.normal(0, 0.1, bias_shape).astype(np.float32))
+    model = g.model([g.op("Add", [g.op("MatMul", [x, w]), b])])
+    fused = check_fused(model, rules, expect={"dense_bias": 1})  # which compares the shapes first
+    matches_onnxruntime(model, fused)
+    assert run_build(fused, [np.zeros(x_shape, np.float32)])[0].shape == out_shape

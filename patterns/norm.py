@@ -16,11 +16,10 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import scalar_constant
-from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, static_shape
+from tvm_fusion.rules import Lowering, Match, Spec, axis_vector, commutative, decline, rule, static_shape
 from tvm_fusion.schedules.layer_norm import LAYER_NORM_FAMILY
 
 SUPPORTED_DTYPES = ("float32",)
-_TOL = 1e-6
 
 
 def _decomposed(h):
@@ -77,8 +76,10 @@ def layer_norm_checks(m: Match):
         if scalar_constant(m["ln_eps"]) is None:
             return decline("epsilon is not a scalar constant")
     gamma, beta, _ = _params(m)
-    if gamma.size != c or beta.size != c:
-        return decline(f"gamma/beta have {gamma.size}/{beta.size} values; expected {c} (one per feature)")
+    for name, value in (("gamma", gamma), ("beta", beta)):
+        if axis_vector(value, shape, -1) is None:
+            return decline(f"{name} has shape {value.shape}; expected one value per feature ({c},) broadcast over "
+                           f"the last axis of {shape}")
     return None
 
 
@@ -95,14 +96,14 @@ def lower_layer_norm(m: Match, residual: bool) -> Lowering:
     rows, c = int(np.prod(shape[:-1])), shape[-1]
     gamma, beta, eps = _params(m)
     inputs = list(m.value("h").args) if residual else [m["h"]]
-    view = {i: (rows, c) for i in range(len(inputs))}
+    dtype = m.dtype("root")
     return Lowering(
         compute=m.rule if registry.has_compute(m.rule) else LAYER_NORM_FAMILY,
         inputs=inputs,
-        constants=[gamma.reshape(c).astype(m.dtype("root")), beta.reshape(c).astype(m.dtype("root"))],
+        constants=[axis_vector(v, shape, -1).astype(dtype) for v in (gamma, beta)],
         attrs={"epsilon": eps},
-        input_shapes=view if len(shape) != 2 else {},
-        out_shape=tuple(shape) if len(shape) != 2 else None,
+        input_shapes={i: (rows, c) for i, x in enumerate(inputs) if static_shape(x) != (rows, c)},
+        out_shape=tuple(shape) if shape != (rows, c) else None,
     )
 
 

@@ -131,3 +131,23 @@ def test_variance_with_wrong_power_declines(rules):
 
     reasons = [d.reason for d in explain(g.model([y], opset=LN_OPSET), rules=rules).declined("layer_norm")]
     assert reasons == ["the variance uses power 3.0; LayerNorm needs 2"]
+
+
+@pytest.mark.parametrize("shape", [(4, 1), (1, 4, 1)])
+def test_gamma_over_another_axis_declines(shape, rules, matches_onnxruntime):
+    """Issue 8: a decomposed LayerNorm over [2, 4, 4] whose gamma/beta have shape (C, 1) scale the rows
+    (axis -2), not the features: with C == the last dim they were taken as one value per feature."""
+    g = GraphBuilder(7)
+    x = g.input("x", [2, 4, 4])
+    axes = g.const(np.array([-1], np.int64))
+    centered = g.op("Sub", [x, g.op("ReduceMean", [x, axes])])
+    var = g.op("ReduceMean", [g.op("Pow", [centered, g.const(np.float32(2))]), axes])
+    std = g.op("Sqrt", [g.op("Add", [var, g.const(np.float32(1e-5))])])
+    gamma = g.const(g.rng.uniform(0.5, 1.5, shape).astype(np.float32))
+    beta = g.const(g.rng.normal(0, 1, shape).astype(np.float32))
+    model = g.model([g.op("Add", [g.op("Mul", [g.op("Div", [centered, std]), gamma]), beta])], opset=LN_OPSET)
+    fused = check_fused(model, rules, expect={"elementwise_chain_5": 1})
+    matches_onnxruntime(model, fused)
+    reasons = [d.reason for d in fused.fused.decisions if d.rule == "layer_norm"]
+    assert reasons == [f"gamma has shape {shape}; expected one value per feature (4,) broadcast over the last axis "
+                       "of (2, 4, 4)"]

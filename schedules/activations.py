@@ -6,7 +6,7 @@ import math
 
 from tvm_fusion._tvm import prim_dtype, te, tirx
 
-__all__ = ["ACTIVATIONS", "apply_activation"]
+__all__ = ["ACTIVATIONS", "CANONICAL", "apply_activation"]
 
 
 def _const(v, like):
@@ -41,22 +41,45 @@ def _tanh(v, p):
     return te.tanh(v)
 
 
+#: the constants of each activation with constants. A decomposed form carries the values it matched as
+#: activation params (recorded in the group's attrs and the manifest), and the compute uses exactly those;
+#: these are the canonical values, for the op forms and as the reference the pattern checks compare with.
+CANONICAL = {
+    "hardsigmoid": {"alpha": 0.2, "beta": 0.5},  # ONNX HardSigmoid's defaults
+    # x * clip(x + 3, 0, 6) / 6, or x * hardsigmoid(x; 1/6, 1/2) when the match carries alpha/beta
+    "hardswish": {"shift": 3.0, "divisor": 6.0, "alpha": 1 / 6, "beta": 0.5},
+    "gelu_erf": {"divisor": math.sqrt(2), "one": 1.0, "half": 0.5},  # x * (erf(x / sqrt 2) + 1) * 0.5
+    "gelu_tanh": {"k": 0.044715, "c": math.sqrt(2 / math.pi), "one": 1.0, "half": 0.5},
+}
+
+
+def _params(name, p):
+    return {**CANONICAL[name], **p}
+
+
 def _hardsigmoid(v, p):
-    a, b = p.get("alpha", 1.0 / 6.0), p.get("beta", 0.5)
-    return te.min(te.max(v * _const(a, v) + _const(b, v), _const(0, v)), _const(1, v))
+    p = _params("hardsigmoid", p)
+    return te.min(te.max(v * _const(p["alpha"], v) + _const(p["beta"], v), _const(0, v)), _const(1, v))
 
 
 def _hardswish(v, p):
-    return v * _hardsigmoid(v, {"alpha": 1.0 / 6.0, "beta": 0.5})
+    """x * hardsigmoid(x; alpha, beta) when the match was that form (alpha/beta carried), else
+    x * clip(x + shift, 0, 6) / divisor."""
+    if "alpha" in p:
+        return v * _hardsigmoid(v, {"alpha": p["alpha"], "beta": p["beta"]})
+    p = _params("hardswish", p)
+    return v * te.min(te.max(v + _const(p["shift"], v), _const(0, v)), _const(6, v)) / _const(p["divisor"], v)
 
 
 def _gelu_erf(v, p):
-    return v * _const(0.5, v) * (_const(1, v) + te.erf(v * _const(1 / math.sqrt(2), v)))
+    p = _params("gelu_erf", p)
+    return v * (te.erf(v / _const(p["divisor"], v)) + _const(p["one"], v)) * _const(p["half"], v)
 
 
 def _gelu_tanh(v, p):
-    c = _const(math.sqrt(2 / math.pi), v)
-    return v * _const(0.5, v) * (_const(1, v) + te.tanh(c * (v + _const(0.044715, v) * v * v * v)))
+    p = _params("gelu_tanh", p)
+    inner = (v + v * v * v * _const(p["k"], v)) * _const(p["c"], v)
+    return v * (te.tanh(inner) + _const(p["one"], v)) * _const(p["half"], v)
 
 
 ACTIVATIONS = {

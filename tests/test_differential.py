@@ -111,3 +111,28 @@ def test_cli_per_group_on_cuda(capsys, model_path):
     else:
         assert rc == 2
         assert "per-group check runs the builds, and --target cuda needs a GPU" in err and "--target llvm" in err
+
+
+WRONG_TWICE = Path(__file__).parent / "wrong_rules_twice.py"  # the same 1.01 mistake at priorities 10000 and 9000
+
+
+def test_bisect_keeps_going_when_a_lower_priority_rule_makes_the_same_mistake():
+    """Disabling the blamed rule lets the next one take the same match and fail the same way: bisect
+    disables it too, and blames both, instead of ending with 'no culprit'."""
+    report = bisect(_three_groups(), rules=load_rules_for([WRONG_TWICE]))
+    assert report.culprits == ["conv2d_relu_wrong_high", "conv2d_relu_wrong_low"]
+    assert [(disabled, passed) for disabled, passed, _ in report.steps] == [
+        (["conv2d_relu_wrong_high"], False), (["conv2d_relu_wrong_high", "conv2d_relu_wrong_low"], True)]
+    assert "groups over tolerance: conv2d_relu_wrong_low" in report.steps[0][2]
+    assert report.verdict.startswith("culprit: rule(s) conv2d_relu_wrong_high, conv2d_relu_wrong_low: 2 group(s) "
+                                     "over tolerance, first group 1 (rule conv2d_relu_wrong_high;")
+    assert report.verdict.endswith("--disable conv2d_relu_wrong_high --disable conv2d_relu_wrong_low")
+
+
+def test_cli_bisect_reports_every_culprit(capsys, model_path):
+    rc = main(["compare", model_path, "--rules", str(WRONG_TWICE), "--bisect"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert "disable conv2d_relu_wrong_high: FAIL" in out
+    assert "disable conv2d_relu_wrong_high, conv2d_relu_wrong_low: PASS" in out
+    assert "--disable conv2d_relu_wrong_high --disable conv2d_relu_wrong_low" in err

@@ -7,7 +7,8 @@ intermediate values, so a wrong group is named instead of showing up as a bad fi
         |fused - reference| <= atol + rtol * max|reference|      (testing.TOLERANCES, by dtype)
 
 `bisect` then disables the rules of the groups over tolerance, rebuilds the whole model and checks it
-again; when no group is to blame it tries each fired rule in turn, and finally all of them.
+again, and repeats (a lower-priority rule may take the same match and make the same mistake), until the
+model passes; when no group is to blame it tries each fired rule in turn, and finally all of them.
 """
 
 from __future__ import annotations
@@ -211,7 +212,10 @@ class BisectReport:
 
 def bisect(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
            seed: int = 0, arch: str = "sm_90") -> BisectReport:
-    """Find the rule(s) that break `model`: per-group check, then disable the blamed rules and rebuild."""
+    """Find the rule(s) that break `model`: per-group check, then disable the rules of the groups over
+    tolerance and rebuild, again and again (a lower-priority rule may take the same match and make the same
+    mistake), accumulating the culprits until the model passes. When no group is to blame (the error only
+    shows in the outputs) try each fired rule in turn, then all of them."""
     rules = rules if rules is not None else default_rules()
     kw = {"shapes": shapes, "seed": seed, "arch": arch}
     first = check_groups(model, target, rules=rules, **kw)
@@ -219,21 +223,44 @@ def bisect(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet |
     if first.ok:
         report.verdict = "nothing to bisect: every group and every output is within tolerance"
         return report
-    fired = list(dict.fromkeys(g.rule for g in first.groups))
-    blamed = list(dict.fromkeys(g.rule for g in first.failing))
-    candidates = ([blamed] if blamed else []) + [[r] for r in fired if [r] != blamed] + [fired]
-    for disabled in candidates:
-        again = check_groups(model, target, rules=rules.select(disable=disabled), **kw)
-        worst = max((s.max_rel for s in again.outputs), default=0.0)
-        report.steps.append((disabled, again.ok, f"outputs max rel error {worst:.3g}"))
-        if again.ok:
-            report.culprits = disabled
-            broke = [g.describe() for g in first.failing if g.rule in disabled]
-            report.verdict = (f"culprit: rule(s) {', '.join(disabled)}: "
-                              + (f"{len(broke)} group(s) over tolerance, first {broke[0]}; " if broke else "")
-                              + "with them disabled the model is within tolerance. "
-                              + "Fix the rule, or run with " + " ".join(f"--disable {r}" for r in disabled))
-            return report
+    disabled: list[str] = []
+    fired: list[str] = []
+    failing: list[GroupCheck] = []  # the blamed groups of every round, for the verdict
+    current = first
+    while True:
+        fired = list(dict.fromkeys(fired + [g.rule for g in current.groups]))
+        blamed = list(dict.fromkeys(g.rule for g in current.failing if g.rule not in disabled))
+        if not blamed:
+            break
+        disabled += blamed
+        failing += current.failing
+        current = _bisect_step(report, model, target, rules, disabled, kw)
+        if current.ok:
+            return _culprits(report, disabled, failing)
+    for extra in [[r] for r in fired if r not in disabled] + [[r for r in fired if r not in disabled]]:
+        if not extra:
+            continue
+        if _bisect_step(report, model, target, rules, disabled + extra, kw).ok:
+            return _culprits(report, disabled + extra, failing)
     report.verdict = ("no culprit among the rules: the model is over tolerance even with every fired rule "
                       "disabled, so the difference is not made by fusion")
+    return report
+
+
+def _bisect_step(report: BisectReport, model, target, rules: RuleSet, disabled: list[str], kw) -> GroupReport:
+    again = check_groups(model, target, rules=rules.select(disable=disabled), **kw)
+    worst = max((s.max_rel for s in again.outputs), default=0.0)
+    bad = [g.rule for g in again.failing]
+    detail = f"outputs max rel error {worst:.3g}" + (f"; groups over tolerance: {', '.join(bad)}" if bad else "")
+    report.steps.append((list(disabled), again.ok, detail))
+    return again
+
+
+def _culprits(report: BisectReport, disabled: list[str], failing: list[GroupCheck]) -> BisectReport:
+    report.culprits = list(disabled)
+    broke = [g.describe() for g in failing if g.rule in disabled]
+    report.verdict = (f"culprit: rule(s) {', '.join(disabled)}: "
+                      + (f"{len(broke)} group(s) over tolerance, first {broke[0]}; " if broke else "")
+                      + "with them disabled the model is within tolerance. "
+                      + "Fix the rule, or run with " + " ".join(f"--disable {r}" for r in disabled))
     return report

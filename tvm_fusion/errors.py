@@ -7,3 +7,7 @@ class FusionError(Exception):
 
 class ToleranceExceeded(FusionError):
     """A fused build disagreed with its reference beyond the dtype tolerance."""
+
+
+class LoweringError(FusionError):
+    """An internal error: a rule's lowering does not compute the type (shape, dtype) of the match it replaces."""

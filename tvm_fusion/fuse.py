@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _tvm, registry
 from ._tvm import relax, te, tvm
-from .errors import FusionError
+from .errors import FusionError, LoweringError
 from .frontend import onnx_node_names
 from .rules import Decline, Lowering, Match, Rule, RuleSet, static_shape
 
@@ -213,6 +213,17 @@ def _build_primfunc(lowering: Lowering, target, any_target: bool = False):
     return func, out
 
 
+def _type_mismatch(rule: str, nodes: list[str], composite_call, shape, dtype) -> str | None:
+    """The lowered group must have exactly the type of the composite call it replaces: a rule whose kernel
+    (after its out_shape view) has another shape or dtype is a bug, never a silently different output."""
+    want_shape, want_dtype = static_shape(composite_call), str(_tvm.expr_type(composite_call).dtype)
+    got_shape, got_dtype = tuple(int(d) for d in shape), str(dtype)
+    if (got_shape, got_dtype) == (want_shape, want_dtype):
+        return None
+    return (f"internal error: rule {rule} (ONNX nodes {', '.join(nodes) or '?'}) lowers to a kernel of shape "
+            f"{got_shape} {got_dtype}; the subgraph it replaces has shape {want_shape} {want_dtype}")
+
+
 @relax.expr_functor.mutator
 class _LowerComposites(relax.PyExprMutator):
     def __init__(self, mod, rules: RuleSet, target, members, any_target: bool = False):
@@ -224,8 +235,10 @@ class _LowerComposites(relax.PyExprMutator):
         self.members = members
         self.cache: dict = {}
         self.groups: list[Group] = []
+        self.errors: list[str] = []
 
     def visit_call_(self, call):
+        original = call
         call = super().visit_call_(call)
         if not isinstance(call.op, tvm.ir.GlobalVar):
             return call
@@ -257,6 +270,10 @@ class _LowerComposites(relax.PyExprMutator):
         if not nodes:
             nodes = sorted({m for value in var2val.values() for a in getattr(value, "args", [])
                             for m in self.members.get(a, [])})
+        mismatch = _type_mismatch(rule.name, nodes, original, lowering.out_shape or out_ty.shape, out_ty.dtype)
+        if mismatch:  # raised by run(): an exception raised here would cross TVM's FFI as a RuntimeError
+            self.errors.append(mismatch)
+            return call
         self.groups.append(Group(rule.name, gv.name_hint, nodes, lowering.compute, dict(lowering.attrs)))
         call = relax.call_tir(gv, [*inputs, *consts], out_ty)
         return relax.op.reshape(call, lowering.out_shape) if lowering.out_shape else call
@@ -265,6 +282,8 @@ class _LowerComposites(relax.PyExprMutator):
         for gv, func in self.mod_.functions.items():
             if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
                 self.builder_.update_func(gv, self.visit_expr(func))
+        if self.errors:
+            raise LoweringError(self.errors[0])
         return self.builder_.get()
 
 

@@ -26,7 +26,8 @@ from ._tvm import dpl, relax
 from .errors import FusionError
 
 __all__ = [
-    "Decline", "Lowering", "Match", "Rule", "RuleSet", "Spec", "commutative", "decline", "rule",
+    "Decline", "Lowering", "Match", "Rule", "RuleSet", "Spec", "axis_vector", "axis_vector_shapes", "commutative",
+    "decline", "rule",
 ]
 
 DEFAULT_TARGETS = ("cuda", "llvm")
@@ -118,6 +119,31 @@ def static_shape(expr) -> tuple[int, ...] | None:
         return tuple(int(d) for d in shape)
     except (TypeError, ValueError):
         return None
+
+
+def axis_vector(value: np.ndarray, out_shape, axis: int) -> np.ndarray | None:
+    """`value` as one float64 number per position along `axis` of `out_shape`, when NumPy (ONNX)
+    broadcasting makes it exactly that: its shape, right-aligned against the output rank, is 1 on every
+    other axis (a size-1 value is the same number everywhere). None when it varies along another axis or
+    has a higher rank than the output (it would change the output shape). Decided from the broadcast
+    shape alone, never from the element count: a (C,) vector after an NCHW conv varies along W, not C."""
+    rank = len(out_shape)
+    axis %= rank
+    if value.ndim > rank:
+        return None
+    aligned = (1,) * (rank - value.ndim) + tuple(value.shape)
+    if any(d != 1 for i, d in enumerate(aligned) if i != axis) or aligned[axis] not in (1, out_shape[axis]):
+        return None
+    return np.broadcast_to(value.reshape(-1).astype(np.float64), (int(out_shape[axis]),)).copy()
+
+
+def axis_vector_shapes(out_shape, axis: int) -> str:
+    """The shapes `axis_vector` takes for (out_shape, axis), for decline messages: '(8, 1, 1) or (1, 8, 1, 1)'."""
+    rank = len(out_shape)
+    axis %= rank
+    shortest = (int(out_shape[axis]),) + (1,) * (rank - 1 - axis)
+    full = (1,) * axis + shortest
+    return str(shortest) if shortest == full else f"{shortest} or {full}"
 
 
 def commutative(op: str, a, b):
