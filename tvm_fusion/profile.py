@@ -36,6 +36,7 @@ BASELINE_RULE = "conv2d"  # the one-op rule of the unfused build: same conv sche
 ELEMENTWISE_PATTERN = 1  # op_pattern <= 1: elementwise or broadcast (TVM's AnnotateTIROpPattern)
 SMALL_KERNEL_CALLS = 3  # "frequent": at least this many calls per inference
 SMALL_KERNEL_LAUNCHES = 10  # "small": a call takes at most this many times the cheapest kernel call
+PLAIN_RUNS = 3  # whole-inference runs without the instrument, per build
 MB = 1e6
 
 
@@ -244,42 +245,52 @@ def call_sites(legal: tvm.IRModule, fused: FuseResult | None, names: dict[str, s
 
 
 # ---------------------------------------------------------------- timing
-def _measure(executable, dev, tensors, sites: list[Site], repeat: int, gpu: bool) -> tuple[float, float]:
-    """Fill each site's per-run times; returns (plain median latency, instrumented median latency)."""
-    vm = relax.VirtualMachine(executable, dev)
-    vm["main"](*tensors)  # warm-up
-    plain = vm.time_evaluator("main", dev, number=1, repeat=repeat)(*tensors).results
-    sync = dev.sync if gpu else (lambda: None)  # a GPU kernel is timed from launch to completion
-    events: list[tuple[str, float]] = []
-    start = [0.0]
+class _Timer:
+    """One build's VM: whole-inference runs without the instrument, and runs timing every kernel call."""
 
-    def instrument(func, symbol, before_run, ret_value, *args):
-        symbol = str(symbol)
-        if symbol.startswith("vm.builtin."):
+    def __init__(self, executable, dev, tensors, sites: list[Site], gpu: bool):
+        self.vm = relax.VirtualMachine(executable, dev)
+        self.dev, self.tensors, self.sites = dev, tensors, sites
+        self.sync = dev.sync if gpu else (lambda: None)  # a GPU kernel is timed from launch to completion
+        self.vm["main"](*tensors)  # warm-up
+        self.plain: list[float] = []
+        self.walls: list[float] = []
+        self.order: list[int] | None = None
+
+    def run_plain(self) -> None:
+        self.plain.append(self.vm.time_evaluator("main", self.dev, number=1, repeat=1)(*self.tensors).median)
+
+    def run_instrumented(self) -> None:
+        events: list[tuple[str, float]] = []
+        start = [0.0]
+        sync = self.sync
+
+        def instrument(func, symbol, before_run, ret_value, *args):
+            symbol = str(symbol)
+            if symbol.startswith("vm.builtin."):
+                return 0
+            sync()
+            if before_run:
+                start[0] = time.perf_counter()
+            else:
+                events.append((symbol, time.perf_counter() - start[0]))
             return 0
-        sync()
-        if before_run:
-            start[0] = time.perf_counter()
-        else:
-            events.append((symbol, time.perf_counter() - start[0]))
-        return 0
 
-    vm.set_instrument(instrument)
-    walls, runs = [], []
-    for _ in range(repeat):
-        events.clear()
+        self.vm.set_instrument(instrument)
         t0 = time.perf_counter()
-        vm["main"](*tensors)
+        self.vm["main"](*self.tensors)
         sync()
-        walls.append(time.perf_counter() - t0)
-        runs.append(list(events))
-    order = _align([s for s, _ in runs[0]], sites)
-    for run in runs:
-        for (_, dt), i in zip(run, order):
-            sites[i].times.append(dt)
-    for s in sites:
-        s.median = statistics.median(s.times) if s.times else 0.0
-    return statistics.median(plain), statistics.median(walls)
+        self.walls.append(time.perf_counter() - t0)
+        self.vm.set_instrument(lambda *args: 0)
+        if self.order is None:
+            self.order = _align([sym for sym, _ in events], self.sites)
+        for (_, dt), i in zip(events, self.order):
+            self.sites[i].times.append(dt)
+
+    def medians(self) -> tuple[float, float]:
+        for s in self.sites:
+            s.median = statistics.median(s.times) if s.times else 0.0
+        return statistics.median(self.plain), statistics.median(self.walls)
 
 
 def _align(symbols: list[str], sites: list[Site]) -> list[int]:
@@ -566,12 +577,19 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     rules = rules if rules is not None else load_rules_for()
     _, tensors = input_tensors(proto, shapes, seed, dev)
     builds, structure, results = {}, {}, {}
+    timers, seconds = {}, {}
     for mode in modes:
-        legal, fused, ex, secs = _build(mod, tgt, mode, rules)
+        legal, fused, ex, seconds[mode] = _build(mod, tgt, mode, rules)
         sites, users, site_vars = call_sites(legal, fused, names, _output_nodes(proto))
-        latency, instrumented = _measure(ex, dev, tensors, sites, repeat, tgt.kind.name == "cuda")
-        builds[mode] = BuildProfile(mode, sites, latency, instrumented, secs)
+        timers[mode] = _Timer(ex, dev, tensors, sites, tgt.kind.name == "cuda")
         structure[mode], results[mode] = (users, site_vars), fused
+    for i in range(repeat):  # interleaved: one run of each build per round, so load changes hit them alike
+        for t in timers.values():
+            if i < PLAIN_RUNS:  # only for the instrument's overhead: a few are enough
+                t.run_plain()
+            t.run_instrumented()
+    for mode, t in timers.items():
+        builds[mode] = BuildProfile(mode, t.sites, *t.medians(), seconds[mode])
     result = results["fused"]
     users, site_vars = structure["unfused"]
     peaks = _raised(peaks, [s for b in builds.values() for s in b.sites])

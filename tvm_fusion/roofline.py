@@ -28,8 +28,8 @@ KNOWN_GPUS = {
     "T4": (0.32e12, 8.1e12),
     "RTX 4090": (1.008e12, 82.6e12),
 }
-_STREAM_ELEMENTS = 1 << 24  # 64 MB per float32 array: well past the last-level cache
-_MATMUL_N = 2048
+_STREAM_ELEMENTS = 1 << 23  # 32 MB per float32 array: a copy streams 64 MB, past the last-level cache
+_MATMUL_N = 1024
 
 
 @dataclass(frozen=True)
@@ -65,13 +65,13 @@ def host_peaks() -> Peaks:
     """Measure the host once: best of a few copy / triad passes and float32 matmuls."""
     a, b, c = (np.full(_STREAM_ELEMENTS, v, np.float32) for v in (1.0, 2.0, 3.0))
     nbytes = _STREAM_ELEMENTS * 4
-    copy = 2 * nbytes / _best(lambda: np.copyto(a, b), 5)
+    copy = 2 * nbytes / _best(lambda: np.copyto(a, b), 3)
 
     def triad():  # a = b + 3 c in two passes: read c, write a; read a and b, write a
         np.multiply(c, 3.0, out=a)
         np.add(a, b, out=a)
 
-    bandwidth = max(copy, 5 * nbytes / _best(triad, 5))
+    bandwidth = max(copy, 5 * nbytes / _best(triad, 3))
     m = np.random.default_rng(0).standard_normal((_MATMUL_N, _MATMUL_N)).astype(np.float32)
     m @ m  # noqa: B018 - warm the BLAS threads
     flops = 2 * _MATMUL_N**3 / _best(lambda: m @ m, 3)
