@@ -179,7 +179,7 @@ def _nodes(nodes, limit=6) -> str:
 
 def _tables(report) -> str:
     parts = ["<h2>Builds</h2>", _table(
-        ["build", "kernel calls", "latency", "sum of kernels", "instrument overhead / call", "traffic MB"],
+        ["build", "kernel calls", "latency", "sum of kernels", "instrument + dispatch / call", "traffic MB"],
         [[m, len([s for s in b.sites if s.times]), _ms(b.latency), _ms(b.kernel_time),
           f"{b.overhead_per_call * 1e6:.1f} us", f"{sum(s.nbytes for s in b.sites if s.times) / 1e6:.1f}"]
          for m, b in report.builds.items()])]
