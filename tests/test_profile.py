@@ -95,7 +95,7 @@ def test_chain_groups_before_after(chain):
     # the fused kernel still reads its input and writes its output (the two scalars are constants)
     assert ew["reads"] >= TENSOR_BYTES and ew["writes"] == TENSOR_BYTES
     assert conv["flops"] >= 2 * 8 * 8 * 9 * int(np.prod(SHAPE[2:])) * 1  # 2 per multiply-add of the conv
-    assert "fusion saved 0.3 MB of memory traffic and 4 launches per inference" in out
+    assert "fusion saved 0.262 MB of memory traffic and 4 launches per inference" in out  # 8 x 32 KiB
 
 
 def test_every_unfused_kernel_names_its_onnx_node(chain):
@@ -143,7 +143,7 @@ def test_squeezenet_totals_are_consistent(squeezenet):
     assert data["totals"]["launches_removed"] == sum(g.launches_removed for g in report.groups)
     unfused, fused = (data["builds"][m] for m in ("unfused", "fused"))
     assert unfused["calls"] - fused["calls"] >= data["totals"]["launches_removed"]
-    assert re.fullmatch(r"fusion saved \d+\.\d MB of memory traffic and \d+ launches per inference",
+    assert re.fullmatch(r"fusion saved \d+\.\d+ MB of memory traffic and \d+ launches per inference",
                         report.summary())
     json.dumps(data)
 

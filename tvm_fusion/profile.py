@@ -148,12 +148,13 @@ def _buffer_bytes(buf) -> int:
 
 
 def _flops(func, out_elements: int) -> float:
-    """Floating-point ops of a PrimFunc counted from its TIR (a conv / matmul: 2 per multiply-add exactly);
-    a kernel the estimator cannot read counts one per output element."""
+    """Floating-point ops of a PrimFunc counted from its TIR (a conv / matmul: 2 per multiply-add exactly),
+    and at least one per output element."""
     try:
-        return float(_tvm.estimate_tir_flops(tvm.IRModule({"main": func})))
+        counted = float(_tvm.estimate_tir_flops(tvm.IRModule({"main": func})))
     except Exception:  # noqa: BLE001 - the estimator rejects some loop nests (e.g. dynamic extents)
-        return float(out_elements)
+        counted = 0.0
+    return max(counted, float(out_elements))  # it skips intrinsics (sin, abs): at least one per element
 
 
 def _users(bindings) -> dict:
@@ -395,6 +396,9 @@ def _candidates(unfused, fused, result, site_vars, users, peaks, explain_reasons
             reasons = [f"no rule's pattern covers {' -> '.join(s.origin for s in chain)}"]
         merged = [k for k in dict.fromkeys(s.kernel for s in (fused or unfused).sites)
                   if k.startswith("fused_") and "_".join(s.origin for s in chain) in k]
+        for site in (fused.sites if fused else []):  # TVM's kernel names no ONNX node: the chain's are its
+            if merged and site.kernel == merged[0] and not site.onnx_nodes:
+                site.onnx_nodes = list(dict.fromkeys(nodes))
         if merged:
             reasons.append(f"TVM's own FuseOps merged it into {merged[0]} in the fused build: a rule would give it a "
                            "name, an ONNX trace and a schedule of its own")
@@ -453,8 +457,9 @@ class ProfileReport:
         return sum(g.launches_removed for g in self.groups)
 
     def summary(self) -> str:
-        return (f"fusion saved {self.bytes_saved / MB:.1f} MB of memory traffic and {self.launches_removed} "
-                f"launches per inference")
+        mb = self.bytes_saved / MB
+        return (f"fusion saved {mb:.1f} MB" if mb >= 1 else f"fusion saved {mb:.3f} MB") + \
+            f" of memory traffic and {self.launches_removed} launches per inference"
 
     def to_json(self) -> dict:
         def build(b: BuildProfile) -> dict:
