@@ -55,7 +55,8 @@ def chain(tmp_path_factory):
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = main(["profile", str(model), "--repeat", "3", "--json", str(out_json), "--html", str(out_html)])
+        rc = main(["profile", str(model), "--repeat", "3", "--modes", "unfused,fused,tvm", "--json", str(out_json),
+                   "--html", str(out_html)])
     assert rc == 0
     return buf.getvalue(), json.loads(out_json.read_text()), out_html
 
@@ -109,6 +110,7 @@ def test_every_unfused_kernel_names_its_onnx_node(chain):
 def test_json_schema(chain):
     _, data, _ = chain
     assert data["schema"] == SCHEMA_VERSION
+    assert sorted(data["builds"]) == ["fused", "tvm", "unfused"]
     assert set(data) >= {"model", "target", "device", "repeat", "peaks", "builds", "groups", "candidates",
                          "declined", "totals", "counts"}
     assert set(data["peaks"]) >= {"bandwidth", "flops", "ridge", "source"}

@@ -107,7 +107,7 @@ def time_chart_svg(report, width: int = 900) -> str:
     groups = report.groups
     top = max([g.before_s for g in groups] + [g.after_s for g in groups] + [1e-12])
     h = 40 + row * len(groups)
-    scale = (width - label_w - 80) / top
+    scale = (width - label_w - 130) / top  # room for the figures after the longest bar
     out = [f'<svg id="chart-time" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" '
            f'font-family="Helvetica" font-size="11">',
            f'<text x="{label_w}" y="14">time per group, before (grey: original ops, unfused build) and after '
