@@ -229,3 +229,26 @@ def test_page_renders_in_headless_chromium(squeezenet, tmp_path):
     assert 'id="chart-time"' in dom and dom.count('class="bar"') == 2 * len(report.groups)
     assert 'id="chart-roofline"' in dom and 'class="roof"' in dom and dom.count('class="point fused"') > 0
     assert report.summary() in dom
+
+
+def test_cuda_without_a_gpu_says_so(capsys, tmp_path):
+    from tvm_fusion.compare import gpu_available
+
+    if gpu_available()[0]:
+        pytest.skip("a GPU is present: this checks the message without one")
+    rc = main(["profile", str(chain_model(tmp_path / "m.onnx")), "--target", "cuda"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "needs a GPU to time kernels on" in err
+
+
+def test_page_outlines_the_candidate_chain_and_the_declined_match(chain):
+    from tvm_fusion.profile_html import CANDIDATE_COLOR, DECLINED_COLOR
+
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz's dot not found on PATH (Debian: apt-get install graphviz)")
+    _, data, page = chain
+    html = page.read_text()
+    assert html.count('class="cluster"') == len(data["groups"]) == 2
+    assert html.count(f'stroke="{CANDIDATE_COLOR}"') == 3  # abs, sin, cos
+    assert html.count(f'stroke="{DECLINED_COLOR}"') == len({d["onnx_node"] for d in data["declined"]}) >= 1
+    assert "no rule&#x27;s pattern covers" in html or "no rule's pattern covers" in html
