@@ -394,13 +394,9 @@ def _candidates(unfused, fused, result, site_vars, users, peaks, explain_reasons
         reasons = [r for n in dict.fromkeys(nodes) for r in explain_reasons.get(n, [])]
         if not reasons:
             reasons = [f"no rule's pattern covers {' -> '.join(s.origin for s in chain)}"]
-        merged = [k for k in dict.fromkeys(s.kernel for s in (fused or unfused).sites)
-                  if k.startswith("fused_") and "_".join(s.origin for s in chain) in k]
-        for site in (fused.sites if fused else []):  # TVM's kernel names no ONNX node: the chain's are its
-            if merged and site.kernel == merged[0] and not site.onnx_nodes:
-                site.onnx_nodes = list(dict.fromkeys(nodes))
+        merged = _merged_by_tvm(chain, fused, list(dict.fromkeys(nodes)))
         if merged:
-            reasons.append(f"TVM's own FuseOps merged it into {merged[0]} in the fused build: a rule would give it a "
+            reasons.append(f"TVM's own FuseOps merged it into {merged} in the fused build: a rule would give it a "
                            "name, an ONNX trace and a schedule of its own")
         measured = sum(s.median for s in chain)
         est = min(measured, saved / peaks.bandwidth + (len(chain) - 1) * launch)
@@ -408,6 +404,17 @@ def _candidates(unfused, fused, result, site_vars, users, peaks, explain_reasons
                              saved, len(chain) - 1, est, measured))
     out += _small_kernels(fused or unfused, peaks, launch)
     return sorted(out, key=lambda c: (-c.seconds_saved, -c.bytes_saved))
+
+
+def _merged_by_tvm(chain: list[Site], fused: BuildProfile | None, nodes: list[str]) -> str | None:
+    """The fused build's kernel TVM's FuseOps made of the chain (named fused_<op>_<op>...), if any; it gets the
+    chain's ONNX nodes, which TVM's kernels do not carry."""
+    ops = "_".join(s.origin for s in chain)
+    for site in fused.sites if fused else []:
+        if site.kernel.startswith("fused_") and ops in site.kernel:
+            site.onnx_nodes = site.onnx_nodes or nodes
+            return site.kernel
+    return None
 
 
 def _small_kernels(build: BuildProfile, peaks: Peaks, launch: float) -> list[Candidate]:
