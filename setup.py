@@ -24,6 +24,7 @@ setup(
         "onnxruntime==1.32.0",
         "numpy>=1.26",
         "tqdm>=4.66",
+        "graphviz>=0.20",  # profile --html: the model graph (also needs Graphviz's `dot` program)
     ],
     extras_require={
         "test": [

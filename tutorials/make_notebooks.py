@@ -1,4 +1,7 @@
-"""Writes the tutorial notebooks from the cell lists below (run it after editing; the tests execute them)."""
+"""Writes the tutorial notebooks from the cell lists below (run it after editing; the tests execute them).
+
+    python tutorials/make_notebooks.py [NAME.ipynb ...]      (default: all of them)
+"""
 
 from pathlib import Path
 
@@ -143,15 +146,241 @@ tvm-fusion compare --example resnet50 --rules my_rules.py --disable conv2d_bn_re
 The fix is to delete the line marked BUG: `low.constants[1]` is the folded bias `b' = b * s + t`."""),
 ]
 
-NOTEBOOKS = {"01_compile_resnet50.ipynb": COMPILE_RESNET50, "02_find_a_wrong_rule.ipynb": FIND_A_WRONG_RULE}
+WHY_FUSION_IS_EXACT = [
+    new_markdown_cell("""# Why fusion is exact: folding BatchNorm into a convolution
+
+The method starts here. At inference, BatchNorm is an affine map per channel with *fixed* statistics, so
+`Conv -> BatchNorm -> ReLU` is one convolution with new weights followed by ReLU:
+
+    BN(conv(x, W) + b) = gamma * (conv(x, W) + b - mu) / sigma + beta       sigma = sqrt(var + eps)
+                       = conv(x, W') + b'      W' = gamma / sigma * W,   b' = gamma / sigma * (b - mu) + beta
+
+1. check it with numpy (float64): the two sides agree to rounding;
+2. see it fail in training mode, where mu and var are the batch's own statistics;
+3. find W' and b' among the constants of the kernel tvm_fusion built;
+4. count the bytes and launches the fusion removed."""),
+    new_code_cell("""import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((2, 3, 8, 8))             # a batch of 2, 3 channels, 8x8
+W = rng.standard_normal((4, 3, 3, 3)) * 0.3       # 4 output channels, 3x3 kernels
+b = rng.standard_normal(4) * 0.1
+gamma, beta = rng.uniform(0.5, 1.5, 4), rng.normal(0, 0.1, 4)
+mu, var, eps = rng.normal(0, 0.5, 4), rng.uniform(0.5, 2.0, 4), 1e-5
 
 
-def main() -> None:
-    for name, cells in NOTEBOOKS.items():
-        nb = new_notebook(cells=cells, metadata={
+def conv(x, W, b):
+    \"\"\"2-D convolution, stride 1, padding 1 (NCHW input, OIHW weights).\"\"\"
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = sliding_window_view(xp, W.shape[2:], axis=(2, 3))  # N, C, H, W, kh, kw
+    return np.einsum("nchwij,ocij->nohw", windows, W) + b[None, :, None, None]
+
+
+def bn(y, mean, variance):
+    c = lambda v: v[None, :, None, None]  # noqa: E731 - per channel
+    return c(gamma) * (y - c(mean)) / np.sqrt(c(variance) + eps) + c(beta)
+
+
+def relu(y):
+    return np.maximum(y, 0)
+
+
+three_ops = relu(bn(conv(x, W, b), mu, var))"""),
+    new_markdown_cell("## 1. Fold by hand: one convolution, the same numbers"),
+    new_code_cell("""s = gamma / np.sqrt(var + eps)
+W_folded = W * s[:, None, None, None]
+b_folded = s * (b - mu) + beta
+one_op = relu(conv(x, W_folded, b_folded))
+error = np.abs(one_op - three_ops).max()
+print(f"max |fused - three ops| = {error:.2e}   (float64 rounding)")
+assert error < 1e-12"""),
+    new_markdown_cell("""## 2. Training mode: the identity does not hold
+In training mode BatchNorm normalises with the statistics of the batch it sees. They depend on the input,
+so no fixed W', b' can stand for them: the same image gives other outputs in another batch."""),
+    new_code_cell("""y = conv(x, W, b)
+training = relu(bn(y, y.mean(axis=(0, 2, 3)), y.var(axis=(0, 2, 3))))
+print(f"folded (running statistics) vs training mode (batch statistics): {np.abs(one_op - training).max():.3f}")
+y0 = conv(x[:1], W, b)  # the first image alone: a batch of one
+alone = relu(bn(y0, y0.mean(axis=(0, 2, 3)), y0.var(axis=(0, 2, 3))))
+print(f"first image, in a batch of 2 vs alone: {np.abs(alone - training[:1]).max():.3f}")
+assert np.abs(one_op - training).max() > 0.1"""),
+    new_markdown_cell("""tvm_fusion's BatchNorm rules check for this: a `BatchNormalization` in training mode is declined with
+the reason "batch_norm is in training mode", and `explain` shows it.
+
+## 3. The same W', b' inside the kernel tvm_fusion built
+The model as ONNX, in float32, fused for the CPU:"""),
+    new_code_cell("""import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import tvm_fusion as tf
+from tvm_fusion._tvm import constant_value, is_constant, relax
+
+inits = [numpy_helper.from_array(v.astype(np.float32), name) for v, name in
+         [(W, "W"), (b, "b"), (gamma, "gamma"), (beta, "beta"), (mu, "mean"), (var, "var")]]
+nodes = [helper.make_node("Conv", ["x", "W", "b"], ["y"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["y", "gamma", "beta", "mean", "var"], ["z"], name="bn",
+                          epsilon=eps),
+         helper.make_node("Relu", ["z"], ["out"], name="relu")]
+graph = helper.make_graph(nodes, "conv_bn_relu",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 4, 8, 8])], inits)
+onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "conv_bn_relu.onnx")
+
+fused = tf.fuse(tf.import_onnx("conv_bn_relu.onnx"), target="llvm")
+print(fused.groups)
+print(fused.mod["main"].script())"""),
+    new_markdown_cell("The fused kernel is one `call_tir` whose constant operands are the folded weights and bias:"),
+    new_code_cell("""constants = []
+
+
+def collect(expr):
+    if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.call_tir":
+        constants.extend(constant_value(a) for a in expr.args[1].fields if is_constant(a))
+
+
+relax.analysis.post_order_visit(fused.mod["main"], collect)
+W_kernel, b_kernel = constants
+print("W' shape", W_kernel.shape, " b' shape", b_kernel.shape)
+print(f"max |W' kernel - W' by hand| = {np.abs(W_kernel - W_folded).max():.1e}")
+print(f"max |b' kernel - b' by hand| = {np.abs(b_kernel.reshape(-1) - b_folded).max():.1e}   (float32)")
+assert np.allclose(W_kernel, W_folded, atol=1e-6) and np.allclose(b_kernel.reshape(-1), b_folded, atol=1e-6)"""),
+    new_markdown_cell("""## 4. What the fusion removed
+`profile` builds the model unfused (one kernel per op) and fused, times every kernel and models the
+memory traffic: each intermediate that no longer goes to memory saves one write and one read."""),
+    new_code_cell("""report = tf.profile("conv_bn_relu.onnx", repeat=3)
+group = report.groups[0]
+for t in group.intermediates:
+    print(f"intermediate {t['name']:10s} {t['shape']} {t['dtype']}: {t['bytes']} bytes")
+print(f"{group.rule}: {group.before_launches} kernels -> {group.after_launches}, "
+      f"{group.bytes_saved} bytes of traffic saved")
+print(report.summary())
+assert group.launches_removed == group.before_launches - 1
+assert group.bytes_saved == 2 * sum(t["bytes"] for t in group.intermediates)"""),
+]
+
+CHAIN_MODEL = """import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+rng = np.random.default_rng(0)
+inits = [numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32), "W"),
+         numpy_helper.from_array((rng.standard_normal(8) * 0.1).astype(np.float32), "B"),
+         numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+         numpy_helper.from_array(np.array(0.25, np.float32), "quarter")]
+layers = [("Conv", ["x", "W", "B"], "c"), ("Relu", ["c"], "r"), ("Abs", ["r"], "a"), ("Sin", ["a"], "s"),
+          ("Cos", ["s"], "k"), ("Mul", ["k", "half"], "m"), ("Add", ["m", "quarter"], "p"), ("Tanh", ["p"], "y")]
+nodes = [helper.make_node(op, ins, [out], name=op.lower(), **({"pads": [1, 1, 1, 1]} if op == "Conv" else {}))
+         for op, ins, out in layers]
+shape = [1, 8, 32, 32]
+graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "chain.onnx")"""
+
+CHAIN_RULE = '''%%writefile chain_rules.py
+"""abs -> sin -> cos  ==>  abs_sin_cos(x)   (one pass over the tensor instead of three)"""
+from tvm_fusion import Lowering, Spec, register_compute, register_schedule, rule
+from tvm_fusion._tvm import dpl, topi
+from tvm_fusion.schedules.llvm.elementwise import schedule_elementwise_llvm
+
+
+@register_compute("abs_sin_cos")
+def abs_sin_cos_compute(x, **_):
+    return topi.cos(topi.sin(topi.abs(x)))
+
+
+register_schedule("abs_sin_cos", target="llvm")(schedule_elementwise_llvm)  # inline, fuse loops, vectorize
+
+
+@rule("abs_sin_cos", priority=70, targets=("llvm",))
+def abs_sin_cos():
+    """abs -> sin -> cos  ==>  abs_sin_cos(x)"""
+    x = dpl.wildcard()
+    a = dpl.is_op("relax.abs")(x)
+    s = dpl.is_op("relax.sin")(a)
+    c = dpl.is_op("relax.cos")(s)
+    return Spec(c, {"x": x, "abs": a, "sin": s, "root": c},
+                lambda m: Lowering(compute="abs_sin_cos", inputs=[m["x"]], constants=[]))'''
+
+PROFILE_THEN_FUSE = [
+    new_markdown_cell("""# Profile, then fuse
+
+The way of working: profile the model first; see where the time and the memory traffic go and which
+chains of small elementwise ops run unfused; write a rule for one; see it fire in `explain`; profile
+again to see what data locality bought.
+
+The model: `Conv -> Relu -> Abs -> Sin -> Cos -> Mul -> Add -> Tanh`. The built-in table fuses
+`conv2d_bias_relu` and `elementwise_chain_3` (Mul, Add, Tanh), but no rule covers Abs, Sin and Cos."""),
+    new_code_cell(CHAIN_MODEL),
+    new_markdown_cell("## 1. Profile"),
+    new_code_cell("""from IPython.display import HTML, SVG, display
+
+import tvm_fusion as tf
+from tvm_fusion.profile_html import graph_svg, time_chart_svg
+
+before = tf.profile("chain.onnx", repeat=5)
+print(before)"""),
+    new_markdown_cell("""The graph as the HTML report draws it: each fused group one box coloured by its rule; the candidate
+chain outlined in red (hover for the reasons)."""),
+    new_code_cell("""svg, why = graph_svg(before)
+display(SVG(svg) if svg else why)"""),
+    new_markdown_cell("## 2. The candidate list names the chain"),
+    new_code_cell("""chain = next(c for c in before.candidates if c.kind == "elementwise chain")
+print(chain.onnx_nodes, chain.ops)
+print("\\n".join(chain.reasons))
+print(f"estimated saving: {chain.bytes_saved} bytes, {chain.launches_saved} launches")
+assert chain.onnx_nodes == ["abs", "sin", "cos"]"""),
+    new_markdown_cell("""## 3. A rule for it
+A pattern, a TE compute and a schedule (the built-in elementwise CPU schedule: inline every stage,
+fuse the loops, vectorize). See `patterns/README.md` for the rest of the rule API."""),
+    new_code_cell(CHAIN_RULE),
+    new_code_cell("""rules = tf.rules(["chain_rules.py"])  # the built-in table plus the new rule
+print(tf.explain("chain.onnx", rules=rules))"""),
+    new_markdown_cell("## 4. Profile again"),
+    new_code_cell("""after = tf.profile("chain.onnx", rules=rules, repeat=5)
+print(after)
+new = next(g for g in after.groups if g.rule == "abs_sin_cos")
+print(f"abs_sin_cos: {new.before_launches} kernels -> 1, {new.bytes_saved} bytes saved; "
+      f"{new.before_s * 1e3:.3f} ms -> {new.after_s * 1e3:.3f} ms")
+print("before:", before.summary())
+print("after: ", after.summary())
+assert not [c for c in after.candidates if c.kind == "elementwise chain"]
+assert after.bytes_saved > before.bytes_saved"""),
+    new_code_cell("""display(HTML(time_chart_svg(after)))"""),
+    new_markdown_cell("""The fused build still matches onnxruntime, and the report is one page:
+
+```bash
+tvm-fusion compare chain.onnx --rules chain_rules.py
+tvm-fusion profile chain.onnx --rules chain_rules.py --html report.html
+```"""),
+    new_code_cell("""report = tf.compare("chain.onnx", rules=rules, modes=("unfused", "fused"), repeat=1)
+assert report.ok
+after.write_html("report.html")
+print("fused is within tolerance; wrote report.html")"""),
+]
+
+NOTEBOOKS = {"00_why_fusion_is_exact.ipynb": WHY_FUSION_IS_EXACT, "01_compile_resnet50.ipynb": COMPILE_RESNET50,
+             "02_find_a_wrong_rule.ipynb": FIND_A_WRONG_RULE, "03_profile_then_fuse.ipynb": PROFILE_THEN_FUSE}
+#: written with their outputs (tables, pictures): a reader of the repository sees the results without running
+WITH_OUTPUTS = ("00_why_fusion_is_exact.ipynb", "03_profile_then_fuse.ipynb")
+
+
+def main(names=()) -> None:
+    """Write the notebooks `names` (default: all); those in WITH_OUTPUTS are executed first."""
+    import tempfile
+
+    from nbclient import NotebookClient
+
+    for name in names or NOTEBOOKS:
+        nb = new_notebook(cells=NOTEBOOKS[name], metadata={
             "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+        if name in WITH_OUTPUTS:
+            with tempfile.TemporaryDirectory() as tmp:
+                NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": tmp}}).execute()
         nbformat.write(nb, HERE / name)
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

@@ -8,6 +8,7 @@
     print(tf.compare("model.onnx", target="llvm"))           # numerics, kernel counts, latency
     print(tf.check_groups("model.onnx"))                     # each fused group vs its unfused subgraph
     print(tf.bisect("model.onnx", rules=my_rules))           # which rule broke what
+    tf.profile("model.onnx").write_html("report.html")       # per-kernel time, traffic, what to fuse next
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from .frontend import import_onnx
 from .fuse import FuseResult
 from .fuse import fuse as _fuse
 from .loader import load_rules, load_rules_for
+from .profile import ProfileReport, profile
 from .registry import register_compute, register_schedule
 from .rules import Decline, Lowering, Match, Rule, RuleSet, Spec, commutative, decline, rule
 
 __all__ = [
     "BisectReport", "Built", "CompareReport", "GroupReport", "bisect", "check_groups", "CompileResult", "Decline", "FuseResult", "FusionError", "Lowering", "Match",
     "Rule", "RuleSet", "Spec", "ToleranceExceeded", "build", "commutative", "compare", "compile", "decline",
-    "Explanation", "example_model", "example_path", "explain", "fuse", "import_onnx", "load_rules", "register_compute",
+    "Explanation", "example_model", "example_path", "explain", "fuse", "import_onnx", "load_rules", "ProfileReport", "profile", "register_compute",
     "register_schedule", "rule", "rules",
 ]
 

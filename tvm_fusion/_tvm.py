@@ -25,6 +25,7 @@ from tvm.runtime import _ffi_api as runtime_ffi
 from tvm.s_tir import Schedule  # noqa: F401
 from tvm.s_tir import dlight  # noqa: F401
 from tvm.s_tir.analysis import verify_gpu_code  # noqa: F401
+from tvm.s_tir.analysis import estimate_tir_flops  # noqa: F401
 from tvm.support import nvcc  # noqa: F401
 from tvm import tirx  # noqa: F401
 

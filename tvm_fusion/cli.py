@@ -1,4 +1,4 @@
-"""`tvm-fusion`: compile / compare / explain / rules, from the command line.
+"""`tvm-fusion`: compile / compare / profile / explain / rules, from the command line.
 
 Every error the user can act on is one line `error: ...` and exit status 2; a compare whose fused build
 exceeds its dtype tolerance prints the table and exits 1.
@@ -47,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
                         "and name the first group over tolerance")
     m.add_argument("--bisect", action="store_true",
                    help="--per-group, then disable the rules to blame, rebuild, and report which rule broke what")
+    pr = sub.add_parser("profile", help="time every kernel unfused and fused; memory traffic, roofline, "
+                                        "what to fuse next; --html report")
+    _common(pr)
+    pr.add_argument("--modes", default="unfused,fused", help="builds to profile (unfused and fused needed; tvm optional)")
+    pr.add_argument("--repeat", type=int, default=5, help="timed inferences per build (medians)")
+    pr.add_argument("--json", metavar="OUT.json", help="write the profile's data as JSON")
+    pr.add_argument("--html", metavar="REPORT.html", help="write a self-contained HTML report")
     e = sub.add_parser("explain", help="which rule took each chain, why others declined, what is left to TVM")
     _common(e)
     r = sub.add_parser("rules", help="list the rules in priority order")
@@ -93,6 +100,8 @@ def _run(args) -> int:
 
         print(explain(model, args.target, shapes=shapes, rules=rules))
         return 0
+    if args.command == "profile":
+        return _profile(args, model, shapes, rules)
     if args.command == "compile":
         from .compile import compile_model
 
@@ -111,6 +120,19 @@ def _run(args) -> int:
     print(report)
     if report.executed and not report.ok:
         raise ToleranceExceeded("fused build exceeds the tolerance: " + "; ".join(report.failures()))
+    return 0
+
+
+def _profile(args, model, shapes, rules) -> int:
+    from .profile import profile
+
+    report = profile(model, args.target, shapes=shapes, rules=rules, modes=[m for m in args.modes.split(",") if m],
+                     repeat=args.repeat, seed=args.seed, arch=args.arch)
+    print(report)
+    for path, write in ((args.json, report.write_json), (args.html, report.write_html)):
+        if path:
+            write(path)
+            print(f"wrote {path}")
     return 0
 
 
