@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import onnx
 
-from . import _tvm, frontend, pipeline
+from . import _tvm, cpu_features, frontend, pipeline
 from .build import build, count_kernel_calls, resolve_target
+from .errors import FusionError
 from .export import cuda_source, export_library
 from .rules import RuleSet
 
-__all__ = ["CompileResult", "compile_model", "kernel_counts"]
+__all__ = ["CompileResult", "compile_model", "cpu_linker", "kernel_counts"]
 
 
 @dataclass
@@ -74,14 +76,43 @@ class _progress:
         self.bar.close()
 
 
+def cpu_linker(target, cc: str | None = None) -> str | None:
+    """The C compiler that links a library for an llvm target: `cc` when given; None (TVM's default)
+    for this machine's architecture; `<mtriple>-gcc` (e.g. aarch64-linux-gnu-gcc) for another one,
+    FusionError when that is not on PATH."""
+    if cc or target.kind.name != "llvm":
+        return cc
+    triple = _tvm.llvm_triple(target)
+    if cpu_features.arch_of(triple) == cpu_features.arch_of():
+        return None
+    cross = f"{triple}-gcc"
+    if shutil.which(cross) is None:
+        raise FusionError(f"linking a library for {triple} needs a cross toolchain: put {cross} on PATH "
+                          f"(Debian/Ubuntu: apt-get install gcc-{triple}) or pass cc=...")
+    return cross
+
+
+def _target_record(target) -> dict:
+    """What the manifest says about the target: its exact JSON, and for a CPU target the triple and
+    every feature the code may use (tvm_fusion.runtime.load checks them against the host)."""
+    record = {"target": str(target)}
+    if target.kind.name == "llvm":
+        record["cpu_triple"] = _tvm.llvm_triple(target)
+        record["cpu_features"] = sorted(_tvm.target_cpu_features(target))
+    return record
+
+
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
-                  rules: RuleSet | None = None, counts_of_other_builds: bool = True) -> CompileResult:
-    """Fuse and build `model` for `target`, export the library to `output`, write `<output>.json`."""
+                  rules: RuleSet | None = None, counts_of_other_builds: bool = True,
+                  cc: str | None = None) -> CompileResult:
+    """Fuse and build `model` for `target`, export the library to `output`, write `<output>.json`.
+    `cc` links a CPU library (default: the system compiler, or `<mtriple>-gcc` for another architecture)."""
     start = time.perf_counter()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
     tgt = resolve_target(target, arch)
+    linker = cpu_linker(tgt, cc)
     steps = ["import", "fuse + build", "compile GPU code + export" if tgt.kind.name == "cuda" else "export"]
     if counts_of_other_builds:
         steps.append("count unfused / tvm kernels")
@@ -90,7 +121,11 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         bar.update()
         built = build(mod, tgt, "fused", rules=rules)
         bar.update()
-        binary = export_library(built.executable, output, arch)
+        if linker:
+            built.executable.export_library(str(output), cc=linker)
+            binary = None
+        else:
+            binary = export_library(built.executable, output, arch)
         kernels = _kernels(cuda_source(built.executable)) if tgt.kind.name == "cuda" else []
         bar.update()
         builds = {}
@@ -108,7 +143,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     manifest = {
         "model": name,
         "library": str(output),
-        "target": str(tgt),
+        **_target_record(tgt),
         "arch": arch if tgt.kind.name == "cuda" else None,
         "tvm_version": _tvm.TVM_VERSION,
         "rule_counts": built.counts,
