@@ -33,9 +33,10 @@ def parse_target(spec, source: str = "target"):
             spec = json.loads(spec)
         if isinstance(spec, (dict, str)) and spec:
             target = tvm.target.Target(spec)
-            if not _tvm.unknown_llvm_cpu(target):
+            unknown = _tvm.unknown_llvm_cpu(target)
+            if unknown is None:
                 return target
-            problem = f"LLVM knows no CPU {_tvm.unknown_llvm_cpu(target)!r} for this triple"
+            problem = f"LLVM knows no CPU {unknown!r} for this triple"
         else:
             problem = "not a target"
     except (ValueError, TypeError, RuntimeError, KeyError) as err:  # json.JSONDecodeError is a ValueError

@@ -79,8 +79,10 @@ class _progress:
 def cpu_linker(target, cc: str | None = None) -> str | None:
     """The C compiler that links a library for an llvm target: `cc` when given; None (TVM's default)
     for this machine's architecture; `<mtriple>-gcc` (e.g. aarch64-linux-gnu-gcc) for another one,
-    FusionError when that is not on PATH."""
-    if cc or target.kind.name != "llvm":
+    FusionError when that is not on PATH. None for other target kinds (export_library links them)."""
+    if target.kind.name != "llvm":
+        return None
+    if cc:
         return cc
     triple = _tvm.llvm_triple(target)
     if cpu_features.arch_of(triple) == cpu_features.arch_of():
