@@ -1,6 +1,7 @@
 """ResNet-50 batch 1: fused / unfused / TVM default / onnxruntime, measured side by side in one run.
 
-    python benchmarks/resnet50.py [--target llvm|cuda] [--rounds 7]
+    python benchmarks/resnet50.py [--target llvm|cuda|TARGET] [--rounds 7]
+    python benchmarks/resnet50.py --target '{"kind":"llvm","mcpu":"x86-64-v3"}'   # AVX2 code on this host
 
 Builds are timed interleaved (one run of each per round, after a warm-up) and medians are compared,
 so machine noise hits every build alike. Prints median / min / max latency and the ratios.
@@ -17,7 +18,7 @@ import onnx
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="llvm", choices=["llvm", "cuda"])
+    ap.add_argument("--target", default="llvm", help="llvm, cuda, or any TVM target (a JSON dict, a kind, a tag)")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all)")
@@ -32,11 +33,14 @@ def main() -> None:
     path = example_path("resnet50")
     model = onnx.load(str(path))
     mod = import_onnx(model)
-    if args.target == "cuda":
+    from tvm_fusion.build import resolve_target
+
+    args.target = resolve_target(args.target, args.arch)
+    if args.target.kind.name == "cuda":
         ok, why = gpu_available()
         if not ok:
             raise SystemExit(f"--target cuda needs a GPU: {why}")
-    dev = tvm.cuda(0) if args.target == "cuda" else tvm.cpu(0)
+    dev = tvm.cuda(0) if args.target.kind.name == "cuda" else tvm.cpu(0)
     inputs = random_inputs(model, seed=0)
     name = model.graph.input[0].name
     x = tvm.runtime.tensor(inputs[name], dev)

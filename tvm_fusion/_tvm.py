@@ -5,6 +5,7 @@ Everything else in tvm_fusion imports TVM names from here, so a TVM upgrade touc
 
 from __future__ import annotations
 
+import functools
 import os
 
 # TVM's CPU thread pool halves the core count on x86 (to skip hyper-threads) and reads TVM_NUM_THREADS only
@@ -28,6 +29,8 @@ from tvm.s_tir.analysis import verify_gpu_code  # noqa: F401
 from tvm.s_tir.analysis import estimate_tir_flops  # noqa: F401
 from tvm.support import nvcc  # noqa: F401
 from tvm import tirx  # noqa: F401
+
+from . import cpu_features  # noqa: E402
 
 TVM_VERSION = tvm.__version__
 
@@ -112,14 +115,60 @@ def pack_imports_to_bytes(module) -> bytes:
     return runtime_ffi.ModulePackImportsToTensor(module).numpy().tobytes()
 
 
-def cpu_target(num_cores: int | None = None):
-    """The host CPU as a TVM target, with the real mcpu (plain `llvm` is ~7x slower)."""
-    import os
+@functools.lru_cache(maxsize=1)
+def llvm_host_features() -> frozenset[str] | None:
+    """The features LLVM detects on this host (cpuid and the OS's saved register state on x86, hwcaps on
+    AArch64): what the host really runs, unlike the features its CPU name implies. None when unknown."""
+    detect = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures", allow_missing=True)
+    found = frozenset(str(k) for k, v in detect().items() if v) if detect is not None else frozenset()
+    return found or None
 
-    cores = num_cores or len(os.sched_getaffinity(0))
-    return tvm.target.Target(
-        {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(), "num-cores": cores}
-    )
+
+def target_cpu_features(target) -> frozenset[str]:
+    """Every feature an llvm target enables (its mcpu's, then its mattr applied)."""
+    return frozenset(str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target))
+
+
+def llvm_triple(target) -> str:
+    """The triple an llvm target compiles for (this host's when it names none)."""
+    return str(target.attrs.get("mtriple") or tvm.target.codegen.llvm_get_system_triple())
+
+
+def llvm_vector_width(target) -> int:
+    """LLVM's vector width in bits for the target. On x86-64 TVM answers 512 for every CPU (its own
+    default), so there only the features say the truth."""
+    return int(tvm.target.codegen.llvm_get_vector_width(target))
+
+
+def unknown_llvm_cpu(target) -> str | None:
+    """The mcpu of an llvm target when LLVM does not know it for the target's triple (TVM only warns)."""
+    mcpu = target.attrs.get("mcpu")
+    if target.kind.name != "llvm" or not mcpu or tvm.target.codegen.llvm_is_valid_cpu(str(mcpu), llvm_triple(target)):
+        return None
+    return str(mcpu)
+
+
+def cpu_target(num_cores: int | None = None, *, cpuinfo: str | None = None, mcpu: str | None = None,
+               mtriple: str | None = None):
+    """The host CPU as a TVM target: its real mcpu (plain `llvm` is ~7x slower), and an `mattr` turning
+    off each vector feature the mcpu implies but the host does not expose (AVX-512 hidden by a hypervisor).
+
+    The host's features come from LLVM's host detection, else /proc/cpuinfo; tests pass `cpuinfo` text
+    (with `mcpu` and `mtriple`) to stand for another machine."""
+    spec = {"kind": "llvm", "mcpu": mcpu or tvm.target.codegen.llvm_get_system_cpu(),
+            "num-cores": num_cores or len(os.sched_getaffinity(0))}
+    if mtriple:
+        spec["mtriple"] = mtriple
+    arch = cpu_features.arch_of(mtriple)
+    if cpuinfo is not None:
+        available = cpu_features.features_from_cpuinfo(cpuinfo, arch)
+    else:
+        available = llvm_host_features() or cpu_features.host_features()
+    if available is not None:
+        hidden = cpu_features.hidden_features(target_cpu_features(tvm.target.Target(spec)), available, arch)
+        if hidden:
+            spec["mattr"] = [f"-{f}" for f in hidden]
+    return tvm.target.Target(spec)
 
 
 def cuda_target(arch: str = "sm_90"):

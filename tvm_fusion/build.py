@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -11,20 +13,57 @@ from .errors import FusionError
 from .fuse import FuseResult, fuse
 from .rules import RuleSet
 
-__all__ = ["Built", "build", "legalize", "resolve_target", "count_kernel_calls", "default_rules"]
+__all__ = ["Built", "build", "legalize", "resolve_target", "parse_target", "default_cpu_target",
+           "TARGET_FORMS", "count_kernel_calls", "default_rules"]
+
+
+#: what resolve_target, the CLI's --target and TVM_FUSION_CPU accept, for error messages
+TARGET_FORMS = ("'llvm' (this CPU, or TVM_FUSION_CPU), 'cuda' (with --arch), a JSON dict such as "
+                "'{\"kind\":\"llvm\",\"mcpu\":\"x86-64-v3\"}', a TVM target kind such as 'c', "
+                "or a tag such as 'nvidia/nvidia-h100'")
+
+
+def parse_target(spec, source: str = "target"):
+    """A TVM Target from a Target, a dict, a JSON dict string, a target kind or a tag (taken literally:
+    no host detection); FusionError naming the accepted forms otherwise."""
+    if isinstance(spec, tvm.target.Target):
+        return spec
+    try:
+        if isinstance(spec, str) and spec.lstrip().startswith("{"):
+            spec = json.loads(spec)
+        if isinstance(spec, (dict, str)) and spec:
+            target = tvm.target.Target(spec)
+            unknown = _tvm.unknown_llvm_cpu(target)
+            if unknown is None:
+                return target
+            problem = f"LLVM knows no CPU {unknown!r} for this triple"
+        else:
+            problem = "not a target"
+    except (ValueError, TypeError, RuntimeError, KeyError) as err:  # json.JSONDecodeError is a ValueError
+        problem = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    raise FusionError(f"{source} {spec!r} is not a TVM target ({problem}); accepted: {TARGET_FORMS}")
+
+
+def default_cpu_target():
+    """The CPU target used wherever none is given: TVM_FUSION_CPU (a JSON dict, a target kind or a tag)
+    when set, else the host as it really is (its mcpu, and mattr without the features it lacks)."""
+    spec = os.environ.get("TVM_FUSION_CPU", "").strip()
+    if not spec:
+        return _tvm.cpu_target()
+    target = parse_target(spec, "TVM_FUSION_CPU")
+    if target.kind.name != "llvm":
+        raise FusionError(f"TVM_FUSION_CPU must be an llvm target, got kind {target.kind.name!r} from {spec!r}")
+    return target
 
 
 def resolve_target(target="llvm", arch: str = "sm_90"):
-    """'llvm' / 'cpu' -> the host CPU with its real mcpu; 'cuda' -> CUDA for `arch`; dicts and Targets pass."""
-    if isinstance(target, tvm.target.Target):
-        return target
-    if isinstance(target, dict):
-        return tvm.target.Target(target)
-    if target in ("llvm", "cpu"):
-        return _tvm.cpu_target()
-    if target == "cuda":
+    """'llvm' / 'cpu' -> default_cpu_target(); 'cuda' -> CUDA for `arch`; anything else TVM accepts as a
+    target (a Target, a dict, a JSON dict string, a target kind, a tag) as it is."""
+    if isinstance(target, str) and target in ("llvm", "cpu"):
+        return default_cpu_target()
+    if isinstance(target, str) and target == "cuda":
         return _tvm.cuda_target(arch)
-    raise FusionError(f"unknown target {target!r}; use 'llvm' (CPU) or 'cuda' (with --arch, default sm_90)")
+    return parse_target(target)
 
 
 def default_rules() -> RuleSet:

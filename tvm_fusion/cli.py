@@ -22,7 +22,9 @@ def _common(p: argparse.ArgumentParser, target: str = "llvm") -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the example's weights and of the inputs")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="bind an input's shape (repeatable); required for symbolic dims")
-    p.add_argument("--target", default=target, choices=["llvm", "cuda"], help=f"build target (default: {target})")
+    p.add_argument("--target", default=target,
+                   help=f"build target (default: {target}): llvm (this CPU, or TVM_FUSION_CPU), cuda, a JSON dict "
+                        "such as '{\"kind\":\"llvm\",\"mcpu\":\"x86-64-v3\"}', a TVM target kind or a tag")
     p.add_argument("--arch", default="sm_90", help="CUDA arch for --target cuda (default: sm_90)")
     p.add_argument("--rules", action="append", default=[], metavar="FILE.py", help="load extra rules from a file")
     p.add_argument("--only", default="", metavar="RULE,...", help="use only these rules")
@@ -93,6 +95,9 @@ def _run(args) -> int:
         for r in _rules(args):
             print(f"{r.priority:5d}  {r.name:24s} {','.join(r.targets):10s} {r.doc}")
         return 0
+    from .build import resolve_target
+
+    resolve_target(args.target, args.arch)  # a bad --target fails here, before any work
     rules = _rules(args)
     model, shapes = _model(args), _shapes(args)
     if args.command == "explain":

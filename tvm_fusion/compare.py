@@ -16,6 +16,7 @@ from .build import Built, build, resolve_target
 from .errors import FusionError
 from .export import compile_cuda_source, cuda_source
 from .rules import RuleSet
+from .runtime import as_arrays  # noqa: F401  (differential imports it from here)
 from .testing import ErrorStats, error_stats
 
 __all__ = ["CompareReport", "compare", "random_inputs", "run_onnxruntime", "gpu_available"]
@@ -66,13 +67,6 @@ def gpu_available() -> tuple[bool, str]:
     except Exception as err:  # noqa: BLE001 - the CUDA runtime may not even load
         return False, f"no usable CUDA device ({type(err).__name__}: {err})"
     return False, "no CUDA device on this machine (tvm.cuda(0).exist is False)"
-
-
-def as_arrays(out) -> list[np.ndarray]:
-    """A VM result (a tensor, or nested tuples of them) as a flat list of numpy arrays."""
-    if hasattr(out, "numpy"):
-        return [out.numpy()]
-    return [a for o in out for a in as_arrays(o)]
 
 
 def input_tensors(proto: onnx.ModelProto, shapes: dict | None, seed: int, dev) -> tuple[dict, list]:

@@ -5,19 +5,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import onnx
 
-from . import _tvm, frontend, pipeline
+from . import _tvm, cpu_features, frontend, pipeline
 from .build import build, count_kernel_calls, resolve_target
+from .errors import FusionError
 from .export import cuda_source, export_library
 from .rules import RuleSet
 from .verify import skipped, verify_fused
 
-__all__ = ["CompileResult", "compile_model", "kernel_counts"]
+__all__ = ["CompileResult", "compile_model", "cpu_linker", "kernel_counts"]
 
 
 @dataclass
@@ -84,16 +86,46 @@ class _progress:
         self.bar.close()
 
 
+def cpu_linker(target, cc: str | None = None) -> str | None:
+    """The C compiler that links a library for an llvm target: `cc` when given; None (TVM's default)
+    for this machine's architecture; `<mtriple>-gcc` (e.g. aarch64-linux-gnu-gcc) for another one,
+    FusionError when that is not on PATH. None for other target kinds (export_library links them)."""
+    if target.kind.name != "llvm":
+        return None
+    if cc:
+        return cc
+    triple = _tvm.llvm_triple(target)
+    if cpu_features.arch_of(triple) == cpu_features.arch_of():
+        return None
+    cross = f"{triple}-gcc"
+    if shutil.which(cross) is None:
+        raise FusionError(f"linking a library for {triple} needs a cross toolchain: put {cross} on PATH "
+                          f"(Debian/Ubuntu: apt-get install gcc-{triple}) or pass cc=...")
+    return cross
+
+
+def _target_record(target) -> dict:
+    """What the manifest says about the target: its exact JSON, and for a CPU target the triple and
+    every feature the code may use (tvm_fusion.runtime.load checks them against the host)."""
+    record = {"target": str(target)}
+    if target.kind.name == "llvm":
+        record["cpu_triple"] = _tvm.llvm_triple(target)
+        record["cpu_features"] = sorted(_tvm.target_cpu_features(target))
+    return record
+
+
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
                   rules: RuleSet | None = None, counts_of_other_builds: bool = True, verify: bool = True,
-                  seed: int = 0) -> CompileResult:
+                  seed: int = 0, cc: str | None = None) -> CompileResult:
     """Fuse and build `model` for `target`, verify it against onnxruntime on inputs seeded with `seed`
-    (verify.py: nothing is written when it differs), export the library to `output`, write `<output>.json`."""
+    (verify.py: nothing is written when it differs), export the library to `output`, write `<output>.json`.
+    `cc` links a CPU library (default: the system compiler, or `<mtriple>-gcc` for another architecture)."""
     start = time.perf_counter()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
     tgt = resolve_target(target, arch)
+    linker = cpu_linker(tgt, cc)
     steps = ["import", "fuse + build", "verify" if verify else "(not verified)",
              "compile GPU code + export" if tgt.kind.name == "cuda" else "export"]
     if counts_of_other_builds:
@@ -108,7 +140,11 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         verification = verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed) if verify else skipped()
         bar.update()
         try:
-            binary = export_library(built.executable, partial, arch)
+            if linker:
+                built.executable.export_library(str(partial), cc=linker)
+                binary = None
+            else:
+                binary = export_library(built.executable, partial, arch)
             os.replace(partial, output)
         finally:
             partial.unlink(missing_ok=True)
@@ -129,7 +165,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     manifest = {
         "model": name,
         "library": str(output),
-        "target": str(tgt),
+        **_target_record(tgt),
         "arch": arch if tgt.kind.name == "cuda" else None,
         "tvm_version": _tvm.TVM_VERSION,
         "rule_counts": built.counts,

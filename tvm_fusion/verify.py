@@ -20,19 +20,21 @@ from dataclasses import asdict, dataclass, field
 
 import onnx
 
+from . import _tvm
 from ._tvm import relax, tvm
 from .build import Built, build, resolve_target
 from .compare import as_arrays, input_tensors, run_onnxruntime
-from .errors import ToleranceExceeded
+from .errors import FusionError, ToleranceExceeded
 from .fuse import lower
 from .rules import RuleSet
+from .runtime import check_host
 from .testing import ErrorStats, error_stats
 
 __all__ = ["Verification", "verify_fused"]
 
 METHOD_CPU = "the fused build, run on the host CPU, against onnxruntime on seeded inputs"
-METHOD_CUDA = ("the same fused graph and folded constants built for the host CPU (CUDA schedules are "
-               "checked by their CPU-emulation tests), against onnxruntime on seeded inputs")
+METHOD_CUDA = ("the same fused graph and folded constants built for the host CPU (the target's own "
+               "schedules are checked by their CPU-emulation tests), against onnxruntime on seeded inputs")
 
 
 @dataclass
@@ -63,7 +65,7 @@ def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = 
     """Run `built` (or, for a non-CPU target, the same fused graph built for the host CPU) on seeded inputs
     and compare every output with onnxruntime; raise ToleranceExceeded naming the group to blame."""
     start = time.perf_counter()
-    on_cpu = built.target.kind.name == "llvm"
+    on_cpu = _runs_here(built.target)
     cpu = built.target if on_cpu else _quick_cpu()
     if on_cpu:
         runnable = built
@@ -81,6 +83,18 @@ def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = 
     if bad:
         raise ToleranceExceeded(_blame(proto, cpu, shapes, rules, seed, bad, stats))
     return result
+
+
+def _runs_here(target) -> bool:
+    """Whether code built for `target` runs on this machine (a CPU target for this architecture whose
+    features the host has); a library for another machine is verified like a CUDA one."""
+    if target.kind.name != "llvm":
+        return False
+    try:
+        check_host({"cpu_triple": _tvm.llvm_triple(target), "cpu_features": _tvm.target_cpu_features(target)})
+    except FusionError:
+        return False
+    return True
 
 
 def _quick_cpu():

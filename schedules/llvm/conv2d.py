@@ -1,33 +1,33 @@
-"""CPU (llvm) schedule for `conv2d_affine`: output channels in AVX-512 vectors, a register tile of
-output pixels x output channels, the epilogue applied to each tile while it is in registers.
+"""CPU (llvm) schedule for `conv2d_affine`: output channels in vectors of L fp32 lanes (16 with AVX-512,
+8 with AVX2, 4 with NEON: `hardware.cpu_facts`), a register tile of output pixels x output channels, the
+epilogue applied to each tile while it is in registers.
 
-    parallel for (n, oc block of OC = 16 * v channels):
+    parallel for (n, oc block of OC = L * v channels):
         panel[rc, rh, rw, OC] = W[oc block, rc, rh, rw]            # oc innermost: one vector load each
         for (row tile, column tile):                             # rows * cols output pixels
-            acc[rows, cols, OC] = 0                              # rows * cols * v zmm registers
+            acc[rows, cols, OC] = 0                              # rows * cols * v vector registers
             for rh, rw, rc:
                 acc[i, j, :] += x[rc, y + i + rh, x + j + rw] * panel[rc, rh, rw, :]   # broadcast * vector
             out[n, oc block, row tile, column tile] = epilogue(acc)
 
 Padding is materialised by its own parallel loop nest first (inlining it into the reduction is ~10x
-slower on 3x3). Shapes the tile does not fit (grouped convs, output channels not a multiple of 16) take
+slower on 3x3). Shapes the tile does not fit (grouped convs, output channels not a multiple of L) take
 `_schedule_generic`, which vectorizes along the output row.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.conv2d import CONV_RULES
 
-__all__ = ["ConvTile", "choose_tile", "schedule_conv2d_llvm"]
+__all__ = ["ConvTile", "choose_tile", "max_accumulators", "schedule_conv2d_llvm"]
 
-VECTOR = 16  # fp32 lanes of one AVX-512 register
 FLOAT_BYTES = 4
-# accumulator registers of one tile: 32 zmm minus the panel vectors and a broadcast temporary
-MAX_ACCUMULATORS = 28
+# vector registers a tile leaves to the panel vectors and the broadcast temporary (28 of 32 zmm accumulate)
+RESERVED_REGISTERS = 4
 OC_VECTOR_CHOICES = (4, 2, 1)  # output-channel vectors per tile
 # The panel (reduction size x tile channels) is re-read by every pixel tile of its oc block. Kept
 # inside ~1/6 of the 1 MiB per-core L2 of Zen 4, next to the input rows: measured on ResNet-50,
@@ -36,15 +36,21 @@ PANEL_BYTES = 160 * 1024
 GENERIC_OC_BLOCK = 8  # generic schedule: output channels unrolled per tile
 
 
+def max_accumulators(facts: CpuFacts) -> int:
+    """Accumulator registers of one tile: the target's vector registers minus RESERVED_REGISTERS."""
+    return facts.vector_registers - RESERVED_REGISTERS
+
+
 @dataclass(frozen=True)
 class ConvTile:
-    oc_vectors: int  # v: the tile holds 16 * v output channels
+    oc_vectors: int  # v: the tile holds lanes * v output channels
     rows: int  # output rows per tile
     cols: int  # output columns per tile
+    lanes: int  # fp32 lanes of one vector register of the target
 
     @property
     def channels(self) -> int:
-        return VECTOR * self.oc_vectors
+        return self.lanes * self.oc_vectors
 
     @property
     def accumulators(self) -> int:
@@ -65,44 +71,40 @@ def _factor(extent: int, want: int) -> int:
     return max(d for d in _divisors(extent) if d <= want)
 
 
-def _oc_vector_options(cout: int, reduction: int, tasks_wanted: int) -> list[int]:
+def _oc_vector_options(cout: int, reduction: int, tasks_wanted: int, lanes: int) -> list[int]:
     """Channel widths (in vectors) that divide cout; wider than one vector only while the oc blocks
     still feed every thread and the panel fits PANEL_BYTES."""
     options = []
     for v in OC_VECTOR_CHOICES:
-        if cout % (VECTOR * v):
+        if cout % (lanes * v):
             continue
-        blocks = cout // (VECTOR * v)
-        panel = reduction * VECTOR * v * FLOAT_BYTES
+        blocks = cout // (lanes * v)
+        panel = reduction * lanes * v * FLOAT_BYTES
         if v == 1 or (blocks >= tasks_wanted and panel <= PANEL_BYTES):
             options.append(v)
     return options
 
 
-def _tile_candidates(cout: int, hout: int, wout: int, reduction: int, tasks_wanted: int):
-    for v in _oc_vector_options(cout, reduction, tasks_wanted):
+def _tile_candidates(cout: int, hout: int, wout: int, reduction: int, tasks_wanted: int, facts: CpuFacts):
+    lanes = facts.float32_lanes
+    for v in _oc_vector_options(cout, reduction, tasks_wanted, lanes):
         for cols in _divisors(wout):
             # several rows per tile only when a tile covers whole rows (narrow outputs)
             for rows in _divisors(hout) if cols == wout else [1]:
-                tile = ConvTile(v, rows, cols)
-                if tile.accumulators <= MAX_ACCUMULATORS:
+                tile = ConvTile(v, rows, cols, lanes)
+                if tile.accumulators <= max_accumulators(facts):
                     yield tile
 
 
-def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, threads: int) -> ConvTile | None:
+def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, threads: int,
+                facts: CpuFacts) -> ConvTile | None:
     """The register tile with the most accumulators, ties to fewer loads per step; None when the
-    output channels are not a multiple of one vector."""
+    output channels are not a multiple of one vector of `facts` (the target's)."""
     tasks_wanted = max(1, -(-threads // batch))
-    candidates = list(_tile_candidates(cout, hout, wout, reduction, tasks_wanted))
+    candidates = list(_tile_candidates(cout, hout, wout, reduction, tasks_wanted, facts))
     if not candidates:
         return None
     return max(candidates, key=lambda t: (t.accumulators, -t.loads_per_step))
-
-
-def _threads(target) -> int:
-    """Threads the kernel is tiled for: the target's num-cores, else the cores this process may use."""
-    cores = target.attrs.get("num-cores") if target is not None else None
-    return int(cores) if cores else len(os.sched_getaffinity(0))
 
 
 def _optional_block(sch, name: str):
@@ -121,7 +123,7 @@ def _schedule_pad(sch, pad):
     sch.parallel(sch.fuse(n, c))
 
 
-def _pack_weights(sch, conv, at_loop, reduction: int):
+def _pack_weights(sch, conv, at_loop, reduction: int, lanes: int):
     """Copy the oc block's weights W[oc, rc, rh, rw] to a panel [rc, rh, rw, oc] at `at_loop`: the
     copy reads W rows contiguously (vectorized) and writes each element to its oc column."""
     weight_index = len(sch.get(conv).reads) - 1  # reads are (input, weight)
@@ -132,7 +134,7 @@ def _pack_weights(sch, conv, at_loop, reduction: int):
     if not taps:
         return
     k = sch.fuse(*taps) if len(taps) > 1 else taps[0]
-    ko, ki = sch.split(k, [None, _factor(reduction, VECTOR)])
+    ko, ki = sch.split(k, [None, _factor(reduction, lanes)])
     sch.reorder(ko, oc, ki)
     sch.vectorize(ki)
 
@@ -148,9 +150,9 @@ def _schedule_tiled(sch, conv, epi, tile: ConvTile):
     sch.reorder(n, oo, ho, wo, rh, rw, rc, hi, wi, oi)
     outer = sch.fuse(n, oo)
     sch.parallel(outer)
-    _pack_weights(sch, conv, outer, reduction)
+    _pack_weights(sch, conv, outer, reduction, tile.lanes)
     sch.reverse_compute_at(epi, wo)
-    # accumulators pixel-major, so each register holds 16 consecutive output channels
+    # accumulators pixel-major, so each register holds `lanes` consecutive output channels
     sch.transform_layout(conv, ("write", 0), lambda n_, o_, h_, w_: (n_, h_, w_, o_))
     sch.set_scope(conv, 0, "local")
     sch.vectorize(oi)
@@ -160,11 +162,11 @@ def _schedule_tiled(sch, conv, epi, tile: ConvTile):
     sch.vectorize(sch.get_loops(epi)[-1])
 
 
-def _schedule_generic(sch, conv, epi):
+def _schedule_generic(sch, conv, epi, lanes: int):
     """Any shape: output channels unrolled, the output row vectorized (with a predicated tail)."""
     n, o, h, w, rc, rh, rw = sch.get_loops(conv)
     oo, oi = sch.split(o, [None, _factor(_extent(sch, o), GENERIC_OC_BLOCK)])
-    wo, wi = sch.split(w, [None, min(VECTOR, _extent(sch, w))])
+    wo, wi = sch.split(w, [None, min(lanes, _extent(sch, w))])
     sch.reorder(n, oo, h, wo, rc, rh, rw, oi, wi)
     sch.parallel(sch.fuse(n, oo))
     sch.reverse_compute_at(epi, wo)
@@ -181,10 +183,11 @@ def schedule_conv2d_llvm(sch, attrs, target):
     if pad is not None:
         _schedule_pad(sch, pad)
     n, cout, hout, wout, rc, rh, rw = (_extent(sch, loop) for loop in sch.get_loops(conv))
+    facts = cpu_facts(target)
     tile = None
     if attrs.get("groups", 1) == 1:
-        tile = choose_tile(cout, hout, wout, rc * rh * rw, n, _threads(target))
+        tile = choose_tile(cout, hout, wout, rc * rh * rw, n, facts.threads, facts)
     if tile is None:
-        _schedule_generic(sch, conv, epi)
+        _schedule_generic(sch, conv, epi, facts.float32_lanes)
     else:
         _schedule_tiled(sch, conv, epi, tile)

@@ -12,13 +12,16 @@ from tvm_fusion._tvm import te, tvm
 from tvm_fusion.build import resolve_target
 from tvm_fusion.schedules.conv2d import conv2d_out_size
 from tvm_fusion.schedules.dense import dense_affine
-from tvm_fusion.schedules.llvm.conv2d import (FLOAT_BYTES, MAX_ACCUMULATORS, PANEL_BYTES, VECTOR, choose_tile,
+from tvm_fusion.hardware import cpu_facts
+from tvm_fusion.schedules.llvm.conv2d import (FLOAT_BYTES, PANEL_BYTES, choose_tile, max_accumulators,
                                               schedule_conv2d_llvm)
 from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
 from tvm_fusion.testing import RESNET50_CONVS as RESNET50
 from tvm_fusion.testing import assert_close, conv_primfunc
 
-TARGET = resolve_target("llvm")
+TARGET = resolve_target("llvm")  # the host, or TVM_FUSION_CPU
+FACTS = cpu_facts(TARGET)
+LANES = FACTS.float32_lanes
 
 
 
@@ -26,18 +29,45 @@ TARGET = resolve_target("llvm")
 def test_resnet50_tiles_fill_registers_cache_and_cores(n, c, h, w, oc, k, stride, pad):
     oh = ow = conv2d_out_size(h, k, stride, pad, pad, 1)
     reduction = c * k * k
-    tile = choose_tile(oc, oh, ow, reduction, n, threads=2)
+    tile = choose_tile(oc, oh, ow, reduction, n, threads=2, facts=FACTS)
     assert tile is not None
-    assert tile.accumulators <= MAX_ACCUMULATORS
+    assert tile.lanes == LANES and tile.accumulators <= max_accumulators(FACTS) < FACTS.vector_registers
     assert oc % tile.channels == 0 and oh % tile.rows == 0 and ow % tile.cols == 0
     assert tile.oc_vectors == 1 or reduction * tile.channels * FLOAT_BYTES <= PANEL_BYTES
     assert oc // tile.channels >= 2, "both cores get an oc block"
     assert tile.accumulators >= 7, "enough independent FMA chains to hide the FMA latency"
 
 
+#: (oc vectors, rows, cols) of each RESNET50 conv on 2 threads for an AVX-512 target (16 lanes, 32 zmm):
+#: the tiles measured on Zen 4, fixed so that asking the target cannot change them
+AVX512_RESNET50_TILES = [
+    (2, 1, 14), (2, 1, 14), (2, 1, 14), (4, 1, 7), (2, 1, 14), (4, 1, 7), (2, 1, 14), (4, 1, 7), (4, 1, 7),
+    (4, 1, 7), (2, 1, 14), (4, 1, 7), (1, 2, 14), (4, 1, 7), (4, 1, 7), (2, 1, 14), (1, 2, 14), (2, 1, 14),
+    (1, 1, 7), (4, 1, 7), (2, 1, 7), (1, 1, 7), (1, 1, 7),
+]
+
+
+@pytest.mark.parametrize("spec,lanes,accumulators", [
+    ({"kind": "llvm", "mcpu": "znver4"}, 16, 28),
+    ({"kind": "llvm", "mcpu": "znver4", "mattr": ["-avx512f"]}, 8, 12),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}, 4, 28),
+])
+def test_tiles_follow_the_target(spec, lanes, accumulators):
+    facts = cpu_facts(tvm.target.Target(spec))
+    assert (facts.float32_lanes, max_accumulators(facts)) == (lanes, accumulators)
+    tiles = []
+    for n, c, h, w, oc, k, stride, pad in RESNET50:
+        oh = conv2d_out_size(h, k, stride, pad, pad, 1)
+        tile = choose_tile(oc, oh, oh, c * k * k, n, threads=2, facts=facts)
+        assert tile.lanes == lanes and tile.accumulators <= accumulators
+        tiles.append((tile.oc_vectors, tile.rows, tile.cols))
+    if lanes == 16:
+        assert tiles == AVX512_RESNET50_TILES
+
+
 def test_channels_not_a_multiple_of_a_vector_take_the_generic_schedule():
-    assert choose_tile(VECTOR - 1, 7, 7, 9, 1, threads=2) is None
-    assert choose_tile(VECTOR + 8, 7, 7, 9, 1, threads=2) is None
+    assert choose_tile(LANES - 1, 7, 7, 9, 1, threads=2, facts=FACTS) is None
+    assert choose_tile(LANES + LANES // 2, 7, 7, 9, 1, threads=2, facts=FACTS) is None
 
 
 

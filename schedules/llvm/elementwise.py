@@ -3,10 +3,10 @@ part, vectorized inner part."""
 
 from __future__ import annotations
 
+from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.elementwise import ELEMENTWISE_RULES
 
-VECTOR = 16  # fp32 lanes of one AVX-512 register
 MIN_PARALLEL = 4096  # elements below which threading costs more than it saves
 
 
@@ -24,8 +24,9 @@ def schedule_elementwise_llvm(sch, attrs, target):
     loops = sch.get_loops(last) or [sch.add_unit_loop(last)]  # a 0-d output has no loop
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = int(sch.get(fused).extent)
-    if extent >= VECTOR:
-        outer, inner = sch.split(fused, [None, VECTOR])
+    lanes = cpu_facts(target).float32_lanes
+    if extent >= lanes:
+        outer, inner = sch.split(fused, [None, lanes])
         sch.vectorize(inner)
         if extent >= MIN_PARALLEL:
             sch.parallel(outer)

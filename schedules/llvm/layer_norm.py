@@ -3,10 +3,9 @@ together (the row stays in cache), the output vectorized."""
 
 from __future__ import annotations
 
+from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.layer_norm import LAYER_NORM_RULES
-
-VECTOR = 16
 
 
 @register_schedule(*LAYER_NORM_RULES, target="llvm")
@@ -16,6 +15,7 @@ def schedule_layer_norm_llvm(sch, attrs, target):
     sch.parallel(row)
     sch.compute_at(sch.get_sblock("var"), row)
     sch.compute_at(sch.get_sblock("mean"), row)
-    if int(sch.get(col).extent) % VECTOR == 0:
-        _, inner = sch.split(col, [None, VECTOR])
+    lanes = cpu_facts(target).float32_lanes
+    if int(sch.get(col).extent) % lanes == 0:
+        _, inner = sch.split(col, [None, lanes])
         sch.vectorize(inner)

@@ -1,0 +1,105 @@
+"""Load and run an exported library with the TVM runtime alone (no compiler, no ONNX, no onnxruntime).
+
+    from tvm_fusion.runtime import load
+    model = load("model.so")          # reads model.so.json beside it when present
+    outputs = model(x)                # numpy in, list of numpy arrays out; model.main is the VM's main
+
+Nothing here imports the compiler side of tvm_fusion or TVM's Relax compiler modules. `import tvm` itself
+loads TVM's compiler library unless `TVM_USE_RUNTIME_LIB=1` is set (then only libtvm_runtime, ~8 MB).
+
+Before running anything, `load` compares the CPU the library was built for (triple and features, from the
+manifest) with this host's `/proc/cpuinfo`, and raises a FusionError naming what is missing: a library
+with AVX-512 code on a host without it would otherwise die with SIGILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+from .cpu_features import arch_of, host_features, missing_features
+from .errors import FusionError
+
+# TVM's pool reads TVM_NUM_THREADS when it starts (first parallel kernel); without it, it halves the
+# cores on x86 (one thread on a 2-vCPU machine). Use every core this process may run on.
+os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+
+import numpy as np  # noqa: E402
+import tvm  # noqa: E402
+import tvm.runtime  # noqa: E402,F401
+from tvm.runtime.vm import VirtualMachine  # noqa: E402
+
+__all__ = ["LoadedModel", "as_arrays", "check_host", "load", "read_manifest"]
+
+
+def read_manifest(library) -> dict | None:
+    """`<library>.json` beside the library, or None."""
+    path = Path(str(library) + ".json")
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def check_host(manifest: dict | None, library="the library", cpuinfo: str | None = None) -> None:
+    """FusionError when this host cannot run CPU code built for the manifest's triple and features.
+    Silent when the manifest says nothing about the CPU or the host's features cannot be read.
+    `cpuinfo` (a /proc/cpuinfo path) stands for another machine in tests."""
+    if not manifest or "cpu_features" not in manifest:
+        return
+    built_for, here = arch_of(manifest.get("cpu_triple")), arch_of()
+    if built_for != here:
+        raise FusionError(f"{library} was built for {manifest.get('cpu_triple')} ({built_for}); this machine "
+                          f"is {platform.machine()}: rebuild it with a target for this machine")
+    available = host_features(cpuinfo) if cpuinfo else host_features()
+    if available is None:
+        return
+    missing = missing_features(manifest["cpu_features"], available)
+    if missing:
+        raise FusionError(
+            f"{library} uses CPU features this machine does not expose: {', '.join(missing)} (not in "
+            f"/proc/cpuinfo); running it would die with SIGILL. Rebuild it here (--target llvm) or for a "
+            f"baseline the machine has, e.g. --target '{{\"kind\":\"llvm\",\"mcpu\":\"x86-64-v3\"}}'")
+
+
+def _device(manifest: dict | None, device):
+    if device is not None:
+        return device
+    kind = json.loads(manifest["target"]).get("kind") if manifest and manifest.get("target") else "llvm"
+    return tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
+
+
+def as_arrays(out) -> list[np.ndarray]:
+    """A VM result (a tensor, or nested tuples of them) as a flat list of numpy arrays."""
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    return [a for o in out for a in as_arrays(o)]
+
+
+class LoadedModel:
+    """An exported model ready to run: `model(*arrays)` -> list of numpy outputs."""
+
+    def __init__(self, library: Path, module, device, manifest: dict | None):
+        self.library = library
+        self.device = device
+        self.manifest = manifest
+        self.vm = VirtualMachine(module, device)
+        self.main = self.vm["main"]
+
+    @property
+    def threads(self) -> int:
+        """Threads of TVM's CPU pool (starts it)."""
+        return int(tvm.get_global_func("runtime.NumThreads")())
+
+    def __call__(self, *arrays) -> list[np.ndarray]:
+        return as_arrays(self.main(*[tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in arrays]))
+
+
+def load(path, device=None) -> LoadedModel:
+    """Load an exported library (and `<path>.json` when present), check that this host can run it, and
+    return a LoadedModel on `device` (default: the manifest's target kind, else the CPU)."""
+    library = Path(path)
+    if not library.exists():
+        raise FusionError(f"{library}: no such file (expected a library written by `tvm-fusion compile`)")
+    manifest = read_manifest(library)
+    check_host(manifest, library)
+    return LoadedModel(library, tvm.runtime.load_module(str(library)), _device(manifest, device), manifest)
