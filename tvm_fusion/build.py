@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -47,6 +48,15 @@ def count_kernel_calls(mod) -> tuple[int, int]:
     return primfuncs, calls
 
 
+def _compiler_for(target):
+    """For CUDA, the compiler TVM calls if a driver is present (the same as a driverless export's)."""
+    if target.kind.name != "cuda":
+        return contextlib.nullcontext()
+    from .export import build_time_compiler
+
+    return build_time_compiler(str(target.attrs.get("arch", "sm_90")))
+
+
 @dataclass
 class Built:
     mode: str
@@ -82,5 +92,6 @@ def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None)
         mod = fused.mod
     legal = legalize(mod, target, mode)
     primfuncs, calls = count_kernel_calls(legal)
-    ex = tvm.compile(legal, target, relax_pipeline=pipeline.sequential(pipeline.lower_passes(target), "lower"))
+    with _compiler_for(target):
+        ex = tvm.compile(legal, target, relax_pipeline=pipeline.sequential(pipeline.lower_passes(target), "lower"))
     return Built(mode, target, ex, primfuncs, calls, time.perf_counter() - start, fused, legal)
