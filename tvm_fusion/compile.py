@@ -11,11 +11,13 @@ from pathlib import Path
 import onnx
 
 from . import _tvm, frontend, pipeline
+from ._tvm import relax, tvm
 from .build import build, count_kernel_calls, resolve_target
-from .export import cuda_source, export_library
+from .export import export_library
+from .hardware import cuda_facts
 from .rules import RuleSet
 
-__all__ = ["CompileResult", "compile_model", "kernel_counts"]
+__all__ = ["CompileResult", "compile_model", "kernel_counts", "kernel_launches"]
 
 
 @dataclass
@@ -34,9 +36,16 @@ class CompileResult:
             f"      {self.manifest_path}",
             f"fused groups: {len(m['groups'])} ({fired})",
             "kernel calls per inference: " + ", ".join(f"{k} {v['kernel_calls']}" for k, v in b.items()),
-            *( [f"GPU code: {m['cuda_binary']['format']} for {m['arch']}, {m['cuda_binary']['bytes']} bytes "
-                f"(nvcc {m['cuda_binary']['nvcc_seconds']:.1f}s)"] if m.get("cuda_binary") else []),
+            *([_binary_line(m)] if m.get("cuda_binary") else []),
+            *([f"note: {m['cuda_facts']['note']}"] if m.get("cuda_facts", {}).get("note") else []),
         ])
+
+
+def _binary_line(m: dict) -> str:
+    b = m["cuda_binary"]
+    how = (f"{b['compiler']} {b['compile_seconds']:.1f}s at export" if b["compiled_at"] == "export"
+           else f"{b['compiler']}, compiled by TVM during the build (CUDA driver present)")
+    return f"GPU code: {b['format']} for {m['arch']}, {b['bytes']} bytes, {len(b['kernels'])} kernels ({how})"
 
 
 def kernel_counts(mod, target, mode: str) -> dict:
@@ -45,6 +54,27 @@ def kernel_counts(mod, target, mode: str) -> dict:
         legal = pipeline.sequential(pipeline.legalize_passes(mode, target), mode)(mod)
     primfuncs, calls = count_kernel_calls(legal)
     return {"primfuncs": primfuncs, "kernel_calls": calls}
+
+
+def _kernels_of(primfunc: str, kernels: list[str]) -> list[str]:
+    """The CUDA kernels TVM split `primfunc` into: `<primfunc>_kernel`, `<primfunc>_kernel_1`, ..."""
+    return [k for k in kernels if re.fullmatch(rf"{re.escape(primfunc)}_kernel(?:_?\d+)?", k)]
+
+
+def kernel_launches(legal, kernels: list[str]) -> int:
+    """GPU kernel launches per inference: each call_tir in `main` launches its PrimFunc's kernels (those of
+    the function table named `<primfunc>_kernel[_N]`), except reshapes, which TVM turns into views."""
+    launches = 0
+
+    def visit(expr):
+        nonlocal launches
+        if isinstance(expr, relax.Call) and expr.op.same_as(tvm.ir.Op.get("relax.call_tir")):
+            name = expr.args[0].name_hint
+            if not relax.analysis.has_reshape_pattern(legal[name]):
+                launches += len(_kernels_of(name, kernels))
+
+    relax.analysis.post_order_visit(legal["main"], visit)
+    return launches
 
 
 def _kernels(source: str) -> list[str]:
@@ -91,19 +121,21 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         built = build(mod, tgt, "fused", rules=rules)
         bar.update()
         binary = export_library(built.executable, output, arch)
-        kernels = _kernels(cuda_source(built.executable)) if tgt.kind.name == "cuda" else []
+        kernels = binary.kernels if binary is not None else []
         bar.update()
         builds = {}
         if counts_of_other_builds:
             builds = {m: kernel_counts(mod, tgt, m) for m in ("unfused", "tvm")}
             bar.update()
     builds["fused"] = {"primfuncs": built.primfuncs, "kernel_calls": built.kernel_calls}
+    if kernels:
+        builds["fused"]["kernel_launches"] = kernel_launches(built.module, kernels)
     groups = []
     for g in built.fused.groups:
         entry = {"rule": g.rule, "function": g.function, "onnx_nodes": g.onnx_nodes,
                  "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in g.attrs.items()}}
         if kernels:
-            entry["kernels"] = [k for k in kernels if re.fullmatch(rf"{re.escape(g.function)}_kernel\d*", k)]
+            entry["kernels"] = _kernels_of(g.function, kernels)
         groups.append(entry)
     manifest = {
         "model": name,
@@ -116,8 +148,12 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         "builds": builds,
         "declined": [asdict(d) for d in built.fused.decisions if d.reason],
     }
+    if tgt.kind.name == "cuda":
+        manifest["cuda_facts"] = asdict(cuda_facts(tgt))  # the limits and SM count the schedules sized for
     if binary is not None:
-        manifest["cuda_binary"] = {"format": binary.fmt, "bytes": binary.size, "nvcc_seconds": binary.compile_seconds}
+        manifest["cuda_binary"] = {"format": binary.fmt, "bytes": binary.size, "compiler": binary.compiler,
+                                   "compiled_at": binary.compiled_at, "compile_seconds": binary.compile_seconds,
+                                   "kernels": binary.kernels}
     manifest_path = output.with_name(output.name + ".json")
     manifest_path.write_text(json.dumps(manifest, indent=2))
     return CompileResult(output, manifest_path, manifest, time.perf_counter() - start)
