@@ -114,3 +114,25 @@ def test_resnet50_library_under_the_stub(stub, resnet50_path, tmp_path):
     a, b = library_cuda_module(lib), library_cuda_module(tmp_path / "driver.so")
     assert m_driver["cuda_binary"]["compiled_at"] == "build"
     assert a.functions == b.functions and a.data == b.data
+
+
+def test_gpu_check_runs_its_gpu_steps_under_the_stub(stub, tmp_path):
+    """benchmarks/gpu_check.py's GPU path end to end on the stub: every GPU step runs (none skipped), and
+    the verdict is FAIL, since the stub runs no kernel: the check can fail."""
+    from pathlib import Path
+
+    model = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(model))
+    script = Path(__file__).parents[2] / "benchmarks" / "gpu_check.py"
+    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "out"), "--model", str(model),
+                           "--rounds", "2"], env=stub_env(stub, tmp_path / "calls.log"), capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert report["gpu"]["name"] == "stub GPU" and report["gpu"]["arch"] == "sm_90" and report["skipped"] == []
+    assert {s["step"] for s in report["steps"]} >= {"load the library on the GPU", "GPU per-kernel timing (fused)"}
+    assert set(report["latency_ms"]) == {"fused", "unfused", "tvm"}
+    assert {k["kernel"] for k in report["kernels"]} == {"conv2d_bn_relu", "conv2d_bn_add_relu"}
+    failed = {n["comparison"] for n in report["numerics"] if not n["ok"]}
+    assert "fused GPU vs onnxruntime" in failed and report["ok"] is False
+    assert "**Verdict: FAIL**" in (tmp_path / "out" / "gpu_check.md").read_text()
