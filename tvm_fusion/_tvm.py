@@ -143,3 +143,13 @@ def current_cuda_arch(default: str) -> str:
     target = tvm.target.Target.current(allow_none=True)
     arch = target.attrs.get("arch") if target is not None and target.kind.name == "cuda" else None
     return str(arch) if arch else default
+
+
+def with_params(func, extra_params: list, body):
+    """`func` with `extra_params` appended and a new body (attributes, purity and return type kept)."""
+    return relax.Function(list(func.params) + list(extra_params), body, func.ret_ty, func.is_pure, func.attrs)
+
+
+def call_args_with(call, args: list):
+    """`call` with new arguments (same op, attributes and type arguments)."""
+    return relax.Call(call.op, args, call.attrs, call.ty_args)

@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     _common(c, target="cuda")
     c.add_argument("-o", "--output", required=True, help="library path to write (e.g. model.so)")
     c.add_argument("--no-counts", action="store_true", help="skip counting the unfused/tvm builds' kernels")
+    c.add_argument("--external-weights", action="store_true",
+                   help="write the weights to <output>.weights instead of into the library")
     m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report")
     _common(m)
     m.add_argument("--repeat", type=int, default=10, help="timed runs per build (interleaved)")
@@ -95,7 +97,8 @@ def _run(args) -> int:
         from .compile import compile_model
 
         result = compile_model(model, args.output, args.target, arch=args.arch, shapes=shapes, rules=rules,
-                               counts_of_other_builds=not args.no_counts)
+                               counts_of_other_builds=not args.no_counts,
+                               external_weights=args.external_weights)
         print(result)
         return 0
     if args.per_group or args.bisect:

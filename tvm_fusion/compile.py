@@ -16,6 +16,7 @@ from .build import build, count_kernel_calls, resolve_target
 from .export import export_library
 from .hardware import cuda_facts
 from .rules import RuleSet
+from .weights import WEIGHTS_SUFFIX, save_weights
 
 __all__ = ["CompileResult", "compile_model", "kernel_counts", "kernel_launches"]
 
@@ -34,6 +35,8 @@ class CompileResult:
         return "\n".join([
             f"wrote {self.library} ({m['target']}) in {self.seconds:.1f}s",
             f"      {self.manifest_path}",
+            *([f"      {m['weights']['file']} ({m['weights']['bytes']} bytes, {len(m['weights']['params'])} "
+                "weights outside the library)"] if m.get("weights") else []),
             f"fused groups: {len(m['groups'])} ({fired})",
             "kernel calls per inference: " + ", ".join(f"{k} {v['kernel_calls']}" for k, v in b.items()),
             *([_binary_line(m)] if m.get("cuda_binary") else []),
@@ -105,8 +108,10 @@ class _progress:
 
 
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
-                  rules: RuleSet | None = None, counts_of_other_builds: bool = True) -> CompileResult:
-    """Fuse and build `model` for `target`, export the library to `output`, write `<output>.json`."""
+                  rules: RuleSet | None = None, counts_of_other_builds: bool = True,
+                  external_weights: bool = False) -> CompileResult:
+    """Fuse and build `model` for `target`, export the library to `output`, write `<output>.json`; with
+    `external_weights` the weights go to `<output>.weights` instead of into the library (weights.py)."""
     start = time.perf_counter()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +123,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     with _progress(steps) as bar:
         mod = frontend.import_onnx(model, shapes)
         bar.update()
-        built = build(mod, tgt, "fused", rules=rules)
+        built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights)
         bar.update()
         binary = export_library(built.executable, output, arch)
         kernels = binary.kernels if binary is not None else []
@@ -154,6 +159,10 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         manifest["cuda_binary"] = {"format": binary.fmt, "bytes": binary.size, "compiler": binary.compiler,
                                    "compiled_at": binary.compiled_at, "compile_seconds": binary.compile_seconds,
                                    "kernels": binary.kernels}
+    if built.weights is not None:
+        weights_path = output.with_name(output.name + WEIGHTS_SUFFIX)
+        size = save_weights(weights_path, built.weights)
+        manifest["weights"] = {"file": weights_path.name, "bytes": size, "params": list(built.weights)}
     manifest_path = output.with_name(output.name + ".json")
     manifest_path.write_text(json.dumps(manifest, indent=2))
     return CompileResult(output, manifest_path, manifest, time.perf_counter() - start)

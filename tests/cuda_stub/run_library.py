@@ -10,6 +10,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_fusion.weights import load_weights
+
 
 def main(library: str, shapes: dict) -> None:
     dev = tvm.cuda(0)
@@ -18,10 +20,11 @@ def main(library: str, shapes: dict) -> None:
     vm = relax.VirtualMachine(tvm.runtime.load_module(library), dev)
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(rng.standard_normal(s).astype("float32"), dev) for s in shapes.values()]
+    args += load_weights(library, dev)  # a library built with --external-weights: <library>.weights
     out = vm["main"](*args)
-    outs = out if isinstance(out, (list, tuple)) or hasattr(out, "__len__") and not hasattr(out, "numpy") else [out]
+    outs = [out] if hasattr(out, "numpy") else list(out)
     shapes_out = [list(o.numpy().shape) for o in outs]
-    print("RESULT " + json.dumps({"device": dev.device_name, "outputs": shapes_out}))
+    print("RESULT " + json.dumps({"device": dev.device_name, "outputs": shapes_out, "weights": len(args) - len(shapes)}))
 
 
 if __name__ == "__main__":

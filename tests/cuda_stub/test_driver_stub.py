@@ -101,6 +101,16 @@ def test_build_with_a_driver_present_gives_the_same_kernels(stub, tmp_path):
     _check_library_under_stub(stub, model, with_driver, m_driver, tmp_path / "calls.log")
 
 
+def test_library_with_external_weights_under_the_stub(stub, tmp_path):
+    model = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(model))
+    lib = tmp_path / "block.so"
+    manifest, _ = _compile(model, lib, "--no-counts", "--external-weights")
+    assert manifest["weights"]["params"] == ["w0", "w1", "w2", "w3"]
+    run = _check_library_under_stub(stub, model, lib, manifest, tmp_path / "calls.log")
+    assert run.result["weights"] == 4 and run.result["outputs"] == [[1, 8, 10, 10]]
+
+
 @pytest.mark.slow
 def test_resnet50_library_under_the_stub(stub, resnet50_path, tmp_path):
     lib = tmp_path / "resnet50.so"
@@ -114,6 +124,12 @@ def test_resnet50_library_under_the_stub(stub, resnet50_path, tmp_path):
     a, b = library_cuda_module(lib), library_cuda_module(tmp_path / "driver.so")
     assert m_driver["cuda_binary"]["compiled_at"] == "build"
     assert a.functions == b.functions and a.data == b.data
+    small = tmp_path / "external.so"
+    m_ext, _ = _compile(resnet50_path, small, "--no-counts", "--external-weights")
+    assert small.stat().st_size < 8 << 20 < lib.stat().st_size  # kernels + host code, without ~100 MB of weights
+    assert m_ext["weights"]["bytes"] > 90 << 20
+    run = _check_library_under_stub(stub, resnet50_path, small, m_ext, tmp_path / "calls_ext.log")
+    assert len(run.launches) == 57 and run.result["weights"] == len(m_ext["weights"]["params"])
 
 
 def test_gpu_check_runs_its_gpu_steps_under_the_stub(stub, tmp_path):
