@@ -51,6 +51,17 @@ def _binary_line(m: dict) -> str:
     return f"GPU code: {b['format']} for {m['arch']}, {b['bytes']} bytes, {len(b['kernels'])} kernels ({how})"
 
 
+def _inputs(built) -> list[dict]:
+    """Name, shape and dtype of each input of `main` (the weights, when lifted, come after them)."""
+    params = list(built.module["main"].params)
+    params = params[:len(params) - len(built.weights or {})]
+    out = []
+    for p in params:
+        ty = _tvm.expr_type(p)
+        out.append({"name": _tvm.var_name(p), "shape": [int(d) for d in ty.shape], "dtype": str(ty.dtype)})
+    return out
+
+
 def kernel_counts(mod, target, mode: str) -> dict:
     """PrimFuncs and kernel calls of `mode` without compiling (legalize stage only)."""
     with target, _tvm.tvm.transform.PassContext(opt_level=3):
@@ -148,6 +159,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         "target": str(tgt),
         "arch": arch if tgt.kind.name == "cuda" else None,
         "tvm_version": _tvm.TVM_VERSION,
+        "inputs": _inputs(built),
         "rule_counts": built.counts,
         "groups": groups,
         "builds": builds,
