@@ -35,7 +35,13 @@ setup(
             "nbformat>=5.10",
             "ipykernel>=6.29",
             "jupytext>=1.16",
+            "nvidia-cuda-cuobjdump>=13",  # lists the kernels of exported fatbins (tests/cuda_stub)
+            "cuda-bindings>=13,<14",  # the NVRTC path is tested too
+            "nvidia-cuda-nvrtc>=13,<14",
         ],
+        # NVRTC, for building CUDA libraries on a host without nvcc on PATH (TVM's NVRTC path still wants
+        # the CUDA headers: CUDA_PATH or /usr/local/cuda)
+        "cuda": ["cuda-bindings>=13,<14", "nvidia-cuda-nvrtc>=13,<14"],
     },
     entry_points={"console_scripts": ["tvm-fusion=tvm_fusion.cli:main"]},
 )

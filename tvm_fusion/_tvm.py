@@ -178,3 +178,41 @@ def cuda_target(arch: str = "sm_90"):
 def prim_dtype(value) -> str:
     """dtype of a TIR PrimExpr (`.ty` in 0.27, `.dtype` before)."""
     return str(value.ty if hasattr(value, "ty") else value.dtype)
+
+
+#: the global function TVM's CUDA codegen calls to compile kernels at build time when a CUDA driver is present
+CUDA_COMPILE_CALLBACK = "tvm_callback_cuda_compile"
+
+
+class override_global_func:
+    """`with override_global_func(name, fn):` registers `fn` as TVM global `name`, and restores the previous
+    one (TVM's own nvcc/NVRTC wrapper for the CUDA compile callback) on exit."""
+
+    def __init__(self, name: str, fn):
+        self.name, self.fn = name, fn
+
+    def __enter__(self):
+        self.previous = tvm_ffi.get_global_func(self.name, allow_missing=True)
+        tvm_ffi.register_global_func(self.name, self.fn, override=True)
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            tvm_ffi.register_global_func(self.name, self.previous, override=True)
+
+
+def current_cuda_arch(default: str) -> str:
+    """The arch of the CUDA target in scope (the codegen compiles inside it), else `default`."""
+    target = tvm.target.Target.current(allow_none=True)
+    arch = target.attrs.get("arch") if target is not None and target.kind.name == "cuda" else None
+    return str(arch) if arch else default
+
+
+def with_params(func, extra_params: list, body):
+    """`func` with `extra_params` appended and a new body (attributes, purity and return type kept)."""
+    return relax.Function(list(func.params) + list(extra_params), body, func.ret_ty, func.is_pure, func.attrs)
+
+
+def call_args_with(call, args: list):
+    """`call` with new arguments (same op, attributes and type arguments)."""
+    return relax.Call(call.op, args, call.attrs, call.ty_args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -86,6 +87,15 @@ def count_kernel_calls(mod) -> tuple[int, int]:
     return primfuncs, calls
 
 
+def _compiler_for(target):
+    """For CUDA, the compiler TVM calls if a driver is present (the same as a driverless export's)."""
+    if target.kind.name != "cuda":
+        return contextlib.nullcontext()
+    from .export import build_time_compiler
+
+    return build_time_compiler(str(target.attrs.get("arch", "sm_90")))
+
+
 @dataclass
 class Built:
     mode: str
@@ -96,6 +106,7 @@ class Built:
     build_seconds: float
     fused: FuseResult | None = None
     module: object = field(default=None, repr=False)  # the legalized Relax module
+    weights: dict | None = field(default=None, repr=False)  # {param name: tensor} when built with external_weights
 
     @property
     def counts(self) -> dict[str, int]:
@@ -109,8 +120,10 @@ def legalize(mod, target, mode: str):
         return pipeline.sequential(pipeline.legalize_passes(mode, target), f"{mode}.legalize")(mod)
 
 
-def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None) -> Built:
-    """Compile `mod` for `target` in `mode` ('unfused', 'tvm' or 'fused')."""
+def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None, *,
+          external_weights: bool = False) -> Built:
+    """Compile `mod` for `target` in `mode` ('unfused', 'tvm' or 'fused'). With `external_weights`, main's
+    constant kernel arguments become parameters (weights.lift_weights) and `Built.weights` holds them."""
     target = resolve_target(target)
     if mode not in pipeline.MODES:
         raise FusionError(f"unknown build mode {mode!r}; use one of {', '.join(pipeline.MODES)}")
@@ -121,5 +134,11 @@ def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None)
         mod = fused.mod
     legal = legalize(mod, target, mode)
     primfuncs, calls = count_kernel_calls(legal)
-    ex = tvm.compile(legal, target, relax_pipeline=pipeline.sequential(pipeline.lower_passes(target), "lower"))
-    return Built(mode, target, ex, primfuncs, calls, time.perf_counter() - start, fused, legal)
+    weights = None
+    if external_weights:
+        from .weights import lift_weights
+
+        legal, weights = lift_weights(legal)
+    with _compiler_for(target):
+        ex = tvm.compile(legal, target, relax_pipeline=pipeline.sequential(pipeline.lower_passes(target), "lower"))
+    return Built(mode, target, ex, primfuncs, calls, time.perf_counter() - start, fused, legal, weights)

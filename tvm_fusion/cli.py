@@ -40,6 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-counts", action="store_true", help="skip counting the unfused/tvm builds' kernels")
     c.add_argument("--no-verify", action="store_true",
                    help="write the library without first checking the fused build against onnxruntime")
+    c.add_argument("--external-weights", action="store_true",
+                   help="write the weights to <output>.weights instead of into the library")
+    bnd = sub.add_parser("bundle", help="copy a compiled library, its weights and the TVM runtime alone (no "
+                         "compiler) into a folder that runs with plain Python: python DIR/run.py")
+    bnd.add_argument("library", help="a library written by tvm-fusion compile (with its .json manifest)")
+    bnd.add_argument("-o", "--output", required=True, help="folder to write")
+    bnd.add_argument("--python", default=None, help="Python version of the target machine (default: this one's)")
     m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report")
     _common(m)
     m.add_argument("--repeat", type=int, default=10, help="timed runs per build (interleaved)")
@@ -95,6 +102,11 @@ def _run(args) -> int:
         for r in _rules(args):
             print(f"{r.priority:5d}  {r.name:24s} {','.join(r.targets):10s} {r.doc}")
         return 0
+    if args.command == "bundle":
+        from .bundle import bundle
+
+        print(bundle(args.library, args.output, args.python))
+        return 0
     from .build import resolve_target
 
     resolve_target(args.target, args.arch)  # a bad --target fails here, before any work
@@ -112,7 +124,7 @@ def _run(args) -> int:
 
         result = compile_model(model, args.output, args.target, arch=args.arch, shapes=shapes, rules=rules,
                                counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
-                               seed=args.seed)
+                               seed=args.seed, external_weights=args.external_weights)
         print(result)
         return 0
     if args.per_group or args.bisect:

@@ -13,13 +13,16 @@ from pathlib import Path
 import onnx
 
 from . import _tvm, cpu_features, frontend, pipeline
+from ._tvm import relax, tvm
 from .build import build, count_kernel_calls, resolve_target
 from .errors import FusionError
-from .export import cuda_source, export_library
+from .export import export_library
+from .hardware import cuda_facts
 from .rules import RuleSet
 from .verify import skipped, verify_fused
+from .weights import WEIGHTS_SUFFIX, save_weights
 
-__all__ = ["CompileResult", "compile_model", "cpu_linker", "kernel_counts"]
+__all__ = ["CompileResult", "compile_model", "cpu_linker", "kernel_counts", "kernel_launches"]
 
 
 @dataclass
@@ -36,11 +39,13 @@ class CompileResult:
         return "\n".join([
             f"wrote {self.library} ({m['target']}) in {self.seconds:.1f}s",
             f"      {self.manifest_path}",
+            *([f"      {m['weights']['file']} ({m['weights']['bytes']} bytes, {len(m['weights']['params'])} "
+                "weights outside the library)"] if m.get("weights") else []),
             f"fused groups: {len(m['groups'])} ({fired})",
             _verified(m["verification"]),
             "kernel calls per inference: " + ", ".join(f"{k} {v['kernel_calls']}" for k, v in b.items()),
-            *( [f"GPU code: {m['cuda_binary']['format']} for {m['arch']}, {m['cuda_binary']['bytes']} bytes "
-                f"(nvcc {m['cuda_binary']['nvcc_seconds']:.1f}s)"] if m.get("cuda_binary") else []),
+            *([_binary_line(m)] if m.get("cuda_binary") else []),
+            *([f"note: {m['cuda_facts']['note']}"] if m.get("cuda_facts", {}).get("note") else []),
         ])
 
 
@@ -51,12 +56,51 @@ def _verified(v: dict) -> str:
     return f"verified: {v['method']}; worst max rel error {worst:.2g} ({v['seconds']:.1f}s)"
 
 
+def _binary_line(m: dict) -> str:
+    b = m["cuda_binary"]
+    how = (f"{b['compiler']} {b['compile_seconds']:.1f}s at export" if b["compiled_at"] == "export"
+           else f"{b['compiler']}, compiled by TVM during the build (CUDA driver present)")
+    return f"GPU code: {b['format']} for {m['arch']}, {b['bytes']} bytes, {len(b['kernels'])} kernels ({how})"
+
+
+def _inputs(built) -> list[dict]:
+    """Name, shape and dtype of each input of `main` (the weights, when lifted, come after them)."""
+    params = list(built.module["main"].params)
+    params = params[:len(params) - len(built.weights or {})]
+    out = []
+    for p in params:
+        ty = _tvm.expr_type(p)
+        out.append({"name": _tvm.var_name(p), "shape": [int(d) for d in ty.shape], "dtype": str(ty.dtype)})
+    return out
+
+
 def kernel_counts(mod, target, mode: str) -> dict:
     """PrimFuncs and kernel calls of `mode` without compiling (legalize stage only)."""
     with target, _tvm.tvm.transform.PassContext(opt_level=3):
         legal = pipeline.sequential(pipeline.legalize_passes(mode, target), mode)(mod)
     primfuncs, calls = count_kernel_calls(legal)
     return {"primfuncs": primfuncs, "kernel_calls": calls}
+
+
+def _kernels_of(primfunc: str, kernels: list[str]) -> list[str]:
+    """The CUDA kernels TVM split `primfunc` into: `<primfunc>_kernel`, `<primfunc>_kernel_1`, ..."""
+    return [k for k in kernels if re.fullmatch(rf"{re.escape(primfunc)}_kernel(?:_?\d+)?", k)]
+
+
+def kernel_launches(legal, kernels: list[str]) -> int:
+    """GPU kernel launches per inference: each call_tir in `main` launches its PrimFunc's kernels (those of
+    the function table named `<primfunc>_kernel[_N]`), except reshapes, which TVM turns into views."""
+    launches = 0
+
+    def visit(expr):
+        nonlocal launches
+        if isinstance(expr, relax.Call) and expr.op.same_as(tvm.ir.Op.get("relax.call_tir")):
+            name = expr.args[0].name_hint
+            if not relax.analysis.has_reshape_pattern(legal[name]):
+                launches += len(_kernels_of(name, kernels))
+
+    relax.analysis.post_order_visit(legal["main"], visit)
+    return launches
 
 
 def _kernels(source: str) -> list[str]:
@@ -116,10 +160,11 @@ def _target_record(target) -> dict:
 
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
                   rules: RuleSet | None = None, counts_of_other_builds: bool = True, verify: bool = True,
-                  seed: int = 0, cc: str | None = None) -> CompileResult:
+                  seed: int = 0, cc: str | None = None, external_weights: bool = False) -> CompileResult:
     """Fuse and build `model` for `target`, verify it against onnxruntime on inputs seeded with `seed`
     (verify.py: nothing is written when it differs), export the library to `output`, write `<output>.json`.
-    `cc` links a CPU library (default: the system compiler, or `<mtriple>-gcc` for another architecture)."""
+    `cc` links a CPU library (default: the system compiler, or `<mtriple>-gcc` for another architecture);
+    with `external_weights` the weights go to `<output>.weights` instead of into the library (weights.py)."""
     start = time.perf_counter()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +180,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         proto = frontend.load_onnx(model)
         mod = frontend.import_onnx(proto, shapes)
         bar.update()
-        built = build(mod, tgt, "fused", rules=rules)
+        built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights)
         bar.update()
         verification = verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed) if verify else skipped()
         bar.update()
@@ -148,19 +193,21 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
             os.replace(partial, output)
         finally:
             partial.unlink(missing_ok=True)
-        kernels = _kernels(cuda_source(built.executable)) if tgt.kind.name == "cuda" else []
+        kernels = binary.kernels if binary is not None else []
         bar.update()
         builds = {}
         if counts_of_other_builds:
             builds = {m: kernel_counts(mod, tgt, m) for m in ("unfused", "tvm")}
             bar.update()
     builds["fused"] = {"primfuncs": built.primfuncs, "kernel_calls": built.kernel_calls}
+    if kernels:
+        builds["fused"]["kernel_launches"] = kernel_launches(built.module, kernels)
     groups = []
     for g in built.fused.groups:
         entry = {"rule": g.rule, "function": g.function, "onnx_nodes": g.onnx_nodes,
                  "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in g.attrs.items()}}
         if kernels:
-            entry["kernels"] = [k for k in kernels if re.fullmatch(rf"{re.escape(g.function)}_kernel\d*", k)]
+            entry["kernels"] = _kernels_of(g.function, kernels)
         groups.append(entry)
     manifest = {
         "model": name,
@@ -168,14 +215,23 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         **_target_record(tgt),
         "arch": arch if tgt.kind.name == "cuda" else None,
         "tvm_version": _tvm.TVM_VERSION,
+        "inputs": _inputs(built),
         "rule_counts": built.counts,
         "groups": groups,
         "builds": builds,
         "declined": [asdict(d) for d in built.fused.decisions if d.reason],
         "verification": verification.manifest(),
     }
+    if tgt.kind.name == "cuda":
+        manifest["cuda_facts"] = asdict(cuda_facts(tgt))  # the limits and SM count the schedules sized for
     if binary is not None:
-        manifest["cuda_binary"] = {"format": binary.fmt, "bytes": binary.size, "nvcc_seconds": binary.compile_seconds}
+        manifest["cuda_binary"] = {"format": binary.fmt, "bytes": binary.size, "compiler": binary.compiler,
+                                   "compiled_at": binary.compiled_at, "compile_seconds": binary.compile_seconds,
+                                   "kernels": binary.kernels}
+    if built.weights is not None:
+        weights_path = output.with_name(output.name + WEIGHTS_SUFFIX)
+        size = save_weights(weights_path, built.weights)
+        manifest["weights"] = {"file": weights_path.name, "bytes": size, "params": list(built.weights)}
     manifest_path = output.with_name(output.name + ".json")
     manifest_path.write_text(json.dumps(manifest, indent=2))
     return CompileResult(output, manifest_path, manifest, time.perf_counter() - start)

@@ -1,32 +1,41 @@
-"""Export a built CUDA executable as a library that carries compiled GPU code (fatbin), not CUDA source.
+"""Export a built CUDA executable as a library that carries compiled GPU code, never CUDA source.
 
-TVM 0.27 stores the CUDA module of a build made without a CUDA driver as *source* (format "cuda"), which
-needs a CUDA compiler wherever the library is loaded. `export_library` below compiles that source with
-nvcc here (SASS for the arch + PTX for forward compatibility) and writes the module as format "fatbin",
-in the same serialized layout TVM's CUDA module loader reads: [fmt][function table][code].
+TVM 0.27 compiles the kernels itself during the build when a CUDA driver is present (through the global
+`tvm_callback_cuda_compile`), and keeps them as *source* (format "cuda") when there is none. Both paths
+go through `compile_cuda_source` here: `build_time_compiler` puts it in TVM's callback during a build,
+and `export_library` compiles a module still in source form. The compiler is chosen once, explicitly:
+nvcc when it is on PATH (a fatbin: SASS for the arch + PTX for newer GPUs), else NVRTC through the
+`[cuda]` extra (`cuda-bindings`, a cubin). So a build host with a driver and one without produce the
+same kernels. The module is written in the layout TVM's CUDA loader reads (see cuda_binary.py); any
+format TVM produced ("cuda", "ptx", "cubin", "fatbin") is accepted.
 """
 
 from __future__ import annotations
 
+import shutil
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import _tvm
 from ._tvm import tvm
+from .cuda_binary import (FATBIN_MAGIC, CudaModule, _Reader, code_format, library_cuda_module, parse_cuda_module,
+                          serialize_cuda_module)
 from .errors import FusionError
 
-__all__ = ["CudaBinary", "export_library", "cuda_source", "compile_cuda_source", "library_cuda_modules"]
-
-FATBIN_MAGIC = b"\x50\xed\x55\xba"  # little-endian 0xBA55ED50
+__all__ = ["CudaBinary", "export_library", "cuda_source", "compile_cuda_source", "cuda_compiler",
+           "build_time_compiler", "library_cuda_modules", "FATBIN_MAGIC"]
 
 
 @dataclass
 class CudaBinary:
-    fmt: str
+    fmt: str  # what the library carries: "fatbin" (nvcc), "cubin" (NVRTC) or "ptx"
     size: int
-    compile_seconds: float
+    compile_seconds: float  # 0.0 when TVM had compiled the kernels during the build
+    compiler: str  # "nvcc" or "nvrtc"
+    compiled_at: str  # "export" (no driver: the build kept source) or "build" (TVM compiled with a driver)
+    kernels: list[str] = field(default_factory=list)  # the function table, in order
 
 
 def _cuda_modules(module):
@@ -44,34 +53,55 @@ def cuda_source(executable) -> str:
     return "\n".join(m.inspect_source() for m in mods)
 
 
-def compile_cuda_source(source: str, arch: str) -> bytes:
-    """nvcc: CUDA C -> fatbin (SASS for `arch` and PTX for newer GPUs)."""
+def _has_nvrtc() -> bool:
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def cuda_compiler() -> str:
+    """The CUDA compiler this host uses: 'nvcc' when on PATH, else 'nvrtc' (cuda-bindings)."""
+    if shutil.which("nvcc"):
+        return "nvcc"
+    if _has_nvrtc():
+        return "nvrtc"
+    raise FusionError("no CUDA compiler: put the CUDA toolkit's nvcc on PATH, "
+                      "or pip install 'tvm_fusion[cuda]' for NVRTC (cuda-bindings)")
+
+
+def compile_cuda_source(source: str, arch: str, compiler: str | None = None) -> bytes:
+    """CUDA C -> a fatbin (nvcc: SASS for `arch` and PTX for newer GPUs) or a cubin (NVRTC)."""
+    compiler = compiler or cuda_compiler()
+    fmt = "fatbin" if compiler == "nvcc" else "cubin"
     with tvm.target.Target({"kind": "cuda", "arch": arch}):
         try:
-            return bytes(_tvm.nvcc.compile_cuda(source, target_format="fatbin", arch=arch, compiler="nvcc"))
+            return bytes(_tvm.nvcc.compile_cuda(source, target_format=fmt, arch=arch, compiler=compiler))
         except Exception as err:
-            raise FusionError(f"nvcc failed to compile the generated CUDA for {arch}: {err}") from None
+            raise FusionError(f"{compiler} failed to compile the generated CUDA for {arch}: {_first_error(err)}") from None
+
+
+def _first_error(err: Exception) -> str:
+    """The compiler's own message in TVM's error (which quotes the whole source first)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    if "Compilation error:" in lines:
+        lines = lines[lines.index("Compilation error:") + 1:]
+    hits = [ln for ln in lines if "error" in ln.lower() or "fatal" in ln.lower()]
+    return (hits or lines or [type(err).__name__])[0]
+
+
+def build_time_compiler(arch: str):
+    """`with build_time_compiler(arch): tvm.compile(...)`: when a driver is present and TVM compiles the
+    kernels during the build, it uses the same compiler and options as a driverless export."""
+
+    def compile_callback(code):
+        return bytearray(compile_cuda_source(str(code), _tvm.current_cuda_arch(arch)))
+
+    return _tvm.override_global_func(_tvm.CUDA_COMPILE_CALLBACK, compile_callback)
 
 
 # ---- the blob TVM links into a library: [u64 nbytes][import tree][per module: key, payload]
-class _Reader:
-    def __init__(self, data: bytes):
-        self.data, self.pos = data, 0
-
-    def u64(self) -> int:
-        (v,) = struct.unpack_from("<Q", self.data, self.pos)
-        self.pos += 8
-        return v
-
-    def raw(self) -> bytes:
-        n = self.u64()
-        out = self.data[self.pos:self.pos + n]
-        if len(out) != n:
-            raise FusionError("unexpected library blob layout (truncated); TVM's format changed?")
-        self.pos += n
-        return out
-
-
 def _u64(v: int) -> bytes:
     return struct.pack("<Q", v)
 
@@ -80,11 +110,11 @@ def _string(b: bytes) -> bytes:
     return _u64(len(b)) + b
 
 
-def _patch_blob(blob: bytes, compiled: bytes, source: bytes) -> bytes:
+def _walk_blob(blob: bytes, patch_cuda) -> bytes:
+    """The blob with each CUDA module payload replaced by `patch_cuda(payload)`."""
     r = _Reader(blob)
-    total = r.u64()
-    if total != len(blob) - 8:
-        raise FusionError("unexpected library blob layout (size); TVM's format changed?")
+    if r.u64() != len(blob) - 8:
+        raise FusionError("unexpected library blob layout (size); did TVM's format change?")
     row_ptr = [r.u64() for _ in range(r.u64())]
     children = [r.u64() for _ in range(r.u64())]
     out = [_u64(len(row_ptr)), *map(_u64, row_ptr), _u64(len(children)), *map(_u64, children)]
@@ -96,19 +126,26 @@ def _patch_blob(blob: bytes, compiled: bytes, source: bytes) -> bytes:
             continue
         payload = r.raw()
         if key == b"cuda":
-            p = _Reader(payload)
-            fmt = p.raw()
-            tail = _string(source)
-            if fmt != b"cuda" or not payload.endswith(tail):
-                raise FusionError(f"CUDA module has format {fmt.decode()!r}, expected source to compile")
-            fmap = payload[p.pos:len(payload) - len(tail)]
-            payload = _string(b"fatbin") + fmap + _string(compiled)
+            payload = patch_cuda(payload)
             patched += 1
         out.append(_string(payload))
     if patched != 1:
         raise FusionError(f"expected one CUDA module in the library, found {patched}")
     body = b"".join(out)
     return _u64(len(body)) + body
+
+
+def _compiled(module: CudaModule, arch: str, compiler: str) -> tuple[CudaModule, CudaBinary]:
+    """`module` with compiled code: source is compiled now; code TVM compiled at build time is kept."""
+    start = time.perf_counter()
+    if module.fmt == "cuda":
+        data, when = compile_cuda_source(module.data.decode(), arch, compiler), "export"
+    else:
+        data, when = module.data, "build"
+    fmt = code_format(data)  # TVM names a fatbin compiled at build time "cubin": say what it is
+    seconds = time.perf_counter() - start if when == "export" else 0.0
+    binary = CudaBinary(fmt, len(data), seconds, compiler, when, [f.name for f in module.functions.values()])
+    return CudaModule(fmt, module.functions, data), binary
 
 
 LIBRARY_SYMBOL = "__tvm_ffi__library_bin"
@@ -126,46 +163,35 @@ def _asm_blob(symbol: str, blob_path: Path) -> str:
 
 
 def export_library(executable, path, arch: str = "sm_90") -> CudaBinary | None:
-    """Export `executable` to a shared library; a CUDA module inside is compiled to fatbin first."""
+    """Export `executable` to a shared library whose CUDA module (if any) carries compiled code."""
     path = Path(path)
-    mods = list(_cuda_modules(executable.mod))
-    if not mods:
+    if not list(_cuda_modules(executable.mod)):
         executable.export_library(str(path))
         return None
-    source = mods[0].inspect_source()
-    start = time.perf_counter()
-    compiled = compile_cuda_source(source, arch)
-    seconds = time.perf_counter() - start
-    if not compiled.startswith(FATBIN_MAGIC):
-        raise FusionError("nvcc output is not a fatbin")
+    compiler = cuda_compiler()
+    result = []
+
+    def patch(payload: bytes) -> bytes:
+        module, binary = _compiled(parse_cuda_module(payload), arch, compiler)
+        result.append(binary)
+        return serialize_cuda_module(module)
 
     def pack(mod, is_system_lib, prefix, workspace_dir):
         if is_system_lib or prefix:
             raise FusionError("system-lib export of CUDA builds is not supported; export a shared library")
-        blob = _tvm.pack_imports_to_bytes(mod)
         blob_path = Path(workspace_dir) / "devc.bin"
-        blob_path.write_bytes(_patch_blob(blob, compiled, source.encode()))
+        blob_path.write_bytes(_walk_blob(_tvm.pack_imports_to_bytes(mod), patch))
         asm = Path(workspace_dir) / "devc.S"
         asm.write_text(_asm_blob(LIBRARY_SYMBOL, blob_path))
         return str(asm)
 
     executable.export_library(str(path), fpack_imports=pack)
-    return CudaBinary("fatbin", len(compiled), seconds)
+    return result[0]
 
 
 def library_cuda_modules(path) -> list[str]:
-    """Formats of the CUDA modules embedded in an exported library: 'fatbin', or 'cuda' for source."""
-    data = Path(path).read_bytes()
-    key = _string(b"cuda")
-    found, pos = [], data.find(key)
-    while pos >= 0:
-        r = _Reader(data)
-        r.pos = pos + len(key) + 8  # skip the key and the payload length
-        try:
-            fmt = r.raw()
-        except (FusionError, struct.error):
-            fmt = b""
-        if fmt in (b"fatbin", b"cubin", b"ptx", b"cuda"):
-            found.append(fmt.decode())
-        pos = data.find(key, pos + 1)
-    return found
+    """Formats of the CUDA modules embedded in an exported library: 'fatbin', 'cubin', 'ptx' or 'cuda'."""
+    try:
+        return [library_cuda_module(path).fmt]
+    except FusionError:
+        return []

@@ -74,7 +74,8 @@ def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = 
         runnable = build(graph, cpu, "tvm")
     dev = tvm.cpu(0)
     inputs, tensors = input_tensors(proto, shapes, seed, dev)
-    got = as_arrays(relax.VirtualMachine(runnable.executable, dev)["main"](*tensors))
+    weights = list((runnable.weights or {}).values())  # built with external weights: main takes them last
+    got = as_arrays(relax.VirtualMachine(runnable.executable, dev)["main"](*tensors, *weights))
     sess, names = run_onnxruntime(proto, inputs, optimize=False)
     stats = {n: error_stats(g, r) for n, g, r in zip(names, got, sess.run(None, inputs))}
     result = Verification(True, METHOD_CPU if on_cpu else METHOD_CUDA, seed, str(cpu), stats,

@@ -12,8 +12,8 @@ Direct convolution, the layout of TVM's classic `conv2d_direct` CUDA schedule on
     epilogue      bias (+ residual) + activation from the registers, one store per output
 
 Tiles come from the shape (`pick_tiles`): a ~64-pixel spatial tile of whole-ish rows, output channels per
-block shrunk until the grid has MIN_BLOCKS blocks, then the largest rc chunk whose staging fits
-SHARED_BUDGET_BYTES. Extents that do not divide their tile are split with predicates, except inside
+block shrunk until the grid has a block per SM of the target's GPU (`cuda_facts(target).sm_count`), then
+the largest rc chunk whose staging fits SHARED_BUDGET_BYTES (within the arch's static shared-memory limit). Extents that do not divide their tile are split with predicates, except inside
 grouped convs, where oc tiles and rc chunks divide the group (a tile never straddles two groups).
 Depthwise convs (one input channel per group) take a simpler branch: one thread per output, the window
 read straight from global memory (the op is memory bound; there is no reuse to stage).
@@ -23,19 +23,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvm_fusion.hardware import CudaFacts, cuda_facts
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.conv2d import CONV_RULES, conv2d_out_size
 
-MAX_SHARED_BYTES = 48 * 1024  # static shared memory per block (the launch limit)
+# the launch limits (static shared memory, threads per block) and the SM count come from cuda_facts(target)
 SHARED_BUDGET_BYTES = 24 * 1024  # what we aim for, so two blocks fit an SM's carve-out comfortably
-MAX_THREADS = 1024  # threads per block (the launch limit)
 TARGET_THREADS = 256  # threads per block we aim for
-MIN_BLOCKS = 128  # ~one block per SM of a 132-SM H100/H200: shrink tiles until the grid is this large
 #: output pixels per block tile (4 x 16, 7 x 7, 4 x 14, ...); the smaller ones only when a patch won't fit
 SPATIAL_TILES = (64, 16, 4, 1)
 MAX_TILE_W = 16  # widest output-row tile
 #: (output channels per thread, threads per block) from the largest tile down, tried in order; the first
-#: whose grid has MIN_BLOCKS blocks wins (small layers trade register reuse for parallelism)
+#: whose grid has a block per SM wins (small layers trade register reuse for parallelism)
 PER_THREAD_OC = ((8, 256), (4, 256), (4, 128), (2, 128), (2, 64), (1, 64))
 W_REG = 2  # output columns per thread when the row tile is even
 RC_CHUNK = 32  # most input channels staged per shared-memory round
@@ -122,9 +121,9 @@ def _pow2_ceil(v: int) -> int:
     return 1 << (max(1, v) - 1).bit_length()
 
 
-def _oc_tiles(s: ConvShape, spatial_threads: int, spatial_blocks: int) -> tuple[int, int]:
+def _oc_tiles(s: ConvShape, spatial_threads: int, spatial_blocks: int, min_blocks: int) -> tuple[int, int]:
     """(output channels per thread, threads along output channels): the largest per-thread tile whose
-    grid still has MIN_BLOCKS blocks (small layers trade register reuse for parallelism)."""
+    grid still has `min_blocks` blocks (small layers trade register reuse for parallelism)."""
     oc_reg, oc_threads = 1, 1
     for want_reg, want_threads in PER_THREAD_OC:
         want_threads = max(1, min(want_threads, TARGET_THREADS) // spatial_threads)
@@ -134,7 +133,7 @@ def _oc_tiles(s: ConvShape, spatial_threads: int, spatial_blocks: int) -> tuple[
         else:  # powers of two; the last tile is predicated
             oc_reg = min(want_reg, _pow2_floor(s.opg))
             oc_threads = min(_pow2_floor(want_threads), _pow2_ceil(_ceil(s.opg, oc_reg)))
-        if spatial_blocks * _ceil(s.opg, oc_reg * oc_threads) >= MIN_BLOCKS:
+        if spatial_blocks * _ceil(s.opg, oc_reg * oc_threads) >= min_blocks:
             break
     return oc_reg, oc_threads
 
@@ -148,7 +147,7 @@ def _rc_chunks(s: ConvShape):
     return list(dict.fromkeys(_tile(s.cpg, limit) for limit in range(want, 0, -1)))
 
 
-def _candidates(s: ConvShape):
+def _candidates(s: ConvShape, min_blocks: int):
     """Tilings from the preferred one down: smaller rc chunks first, then smaller spatial tiles, then a
     single output channel per block, so only a huge window (or stride) can leave nothing that fits."""
     for spatial in SPATIAL_TILES:
@@ -157,18 +156,18 @@ def _candidates(s: ConvShape):
         h_threads = _tile(s.oh, max(1, spatial // w_tile))
         spatial_threads = h_threads * (w_tile // w_reg)
         spatial_blocks = s.n * s.groups * _ceil(s.oh, h_threads) * _ceil(s.ow, w_tile)
-        for oc_reg, oc_threads in (_oc_tiles(s, spatial_threads, spatial_blocks), (1, 1)):
+        for oc_reg, oc_threads in (_oc_tiles(s, spatial_threads, spatial_blocks, min_blocks), (1, 1)):
             for rc in _rc_chunks(s):
                 yield ConvTiles(oc_reg, oc_threads, h_threads, w_reg, w_tile // w_reg, rc)
 
 
-def pick_tiles(s: ConvShape) -> ConvTiles:
-    """Tile sizes from the shape: the first candidate within the shared-memory budget, else the first
-    within the hard limit, else the smallest (which `supports` then declines)."""
-    candidates = list(_candidates(s))
-    for limit in (SHARED_BUDGET_BYTES, MAX_SHARED_BYTES):
+def pick_tiles(s: ConvShape, gpu: CudaFacts) -> ConvTiles:
+    """Tile sizes from the shape and the GPU: the first candidate within the shared-memory budget, else the
+    first within the arch's static limit, else the smallest (which `supports` then declines)."""
+    candidates = list(_candidates(s, gpu.sm_count))
+    for limit in (min(SHARED_BUDGET_BYTES, gpu.shared_static_bytes), gpu.shared_static_bytes):
         for t in candidates:
-            if t.shared_bytes(s) <= limit and t.threads <= MAX_THREADS:
+            if t.shared_bytes(s) <= limit and t.threads <= gpu.max_threads_per_block:
                 return t
     return candidates[-1]
 
@@ -196,12 +195,13 @@ def supports(attrs: dict, shapes, target) -> str | None:
     if not s.depthwise:
         if s.groups > MAX_GRID_Y:
             return f"conv2d has {s.groups} groups; the CUDA schedule puts them on blockIdx.y (at most {MAX_GRID_Y})"
-        t = pick_tiles(s)
-        if t.shared_bytes(s) > MAX_SHARED_BYTES:
+        gpu = cuda_facts(target)
+        t = pick_tiles(s, gpu)
+        if t.shared_bytes(s) > gpu.shared_static_bytes:
             return (f"conv2d tile needs {t.shared_bytes(s)} bytes of shared memory even at its smallest; "
-                    f"the limit is {MAX_SHARED_BYTES}")
-        if t.threads > MAX_THREADS:
-            return f"conv2d tile needs {t.threads} threads per block; the limit is {MAX_THREADS}"
+                    f"the limit is {gpu.shared_static_bytes} on {gpu.arch}")
+        if t.threads > gpu.max_threads_per_block:
+            return f"conv2d tile needs {t.threads} threads per block; the limit is {gpu.max_threads_per_block}"
     return None
 
 
@@ -230,7 +230,7 @@ def schedule_conv2d_cuda(sch, attrs, target):
     if s.depthwise:
         _schedule_depthwise(sch, s)
     else:
-        _schedule_direct(sch, s, pick_tiles(s))
+        _schedule_direct(sch, s, pick_tiles(s, cuda_facts(target)))
 
 
 def _schedule_direct(sch, s: ConvShape, t: ConvTiles) -> None:

@@ -56,3 +56,28 @@ def test_family_builds_for_cuda(make):
             check = check_gpu_limits(func, target)
             assert check.ok, f"{gv.name_hint}: {check}"
     assert compile_cuda_source(cuda_source(built.executable), "sm_90")[:4] == b"\x50\xed\x55\xba"
+
+
+ARCHS = ["sm_80", "sm_89", "sm_90", "sm_100"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_arch_builds_within_its_limits(arch):
+    """`--arch` reaches the schedules: a small fused model builds for the arch, every kernel passes
+    verify_gpu_code against that arch's limits (hardware.cuda_facts), and nvcc compiles it for the arch."""
+    from tvm_fusion.hardware import cuda_facts
+    from tvm_fusion.testing import residual_block
+
+    target = resolve_target("cuda", arch)
+    facts = cuda_facts(target)
+    assert facts.known and facts.arch == arch
+    built = build(import_onnx(residual_block(c=64, hw=(14, 14))), target, "fused")
+    assert {k: v for k, v in built.counts.items() if v} == {"conv2d_bn_add_relu": 1, "conv2d_bn_relu": 1}
+    checked = 0
+    for gv, func in built.fused.mod.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            check = check_gpu_limits(func, target, facts.gpu_limits())
+            assert check.ok and check.shared_bytes <= facts.shared_static_bytes, f"{arch} {gv.name_hint}: {check}"
+            checked += 1
+    assert checked == 2
+    assert compile_cuda_source(cuda_source(built.executable), arch)[:4] == b"\x50\xed\x55\xba"

@@ -10,18 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm_fusion._tvm import tvm, verify_gpu_code
+from tvm_fusion.hardware import cuda_facts
 
 #: the launch limits of sm_90 (H100 / H200) that a kernel without dynamic shared memory must meet
-SM90_LIMITS = {
-    "max_shared_memory_per_block": 48 * 1024,
-    "max_threads_per_block": 1024,
-    "max_thread_x": 1024,
-    "max_thread_y": 1024,
-    "max_thread_z": 64,
-    "max_local_memory_per_block": 2**31 - 1,
-    "max_vthread": 8,
-    "max_vector_bytes": 16,
-}
+SM90_LIMITS = cuda_facts("sm_90").gpu_limits()
 
 
 @dataclass(frozen=True)
@@ -60,7 +52,8 @@ def lower_for_device(func, target):
 
 
 def check_gpu_limits(func, target, limits: dict | None = None) -> GpuCheck:
+    """verify_gpu_code against `limits`, by default those of the target's arch (hardware.cuda_facts)."""
     lowered = lower_for_device(func, target)
-    ok = bool(verify_gpu_code(lowered, limits or SM90_LIMITS))
+    ok = bool(verify_gpu_code(lowered, limits or cuda_facts(target).gpu_limits()))
     alloc = tvm.s_tir.analysis.calculate_allocated_bytes(lowered)["main"]
     return GpuCheck(ok, int(alloc.get("shared", 0)))

@@ -1,0 +1,184 @@
+"""TVM's real CUDA loader and VM, run against a stub driver (stub.c): the exported library loads, every
+kernel in its function table is in the compiled code, every launch fits the kernel's `.maxntid` and the
+launches per inference equal the manifest's kernel launches (its call_tir calls less reshapes, which
+TVM turns into views); and a build on a host *with* a driver (TVM
+compiles the kernels during the build) gives the same kernels as a driverless one.
+
+Not run here: the kernels themselves (the stub launches nothing; the `gpu` tests and benchmarks/gpu_check.py
+run them on a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import onnx
+import pytest
+
+from tvm_fusion.cuda_binary import fatbin_kernels, library_cuda_module
+from tvm_fusion.testing import residual_block
+
+from . import build_stub, check_launches, run_with_stub, stub_env
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory):
+    return build_stub(tmp_path_factory.mktemp("cuda_stub"))
+
+
+def _input_shapes(model_path) -> dict:
+    model = onnx.load(str(model_path))
+    init = {i.name for i in model.graph.initializer}
+    return {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input if i.name not in init}
+
+
+def _compile(model_path, lib, *extra, env=None):
+    cmd = [sys.executable, "-m", "tvm_fusion", "compile", str(model_path), "--target", "cuda", "-o", str(lib), *extra]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(lib.with_name(lib.name + ".json").read_text()), proc.stdout
+
+
+def _check_library_under_stub(stub, model_path, lib, manifest, log):
+    run = run_with_stub(stub, lib, _input_shapes(model_path), log)
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.result["device"] == "stub GPU"  # TVM ran on the stub, not on a real device
+    module = library_cuda_module(lib)
+    found = {line.split()[1] for line in run.log if line.startswith("cuModuleGetFunction") and "missing" not in line}
+    assert not [line for line in run.log if line.endswith(" missing")]
+    assert found == {f.name for f in module.functions.values() if any(la.kernel == f.name for la in run.launches)}
+    fused = manifest["builds"]["fused"]
+    assert len(run.launches) == fused["kernel_launches"], (len(run.launches), fused)
+    assert check_launches(module, run.launches) == []
+    table = {f.name for f in module.functions.values()}
+    unlaunched = table - {la.kernel for la in run.launches}  # every kernel runs, but reshapes (views in the VM)
+    assert all(re.fullmatch(r"reshape\d*_kernel", k) for k in unlaunched), unlaunched
+    return run
+
+
+def test_small_model_loads_and_every_launch_is_checked(stub, tmp_path):
+    model = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(model))
+    lib = tmp_path / "block.so"
+    manifest, _ = _compile(model, lib, "--no-counts")
+    assert manifest["cuda_binary"]["compiled_at"] == "export"  # no driver here: TVM kept source
+    run = _check_library_under_stub(stub, model, lib, manifest, tmp_path / "calls.log")
+    assert [la.kernel for la in run.launches] == ["conv2d_bn_relu_kernel", "conv2d_bn_add_relu_kernel"]
+    assert manifest["builds"]["fused"]["kernel_calls"] == 2
+    assert sum(line.startswith("cuModuleLoadData") for line in run.log) == 1
+
+
+def test_check_launches_catches_a_block_over_maxntid(stub, tmp_path):
+    from . import Launch
+
+    model = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(model))
+    lib = tmp_path / "block.so"
+    _compile(model, lib, "--no-counts")
+    module = library_cuda_module(lib)
+    ptx, _ = fatbin_kernels(module.data)
+    k = ptx["conv2d_bn_relu_kernel"]
+    too_big = Launch(k.name, (1, 1, 1), (k.maxntid[0], 2, 1), 0)
+    assert check_launches(module, [too_big]) == [f"{k.name}: block {too_big.block} exceeds .maxntid {k.maxntid}"]
+
+
+def test_build_with_a_driver_present_gives_the_same_kernels(stub, tmp_path):
+    """With the stub loaded TVM sees a driver and compiles the kernels during the build (the path that
+    failed on GPU servers: NVRTC without cuda-bindings, or a `cubin` module export rejected)."""
+    model = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(model))
+    plain, with_driver = tmp_path / "plain.so", tmp_path / "driver.so"
+    m_plain, _ = _compile(model, plain, "--no-counts")
+    m_driver, out = _compile(model, with_driver, "--no-counts", env=stub_env(stub, tmp_path / "build.log"))
+    assert m_driver["cuda_binary"]["compiled_at"] == "build", out
+    assert m_plain["cuda_binary"]["compiled_at"] == "export"
+    a, b = library_cuda_module(plain), library_cuda_module(with_driver)
+    assert (a.fmt, a.functions) == (b.fmt, b.functions)
+    assert a.data == b.data  # byte-identical fatbin
+    _check_library_under_stub(stub, model, with_driver, m_driver, tmp_path / "calls.log")
+
+
+def test_library_with_external_weights_under_the_stub(stub, tmp_path):
+    model = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(model))
+    lib = tmp_path / "block.so"
+    manifest, _ = _compile(model, lib, "--no-counts", "--external-weights")
+    assert manifest["weights"]["params"] == ["w0", "w1", "w2", "w3"]
+    run = _check_library_under_stub(stub, model, lib, manifest, tmp_path / "calls.log")
+    assert run.result["weights"] == 4 and run.result["outputs"] == [[1, 8, 10, 10]]
+
+
+@pytest.mark.slow
+def test_resnet50_library_under_the_stub(stub, resnet50_path, tmp_path):
+    lib = tmp_path / "resnet50.so"
+    manifest, _ = _compile(resnet50_path, lib)
+    run = _check_library_under_stub(stub, resnet50_path, lib, manifest, tmp_path / "calls.log")
+    fused = manifest["builds"]["fused"]
+    print(f"ResNet-50: {len(run.launches)} launches; manifest: {fused}")
+    assert (len(run.launches), fused["kernel_calls"]) == (57, 60)  # 3 reshapes (flatten) are views, not kernels
+    m_driver, _ = _compile(resnet50_path, tmp_path / "driver.so", "--no-counts",
+                           env=stub_env(stub, tmp_path / "build.log"))
+    a, b = library_cuda_module(lib), library_cuda_module(tmp_path / "driver.so")
+    assert m_driver["cuda_binary"]["compiled_at"] == "build"
+    assert a.functions == b.functions and a.data == b.data
+    small = tmp_path / "external.so"
+    m_ext, _ = _compile(resnet50_path, small, "--no-counts", "--external-weights")
+    assert small.stat().st_size < 8 << 20 < lib.stat().st_size  # kernels + host code, without ~100 MB of weights
+    assert m_ext["weights"]["bytes"] > 90 << 20
+    run = _check_library_under_stub(stub, resnet50_path, small, m_ext, tmp_path / "calls_ext.log")
+    assert len(run.launches) == 57 and run.result["weights"] == len(m_ext["weights"]["params"])
+
+
+def test_gpu_check_runs_its_gpu_steps_under_the_stub(stub, tmp_path):
+    """benchmarks/gpu_check.py's GPU path end to end on the stub: every GPU step runs (none skipped), and
+    the verdict is FAIL, since the stub runs no kernel: the check can fail."""
+    from pathlib import Path
+
+    model = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(model))
+    script = Path(__file__).parents[2] / "benchmarks" / "gpu_check.py"
+    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "out"), "--model", str(model),
+                           "--rounds", "2"], env=stub_env(stub, tmp_path / "calls.log"), capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert report["gpu"]["name"] == "stub GPU" and report["gpu"]["arch"] == "sm_90" and report["skipped"] == []
+    assert {s["step"] for s in report["steps"]} >= {"load the library on the GPU", "GPU per-kernel timing (fused)"}
+    assert set(report["latency_ms"]) == {"fused", "unfused", "tvm"}
+    assert {k["kernel"] for k in report["kernels"]} == {"conv2d_bn_relu", "conv2d_bn_add_relu"}
+    failed = {n["comparison"] for n in report["numerics"] if not n["ok"]}
+    assert "fused GPU vs onnxruntime" in failed and report["ok"] is False
+    assert "**Verdict: FAIL**" in (tmp_path / "out" / "gpu_check.md").read_text()
+
+
+def test_cuda_bundle_runs_under_the_stub_without_the_compiler(stub, tmp_path):
+    """`tvm-fusion bundle` of a CUDA library: run.py (TVM runtime alone, TVM_USE_RUNTIME_LIB=1) loads it
+    on the stub GPU and issues every launch; the bundle carries libcudart (the GPU server needs only a driver)."""
+    from pathlib import Path
+
+    from . import read_log
+
+    model = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(model))
+    lib = tmp_path / "block.so"
+    _compile(model, lib, "--no-counts", "--external-weights")
+    deploy = tmp_path / "deploy"
+    proc = subprocess.run([sys.executable, "-m", "tvm_fusion", "bundle", str(lib), "-o", str(deploy)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert not list(deploy.rglob("libtvm_compiler.so"))
+    assert (deploy / "site" / "tvm" / "lib" / "libcudart.so.13").exists(), proc.stdout  # this host has the toolkit
+    base = getattr(sys, "_base_executable", sys.executable)  # no venv: neither TVM nor tvm_fusion importable
+    run = subprocess.run([base, "-s", str(deploy / "run.py")], env=stub_env(stub, tmp_path / "calls.log"),
+                         capture_output=True, text=True, cwd=tmp_path)
+    if "No module named 'numpy'" in run.stderr:
+        pytest.skip("bundle run not checked: this Python has no numpy outside the venv")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["device"] == "cuda:0" and result["compiler_loaded"] is False
+    assert Path(result["tvm"]).is_relative_to(deploy)
+    _, launches = read_log(tmp_path / "calls.log")
+    assert [la.kernel for la in launches] == ["conv2d_bn_relu_kernel", "conv2d_bn_add_relu_kernel"]

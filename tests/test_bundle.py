@@ -1,0 +1,61 @@
+"""`tvm-fusion bundle`: a library, its weights and the TVM runtime alone run in a fresh virtualenv that has
+neither TVM's compiler library nor tvm_fusion, and give the same outputs as the library run here."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tvm_fusion._tvm import relax, tvm
+from tvm_fusion.cli import main
+from tvm_fusion.testing import residual_block
+from tvm_fusion.weights import load_weights
+
+
+@pytest.fixture(scope="module")
+def fresh_python(tmp_path_factory) -> str:
+    """A new virtualenv of this Python with numpy and nothing else (no TVM, no tvm_fusion)."""
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    if subprocess.run([python, "-c", "import numpy"], capture_output=True).returncode != 0:
+        subprocess.run([python, "-m", "pip", "install", "--quiet", "numpy"], check=True)
+    for absent in ("tvm", "tvm_ffi", "tvm_fusion"):
+        assert subprocess.run([python, "-c", f"import {absent}"], capture_output=True).returncode != 0
+    return python
+
+
+def test_bundle_runs_in_a_fresh_venv_without_the_compiler(tmp_path, fresh_python, capsys):
+    model = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(model))
+    lib = tmp_path / "block.so"
+    assert main(["compile", str(model), "--target", "llvm", "-o", str(lib), "--no-counts", "--external-weights"]) == 0
+    assert main(["bundle", str(lib), "-o", str(tmp_path / "deploy")]) == 0
+    assert "wrote " in capsys.readouterr().out
+    deploy = tmp_path / "deploy"
+    assert {p.name for p in deploy.iterdir()} == {"block.so", "block.so.json", "block.so.weights", "run.py", "site"}
+    assert not list(deploy.rglob("libtvm_compiler.so"))
+    assert sum(p.stat().st_size for p in deploy.rglob("*") if p.is_file()) < 64 << 20
+
+    proc = subprocess.run([fresh_python, str(deploy / "run.py"), "--save", str(tmp_path / "out.npz")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["compiler_loaded"] is False and result["tvm"].startswith(str(deploy / "site"))
+    assert result["outputs"] == [[1, 8, 10, 10]]
+
+    dev = tvm.cpu(0)  # the same library, inputs and weights, run here with the full TVM
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), dev)
+    x = np.random.default_rng(0).standard_normal((1, 8, 10, 10)).astype(np.float32)
+    here = vm["main"](tvm.runtime.tensor(x, dev), *load_weights(lib, dev)).numpy()
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["arr_0"], here)
+
+
+def test_bundle_of_a_missing_library_is_one_line(tmp_path, capsys):
+    assert main(["bundle", str(tmp_path / "nope.so"), "-o", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run tvm-fusion compile first" in err
