@@ -25,7 +25,9 @@ def fresh_python(tmp_path_factory) -> str:
     if subprocess.run([python, "-c", "import numpy"], capture_output=True).returncode != 0:
         subprocess.run([python, "-m", "pip", "install", "--quiet", "numpy"], check=True)
     for absent in ("tvm", "tvm_ffi", "tvm_fusion"):
-        assert subprocess.run([python, "-c", f"import {absent}"], capture_output=True).returncode != 0
+        # from the venv's own folder: the checkout's tvm_fusion/ must not be found through the working directory
+        found = subprocess.run([python, "-c", f"import {absent}"], capture_output=True, cwd=venv)
+        assert found.returncode != 0, f"{absent} is importable in the fresh virtualenv"
     return python
 
 
