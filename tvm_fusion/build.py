@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import re
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass, field
 
@@ -11,7 +15,33 @@ from .errors import FusionError
 from .fuse import FuseResult, fuse
 from .rules import RuleSet
 
-__all__ = ["Built", "build", "legalize", "resolve_target", "count_kernel_calls", "default_rules"]
+__all__ = ["Built", "build", "legalize", "resolve_target", "check_arch", "count_kernel_calls", "default_rules"]
+
+
+@functools.lru_cache(maxsize=1)
+def nvcc_archs() -> tuple[str, ...] | None:
+    """The sm_XX architectures the nvcc on PATH compiles for (None without nvcc)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = tuple(dict.fromkeys("sm_" + m for m in re.findall(r"compute_(\d+[a-z]?)", out)))
+    return found or None
+
+
+def check_arch(arch: str, nvcc: bool = True) -> str:
+    """`arch` must look like sm_90 (sm_<digits>, optional a/f suffix) and, with `nvcc`, be one that the nvcc
+    on PATH knows."""
+    if not isinstance(arch, str) or not re.fullmatch(r"sm_\d+[af]?", arch):
+        raise FusionError(f"--arch {arch!r}: expected a CUDA architecture such as sm_80 or sm_90")
+    known = nvcc_archs() if nvcc else None
+    if known is not None and arch.rstrip("af") not in known:
+        raise FusionError(f"--arch {arch}: not an architecture that the nvcc on PATH knows; it knows "
+                          f"{', '.join(known)} (`nvcc --list-gpu-arch`)")
+    return arch
 
 
 def resolve_target(target="llvm", arch: str = "sm_90"):
@@ -23,7 +53,7 @@ def resolve_target(target="llvm", arch: str = "sm_90"):
     if target in ("llvm", "cpu"):
         return _tvm.cpu_target()
     if target == "cuda":
-        return _tvm.cuda_target(arch)
+        return _tvm.cuda_target(check_arch(arch))
     raise FusionError(f"unknown target {target!r}; use 'llvm' (CPU) or 'cuda' (with --arch, default sm_90)")
 
 

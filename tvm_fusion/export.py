@@ -50,7 +50,17 @@ def compile_cuda_source(source: str, arch: str) -> bytes:
         try:
             return bytes(_tvm.nvcc.compile_cuda(source, target_format="fatbin", arch=arch, compiler="nvcc"))
         except Exception as err:
-            raise FusionError(f"nvcc failed to compile the generated CUDA for {arch}: {err}") from None
+            raise FusionError(f"nvcc failed to compile the generated CUDA for {arch}: {_nvcc_message(err)}") from None
+
+
+def _nvcc_message(err: Exception) -> str:
+    """nvcc's own diagnostics from TVM's error, without the generated source it quotes in full."""
+    text = str(err)
+    tail = text.rsplit("Compilation error:", 1)[-1]
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    diag = [ln for ln in lines if "error" in ln.lower() or "fatal" in ln.lower()] or lines[-1:]
+    msg = "; ".join(diag[:3]) + (f" (+{len(diag) - 3} more)" if len(diag) > 3 else "")
+    return msg[:500] or type(err).__name__
 
 
 # ---- the blob TVM links into a library: [u64 nbytes][import tree][per module: key, payload]
