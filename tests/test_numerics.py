@@ -90,3 +90,12 @@ def test_reference_dtype_decides_the_tolerance():
 def test_empty_and_scalar():
     assert error_stats(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32)).ok
     assert not error_stats(np.float32(1.01), np.float32(1.0)).ok
+
+
+def test_dtype_override_for_a_wider_reference():
+    """fused vs an unfused build that computed in float32: the model's dtype (float16) still decides."""
+    ref = np.linspace(-4, 4, 64).astype(np.float32)
+    got = ref * (1 + 5e-3)
+    assert not error_stats(got, ref).ok
+    assert error_stats(got, ref, dtype=np.float16).ok
+    assert error_stats(got, ref, dtype="float16").dtype == "float16"
