@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ import onnx
 
 from . import _tvm, frontend, pipeline
 from .build import build, count_kernel_calls, resolve_target
+from .errors import FusionError
 from .export import cuda_source, export_library
 from .rules import RuleSet
 
@@ -74,12 +76,39 @@ class _progress:
         self.bar.close()
 
 
+def manifest_path_of(output: Path) -> Path:
+    return output.with_name(output.name + ".json")
+
+
+def check_output(output: Path, model=None) -> None:
+    """Refuse, before any work, an output the library or its manifest cannot be written to, or one that
+    would overwrite the input model; creates the output's directory."""
+    manifest = manifest_path_of(output)
+    if output.is_dir():
+        raise FusionError(f"-o {output}: is a directory; give the library's file path, e.g. {output / 'model.so'}")
+    if manifest.is_dir():
+        raise FusionError(f"-o {output}: the manifest path {manifest} is a directory; remove it or choose another -o")
+    if model is not None and not isinstance(model, onnx.ModelProto):
+        src = Path(model).resolve()
+        for path in (output, manifest):
+            if path.resolve() == src:
+                raise FusionError(f"-o {output}: would overwrite the input model {model}; choose another output path")
+    parent = output.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".tvm_fusion_write_test_"):
+            pass  # os.access lies to root: try a real write
+    except OSError as err:
+        raise FusionError(f"-o {output}: cannot write into {parent} ({err.strerror or err}); "
+                          "choose a writable directory") from None
+
+
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
                   rules: RuleSet | None = None, counts_of_other_builds: bool = True) -> CompileResult:
     """Fuse and build `model` for `target`, export the library to `output`, write `<output>.json`."""
     start = time.perf_counter()
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
+    check_output(output, model)
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
     tgt = resolve_target(target, arch)
     steps = ["import", "fuse + build", "compile GPU code + export" if tgt.kind.name == "cuda" else "export"]
@@ -118,6 +147,6 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     }
     if binary is not None:
         manifest["cuda_binary"] = {"format": binary.fmt, "bytes": binary.size, "nvcc_seconds": binary.compile_seconds}
-    manifest_path = output.with_name(output.name + ".json")
+    manifest_path = manifest_path_of(output)
     manifest_path.write_text(json.dumps(manifest, indent=2))
     return CompileResult(output, manifest_path, manifest, time.perf_counter() - start)
