@@ -79,7 +79,16 @@ def test_rules_not_a_python_file(capsys, tmp_path, kind):
 
 def test_output_onto_a_directory(capsys, model, tmp_path):
     err = _bad(capsys, "compile", str(model), "--target", "llvm", "-o", str(tmp_path))
-    assert f"-o {tmp_path}: is a directory" in err
+    assert f"-o {str(tmp_path)!r}: is a directory" in err
+
+
+def test_output_empty(capsys, model):
+    assert "is a directory" in _bad(capsys, "compile", str(model), "--target", "llvm", "-o", "")
+
+
+def test_shape_given_twice_differently(capsys, model):
+    err = _bad(capsys, "explain", str(model), "--shape", "x=1x8x12x12", "--shape", "x=2x8x12x12")
+    assert "--shape x is given twice, as 1x8x12x12 and 2x8x12x12" in err
 
 
 def test_output_onto_the_model_itself(capsys, model):
@@ -217,3 +226,10 @@ def test_inputs_int_dtype_named(capsys, tmp_path):
     onnx.save(g.model([g.op("Add", [ids, g.const(np.array([1], np.int64))])], dtype=TensorProto.INT64), str(path))
     err = _bad(capsys, "compare", str(path), "--inputs", _npz(tmp_path, ids=np.zeros((1, 4), np.int32)))
     assert "dtype int32, the model expects int64; save it with .astype(numpy.int64)" in err
+
+
+def test_per_group_refuses_what_does_not_fit_in_memory(capsys, model, monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.compare"), "available_memory", lambda: 1000)
+    assert "running the model needs at least" in _bad(capsys, "compare", str(model), "--per-group")

@@ -92,7 +92,14 @@ def _model(args):
 def _shapes(args) -> dict:
     from .frontend import parse_shape
 
-    return dict(parse_shape(s) for s in args.shape)
+    shapes: dict = {}
+    for text in args.shape:
+        name, shape = parse_shape(text)
+        if shapes.get(name, shape) != shape:
+            raise FusionError(f"--shape {name} is given twice, as {'x'.join(map(str, shapes[name]))} and "
+                              f"{'x'.join(map(str, shape))}; keep one")
+        shapes[name] = shape
+    return shapes
 
 
 def _check_args(args) -> None:
@@ -139,8 +146,8 @@ def _run(args) -> int:
                      arch=args.arch, modes=modes, inputs=args.inputs)
     print(report)
     if report.executed and not report.ok:
-        bad = dict.fromkeys(pair.split(" vs ")[0] for pair, stats in report.errors.items() if not all(s.ok for s in stats))
-        raise ToleranceExceeded(f"{' and '.join(bad)} build exceeds the tolerance: " + "; ".join(report.failures()))
+        raise ToleranceExceeded(f"{' and '.join(report.failing_builds())} build exceeds the tolerance: "
+                                + "; ".join(report.failures()))
     return 0
 
 

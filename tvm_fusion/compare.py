@@ -125,13 +125,15 @@ def random_inputs(model: onnx.ModelProto, shapes: dict | None = None, seed: int 
     return out
 
 
-def check_memory(mod, n_results: int, where: str) -> int:
+def check_memory(mod, n_results: int, where: str, extra=()) -> int:
     """Refuse to run when the inputs plus `n_results` copies of the outputs (one per build and one for
-    onnxruntime) would not fit in the available memory. Returns the estimate in bytes."""
+    onnxruntime), plus the values in `extra` (relax vars kept alive), would not fit in the available
+    memory. Returns the estimate in bytes."""
     main = mod["main"]
     inputs = sum(_nbytes(_tvm.expr_type(p)) for p in main.params)
-    outputs = _nbytes(main.body.body.ty if hasattr(main.body.body, "ty") else None)
-    need = inputs * 2 + outputs * n_results  # inputs: numpy copy + device copy
+    outputs = _nbytes(_tvm.expr_type(main.body.body))
+    kept = sum(_nbytes(_tvm.expr_type(v)) for v in extra)
+    need = inputs * 2 + outputs * n_results + kept  # inputs: numpy copy + device copy
     avail = available_memory()
     if avail is not None and need > avail:
         raise FusionError(f"{where}: running the model needs at least {need / 2**30:.1f} GiB for its inputs and "
@@ -230,6 +232,11 @@ class CompareReport:
     def failures(self) -> list[str]:
         return [f"{pair}, output {self.outputs[i]}: {s.describe()}"
                 for pair, stats in self.errors.items() for i, s in enumerate(stats) if not s.ok]
+
+    def failing_builds(self) -> list[str]:
+        """The builds with a comparison over tolerance ("fused vs unfused" blames fused)."""
+        return list(dict.fromkeys(pair.split(" vs ")[0] for pair, stats in self.errors.items()
+                                  if not all(s.ok for s in stats)))
 
     def verdict(self) -> str:
         """The last line: what was compared and whether it is within tolerance."""

@@ -83,9 +83,10 @@ def manifest_path_of(output: Path) -> Path:
 def check_output(output: Path, model=None) -> None:
     """Refuse, before any work, an output the library or its manifest cannot be written to, or one that
     would overwrite the input model; creates the output's directory."""
+    if output.is_dir() or not output.name:
+        raise FusionError(f"-o {str(output)!r}: is a directory; give the library's file path, e.g. "
+                          f"{output / 'model.so'}")
     manifest = manifest_path_of(output)
-    if output.is_dir():
-        raise FusionError(f"-o {output}: is a directory; give the library's file path, e.g. {output / 'model.so'}")
     if manifest.is_dir():
         raise FusionError(f"-o {output}: the manifest path {manifest} is a directory; remove it or choose another -o")
     if model is not None and not isinstance(model, onnx.ModelProto):

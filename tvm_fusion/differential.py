@@ -21,7 +21,7 @@ import onnx
 from . import _tvm, frontend
 from ._tvm import relax, tvm
 from .build import build, default_rules, resolve_target
-from .compare import as_arrays, check_inputs, gpu_available, input_tensors, load_inputs
+from .compare import as_arrays, check_inputs, check_memory, gpu_available, input_tensors, load_inputs
 from .errors import FusionError
 from .fuse import Matched, lower, match
 from .rules import RuleSet
@@ -169,6 +169,7 @@ def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: Rul
     calls = _composite_calls(matched.mod)
     inputs = list(dict.fromkeys(a for b in calls for a in b.value.args if isinstance(a, relax.Var)))
     watched = inputs + [b.var for b in calls]
+    check_memory(mod, 3, name, extra=watched * 2)  # each watched value: the reference's and the group's copy
 
     _, args = input_tensors(proto, shapes, seed, dev, given)
     reference = _run(build(_reference_module(matched, watched), tgt, "unfused").executable, dev, args)

@@ -55,7 +55,7 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
         raise FusionError(f"bad shape {text!r}: expected {SHAPE_SYNTAX} (dims are positive integers joined by x)")
     shape = tuple(int(d) for d in dims.lower().split("x"))
     if min(shape) < 1:
-        raise FusionError(f"bad shape {text!r}: every dim must be at least 1")
+        raise FusionError(f"bad shape {text!r}: every dim must be at least 1; expected {SHAPE_SYNTAX}")
     return name, shape
 
 

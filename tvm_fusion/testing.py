@@ -17,9 +17,10 @@ __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close
 OPSET = 17
 
 
-def assert_close(actual, reference, what: str = "output") -> ErrorStats:
-    """Element-wise verdict (numerics.error_stats); raises ToleranceExceeded naming the worst element."""
-    stats = error_stats(actual, reference)
+def assert_close(actual, reference, what: str = "output", dtype=None) -> ErrorStats:
+    """Element-wise verdict (numerics.error_stats; `dtype` picks the tolerance, default the reference's);
+    raises ToleranceExceeded naming how many elements are off and the worst one."""
+    stats = error_stats(actual, reference, dtype)
     if not stats.ok:
         raise ToleranceExceeded(f"{what}: {stats.describe()}")
     return stats
@@ -129,7 +130,7 @@ def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
     ref = sess.run(None, inputs)
     got_f, got_u = run_build(fused, arrays), run_build(unfused, arrays)
     for i, (f, u, r) in enumerate(zip(got_f, got_u, ref)):
-        assert_close(f, u, f"output {i}: fused vs unfused")
+        assert_close(f, u, f"output {i}: fused vs unfused", dtype=r.dtype)  # the model's dtype decides
         assert_close(f, r, f"output {i}: fused vs onnxruntime")
     if expect is not None:
         fired = {k: v for k, v in fused.counts.items() if v}
