@@ -7,10 +7,12 @@ with it, so a verdict means the same everywhere. In the style of `numpy.allclose
 
 with (rtol, atol) from TOLERANCES, keyed by the *reference's* dtype (an fp16 model is judged as fp16).
 atol is scaled by the output's typical magnitude (its root mean square) because an element that is near zero
-after cancellation carries rounding error of the size of the terms that cancelled, not of its own size;
-the rms (not the max) keeps one large outlier from loosening the bound of every other element. An element
-far below the output's typical magnitude (under atol/rtol * scale, 1/10 of it for float32) is therefore
-judged absolutely, every other element relatively: one element 0.7% off fails.
+after cancellation carries the rounding noise of the whole computation at the output's scale, not at its
+own: between TVM (unfused, no rule of ours involved) and onnxruntime the logits of ResNet-50 differ by up
+to 8e-5 * rms (Inception v2 3.5e-5, the light models <= 1e-5), so float32's atol is 3e-4, about 4x that.
+The rms, not the max, keeps one large outlier from loosening the bound of every other element: with
+float32's table an element 0.7% off fails unless it is below 1/23 of the output's rms (where 0.7% of it is
+within that noise), however large the output's maximum is.
 
 Where the reference is NaN or +/-inf the actual value must be the same (NaN == NaN); a NaN or inf where the
 reference is finite, or a finite value where it is not, is an element off. Integer and bool outputs must
@@ -32,15 +34,16 @@ class Tolerance:
     atol: float  # absolute, times max(1, rms of the output's finite reference values)
 
 
-#: float32: BN folding and different summation orders change rounding, ~1e-6 per layer over 50+ layers.
-#: float16 / bfloat16: atol = rtol (~10 and ~6 ulps at the output's scale): a K-term sum accumulated in the
-#: low precision (TVM) against one accumulated in float32 (onnxruntime) differs by ~sqrt(K) half-ulps of the
-#: partial sums; at atol 1e-3 (1 ulp) a 72-term fp16 conv failed on elements 40x below the output's rms.
+#: rtol: per element, from BN folding and different summation orders (~1e-6 per layer over 50+ layers).
+#: atol (times max(1, rms)): the rounding noise at the output's scale, see the module docstring. float16 /
+#: bfloat16: atol = rtol (~10 and ~6 ulps): a K-term sum accumulated in fp16 (TVM) against one accumulated
+#: in float32 (onnxruntime) differs by ~sqrt(K) half-ulps of the partial sums; at atol 1e-3 a 72-term fp16
+#: conv failed on elements 40x below the output's rms.
 TOLERANCES = {
-    "float32": Tolerance(rtol=1e-4, atol=1e-5),
+    "float32": Tolerance(rtol=1e-4, atol=3e-4),
     "float16": Tolerance(rtol=1e-2, atol=1e-2),
     "bfloat16": Tolerance(rtol=5e-2, atol=5e-2),
-    "float64": Tolerance(rtol=1e-9, atol=1e-12),
+    "float64": Tolerance(rtol=1e-9, atol=1e-9),
 }
 EXACT = Tolerance(rtol=0.0, atol=0.0)
 
