@@ -340,8 +340,7 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
             return CompareReport(name, str(tgt), outputs, stats, {}, counts, False, why)
     dev = tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
     inputs, tensors = input_tensors(proto, shapes, seed, dev, given)
-    sess, _ = run_onnxruntime(proto, inputs)
-    ref = _reference(sess, inputs, name)  # first: inputs onnxruntime refuses must not reach our kernels
+    sess, ref = _reference(proto, inputs, name)  # first: inputs onnxruntime refuses must not reach our kernels
     vms = {m: relax.VirtualMachine(b.executable, dev) for m, b in builds.items()}
     results = {m: as_arrays(vm["main"](*tensors)) for m, vm in vms.items()}
     ort_lat = []
@@ -361,13 +360,22 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     return CompareReport(name, str(tgt), outputs, stats, errors, counts, True, "", ort_lat)
 
 
-def _reference(sess, inputs: dict, name: str) -> list:
+def _reference(proto: onnx.ModelProto, inputs: dict, name: str):
+    """onnxruntime's session and outputs; what it refuses is bad input, said in one line."""
+
+    def first_line(err: Exception) -> str:
+        return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)[:300]
+
     try:
-        return sess.run(None, inputs)
-    except Exception as err:  # noqa: BLE001 - onnxruntime raises its own types for bad input data
-        first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-        raise FusionError(f"{name}: onnxruntime cannot run the model on these inputs ({first[:300]}); random integer "
-                          f"inputs are drawn from [0, 8): give token ids, indices and masks with {INPUTS_SYNTAX}") from None
+        sess, _ = run_onnxruntime(proto, inputs)
+    except Exception as err:  # noqa: BLE001 - onnxruntime raises its own exception types
+        raise FusionError(f"{name}: onnxruntime, the reference, cannot load the model ({first_line(err)})") from None
+    try:
+        return sess, sess.run(None, inputs)
+    except Exception as err:  # noqa: BLE001
+        raise FusionError(f"{name}: onnxruntime cannot run the model on these inputs ({first_line(err)}); random "
+                          f"integer inputs are drawn from [0, 8): give token ids, indices and masks with "
+                          f"{INPUTS_SYNTAX}") from None
 
 
 def _judge(actual: list, reference: list, dtypes: list, names: list[str]) -> list[ErrorStats]:
