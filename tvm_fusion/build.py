@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import re
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass, field
 
@@ -15,13 +19,39 @@ from .fuse import FuseResult, fuse
 from .rules import RuleSet
 
 __all__ = ["Built", "build", "legalize", "resolve_target", "parse_target", "default_cpu_target",
-           "TARGET_FORMS", "count_kernel_calls", "default_rules"]
+           "TARGET_FORMS", "check_arch", "count_kernel_calls", "default_rules"]
 
 
 #: what resolve_target, the CLI's --target and TVM_FUSION_CPU accept, for error messages
 TARGET_FORMS = ("'llvm' (this CPU, or TVM_FUSION_CPU), 'cuda' (with --arch), a JSON dict such as "
                 "'{\"kind\":\"llvm\",\"mcpu\":\"x86-64-v3\"}', a TVM target kind such as 'c', "
                 "or a tag such as 'nvidia/nvidia-h100'")
+
+
+@functools.lru_cache(maxsize=1)
+def nvcc_archs() -> tuple[str, ...] | None:
+    """The sm_XX architectures the nvcc on PATH compiles for (None without nvcc)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = tuple(dict.fromkeys("sm_" + m for m in re.findall(r"compute_(\d+[a-z]?)", out)))
+    return found or None
+
+
+def check_arch(arch: str, nvcc: bool = True) -> str:
+    """`arch` must look like sm_90 (sm_<digits>, optional a/f suffix) and, with `nvcc`, be one that the nvcc
+    on PATH knows."""
+    if not isinstance(arch, str) or not re.fullmatch(r"sm_\d+[af]?", arch):
+        raise FusionError(f"--arch {arch!r}: expected a CUDA architecture such as sm_80 or sm_90")
+    known = nvcc_archs() if nvcc else None
+    if known is not None and arch.rstrip("af") not in known:
+        raise FusionError(f"--arch {arch}: not an architecture that the nvcc on PATH knows; it knows "
+                          f"{', '.join(known)} (`nvcc --list-gpu-arch`)")
+    return arch
 
 
 def parse_target(spec, source: str = "target"):
@@ -63,7 +93,7 @@ def resolve_target(target="llvm", arch: str = "sm_90"):
     if isinstance(target, str) and target in ("llvm", "cpu"):
         return default_cpu_target()
     if isinstance(target, str) and target == "cuda":
-        return _tvm.cuda_target(arch)
+        return _tvm.cuda_target(check_arch(arch))
     return parse_target(target)
 
 

@@ -1,13 +1,16 @@
 """`tvm-fusion`: compile / compare / profile / explain / rules, from the command line.
 
-Every error the user can act on is one line `error: ...` and exit status 2; a compare whose fused build
-exceeds its dtype tolerance prints the table and exits 1.
+Exit status: 0 ok; 1 a comparison exceeds its dtype tolerance (the table is printed, the first failure is
+the `error:` line); 2 bad input (one line `error: ...` naming the file, flag or node and the remedy);
+3 an internal error (one line naming where; `--debug` prints the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import traceback
 
 from .errors import FusionError, ToleranceExceeded
 
@@ -19,7 +22,7 @@ def _common(p: argparse.ArgumentParser, target: str = "llvm") -> None:
     from .examples import EXAMPLES
 
     p.add_argument("--example", choices=EXAMPLES, help="use a model made on the fly (seeded random weights)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the example's weights and of the inputs")
+    p.add_argument("--seed", type=int, default=0, help="seed (>= 0) of the example's weights and of the inputs")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="bind an input's shape (repeatable); required for symbolic dims")
     p.add_argument("--target", default=target,
@@ -29,10 +32,18 @@ def _common(p: argparse.ArgumentParser, target: str = "llvm") -> None:
     p.add_argument("--rules", action="append", default=[], metavar="FILE.py", help="load extra rules from a file")
     p.add_argument("--only", default="", metavar="RULE,...", help="use only these rules")
     p.add_argument("--disable", action="append", default=[], metavar="RULE", help="disable a rule (repeatable)")
+    _debug(p)
+
+
+def _debug(p: argparse.ArgumentParser) -> None:
+    # also accepted after the subcommand; SUPPRESS keeps the global flag's value when absent here
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="print the traceback of an internal error")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-fusion", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compile", help="fuse and build a model into a loadable library + JSON manifest")
     _common(c, target="cuda")
@@ -49,8 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     bnd.add_argument("--python", default=None, help="Python version of the target machine (default: this one's)")
     m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report")
     _common(m)
-    m.add_argument("--repeat", type=int, default=10, help="timed runs per build (interleaved)")
-    m.add_argument("--modes", default="unfused,tvm,fused", help="builds to make (comma separated)")
+    m.add_argument("--repeat", type=int, default=10, help="timed runs per build (interleaved; 0: no timing)")
+    m.add_argument("--modes", default="unfused,tvm,fused",
+                   help="builds to make (comma separated); each is compared with onnxruntime, fused also with unfused")
+    m.add_argument("--inputs", metavar="FILE.npz",
+                   help="input values: an .npz with an array per graph input name (the rest are seeded random "
+                        "values: floats ~N(0, 1), integers in [0, 8)); give token ids and masks this way")
     m.add_argument("--per-group", action="store_true",
                    help="check each fused group against its unfused subgraph on the real intermediate values, "
                         "and name the first group over tolerance")
@@ -69,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--rules", action="append", default=[], metavar="FILE.py")
     r.add_argument("--only", default="")
     r.add_argument("--disable", action="append", default=[])
+    _debug(r)
     return parser
 
 
@@ -94,10 +110,31 @@ def _model(args):
 def _shapes(args) -> dict:
     from .frontend import parse_shape
 
-    return dict(parse_shape(s) for s in args.shape)
+    shapes: dict = {}
+    for text in args.shape:
+        name, shape = parse_shape(text)
+        if shapes.get(name, shape) != shape:
+            raise FusionError(f"--shape {name} is given twice, as {'x'.join(map(str, shapes[name]))} and "
+                              f"{'x'.join(map(str, shape))}; keep one")
+        shapes[name] = shape
+    return shapes
+
+
+def _check_args(args) -> None:
+    """Flags that are wrong before anything is loaded."""
+    if getattr(args, "seed", 0) < 0:
+        raise FusionError(f"--seed {args.seed}: the seed must be >= 0")
+    if getattr(args, "repeat", 0) < 0:
+        raise FusionError(f"--repeat {args.repeat}: use 0 (no timing) or more")
+    arch = getattr(args, "arch", None)
+    if arch is not None:
+        from .build import check_arch
+
+        check_arch(arch, nvcc=args.target == "cuda")
 
 
 def _run(args) -> int:
+    _check_args(args)
     if args.command == "rules":
         for r in _rules(args):
             print(f"{r.priority:5d}  {r.name:24s} {','.join(r.targets):10s} {r.doc}")
@@ -127,16 +164,19 @@ def _run(args) -> int:
                                seed=args.seed, external_weights=args.external_weights)
         print(result)
         return 0
+    from .compare import check_modes
+
+    modes = check_modes(args.modes)
     if args.per_group or args.bisect:
         return _differential(args, model, shapes, rules)
     from .compare import compare
 
-    modes = [m for m in args.modes.split(",") if m]
     report = compare(model, args.target, shapes=shapes, rules=rules, repeat=args.repeat, seed=args.seed,
-                     arch=args.arch, modes=modes)
+                     arch=args.arch, modes=modes, inputs=args.inputs)
     print(report)
     if report.executed and not report.ok:
-        raise ToleranceExceeded("fused build exceeds the tolerance: " + "; ".join(report.failures()))
+        raise ToleranceExceeded(f"{' and '.join(report.failing_builds())} build exceeds the tolerance: "
+                                + "; ".join(report.failures()))
     return 0
 
 
@@ -156,7 +196,7 @@ def _profile(args, model, shapes, rules) -> int:
 def _differential(args, model, shapes, rules) -> int:
     from .differential import bisect, check_groups
 
-    kw = {"shapes": shapes, "rules": rules, "seed": args.seed, "arch": args.arch}
+    kw = {"shapes": shapes, "rules": rules, "seed": args.seed, "arch": args.arch, "inputs": args.inputs}
     if args.bisect:
         report = bisect(model, args.target, **kw)
         print(report)
@@ -170,8 +210,27 @@ def _differential(args, model, shapes, rules) -> int:
     return 0
 
 
+def _where(err: BaseException, command: str) -> str:
+    """`compare (tvm_fusion/build.py:85 in build)`: the command and the innermost frame of our package."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if re.search(r"[/\\]tvm_fusion[/\\]", f.filename)]
+    if not frames:
+        return command
+    f = frames[-1]
+    path = f.filename[f.filename.rfind("tvm_fusion"):]
+    return f"{command} ({path}:{f.lineno} in {f.name})"
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    """Run the CLI; returns the exit status (0 ok, 1 tolerance exceeded, 2 bad input, 3 internal error)."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exit_:  # argparse: usage errors are bad input (2), --help is 0
+        return exit_.code if isinstance(exit_.code, int) else 2
     try:
         return _run(args)
     except ToleranceExceeded as err:
@@ -182,6 +241,12 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as err:  # noqa: BLE001 - anything else is our bug: one line, the traceback on request
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: internal error in {_where(err, args.command)}: {type(err).__name__}: {_first_line(err)} "
+              "(run with --debug for the traceback)", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

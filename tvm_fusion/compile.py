@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -130,6 +131,34 @@ class _progress:
         self.bar.close()
 
 
+def manifest_path_of(output: Path) -> Path:
+    return output.with_name(output.name + ".json")
+
+
+def check_output(output: Path, model=None) -> None:
+    """Refuse, before any work, an output the library or its manifest cannot be written to, or one that
+    would overwrite the input model; creates the output's directory."""
+    if output.is_dir() or not output.name:
+        raise FusionError(f"-o {str(output)!r}: is a directory; give the library's file path, e.g. "
+                          f"{output / 'model.so'}")
+    manifest = manifest_path_of(output)
+    if manifest.is_dir():
+        raise FusionError(f"-o {output}: the manifest path {manifest} is a directory; remove it or choose another -o")
+    if model is not None and not isinstance(model, onnx.ModelProto):
+        src = Path(model).resolve()
+        for path in (output, manifest):
+            if path.resolve() == src:
+                raise FusionError(f"-o {output}: would overwrite the input model {model}; choose another output path")
+    parent = output.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".tvm_fusion_write_test_"):
+            pass  # os.access lies to root: try a real write
+    except OSError as err:
+        raise FusionError(f"-o {output}: cannot write into {parent} ({err.strerror or err}); "
+                          "choose a writable directory") from None
+
+
 def cpu_linker(target, cc: str | None = None) -> str | None:
     """The C compiler that links a library for an llvm target: `cc` when given; None (TVM's default)
     for this machine's architecture; `<mtriple>-gcc` (e.g. aarch64-linux-gnu-gcc) for another one,
@@ -167,7 +196,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     with `external_weights` the weights go to `<output>.weights` instead of into the library (weights.py)."""
     start = time.perf_counter()
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
+    check_output(output, model)
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
     tgt = resolve_target(target, arch)
     linker = cpu_linker(tgt, cc)
@@ -232,6 +261,6 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         weights_path = output.with_name(output.name + WEIGHTS_SUFFIX)
         size = save_weights(weights_path, built.weights)
         manifest["weights"] = {"file": weights_path.name, "bytes": size, "params": list(built.weights)}
-    manifest_path = output.with_name(output.name + ".json")
+    manifest_path = manifest_path_of(output)
     manifest_path.write_text(json.dumps(manifest, indent=2))
     return CompileResult(output, manifest_path, manifest, time.perf_counter() - start)

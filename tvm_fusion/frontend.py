@@ -24,6 +24,8 @@ from .errors import FusionError
 __all__ = ["import_onnx", "load_onnx", "parse_shape", "onnx_node_names"]
 
 SHAPE_SYNTAX = "--shape NAME=1x3x224x224"
+#: TVM indexes buffers with int32: a tensor with more elements than this overflows inside the generated code
+MAX_ELEMENTS = 2**31 - 1
 ONNX_NODES_ATTR = "tvm_fusion.onnx_nodes"
 
 
@@ -42,19 +44,40 @@ def load_onnx(model) -> onnx.ModelProto:
         raise FusionError(f"{path}: not an ONNX model ({type(err).__name__}: {err})") from None
     if not proto.graph.node:
         raise FusionError(f"{path}: not an ONNX model (no graph nodes; is it really .onnx?)")
+    if not proto.graph.output:
+        raise FusionError(f"{path}: the graph has no outputs, so there is nothing to compute; "
+                          "add the values you need to graph.output")
     return proto
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    """`NAME=1x3x224x224` -> ("NAME", (1, 3, 224, 224))."""
+    """`NAME=1x3x224x224` -> ("NAME", (1, 3, 224, 224)): ASCII digits only, every dim at least 1."""
     name, sep, dims = text.rpartition("=")
-    try:
-        shape = tuple(int(d) for d in dims.lower().split("x"))
-    except ValueError:
-        shape = ()
-    if not sep or not name or not shape or min(shape) < 1:
-        raise FusionError(f"bad shape {text!r}: expected {SHAPE_SYNTAX}")
+    if not sep or not name or not re.fullmatch(r"[0-9]+(x[0-9]+)*", dims.lower()):
+        raise FusionError(f"bad shape {text!r}: expected {SHAPE_SYNTAX} (dims are positive integers joined by x)")
+    shape = tuple(int(d) for d in dims.lower().split("x"))
+    if min(shape) < 1:
+        raise FusionError(f"bad shape {text!r}: every dim must be at least 1; expected {SHAPE_SYNTAX}")
     return name, shape
+
+
+def check_index_range(mod, where: str) -> None:
+    """Refuse tensors with more than MAX_ELEMENTS elements: TVM's int32 indexing would overflow."""
+    nodes = onnx_node_names(mod)
+    main = mod["main"]
+    values = [(p, f"input {_tvm.var_name(p)!r}") for p in main.params]
+    for block in main.body.blocks:
+        for b in block.bindings:
+            name = _tvm.var_name(b.var)
+            values.append((b.var, f"the output of ONNX node {nodes[name]!r}" if name in nodes
+                           else f"the intermediate value {name!r} of main"))
+    for var, what in values:
+        shape = _static_shape(var)
+        if shape and int(np.prod(shape, dtype=object)) > MAX_ELEMENTS:
+            raise FusionError(
+                f"{where}: {what} has shape {'x'.join(map(str, shape))} = {int(np.prod(shape, dtype=object))} "
+                f"elements, more than TVM's int32 indexing allows ({MAX_ELEMENTS}); use smaller --shape values"
+            )
 
 
 #: names a node- or value-derived Relax var must not take. TVM's BlockBuilder names vars and functions
@@ -189,6 +212,12 @@ def _input_shapes(model, shapes: dict, where: str, renamed: dict[str, str]) -> d
                     f"the model's declared shape {[s if s else '?' for s in static]}"
                 )
             out[inp.name] = list(shape)
+            if int(np.prod(shape, dtype=object)) > MAX_ELEMENTS:
+                raise FusionError(
+                    f"{where}: --shape {original.get(inp.name)}={'x'.join(map(str, shape))} has "
+                    f"{int(np.prod(shape, dtype=object))} elements, more than TVM's int32 indexing allows "
+                    f"({MAX_ELEMENTS}); use a smaller shape"
+                )
         elif None in static:
             sym = ["?" if s is None else str(s) for s in static]
             raise FusionError(
@@ -416,4 +445,5 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
         mod = relax.transform.DeadCodeElimination()(mod)  # also drops unused legalized-Clip PrimFuncs
     if ONNX_NODES_ATTR not in (mod.attrs or {}):
         mod = mod.with_attr(ONNX_NODES_ATTR, table)
+    check_index_range(mod, where)
     return mod

@@ -25,8 +25,14 @@ def load_rules(path) -> RuleSet:
     path = Path(path)
     if not path.exists():
         raise FusionError(f"{path}: no such rules file")
+    if path.is_dir():
+        raise FusionError(f"--rules {path}: is a directory; give a Python file of rules (e.g. my_rules.py)")
+    if path.suffix != ".py":
+        raise FusionError(f"--rules {path}: not a Python file (expected a .py file defining @tvm_fusion.rule)")
     name = f"tvm_fusion_user_rules_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise FusionError(f"--rules {path}: Python cannot load it as a module; give a .py file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:

@@ -256,6 +256,9 @@ class RuleSet:
         disable = [n for n in (disable or []) if n]
         for n in list(only) + list(disable):
             self[n]  # raises with candidates
+        both = [n for n in only if n in disable]
+        if both:
+            raise FusionError(f"rule {both[0]} is both in --only and --disable; drop it from one of them")
         keep = [r for r in self._rules.values() if (not only or r.name in only) and r.name not in disable]
         return RuleSet(keep)
 

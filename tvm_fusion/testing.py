@@ -1,9 +1,7 @@
-"""Test support for rule authors and our suites: the dtype tolerance table, error measures, small ONNX
+"""Test support for rule authors and our suites: `assert_close` (the verdict of numerics.py), small ONNX
 graphs with seeded weights (GraphBuilder), and `check_fused` (fused vs unfused vs onnxruntime on llvm)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -11,6 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .errors import ToleranceExceeded
+from .numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder",
            "check_fused", "conv_bn_relu", "residual_block", "run_build", "RESNET50_CONVS", "conv_primfunc"]
@@ -18,51 +17,12 @@ __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close
 OPSET = 17
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    rtol: float  # relative to the largest |reference| value of the output
-    atol: float
-
-
-#: fused may differ from its reference by at most atol + rtol * max|reference| (per output).
-#: float32: BN folding and different summation orders change rounding, ~1e-6 per layer over 50+ layers.
-TOLERANCES = {
-    "float32": Tolerance(rtol=1e-4, atol=1e-5),
-    "float16": Tolerance(rtol=1e-2, atol=1e-3),
-    "bfloat16": Tolerance(rtol=5e-2, atol=1e-2),
-    "float64": Tolerance(rtol=1e-9, atol=1e-12),
-}
-
-
-@dataclass(frozen=True)
-class ErrorStats:
-    max_abs: float
-    max_rel: float  # max |a - b| / max |b|
-    bound: float  # the allowed max_abs
-    ok: bool
-
-
-def error_stats(actual, reference) -> ErrorStats:
-    actual, reference = np.asarray(actual), np.asarray(reference)
-    if actual.shape != reference.shape:
-        raise ToleranceExceeded(f"shape mismatch: {actual.shape} vs reference {reference.shape}")
-    tol = TOLERANCES.get(str(reference.dtype))
-    if tol is None:  # integer and bool outputs must match exactly
-        tol = Tolerance(0.0, 0.0)
-    ref = reference.astype(np.float64)
-    diff = np.abs(actual.astype(np.float64) - ref)
-    scale = float(np.abs(ref).max()) if ref.size else 0.0
-    max_abs = float(diff.max()) if diff.size else 0.0
-    finite = bool(np.isfinite(actual).all() == np.isfinite(reference).all())
-    bound = tol.atol + tol.rtol * scale
-    return ErrorStats(max_abs, max_abs / scale if scale else max_abs, bound, finite and max_abs <= bound)
-
-
-def assert_close(actual, reference, what: str = "output") -> ErrorStats:
-    stats = error_stats(actual, reference)
+def assert_close(actual, reference, what: str = "output", dtype=None) -> ErrorStats:
+    """Element-wise verdict (numerics.error_stats; `dtype` picks the tolerance, default the reference's);
+    raises ToleranceExceeded naming how many elements are off and the worst one."""
+    stats = error_stats(actual, reference, dtype)
     if not stats.ok:
-        raise ToleranceExceeded(f"{what}: max abs error {stats.max_abs:.3g} exceeds {stats.bound:.3g} "
-                                f"(max rel {stats.max_rel:.3g}, dtype {np.asarray(reference).dtype})")
+        raise ToleranceExceeded(f"{what}: {stats.describe()}")
     return stats
 
 
@@ -170,7 +130,7 @@ def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
     ref = sess.run(None, inputs)
     got_f, got_u = run_build(fused, arrays), run_build(unfused, arrays)
     for i, (f, u, r) in enumerate(zip(got_f, got_u, ref)):
-        assert_close(f, u, f"output {i}: fused vs unfused")
+        assert_close(f, u, f"output {i}: fused vs unfused", dtype=r.dtype)  # the model's dtype decides
         assert_close(f, r, f"output {i}: fused vs onnxruntime")
     if expect is not None:
         fired = {k: v for k, v in fused.counts.items() if v}

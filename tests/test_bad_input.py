@@ -1,0 +1,235 @@
+"""Bad input a hostile user tries: each is one line `error: ...` naming the flag or file, and exit status 2."""
+
+import os
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+
+from tvm_fusion.cli import main
+from tvm_fusion.errors import FusionError
+from tvm_fusion.frontend import parse_shape
+from tvm_fusion.testing import GraphBuilder, conv_bn_relu
+
+
+def _bad(capsys, *argv) -> str:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert rc == 2, (rc, out, err)
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture()
+def model(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_relu(), str(path))
+    return path
+
+
+@pytest.fixture()
+def symbolic(tmp_path):
+    """x: [n, 8, h, w] -> conv(8 -> 256) -> relu."""
+    g = GraphBuilder(0)
+    x = g.input("x", ["n", 8, "h", "w"])
+    path = tmp_path / "sym.onnx"
+    onnx.save(g.model([g.op("Relu", [g.conv(x, 8, 256)])]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("text", ["x=1_0x3x8x8", "x=1x", "x=x3", "x=1x-3", "x=1 x 3", "x=", "=1x3", "x=0x3",
+                                  "x=1x\u0663", "1x3", "x=1.5x3"])
+def test_malformed_shapes(text):
+    with pytest.raises(FusionError, match="bad shape"):
+        parse_shape(text)
+
+
+def test_shape_with_digit_groups_is_refused(capsys, symbolic):
+    assert "bad shape 'x=1_0x8x8x8'" in _bad(capsys, "explain", str(symbolic), "--shape", "x=1_0x8x8x8")
+
+
+def test_shape_beyond_int32_indexing(capsys, symbolic):
+    err = _bad(capsys, "compare", str(symbolic), "--shape", "x=1x8x100000x100000")
+    assert "80000000000 elements, more than TVM's int32 indexing allows (2147483647)" in err
+
+
+def test_intermediate_beyond_int32_indexing(capsys, symbolic):
+    """The input fits (134M elements), the conv output does not (4.3G)."""
+    err = _bad(capsys, "explain", str(symbolic), "--shape", "x=1x8x4096x4096")
+    assert "1x256x4096x4096 = 4294967296 elements" in err
+
+
+def test_compare_refuses_what_does_not_fit_in_memory(capsys, model, monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.compare"), "available_memory", lambda: 1000)
+    err = _bad(capsys, "compare", str(model))
+    assert "running the model needs at least" in err and "GiB is available" in err
+
+
+@pytest.mark.parametrize("kind", ["directory", "text"])
+def test_rules_not_a_python_file(capsys, tmp_path, kind):
+    path = tmp_path / ("rules_dir" if kind == "directory" else "rules.txt")
+    path.mkdir() if kind == "directory" else path.write_text("x = 1\n")
+    err = _bad(capsys, "rules", "--rules", str(path))
+    assert ("is a directory" if kind == "directory" else "not a Python file") in err
+
+
+def test_output_onto_a_directory(capsys, model, tmp_path):
+    err = _bad(capsys, "compile", str(model), "--target", "llvm", "-o", str(tmp_path))
+    assert f"-o {str(tmp_path)!r}: is a directory" in err
+
+
+def test_output_empty(capsys, model):
+    assert "is a directory" in _bad(capsys, "compile", str(model), "--target", "llvm", "-o", "")
+
+
+def test_shape_given_twice_differently(capsys, model):
+    err = _bad(capsys, "explain", str(model), "--shape", "x=1x8x12x12", "--shape", "x=2x8x12x12")
+    assert "--shape x is given twice, as 1x8x12x12 and 2x8x12x12" in err
+
+
+def test_output_onto_the_model_itself(capsys, model):
+    before = model.read_bytes()
+    err = _bad(capsys, "compile", str(model), "--target", "llvm", "-o", str(model))
+    assert "would overwrite the input model" in err and model.read_bytes() == before
+
+
+def test_manifest_path_is_a_directory(capsys, model, tmp_path):
+    (tmp_path / "m.so.json").mkdir()
+    err = _bad(capsys, "compile", str(model), "--target", "llvm", "-o", str(tmp_path / "m.so"))
+    assert "the manifest path" in err and "is a directory" in err
+
+
+def test_output_into_a_read_only_directory(capsys, model, tmp_path):
+    """As root chmod does not stop writes: /sys refuses even root; otherwise a chmod 0o500 directory."""
+    if os.geteuid() == 0:
+        target = "/sys/model.so"
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        target = str(ro / "model.so")
+    err = _bad(capsys, "compile", str(model), "--target", "llvm", "-o", target)
+    assert "cannot write into" in err and "choose a writable directory" in err
+
+
+@pytest.mark.parametrize("arch", ["garbage", "", "sm_", "90"])
+def test_arch_malformed(capsys, model, tmp_path, arch):
+    err = _bad(capsys, "compile", str(model), "--arch", arch, "-o", str(tmp_path / "m.so"))
+    assert f"--arch {arch!r}: expected a CUDA architecture such as sm_80" in err
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to know the architectures")
+def test_arch_unknown_to_nvcc(capsys, model, tmp_path):
+    err = _bad(capsys, "compile", str(model), "--arch", "sm_999", "-o", str(tmp_path / "m.so"))
+    assert "--arch sm_999: not an architecture that the nvcc on PATH knows" in err and "sm_90" in err
+
+
+def test_nvcc_failure_is_one_line():
+    from tvm_fusion.export import _nvcc_message
+
+    source = "extern \"C\" __global__ void k() {\n  int error_count = 0;\n}\n" * 200
+    err = RuntimeError(source + "\n\nCompilation error:\nnvcc fatal   : Unsupported gpu architecture 'sm_999'\n")
+    assert _nvcc_message(err) == "nvcc fatal   : Unsupported gpu architecture 'sm_999'"
+
+
+def test_negative_seed(capsys, model):
+    assert "--seed -1: the seed must be >= 0" in _bad(capsys, "compare", str(model), "--seed", "-1")
+
+
+@pytest.mark.parametrize("repeat", ["-1", "-5"])
+def test_negative_repeat(capsys, model, repeat):
+    assert f"--repeat {repeat}" in _bad(capsys, "compare", str(model), "--repeat", repeat)
+
+
+def test_only_and_disable_the_same_rule(capsys, model):
+    err = _bad(capsys, "explain", str(model), "--only", "conv2d_bn_relu", "--disable", "conv2d_bn_relu")
+    assert "rule conv2d_bn_relu is both in --only and --disable" in err
+
+
+def test_explain_coverage_is_never_negative(capsys, model):
+    """BatchNorm is normalised to multiply + add before matching: count the ops after that."""
+    assert main(["explain", str(model), "--only", "conv2d_relu"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("ops covered"))
+    assert not line.split(":")[1].strip().startswith("-"), line
+
+
+@pytest.mark.parametrize("modes,why", [("", "--modes is empty"), (",", "--modes is empty"),
+                                       ("fused,foo", "unknown build mode 'foo'"), ("fused,fused", "names a mode twice")])
+def test_bad_modes(capsys, model, modes, why):
+    assert why in _bad(capsys, "compare", str(model), "--modes", modes)
+
+
+def test_unknown_example(capsys):
+    rc = main(["compare", "--example", "nope"])
+    assert rc == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_empty_model_file(capsys, tmp_path):
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    assert "not an ONNX model" in _bad(capsys, "compare", str(path))
+
+
+def test_model_without_outputs(capsys, tmp_path):
+    proto = conv_bn_relu()
+    del proto.graph.output[:]
+    path = tmp_path / "noout.onnx"
+    onnx.save(proto, str(path))
+    for command in (["compare"], ["explain"], ["compile", "--target", "llvm", "-o", str(tmp_path / "x.so")]):
+        assert "the graph has no outputs" in _bad(capsys, command[0], str(path), *command[1:])
+
+
+# ---------------------------------------------------------------- --inputs
+def _npz(tmp_path, **arrays):
+    path = tmp_path / "inputs.npz"
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def test_inputs_unknown_name(capsys, model, tmp_path):
+    err = _bad(capsys, "compare", str(model), "--inputs", _npz(tmp_path, y=np.zeros(3, np.float32)))
+    assert "--inputs has an array 'y', but the model's inputs are ['x']" in err
+
+
+def test_inputs_wrong_dtype(capsys, model, tmp_path):
+    err = _bad(capsys, "compare", str(model), "--inputs", _npz(tmp_path, x=np.zeros((1, 8, 12, 12), np.float64)))
+    assert "--inputs 'x': dtype float64, the model expects float32" in err
+
+
+def test_inputs_wrong_shape(capsys, model, tmp_path):
+    err = _bad(capsys, "compare", str(model), "--inputs", _npz(tmp_path, x=np.zeros((1, 8, 12, 13), np.float32)))
+    assert "--inputs 'x': shape 1x8x12x13, the model expects 1x8x12x12" in err
+
+
+def test_inputs_conflicting_with_shape(capsys, symbolic, tmp_path):
+    err = _bad(capsys, "compare", str(symbolic), "--shape", "x=1x8x6x6",
+               "--inputs", _npz(tmp_path, x=np.zeros((1, 8, 5, 5), np.float32)))
+    assert "--inputs 'x': shape 1x8x5x5, the model expects 1x8x6x6" in err
+
+
+def test_inputs_not_an_npz(capsys, model, tmp_path):
+    path = tmp_path / "x.npz"
+    path.write_text("hello")
+    assert "not a readable .npz file" in _bad(capsys, "compare", str(model), "--inputs", str(path))
+    assert "no such file" in _bad(capsys, "compare", str(model), "--inputs", str(tmp_path / "missing.npz"))
+
+
+def test_inputs_int_dtype_named(capsys, tmp_path):
+    g = GraphBuilder(0)
+    ids = g.input("ids", [1, 4], TensorProto.INT64)
+    path = tmp_path / "ids.onnx"
+    onnx.save(g.model([g.op("Add", [ids, g.const(np.array([1], np.int64))])], dtype=TensorProto.INT64), str(path))
+    err = _bad(capsys, "compare", str(path), "--inputs", _npz(tmp_path, ids=np.zeros((1, 4), np.int32)))
+    assert "dtype int32, the model expects int64; save it with .astype(numpy.int64)" in err
+
+
+def test_per_group_refuses_what_does_not_fit_in_memory(capsys, model, monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.compare"), "available_memory", lambda: 1000)
+    assert "running the model needs at least" in _bad(capsys, "compare", str(model), "--per-group")

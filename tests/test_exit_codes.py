@@ -1,0 +1,94 @@
+"""Exit status of `tvm-fusion`: 0 ok, 1 tolerance exceeded, 2 bad input, 3 internal error (one line; the
+traceback only with --debug). Through `cli.main` and once through the installed console script."""
+
+import importlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tvm_fusion.cli import main
+from tvm_fusion.testing import conv_bn_relu
+
+WRONG_RULES = Path(__file__).parent / "wrong_rules.py"  # conv -> relu with weights scaled by 1.01
+CONSOLE = Path(sys.executable).parent / "tvm-fusion"
+
+
+@pytest.fixture()
+def model(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_relu(), str(path))
+    return path
+
+
+@pytest.fixture()
+def crashing_rules(tmp_path):
+    """A valid rules file that also makes `explain` crash: an internal error, as a user would meet one."""
+    path = tmp_path / "crash.py"
+    path.write_text(WRONG_RULES.read_text() + textwrap.dedent("""
+        import sys
+
+
+        def _boom(*args, **kwargs):
+            raise KeyError("no entry for 'conv'\\nsecond line of the message")
+
+
+        sys.modules["tvm_fusion.explain"].explain = _boom
+    """))
+    return path
+
+
+def test_exit_0(capsys):
+    assert main(["rules"]) == 0
+
+
+def test_exit_1_tolerance_exceeded(capsys, tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_relu(bn=False, bias=False), str(path))
+    assert main(["compare", str(path), "--rules", str(WRONG_RULES), "--repeat", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: fused build exceeds the tolerance: fused vs unfused, output ")
+    assert "elements off (float32: |a - r| <= " in err and "; worst at [" in err
+
+
+def test_exit_2_bad_input(capsys, model):
+    assert main(["compare", str(model), "--seed", "-1"]) == 2
+    assert main(["compare", "--no-such-flag"]) == 2  # argparse's own usage errors are bad input too
+
+
+def test_exit_3_internal_error_is_one_line(capsys, model, monkeypatch):
+    def boom(*args, **kwargs):
+        raise ZeroDivisionError("division by zero\nmore detail")
+
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.explain"), "explain", boom)
+    assert main(["explain", str(model)]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: internal error in explain (tvm_fusion/cli.py:")
+    assert err.rstrip().endswith("ZeroDivisionError: division by zero (run with --debug for the traceback)")
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_prints_the_traceback(capsys, model, monkeypatch, where):
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.explain"), "explain", lambda *a, **k: 1 / 0)
+    argv = ["--debug", "explain", str(model)] if where == "before" else ["explain", str(model), "--debug"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "internal error in explain" in err
+
+
+@pytest.mark.skipif(not CONSOLE.exists(), reason="the console script is installed in the virtualenv")
+def test_console_script_exit_codes(model, crashing_rules):
+    def run(*argv):
+        return subprocess.run([str(CONSOLE), *argv], capture_output=True, text=True, timeout=300)
+
+    bad = run("compare", str(model), "--shape", "x=1_0x8x12x12")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: bad shape") and bad.stderr.count("\n") == 1
+    crash = run("explain", str(model), "--rules", str(crashing_rules))
+    assert crash.returncode == 3 and crash.stderr.count("\n") == 1, crash.stderr
+    assert "internal error in explain" in crash.stderr and "KeyError" in crash.stderr
+    debug = run("--debug", "explain", str(model), "--rules", str(crashing_rules))
+    assert debug.returncode == 3 and "Traceback (most recent call last)" in debug.stderr
