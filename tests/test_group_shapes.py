@@ -130,10 +130,26 @@ def dense_bias_flat():
     return type(spec)(spec.pattern, spec.annotations, _drops_the_view, spec.check)
 
 
-def test_a_lowering_that_changes_the_shape_is_an_internal_error():
+def test_a_lowering_that_changes_the_shape_is_an_internal_error(rules):  # `rules` loads the schedules
     model = _dense((1, 2, 8), (5,))
     nodes = sorted(n.name for n in model.graph.node if n.op_type in ("MatMul", "Add"))
     with pytest.raises(LoweringError) as err:
         lower(match(import_onnx(model), resolve_target("llvm"), RuleSet([dense_bias_flat])), resolve_target("llvm"))
     assert str(err.value) == (f"internal error: rule dense_bias_flat (ONNX nodes {', '.join(nodes)}) lowers to a "
                               "kernel of shape (2, 5) float32; the subgraph it replaces has shape (1, 2, 5) float32")
+
+
+def test_the_cli_reports_a_wrong_lowering_as_an_internal_error(tmp_path, capsys):
+    """Our bug, not the user's input: exit 3 and one line, not 2 ('bad input') and not a traceback."""
+    import onnx
+
+    from tvm_fusion.cli import main
+
+    path = tmp_path / "dense.onnx"
+    onnx.save(_dense((1, 2, 8), (5,)), str(path))
+    rules = tmp_path / "flat_rules.py"
+    rules.write_text("from tests.test_group_shapes import dense_bias_flat\n")
+    assert main(["explain", str(path), "--rules", str(rules)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: internal error in ") and "lowers to a kernel of shape (2, 5) float32" in err
+    assert len(err.splitlines()) == 1

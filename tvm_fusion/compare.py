@@ -275,7 +275,7 @@ class CompareReport:
             if self.ort_latencies:
                 ratios.append(f"onnxruntime/fused {statistics.median(self.ort_latencies) / med['fused']:.2f}x")
             lines += ["", "speedup of fused (median latency ratio, >1 means fused is faster): " + ", ".join(ratios)]
-        lines += ["", "element-wise: |a - r| <= atol * max(1, rms(r)) + rtol * |r| per element, (rtol, atol) by the "
+        lines += ["", "element-wise: |a - r| <= atol * rms(r) + rtol * |r| per element, (rtol, atol) by the "
                   "reference's dtype (tvm_fusion.numerics)", self.verdict()]
         return "\n".join(lines)
 

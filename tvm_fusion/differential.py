@@ -4,7 +4,7 @@ intermediate values, so a wrong group is named instead of showing up as a bad fi
     y = G(a, b, ...)   for each composite call G in the matched module, in execution order:
         reference   G's original ops, unfused, inside the unfused build of the whole model
         fused       G's scheduled PrimFunc, on the reference values of a, b, ...
-        |fused - reference| <= atol * max(1, rms(reference)) + rtol * |reference|   per element
+        |fused - reference| <= atol * rms(reference) + rtol * |reference|   per element
                                                                   (numerics.TOLERANCES, by dtype)
 
 `bisect` then disables the rules of the groups over tolerance, rebuilds the whole model and checks it

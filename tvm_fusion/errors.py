@@ -1,4 +1,5 @@
-"""User-facing errors: one line naming the file, node or op, and the remedy."""
+"""Errors: one line naming the file, node or op, and the remedy (FusionError, exit 2; ToleranceExceeded,
+exit 1), or saying that tvm_fusion itself is wrong (InternalError, exit 3)."""
 
 
 class FusionError(Exception):
@@ -9,5 +10,9 @@ class ToleranceExceeded(FusionError):
     """A fused build disagreed with its reference beyond the dtype tolerance."""
 
 
-class LoweringError(FusionError):
+class InternalError(Exception):
+    """Our bug, not the user's input: the CLI prints one line and exits 3 (the traceback with --debug)."""
+
+
+class LoweringError(InternalError):
     """An internal error: a rule's lowering does not compute the type (shape, dtype) of the match it replaces."""

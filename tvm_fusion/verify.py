@@ -16,7 +16,7 @@ onnxruntime too (then fusion did not cause it).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import onnx
 
@@ -28,7 +28,7 @@ from .errors import FusionError, ToleranceExceeded
 from .fuse import lower
 from .rules import RuleSet
 from .runtime import check_host
-from .testing import ErrorStats, error_stats
+from .numerics import ErrorStats, error_stats
 
 __all__ = ["Verification", "verify_fused"]
 
@@ -53,7 +53,12 @@ class Verification:
             return {"verified": False, "reason": self.method}
         return {"verified": True, "method": self.method, "reference": "onnxruntime", "seed": self.seed,
                 "target": self.target, "seconds": round(self.seconds, 3),
-                "outputs": {k: asdict(v) for k, v in self.outputs.items()}}
+                "outputs": {k: _record(v) for k, v in self.outputs.items()}}
+
+
+def _record(s: ErrorStats) -> dict:
+    return {"ok": s.ok, "elements": s.size, "elements_off": s.n_bad, "max_abs": s.max_abs, "max_rel": s.max_rel,
+            "rule": s.rule(), "worst": s.worst_element()}
 
 
 def skipped(reason: str = "skipped with --no-verify") -> Verification:
@@ -107,7 +112,7 @@ def _quick_cpu():
 def _blame(model, cpu, shapes, rules, seed, bad: list[str], stats: dict[str, ErrorStats]) -> str:
     from .differential import bisect
 
-    worst = ", ".join(f"{n} (max abs {stats[n].max_abs:.3g} > allowed {stats[n].bound:.3g})" for n in bad)
+    worst = ", ".join(f"{n} ({stats[n].describe()})" for n in bad)
     head = f"verify: the fused build differs from onnxruntime on output(s) {worst}; no library written"
     report = bisect(model, cpu, shapes=shapes, rules=rules, seed=seed)
     if report.culprits:
