@@ -27,6 +27,8 @@ def _common(p: argparse.ArgumentParser, target: str = "llvm") -> None:
     p.add_argument("--rules", action="append", default=[], metavar="FILE.py", help="load extra rules from a file")
     p.add_argument("--only", default="", metavar="RULE,...", help="use only these rules")
     p.add_argument("--disable", action="append", default=[], metavar="RULE", help="disable a rule (repeatable)")
+    p.add_argument("--no-simplify", action="store_true",
+                   help="import the exporter's graph as written (skip the ONNX simplifier before TVM's importer)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -132,9 +134,12 @@ def _differential(args, model, shapes, rules) -> int:
 
 
 def main(argv=None) -> int:
+    from .simplify import enabled
+
     args = _parser().parse_args(argv)
     try:
-        return _run(args)
+        with enabled(not getattr(args, "no_simplify", False)):
+            return _run(args)
     except ToleranceExceeded as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

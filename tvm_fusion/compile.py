@@ -15,6 +15,7 @@ from . import _tvm, frontend, pipeline
 from .build import build, count_kernel_calls, resolve_target
 from .export import cuda_source, export_library
 from .rules import RuleSet
+from .simplify import record_of as simplify_record
 from .verify import skipped, verify_fused
 
 __all__ = ["CompileResult", "compile_model", "kernel_counts"]
@@ -137,6 +138,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         "builds": builds,
         "declined": [asdict(d) for d in built.fused.decisions if d.reason],
         "verification": verification.manifest(),
+        "simplify": simplify_record(mod),
     }
     if binary is not None:
         manifest["cuda_binary"] = {"format": binary.fmt, "bytes": binary.size, "nvcc_seconds": binary.compile_seconds}
