@@ -1,8 +1,8 @@
 """Regenerate the corpus of real exporters' graphs: `python tests/zoo/make_zoo.py [OUT_DIR]`.
 
 Small architectures written in plain torch.nn (torchvision does not import beside the CPU torch wheel),
-seeded weights at realistic scales (torch's default init; BatchNorm statistics and affine parameters
-random, so folding them is not a no-op), batch 1 and small spatial sizes. Each is exported by
+seeded weights at realistic scales (torch's default init; BatchNorm statistics and BatchNorm / LayerNorm
+affine parameters random, so folding them is not a no-op), batch 1 and small spatial sizes. Each is exported by
 `torch.onnx.export` as users do: the TorchScript exporter (`dynamo=False`) with a dynamic batch axis
 (so the graph keeps the exporter's Shape/Gather/Concat arithmetic), and for some the dynamo exporter.
 One entry re-encodes its weights as `Constant` nodes and routes a shape through `Identity`, as
@@ -39,6 +39,16 @@ def _bn(c):
         bn.running_mean.normal_(0, 0.1)
         bn.running_var.uniform_(0.5, 1.5)
     return bn
+
+
+def _randomize_norms(module: nn.Module) -> nn.Module:
+    """LayerNorm affine parameters away from torch's 1 / 0 (which exporters and simplifiers drop)."""
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0, 0.1)
+    return module
 
 
 def conv_bn_act(cin, cout, k=1, stride=1, groups=1, act=None):
@@ -271,7 +281,7 @@ def _constant_weights(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def export(name: str, entry: dict) -> bytes:
     torch.manual_seed(entry["seed"])
-    module = MODELS[entry["arch"]]().eval()
+    module = _randomize_norms(MODELS[entry["arch"]]()).eval()
     args = _example_inputs(entry)
     names = list(entry["inputs"])
     outputs = entry["outputs"]
