@@ -118,6 +118,18 @@ def _keep_names(original: onnx.ModelProto, out: onnx.ModelProto) -> dict[str, st
     return renamed
 
 
+def _keep_inputs(original: onnx.ModelProto, out: onnx.ModelProto) -> None:
+    """The original graph inputs, in their order, unused ones included (simplifiers drop those): callers
+    pass one array per declared input."""
+    inits = {t.name for t in original.graph.initializer}
+    have = {i.name: i for i in out.graph.input}
+    ordered = [have.get(i.name, i) for i in original.graph.input if i.name not in inits]
+    names = {i.name for i in ordered}
+    rest = [i for i in out.graph.input if i.name not in names]
+    del out.graph.input[:]
+    out.graph.input.extend(ordered + rest)
+
+
 def simplify(model: onnx.ModelProto, shapes: dict, tool: str = DEFAULT) -> tuple[onnx.ModelProto, dict]:
     """(simplified model, record). A simplifier that is missing or fails leaves the model as it was,
     and the record says why (the import then goes on with the exporter's graph)."""
@@ -134,6 +146,11 @@ def simplify(model: onnx.ModelProto, shapes: dict, tool: str = DEFAULT) -> tuple
     except Exception as err:  # noqa: BLE001 - any simplifier failure falls back to the exporter's graph
         record["skipped"] = f"{tool} failed: {type(err).__name__}: {_first_line(err)}"
         return bound, record
+    outputs = [o.name for o in model.graph.output]
+    if [o.name for o in out.graph.output] != outputs:
+        record["skipped"] = f"{tool} changed the graph outputs {outputs} to {[o.name for o in out.graph.output]}"
+        return bound, record
+    _keep_inputs(bound, out)
     record["renamed_nodes"] = len(_keep_names(model, out))
     record["nodes_after"] = len(out.graph.node)
     record["seconds"] = round(time.perf_counter() - start, 3)
