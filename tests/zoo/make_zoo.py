@@ -279,6 +279,19 @@ def _constant_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _strip_provenance(model: onnx.ModelProto) -> None:
+    """Drop what depends on where the script runs: the dynamo exporter's per-node stack traces (absolute
+    paths, line numbers) and doc strings."""
+    for node in model.graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
+    for value in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
+        del value.metadata_props[:]
+        value.doc_string = ""
+    for tensor in model.graph.initializer:
+        del tensor.metadata_props[:]
+
+
 def export(name: str, entry: dict) -> bytes:
     torch.manual_seed(entry["seed"])
     module = _randomize_norms(MODELS[entry["arch"]]()).eval()
@@ -299,6 +312,7 @@ def export(name: str, entry: dict) -> bytes:
             model = onnx.load_from_string(buf.getvalue())
     if entry.get("constant_weights"):
         model = _constant_weights(model)
+    _strip_provenance(model)
     model.producer_version = "2.13.0"  # the '+cpu' suffix is the wheel's, not the exporter's
     model.graph.name = name
     onnx.checker.check_model(model)
