@@ -161,7 +161,7 @@ def front_door(model: onnx.ModelProto, shapes: dict, on: bool | None = None) -> 
     """What import_onnx runs before TVM's importer: (model to import, record of what ran).
     `on=None` follows `enabled(...)` (default: on)."""
     if not (_ENABLED.get() if on is None else on):
-        return model, {"simplifier": None, "skipped": "--no-simplify"}
+        return model, {"simplifier": "off", "skipped": "--no-simplify"}
     return simplify(model, shapes)
 
 

@@ -4,6 +4,7 @@ build vs onnxruntime element by element on the entry's own inputs, exact per-rul
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from functools import lru_cache
@@ -118,6 +119,19 @@ def test_without_simplifier_a_failure_is_one_line_naming_the_node():
     assert "\n" not in msg and "Traceback" not in msg
     assert "TVM's ONNX importer failed at node '/layers.0/Gather' (Gather)" in msg
     assert "(simplifier not run: --no-simplify)" in msg
+
+
+def test_manifest_says_what_ran(tmp_path):
+    from tvm_fusion.cli import main
+
+    argv = ["compile", str(model_path("yolo_constants_ts13")), "--shape", "images=1x3x32x32", "--target", "llvm",
+            "--no-counts", "--no-verify"]
+    assert main([*argv, "-o", str(tmp_path / "on.so")]) == 0
+    assert main([*argv, "-o", str(tmp_path / "off.so"), "--no-simplify"]) == 0
+    on = json.loads((tmp_path / "on.so.json").read_text())["simplify"]
+    off = json.loads((tmp_path / "off.so.json").read_text())["simplify"]
+    assert on["simplifier"] == "onnxslim" and on["nodes_before"] == 90 and on["nodes_after"] == 56, on
+    assert off == {"simplifier": "off", "skipped": "--no-simplify"}
 
 
 def test_no_simplify_on_the_command_line(capsys):
