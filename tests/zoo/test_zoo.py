@@ -101,7 +101,7 @@ def test_simplifier_ran_and_kept_names(name):
     assert record["simplifier"] == simplify.DEFAULT and "skipped" not in record, record
     original = {n.name for n in onnx.load(str(model_path(name))).graph.node}
     named = set(onnx_node_names(imported(name)).values())
-    assert named and named <= original | {f"{n}" for n in original}, sorted(named - original)[:5]
+    assert named and named <= original, sorted(named - original)[:5]  # every group names the user's nodes
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in CUDA_DEFAULT else pytest.mark.slow)
