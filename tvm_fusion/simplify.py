@@ -187,8 +187,8 @@ def failure(where: str, stage: str, err: BaseException, nodes: dict[str, str], r
             mod=None) -> FusionError:
     """One line naming the ONNX node, its op and the reason, for a failure of TVM's importer or a pass.
 
-    `nodes` maps sanitised node / var names to ONNX node names; for a pass failing on `mod`, the first
-    binding whose legalization raises the same way is the node named."""
+    `nodes` maps sanitised node / var names to ONNX node names; for FoldConstant failing on `mod`, the
+    first binding on constants whose legalization raises is the node named."""
     node = getattr(err, "onnx_node", None) or (_failing_binding(mod) if mod is not None else None)
     if node:
         name, op = nodes.get(node[0], node[0]), node[1]
@@ -200,7 +200,8 @@ def failure(where: str, stage: str, err: BaseException, nodes: dict[str, str], r
 
 
 def _failing_binding(mod) -> tuple[str, str] | None:
-    """(var name, op) of the first binding in `main` whose legalization raises, else None."""
+    """(var name, op) of the first foldable binding in `main` (all its operands constants) whose
+    legalization raises, else None."""
     from ._tvm import relax, tvm, var_name
 
     main = mod["main"] if "main" in [gv.name_hint for gv in mod.get_global_vars()] else None
@@ -211,6 +212,8 @@ def _failing_binding(mod) -> tuple[str, str] | None:
             call = binding.value
             if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
                 continue
+            if any(isinstance(a, relax.Var) for a in call.args):
+                continue  # FoldConstant only evaluates calls on constants; LegalizeOps skips the others
             legalize = call.op.get_attr("FLegalize")
             if legalize is None:
                 continue

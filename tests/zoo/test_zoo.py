@@ -152,6 +152,17 @@ def test_pass_failure_is_one_line_naming_the_onnx_node():
     assert simplify._failing_binding(imported("yolo_ts17")) is None  # a module that legalizes has no culprit
 
 
+def test_pass_failure_blames_only_calls_on_constants():
+    """exp of a tensor of unknown shape cannot be legalized on its own, but FoldConstant never tries it."""
+    x = relax.Var("x", relax.TensorType(None, "float32", ndim=2))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.exp(x), name_hint="exp_node")
+        bb.emit_func_output(out)
+    assert simplify._failing_binding(bb.get()) is None
+
+
 @pytest.mark.slow
 def test_generator_is_reproducible(tmp_path):
     if importlib.util.find_spec("torch") is None:
