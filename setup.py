@@ -22,6 +22,7 @@ setup(
         "apache-tvm==0.27.0.post1",
         "onnx==1.23.2",
         "onnxruntime==1.32.0",
+        "onnxslim==0.1.98",  # the front door (simplify.py); onnxsim and onnxscript are compared in benchmarks/
         "numpy>=1.26",
         "tqdm>=4.66",
         "graphviz>=0.20",  # profile --html: the model graph (also needs Graphviz's `dot` program)

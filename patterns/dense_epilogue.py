@@ -1,9 +1,12 @@
 """matmul(x, W) -> [add b] -> [batch_norm] -> [activation]  ==>  dense_<...>(x, W', b')   (Gemm / MatMul).
+matmul(x, W) -> [add b] -> c * .                           ==>  dense_scale(x, W * c, b * c)   (layer scale)
 
 TVM imports Gemm as permute_dims(W) + matmul + add; FoldConstant turns permute_dims(W) into a constant.
 x may be batched ([..., M, K] with a bias over the last axis): the kernel sees x as [rows, K] and its
 output is viewed back as [..., N] (reshapes, no copies). BatchNorm over the features (inference, as
-x * s + t after the fuse stage's normalization) folds into the weights: W' = W * s, b' = b * s + t.
+x * s + t after the fuse stage's normalization) folds into the weights: W' = W * s, b' = b * s + t; a
+per-feature scale alone (ConvNeXt's and CaiT's layer scale `gamma * fc2(x)`, constant first or second)
+likewise: W' = W * c, b' = b * c.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ SUPPORTED_DTYPES = ("float32",)
 DENSE_FAMILY = "dense_affine"  # schedules/dense.py registers it; rules without their own compute use it
 
 
-def dense_epilogue(*, bias: bool | None = True, bn: bool = False, activation=None) -> Spec:
+def dense_epilogue(*, bias: bool | None = True, bn: bool = False, scale: bool = False, activation=None) -> Spec:
     """The pattern of one family member. bias=None means "with or without a bias"."""
     matmul = dpl.is_op("relax.matmul")(dpl.wildcard(), dpl.is_const())
     bias_const = dpl.is_const()
@@ -30,6 +33,9 @@ def dense_epilogue(*, bias: bool | None = True, bn: bool = False, activation=Non
         scale = commutative("relax.multiply", y, dpl.is_const())
         y = commutative("relax.add", scale, dpl.is_const())
         ann.update(bn_scale=scale, bn_shift=y)
+    elif scale:
+        y = commutative("relax.multiply", y, dpl.is_const())
+        ann.update(layer_scale=y)
     return epilogue_spec(y, ann, activation, lower_dense)
 
 
@@ -59,7 +65,7 @@ def dense_checks(m: Match):
         return decline(f"matmul dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
     n = w_shape[1]
     out_shape = m.shape("root")
-    for name in ("bias_add", "bn_scale", "bn_shift"):
+    for name in ("bias_add", "bn_scale", "bn_shift", "layer_scale"):
         if name in m:
             const = _const_operand(m, name)
             if _feature_vector(const, out_shape) is None:
@@ -79,6 +85,9 @@ def lower_dense(m: Match, activation, activation_params=None) -> Lowering:
         s = _feature_vector(_const_operand(m, "bn_scale"), out_shape)
         t = _feature_vector(_const_operand(m, "bn_shift"), out_shape)
         w, b = w * s[None, :], b * s + t
+    if "layer_scale" in m:
+        s = _feature_vector(_const_operand(m, "layer_scale"), out_shape)
+        w, b = w * s[None, :], b * s
     dtype = m.dtype("matmul")
     x_shape = static_shape(x)
     rows = int(np.prod(x_shape[:-1]))
@@ -96,6 +105,7 @@ def lower_dense(m: Match, activation, activation_params=None) -> Lowering:
 STRUCTURES = {
     "bn": ("dense_bn", 130, dict(bias=None, bn=True), "matmul(x, W) -> [add b] -> batch_norm -> {act}"),
     "bias": ("dense_bias", 110, dict(bias=True), "matmul(x, W) -> add b -> {act}"),
+    "scale": ("dense_scale", 125, dict(bias=None, scale=True), "matmul(x, W) -> [add b] -> * c -> {act}"),
 }
 ACTIVATION_RANK = {"hardswish": 9, "silu": 8, "gelu_tanh": 7, "gelu_erf": 6, "hardsigmoid": 5,
                    "relu6": 4, "leaky_relu": 3, "sigmoid": 2, "tanh": 1, "relu": 0}
@@ -116,5 +126,6 @@ def _make_rule(structure: str, activation: str | None):
     return made
 
 
-RULES = [_make_rule(st, act) for st in STRUCTURES
-         for act in [*sorted(ACTIVATIONS, key=lambda a: -ACTIVATION_RANK[a]), None]]
+#: the layer scale comes without an activation (ConvNeXt, CaiT); below dense_bn, which also has the `* c`
+RULES = [_make_rule(st, act) for st in ("bn", "bias")
+         for act in [*sorted(ACTIVATIONS, key=lambda a: -ACTIVATION_RANK[a]), None]] + [_make_rule("scale", None)]

@@ -51,6 +51,31 @@ def test_gemm_batch_norm_folds_into_weights(rules):
     check_fused(g.model([g.op("Relu", [y])]), rules, expect={"dense_bn_relu": 1})
 
 
+@pytest.mark.parametrize("constant_first", [True, False])
+def test_layer_scale_folds_into_weights(constant_first, rules):
+    """ConvNeXt's layer scale: gamma * (x @ W + b), gamma per output feature, either operand order."""
+    g = GraphBuilder(5)
+    x = g.input("x", [1, 4, 4, 16])
+    w = g.const(g.rng.normal(0, 0.3, (16, 8)).astype(np.float32), "w")
+    b = g.const(g.rng.normal(0, 0.1, 8).astype(np.float32), "b")
+    gamma = g.const(g.rng.uniform(0.1, 1.0, 8).astype(np.float32), "gamma")
+    y = g.op("Add", [g.op("MatMul", [x, w]), b])
+    out = g.op("Mul", [gamma, y] if constant_first else [y, gamma])
+    check_fused(g.model([out]), rules, expect={"dense_scale": 1})
+
+
+def test_layer_scale_over_wrong_axis_declines_with_reason(rules):
+    g = GraphBuilder(6)
+    x = g.input("x", [3, 8])
+    w = g.const(g.rng.normal(0, 0.3, (8, 5)).astype(np.float32), "w")
+    b = g.const(g.rng.normal(0, 0.1, 5).astype(np.float32), "b")
+    c = g.const(g.rng.uniform(0.5, 1.5, (3, 1)).astype(np.float32), "c")
+    fused = check_fused(g.model([g.op("Mul", [c, g.op("Add", [g.op("MatMul", [x, w]), b])])]), rules,
+                        expect={"dense_bias": 1})
+    reasons = [d.reason for d in fused.fused.decisions if d.rule == "dense_scale"]
+    assert reasons and "layer_scale constant has shape (3, 1)" in reasons[0]
+
+
 def test_bias_over_wrong_axis_declines_with_reason(rules):
     g = GraphBuilder(4)
     x = g.input("x", [3, 8])

@@ -125,8 +125,9 @@ def test_variance_with_wrong_power_declines(rules):
     centered = g.op("Sub", [x, g.op("ReduceMean", [x, axes])])
     var = g.op("ReduceMean", [g.op("Pow", [centered, g.const(np.float32(3))]), axes])
     std = g.op("Sqrt", [g.op("Add", [var, g.const(np.float32(1e-5))])])
-    y = g.op("Add", [g.op("Mul", [g.op("Div", [centered, std]), g.const(np.ones(8, np.float32))]),
-                     g.const(np.zeros(8, np.float32))])
+    gamma, beta = g.rng.uniform(0.5, 1.5, 8), g.rng.normal(0, 0.1, 8)  # not 1 / 0: the simplifier drops those
+    y = g.op("Add", [g.op("Mul", [g.op("Div", [centered, std]), g.const(gamma.astype(np.float32))]),
+                     g.const(beta.astype(np.float32))])
     from tvm_fusion import explain
 
     reasons = [d.reason for d in explain(g.model([y], opset=LN_OPSET), rules=rules).declined("layer_norm")]

@@ -87,8 +87,9 @@ class _NamingImporter(ONNXGraphImporter):
     so fused groups and error messages trace back to ONNX node names."""
 
     def _convert_operator(self, op_name, inputs, attrs, opset):
-        sym = super()._convert_operator(op_name, inputs, attrs, opset)
         name = attrs.get("tvm_custom", {}).get("name")
+        self.current_node = (str(name or ""), str(op_name))  # named by import errors
+        sym = super()._convert_operator(op_name, inputs, attrs, opset)
         if not name:
             return sym
         if isinstance(sym, relax.Call) and isinstance(sym.ty, (relax.TensorType, relax.TupleType)):
@@ -106,8 +107,12 @@ def import_onnx_graph(model, shape_dict, opset, dtype_dict):
     `dtype_dict`: {input name: dtype}, the model's own input dtypes (a plain string would be a default).
     Returns the module and {var name: node name} for results the importer bound itself."""
     importer = _NamingImporter(shape_dict, dtype_dict, keep_params_in_input=False, sanitize=False)
-    importer.var_nodes = {}
-    return importer.from_onnx(model.graph, opset), importer.var_nodes
+    importer.var_nodes, importer.current_node = {}, None
+    try:
+        return importer.from_onnx(model.graph, opset), importer.var_nodes
+    except Exception as err:
+        err.onnx_node = importer.current_node  # (node name, op) being converted, None before the first
+        raise
 
 
 def pack_imports_to_bytes(module) -> bytes:

@@ -32,6 +32,8 @@ def _common(p: argparse.ArgumentParser, target: str = "llvm") -> None:
     p.add_argument("--rules", action="append", default=[], metavar="FILE.py", help="load extra rules from a file")
     p.add_argument("--only", default="", metavar="RULE,...", help="use only these rules")
     p.add_argument("--disable", action="append", default=[], metavar="RULE", help="disable a rule (repeatable)")
+    p.add_argument("--no-simplify", action="store_true",
+                   help="import the exporter's graph as written (skip the ONNX simplifier before TVM's importer)")
     _debug(p)
 
 
@@ -231,8 +233,11 @@ def main(argv=None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:  # argparse: usage errors are bad input (2), --help is 0
         return exit_.code if isinstance(exit_.code, int) else 2
+    from .simplify import enabled
+
     try:
-        return _run(args)
+        with enabled(not getattr(args, "no_simplify", False)):
+            return _run(args)
     except ToleranceExceeded as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

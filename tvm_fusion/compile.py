@@ -20,6 +20,7 @@ from .errors import FusionError
 from .export import export_library
 from .hardware import cuda_facts
 from .rules import RuleSet
+from .simplify import record_of as simplify_record
 from .verify import skipped, verify_fused
 from .weights import WEIGHTS_SUFFIX, save_weights
 
@@ -250,6 +251,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         "builds": builds,
         "declined": [asdict(d) for d in built.fused.decisions if d.reason],
         "verification": verification.manifest(),
+        "simplify": simplify_record(mod),
     }
     if tgt.kind.name == "cuda":
         manifest["cuda_facts"] = asdict(cuda_facts(tgt))  # the limits and SM count the schedules sized for

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from . import _tvm
+from . import simplify as _simplify
 from ._tvm import dpl, relax, tvm
 from .errors import FusionError
 
@@ -416,13 +417,18 @@ def onnx_node_names(mod) -> dict[str, str]:
     return {str(k): str(v) for k, v in table.items()} if table is not None else {}
 
 
-def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = True) -> tvm.IRModule:
+def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = True,
+                simplify: bool | None = None) -> tvm.IRModule:
     """Import an ONNX model (path or ModelProto) into a Relax IRModule ready for pattern matching.
 
     `shapes` binds input dims: {"input_name": (1, 3, 224, 224)}; required for symbolic dims.
+    `simplify` (default: on, see simplify.enabled) first runs the ONNX simplifier with those shapes
+    (simplify.py; module attribute `tvm_fusion.simplify` records what ran).
     """
     where = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
     proto = load_onnx(model)
+    as_named = {i.name: i.name for i in proto.graph.input}
+    proto, simplified = _simplify.front_door(proto, _input_shapes(proto, shapes or {}, where, as_named), simplify)
     _check_ops(proto, where)
     proto, renamed, table = _sanitize(proto)
     shape_dict = _input_shapes(proto, shapes or {}, where, renamed)
@@ -430,20 +436,23 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     try:
         mod, var_nodes = _tvm.import_onnx_graph(proto, shape_dict, opset, _input_dtypes(proto))
     except Exception as err:
-        raise FusionError(f"{where}: TVM's ONNX importer failed: {type(err).__name__}: {err}") from None
+        raise _simplify.failure(where, "TVM's ONNX importer", err, table, simplified) from None
     table = {**table, **{k: table.get(v, v) for k, v in var_nodes.items()}}  # actual var names win
     table.update(_alias_labels(mod, table))
-    mod = mod.with_attr(ONNX_NODES_ATTR, table)
+    mod = mod.with_attr(ONNX_NODES_ATTR, table).with_attr(_simplify.RECORD_ATTR, simplified)
     with tvm.transform.PassContext(opt_level=3):
         if _has_plain_blocks(mod):
             # with an If in the graph the importer builds no dataflow block, and constant folding and
             # pattern fusion only look inside dataflow blocks: put the pure runs around it into some
             mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
         if fold_constants:
-            mod = relax.transform.FoldConstant()(mod)
+            try:
+                mod = relax.transform.FoldConstant()(mod)
+            except Exception as err:
+                raise _simplify.failure(where, "TVM's FoldConstant", err, table, simplified, mod) from None
         mod = _normalize(mod)  # after folding: Clip bounds are constants by then
         mod = relax.transform.DeadCodeElimination()(mod)  # also drops unused legalized-Clip PrimFuncs
     if ONNX_NODES_ATTR not in (mod.attrs or {}):
-        mod = mod.with_attr(ONNX_NODES_ATTR, table)
+        mod = mod.with_attr(ONNX_NODES_ATTR, table).with_attr(_simplify.RECORD_ATTR, simplified)
     check_index_range(mod, where)
     return mod

@@ -1,0 +1,330 @@
+"""Regenerate the corpus of real exporters' graphs: `python tests/zoo/make_zoo.py [OUT_DIR]`.
+
+Small architectures written in plain torch.nn (torchvision does not import beside the CPU torch wheel),
+seeded weights at realistic scales (torch's default init; BatchNorm statistics and BatchNorm / LayerNorm
+affine parameters random, so folding them is not a no-op), batch 1 and small spatial sizes. Each is exported by
+`torch.onnx.export` as users do: the TorchScript exporter (`dynamo=False`) with a dynamic batch axis
+(so the graph keeps the exporter's Shape/Gather/Concat arithmetic), and for some the dynamo exporter.
+One entry re-encodes its weights as `Constant` nodes and routes a shape through `Identity`, as
+paddle2onnx and tf2onnx write them.
+
+Writes `<name>.onnx` for every entry of `corpus.ENTRIES`; the files are checked in (see test_zoo.py's
+reproducibility test, which runs this script when torch is installed).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import sys
+from pathlib import Path
+
+import onnx
+import torch
+from onnx import helper
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from corpus import ENTRIES  # noqa: E402
+
+# ----------------------------------------------------------------------------------- building blocks
+
+
+def _bn(c):
+    bn = nn.BatchNorm2d(c)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.normal_(0, 0.1)
+        bn.running_mean.normal_(0, 0.1)
+        bn.running_var.uniform_(0.5, 1.5)
+    return bn
+
+
+def _randomize_norms(module: nn.Module) -> nn.Module:
+    """LayerNorm affine parameters away from torch's 1 / 0 (which exporters and simplifiers drop)."""
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0, 0.1)
+    return module
+
+
+def conv_bn_act(cin, cout, k=1, stride=1, groups=1, act=None):
+    layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), _bn(cout)]
+    return nn.Sequential(*layers, act) if act is not None else nn.Sequential(*layers)
+
+
+class SqueezeExcite(nn.Module):
+    """GlobalAveragePool -> Conv -> ReLU/SiLU -> Conv -> HardSigmoid/Sigmoid -> Mul."""
+
+    def __init__(self, c, squeeze, act, gate):
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc1, self.act, self.fc2, self.gate = nn.Conv2d(c, squeeze, 1), act, nn.Conv2d(squeeze, c, 1), gate
+
+    def forward(self, x):
+        return x * self.gate(self.fc2(self.act(self.fc1(self.pool(x)))))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV3 / EfficientNet MBConv: expand 1x1 -> depthwise kxk -> SE -> project 1x1 (+ residual)."""
+
+    def __init__(self, cin, cexp, cout, k, stride, act, se_act, se_gate):
+        super().__init__()
+        self.expand = conv_bn_act(cin, cexp, 1, act=act) if cexp != cin else nn.Identity()
+        self.dw = conv_bn_act(cexp, cexp, k, stride, groups=cexp, act=act)
+        self.se = SqueezeExcite(cexp, max(8, cexp // 4), se_act, se_gate) if se_gate else nn.Identity()
+        self.project = conv_bn_act(cexp, cout, 1)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.project(self.se(self.dw(self.expand(x))))
+        return x + y if self.residual else y
+
+
+class MobileNetV3(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        hs, relu = nn.Hardswish(), nn.ReLU()
+        self.stem = conv_bn_act(3, 16, 3, 2, act=nn.Hardswish())
+        self.blocks = nn.Sequential(
+            InvertedResidual(16, 16, 16, 3, 2, relu, nn.ReLU(), nn.Hardsigmoid()),
+            InvertedResidual(16, 72, 24, 3, 2, relu, nn.ReLU(), None),
+            InvertedResidual(24, 88, 24, 3, 1, relu, nn.ReLU(), None),
+            InvertedResidual(24, 96, 40, 5, 2, hs, nn.ReLU(), nn.Hardsigmoid()),
+            InvertedResidual(40, 120, 40, 5, 1, hs, nn.ReLU(), nn.Hardsigmoid()),
+        )
+        self.head = conv_bn_act(40, 120, 1, act=nn.Hardswish())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Sequential(nn.Linear(120, 64), nn.Hardswish(), nn.Linear(64, classes))
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.head(self.blocks(self.stem(x)))), 1))
+
+
+class EfficientNet(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        self.stem = conv_bn_act(3, 16, 3, 2, act=nn.SiLU())
+        self.blocks = nn.Sequential(
+            InvertedResidual(16, 16, 16, 3, 1, nn.SiLU(), nn.SiLU(), nn.Sigmoid()),
+            InvertedResidual(16, 64, 24, 3, 2, nn.SiLU(), nn.SiLU(), nn.Sigmoid()),
+            InvertedResidual(24, 96, 24, 3, 1, nn.SiLU(), nn.SiLU(), nn.Sigmoid()),
+            InvertedResidual(24, 96, 40, 5, 2, nn.SiLU(), nn.SiLU(), nn.Sigmoid()),
+        )
+        self.head = conv_bn_act(40, 128, 1, act=nn.SiLU())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(128, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.head(self.blocks(self.stem(x)))), 1))
+
+
+class ConvNeXtBlock(nn.Module):
+    """dwconv 7x7 -> permute NHWC -> LayerNorm -> Linear 4x -> GELU -> Linear -> gamma * -> permute -> + x."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.fc1, self.act, self.fc2 = nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.empty(c).uniform_(0.1, 1.0))
+
+    def forward(self, x):
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.gamma * self.fc2(self.act(self.fc1(self.norm(y))))
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 4, 4)
+        self.stem_norm = nn.LayerNorm(32, eps=1e-6)
+        self.blocks = nn.Sequential(ConvNeXtBlock(32), ConvNeXtBlock(32))
+        self.norm = nn.LayerNorm(32, eps=1e-6)
+        self.fc = nn.Linear(32, classes)
+
+    def forward(self, x):
+        x = self.stem_norm(self.stem(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        x = self.blocks(x)
+        return self.fc(self.norm(x.mean((-2, -1))))
+
+
+class EncoderLayer(nn.Module):
+    """BERT/ViT post-LN encoder layer, attention written out: MatMul / sqrt(d) + mask -> Softmax -> MatMul."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
+        self.ff1, self.act, self.ff2 = nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)
+
+    def split(self, x):
+        b, s, d = x.size()
+        return x.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+
+    def forward(self, x, additive_mask):
+        b, s, d = x.size()
+        q, k, v = self.split(self.q(x)), self.split(self.k(x)), self.split(self.v(x))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d // self.heads) + additive_mask
+        ctx = torch.matmul(scores.softmax(-1), v).transpose(1, 2).reshape(b, s, d)
+        x = self.ln1(x + self.o(ctx))
+        return self.ln2(x + self.ff2(self.act(self.ff1(x))))
+
+
+class Bert(nn.Module):
+    VOCAB, MAX_LEN = 100, 32
+
+    def __init__(self, d=32, heads=4, layers=2):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(self.VOCAB, d), nn.Embedding(self.MAX_LEN, d)
+        self.ln = nn.LayerNorm(d, eps=1e-12)
+        self.layers = nn.ModuleList(EncoderLayer(d, heads) for _ in range(layers))
+        self.pool = nn.Linear(d, d)
+
+    def forward(self, input_ids, attention_mask):
+        positions = torch.arange(input_ids.size(1), dtype=torch.int64).unsqueeze(0)
+        x = self.ln(self.tok(input_ids) + self.pos(positions))
+        additive = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -10000.0
+        for layer in self.layers:
+            x = layer(x, additive)
+        return x, torch.tanh(self.pool(x[:, 0]))
+
+
+class Conv(nn.Module):
+    """YOLOv8 Conv: conv -> BN -> SiLU, SiLU written x * sigmoid(x) as older exports have it."""
+
+    def __init__(self, cin, cout, k=1, s=1):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(cin, cout, k, s, k // 2, bias=False), _bn(cout)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        return y * torch.sigmoid(y)
+
+
+class C2f(nn.Module):
+    """YOLOv8 C2f: cv1 -> Split in two -> bottlenecks on the second half -> Concat all -> cv2."""
+
+    def __init__(self, cin, cout, n=1):
+        super().__init__()
+        self.c = cout // 2
+        self.cv1, self.cv2 = Conv(cin, 2 * self.c), Conv((2 + n) * self.c, cout)
+        self.m = nn.ModuleList(nn.Sequential(Conv(self.c, self.c, 3), Conv(self.c, self.c, 3)) for _ in range(n))
+
+    def forward(self, x):
+        y = list(self.cv1(x).split((self.c, self.c), 1))
+        for m in self.m:
+            y.append(y[-1] + m(y[-1]))
+        return self.cv2(torch.cat(y, 1))
+
+
+class YoloBlock(nn.Module):
+    """Backbone (Conv s2, C2f) x2 -> SPPF-like pool -> Upsample (Resize) -> Concat with the skip -> C2f -> head."""
+
+    def __init__(self):
+        super().__init__()
+        self.s1, self.c1 = Conv(3, 16, 3, 2), C2f(16, 16)
+        self.s2, self.c2 = Conv(16, 32, 3, 2), C2f(32, 32)
+        self.pool = nn.MaxPool2d(5, 1, 2)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.neck = C2f(48, 32)
+        self.head = nn.Conv2d(32, 20, 1)
+
+    def forward(self, x):
+        p1 = self.c1(self.s1(x))
+        p2 = self.c2(self.s2(p1))
+        p2 = p2 + self.pool(p2)
+        return self.head(self.neck(torch.cat([self.up(p2), p1], 1)))
+
+
+MODELS = {"mobilenetv3": MobileNetV3, "efficientnet": EfficientNet, "convnext": ConvNeXt, "bert": Bert,
+          "yolo": YoloBlock}
+
+# ------------------------------------------------------------------------------------------- export
+
+
+def _example_inputs(entry) -> tuple:
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for spec in entry["inputs"].values():
+        if spec["kind"] == "ids":
+            out.append(torch.randint(spec["low"], spec["high"], spec["shape"], generator=gen))
+        elif spec["kind"] == "mask":
+            out.append(torch.ones(spec["shape"], dtype=torch.int64))
+        else:
+            out.append(torch.randn(spec["shape"], generator=gen))
+    return tuple(out)
+
+
+def _constant_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Initializers -> `Constant` nodes; Reshape's shape and Resize's scales through `Identity` (paddle2onnx style)."""
+    g = model.graph
+    consts = [helper.make_node("Constant", [], [t.name], name=f"const_{t.name}", value=t) for t in g.initializer]
+    nodes = []
+    for i, n in enumerate(g.node):
+        slot = {"Reshape": 1, "Resize": 2}.get(n.op_type)
+        if slot is not None and len(n.input) > slot and n.input[slot]:
+            alias = f"{n.input[slot]}_identity_{i}"
+            nodes.append(helper.make_node("Identity", [n.input[slot]], [alias], name=f"{n.name}_identity"))
+            n.input[slot] = alias
+        nodes.append(n)
+    del g.initializer[:]
+    del g.node[:]
+    g.node.extend(consts + nodes)
+    return model
+
+
+def _strip_provenance(model: onnx.ModelProto) -> None:
+    """Drop what depends on where the script runs: the dynamo exporter's per-node stack traces (absolute
+    paths, line numbers) and doc strings."""
+    for node in model.graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
+    for value in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
+        del value.metadata_props[:]
+        value.doc_string = ""
+    for tensor in model.graph.initializer:
+        del tensor.metadata_props[:]
+
+
+def export(name: str, entry: dict) -> bytes:
+    torch.manual_seed(entry["seed"])
+    module = _randomize_norms(MODELS[entry["arch"]]()).eval()
+    args = _example_inputs(entry)
+    names = list(entry["inputs"])
+    outputs = entry["outputs"]
+    buf = io.BytesIO()
+    with torch.no_grad():
+        if entry["exporter"] == "dynamo":
+            program = torch.onnx.export(module, args, input_names=names, output_names=outputs,
+                                        opset_version=entry["opset"], dynamo=True,
+                                        verbose=False)
+            model = program.model_proto
+        else:
+            dynamic = {n: {0: "batch"} for n in names + outputs}
+            torch.onnx.export(module, args, buf, input_names=names, output_names=outputs,
+                              opset_version=entry["opset"], dynamo=False, dynamic_axes=dynamic)
+            model = onnx.load_from_string(buf.getvalue())
+    if entry.get("constant_weights"):
+        model = _constant_weights(model)
+    _strip_provenance(model)
+    model.producer_version = "2.13.0"  # the '+cpu' suffix is the wheel's, not the exporter's
+    model.graph.name = name
+    onnx.checker.check_model(model)
+    return model.SerializeToString(deterministic=True) if hasattr(model, "SerializeToString") else b""
+
+
+def main(out_dir: Path = HERE) -> None:
+    for name, entry in ENTRIES.items():
+        data = export(name, entry)
+        (Path(out_dir) / f"{name}.onnx").write_bytes(data)
+        print(f"{name}.onnx: {len(data) / 1024:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
