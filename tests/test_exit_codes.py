@@ -29,14 +29,14 @@ def crashing_rules(tmp_path):
     """A valid rules file that also makes `explain` crash: an internal error, as a user would meet one."""
     path = tmp_path / "crash.py"
     path.write_text(WRONG_RULES.read_text() + textwrap.dedent("""
-        import sys
+        import importlib
 
 
         def _boom(*args, **kwargs):
             raise KeyError("no entry for 'conv'\\nsecond line of the message")
 
 
-        sys.modules["tvm_fusion.explain"].explain = _boom
+        importlib.import_module("tvm_fusion.explain").explain = _boom
     """))
     return path
 
