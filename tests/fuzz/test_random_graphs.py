@@ -26,9 +26,9 @@ from .strategies import Plan, build, onnx_graphs
 
 ROOT = Path(__file__).resolve().parents[2]
 REGRESSIONS = Path(__file__).resolve().parent / "regressions"
-#: each graph runs in onnxruntime and builds twice (~1 s); ci profile: 60 derandomized graphs (about a minute);
-#: explore: 300 fresh ones
-EXAMPLES = 5 * settings.default.max_examples
+#: each graph runs in onnxruntime and builds twice (~0.5 s); ci profile: 120 derandomized graphs (about a minute);
+#: explore: 600 fresh ones
+EXAMPLES = 10 * settings.default.max_examples
 COVERAGE_EXAMPLES = 40  # fuse only, no builds
 FAMILIES = {"conv": ("conv2d",), "dense": ("dense_",), "layer_norm": ("layer_norm", "add_layer_norm"),
             "elementwise": ("elementwise_chain_", "add_relu")}
