@@ -9,6 +9,13 @@ small functions: `draw(draw, net, keep_shape)` picks parameters that fit the cur
 `emit(net, **params)` appends the ONNX nodes. The strategy draws and emits layer by layer (so shapes are
 known as it goes); `build(plan)` replays a plan, so a plan written by hand builds the same graph.
 
+What found the bugs of issue 8 is drawn on purpose: constants whose broadcast axis is not the channel axis
+(`bias_add`, `pair`: (W,) after a conv whose C == W, (H, 1), (1, W), scalars, full shapes, shapes that raise
+the rank or stretch a size-1 axis, constants whose elements are all equal, either operand order), activation
+constants near but not equal to the canonical ones (`near_act`), ranks 2 to 5 (token inputs of rank 4 and 5,
+batched MatMul weights), LayerNorm scales of another broadcast shape ((S, 1) with S == F), `If` nodes with a
+constant condition, and node / value names that collide with C, Python or TVM names (`Plan.names`).
+
 Values with several consumers come from skip connections (an add back to an earlier value of the same
 shape), forks (one value feeding two branches that are joined again), attention (q, k and v of one value),
 elementwise ops reusing their input, and escapes (an intermediate that is also a graph output); each must
@@ -43,6 +50,7 @@ class Plan:
     input_shape: tuple
     seed: int  # of the weights (GraphBuilder)
     layers: tuple  # ((layer kind, params), ...)
+    names: tuple = ()  # (("node" | "value" | "input", index, new name), ...): see ODD_NAMES and rename()
 
 
 @dataclass(frozen=True)
@@ -109,10 +117,72 @@ class Net:
 
     def finish(self, plan: Plan) -> RandomGraph:
         outputs = self.outputs + ([self.cur] if self.cur not in self.outputs else [])
+        outputs, renamed = rename(self.g, outputs, plan.names)
         model = self.g.model(outputs, opset=self.opset)
         head = f"{plan.domain} x{list(plan.input_shape)}, weights seed {plan.seed}, opset {self.opset}"
-        tail = f"outputs: {', '.join(outputs)}"
+        tail = f"outputs: {', '.join(outputs)}" + (f"\nrenamed: {'; '.join(renamed)}" if renamed else "")
         return RandomGraph(model, "\n".join([head, *self.log, tail]), plan)
+
+
+#: node and value names that exporters write or that collide with names of TVM's IR, C or Python: the module's
+#: entry function, keywords, the importer's own var prefix, an input's name, duplicates, empty, path-like
+ODD_NAMES = ("main", "if", "int", "return", "", "dup", "dup", "a/b.c:0", "x", "lv", "0", "R", "T", "relu")
+
+
+def _rename_values(nodes, old: str, new: str) -> None:
+    for node in nodes:
+        node.input[:] = [new if v == old else v for v in node.input]
+        node.output[:] = [new if v == old else v for v in node.output]
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:  # If branches see the outer values by name
+                _rename_values(attr.g.node, old, new)
+                for out in attr.g.output:
+                    out.name = new if out.name == old else out.name
+
+
+def _unique(name: str, taken: set) -> str:
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
+
+
+def rename(g: GraphBuilder, outputs: list, names: tuple) -> tuple[list, list]:
+    """Apply a plan's `names` to the built graph: ("node", i, name) names node i; ("value", i, name) renames the
+    first output of node i everywhere, ("input", i, name) graph input i (both kept unique: "_" appended while
+    taken). Returns the outputs, a log."""
+    log = []
+    taken = {v for n in g.nodes for v in n.output} | {i.name for i in g.inputs} | {t.name for t in g.inits}
+    for kind, index, name in names:
+        node = g.nodes[index % len(g.nodes)]
+        if kind == "input":  # a graph input: it becomes a parameter of the entry function and of kernels
+            value = g.inputs[index % len(g.inputs)]
+            old, value.name = value.name, _unique(name or "_", taken)
+            _rename_values(g.nodes, old, value.name)
+            log.append(f"input {old} -> {value.name!r}")
+            continue
+        if kind == "node":
+            log.append(f"node {node.name} -> {name!r}")
+            node.name = name
+            continue
+        old, new = node.output[0], _unique(name or "_", taken)
+        _rename_values(g.nodes, old, new)
+        outputs = [new if v == old else v for v in outputs]
+        log.append(f"value {old} -> {new!r}")
+    return outputs, log
+
+
+def draw_names(draw, n_nodes: int) -> tuple:
+    return tuple(draw(st.lists(st.tuples(st.sampled_from(["node", "value", "input"]), st.integers(0, n_nodes - 1),
+                                         st.sampled_from(ODD_NAMES)), max_size=4)))
+
+
+def broadcast_shapes(shape: tuple):
+    """Shapes of a constant that broadcasts to `shape` without changing it: a scalar, or the last k axes each
+    either kept or 1: (W,), (H, 1), (C, 1, 1), (1, W), the full shape ... (scalars first: they shrink there)."""
+    rank = len(shape)
+    return st.integers(0, rank).flatmap(
+        lambda k: st.tuples(*[st.sampled_from([1, d]) if d != 1 else st.just(1) for d in shape[rank - k:]]))
 
 
 # ---------------------------------------------------------------- layer kinds: draw(draw, net, keep_shape), emit
@@ -139,16 +209,25 @@ def draw_conv(draw, net: Net, keep_shape: bool = False) -> dict:
         return dict(cout=c, k=k, stride=1, pads=same, dilation=dilation, groups=groups, bias=bias)
     cout = groups * draw(st.integers(1, MAX_CHANNELS // groups))
     pads = [draw(st.integers(0, p)) for p in same]
-    return dict(cout=cout, k=k, stride=draw(st.integers(1, 2)), pads=pads, dilation=dilation, groups=groups,
-                bias=bias)
+    stride = draw(st.integers(1, 2))
+    _, _, oh, ow = conv_shape(net.shape, c, k, stride, pads, dilation)
+    like = [d for d in (ow, oh) if d % groups == 0 and d <= MAX_CHANNELS and d != cout]
+    if like and draw(st.booleans()):  # C == W (or H): a (W,) constant then has C elements but is not per channel
+        cout = draw(st.sampled_from(like))
+    return dict(cout=cout, k=k, stride=stride, pads=pads, dilation=dilation, groups=groups, bias=bias)
+
+
+def conv_shape(shape, cout, k, stride, pads, dilation, **_) -> tuple:
+    n, _, h, w = shape
+    oh = (h + pads[0] + pads[2] - dilation * (_kh(k) - 1) - 1) // stride + 1
+    ow = (w + pads[1] + pads[3] - dilation * (_kw(k) - 1) - 1) // stride + 1
+    return (n, cout, oh, ow)
 
 
 def emit_conv(net: Net, cout, k, stride, pads, dilation, groups, bias) -> None:
-    n, c, h, w = net.shape
-    oh = (h + pads[0] + pads[2] - dilation * (_kh(k) - 1) - 1) // stride + 1
-    ow = (w + pads[1] + pads[3] - dilation * (_kw(k) - 1) - 1) // stride + 1
+    c = net.shape[1]
     y = net.g.conv(net.cur, c, cout, k=k, stride=stride, pads=pads, dilation=dilation, groups=groups, bias=bias)
-    net.set(y, (n, cout, oh, ow))
+    net.set(y, conv_shape(net.shape, cout, k, stride, pads, dilation))
 
 
 def draw_nothing(draw, net: Net, keep_shape: bool = False) -> dict:
@@ -171,16 +250,81 @@ def emit_act(net: Net, act, form) -> None:  # `act` only names the activation in
     net.set(apply_activation_onnx(net.g, net.cur, form))
 
 
+#: activation forms with the constants that make them: name -> canonical value (what the rules look for)
+NEAR_MISS = {
+    "HardSigmoid": {"alpha": 1 / 6, "beta": 0.5},  # hardswish's half
+    "x*HardSigmoid": {"alpha": 1 / 6, "beta": 0.5},
+    "x*(Clip(x+3)/6)": {"three": 3.0, "low": 0.0, "high": 6.0, "six": 6.0},
+    "x*Clip(x+3)/6": {"three": 3.0, "low": 0.0, "high": 6.0, "six": 6.0},
+    "Clip": {"low": 0.0, "high": 6.0},
+    "MaxMin": {"low": 0.0, "high": 6.0},
+    "LeakyRelu": {"alpha": 0.01},
+    "erf-decomposed": {"sqrt2": float(np.float32(np.sqrt(2.0))), "one": 1.0, "half": 0.5},
+    "tanh-decomposed": {"cubic": 0.044715, "sqrt_2_over_pi": 0.7978845834732056, "one": 1.0, "half": 0.5},
+}
+#: 0 (canonical), within the rules' 1e-4 (near miss, still visible element by element), clearly off
+NUDGES = (0.0, 9e-5, -9e-5, 5e-5, -5e-5, 1e-3, 0.1)
+
+
+def draw_near_act(draw, net: Net, keep_shape: bool = False) -> dict:
+    """An activation whose constants are near, but not always equal to, the canonical ones (HardSigmoid alpha
+    1/6 + 9e-5, Clip(0, 6.001), GELU's sqrt(2) nudged ...), after a gain that takes values past the bounds."""
+    form = draw(st.sampled_from(list(NEAR_MISS)))
+    return dict(form=form, nudge=draw(st.sampled_from(list(NEAR_MISS[form]))), delta=draw(st.sampled_from(NUDGES)),
+                gain=draw(st.sampled_from([1.0, 1.0, 4.0])))  # a gain stops the fusion with a conv before
+
+
+def emit_near_act(net: Net, form, nudge, delta, gain) -> None:
+    g, y = net.g, net.cur
+    c = {**NEAR_MISS[form]}
+    c[nudge] += delta
+    f32 = lambda v: g.const(np.array(v, np.float32))  # noqa: E731
+    if gain != 1.0:
+        y = g.op("Mul", [y, f32(gain)])
+    if form in ("HardSigmoid", "x*HardSigmoid"):
+        hs = g.op("HardSigmoid", [y], alpha=c["alpha"], beta=c["beta"])
+        y = hs if form == "HardSigmoid" else g.op("Mul", [y, hs])
+    elif form.startswith("x*"):
+        relu6 = g.op("Clip", [g.op("Add", [y, f32(c["three"])]), f32(c["low"]), f32(c["high"])])
+        y = g.op("Mul", [y, g.op("Div", [relu6, f32(c["six"])])]) if form == "x*(Clip(x+3)/6)" else \
+            g.op("Div", [g.op("Mul", [y, relu6]), f32(c["six"])])
+    elif form == "Clip":
+        y = g.op("Clip", [y, f32(c["low"]), f32(c["high"])])
+    elif form == "MaxMin":
+        y = g.op("Min", [g.op("Max", [y, f32(c["low"])]), f32(c["high"])])
+    elif form == "LeakyRelu":
+        y = g.op("LeakyRelu", [y], alpha=c["alpha"])
+    elif form == "erf-decomposed":
+        erf = g.op("Erf", [g.op("Div", [y, f32(c["sqrt2"])])])
+        y = g.op("Mul", [g.op("Mul", [y, g.op("Add", [erf, f32(c["one"])])]), f32(c["half"])])
+    else:  # tanh-decomposed
+        inner = g.op("Add", [y, g.op("Mul", [g.op("Pow", [y, f32(3.0)]), f32(c["cubic"])])])
+        t = g.op("Tanh", [g.op("Mul", [inner, f32(c["sqrt_2_over_pi"])])])
+        y = g.op("Mul", [g.op("Mul", [y, g.op("Add", [t, f32(c["one"])])]), f32(c["half"])])
+    net.set(y)
+
+
 def draw_bias_add(draw, net: Net, keep_shape: bool = False) -> dict:
+    """A constant added to (or multiplying, ...) the current value, in either operand order: per channel, a
+    scalar, or any shape that broadcasts over other axes ((W,) after a conv, also when W == C; (H, 1); ...)."""
     rank = len(net.shape)
     channel = net.per_channel()
     broadcast = (1, *channel) if net.domain == "image" else (1,) * (rank - 1) + channel
-    return dict(shape=draw(st.sampled_from([channel, broadcast, ()])), const_first=draw(st.booleans()))
+    other_axes = [(net.shape[-1],), (net.shape[-2], 1)] if rank >= 2 else []  # (W,), (H, 1); tokens: (S, 1)
+    shape = draw(st.sampled_from([channel, broadcast, (), *other_axes, *other_axes]) | broadcast_shapes(net.shape))
+    if not keep_shape and net.domain == "tokens" and len(shape) == rank < 5 and draw(st.booleans()):
+        shape = (1, *shape)  # raises the value's rank: [2, N] + (1, 1, N) is [1, 2, N]
+    op = draw(st.sampled_from(CONST_OPS))
+    return dict(shape=tuple(shape), const_first=op != "Div" and draw(st.booleans()), op=op)  # c / x: x ~ 0
 
 
-def emit_bias_add(net: Net, shape, const_first) -> None:
-    b = net.normal(shape)
-    net.set(net.g.op("Add", [b, net.cur] if const_first else [net.cur, b]))
+CONST_OPS = ("Add", "Mul", "Sub", "Div")
+
+
+def emit_bias_add(net: Net, shape, const_first, op="Add") -> None:
+    b = net.uniform(shape) if op in ("Mul", "Div") else net.normal(shape)  # no division by values near 0
+    out = np.broadcast_shapes(tuple(net.shape), tuple(shape))
+    net.set(net.g.op(op, [b, net.cur] if const_first else [net.cur, b]), out)
 
 
 def draw_skip_add(draw, net: Net, keep_shape: bool = False) -> dict:
@@ -190,6 +334,58 @@ def draw_skip_add(draw, net: Net, keep_shape: bool = False) -> dict:
 
 def emit_skip_add(net: Net, other, op, other_first) -> None:
     net.set(net.g.op(op, [other, net.cur] if other_first else [net.cur, other]))
+
+
+def draw_pair(draw, net: Net, keep_shape: bool = False) -> dict:
+    """Max / Min / Sum / Mean of two inputs: the current value and a constant that broadcasts to it (or, unless
+    the shape is kept, one that also stretches its size-1 axes or adds a leading axis), in either order."""
+    shape = draw(broadcast_shapes(net.shape))
+    if not keep_shape and draw(st.booleans()):
+        shape = tuple(draw(st.integers(2, 3)) if d == 1 else d for d in net.shape)
+    if not keep_shape and net.domain == "tokens" and len(shape) == len(net.shape) < 5 and draw(st.booleans()):
+        shape = (draw(st.integers(1, 2)), *shape)  # one more (leading) axis than the value
+    return dict(op=draw(st.sampled_from(["Max", "Min", "Sum", "Mean"])), shape=tuple(shape),
+                const_first=draw(st.booleans()), filled=draw(st.booleans()))
+
+
+def emit_pair(net: Net, op, shape, const_first, filled=False) -> None:
+    """`filled`: every element of the constant is the same (as ConstantOfShape / Expand of a scalar give)."""
+    c = net.g.const(np.full(shape, 0.25, np.float32)) if filled else net.normal(shape)
+    out = np.broadcast_shapes(tuple(net.shape), tuple(shape))
+    net.set(net.g.op(op, [c, net.cur] if const_first else [net.cur, c]), out)
+
+
+IF_OPS = ("Relu", "Sigmoid", "Neg", "Add", "Mul")
+
+
+def draw_if(draw, net: Net, keep_shape: bool = False) -> dict:
+    """If with a constant condition; each branch applies 1-2 ops to the current value (seen from outer scope)."""
+    ops = st.lists(st.sampled_from(IF_OPS), min_size=1, max_size=2).map(tuple)
+    return dict(cond=draw(st.booleans()), then=draw(ops), orelse=draw(ops))
+
+
+def emit_if(net: Net, cond, then, orelse) -> None:
+    from onnx import TensorProto, helper
+
+    g = net.g
+
+    def branch(ops, tag):
+        nodes, y = [], net.cur
+        for op in ops:
+            ins = [y]
+            if op in ("Add", "Mul"):
+                c = g.name(f"{tag}_c")
+                value = g.rng.uniform(0.5, 1.5, net.per_channel()).astype(np.float32)
+                nodes.append(helper.make_node("Constant", [], [c], name=g.name("Constant"),
+                                              value=onnx.numpy_helper.from_array(value, c)))
+                ins.append(c)
+            out = g.name(f"{tag}_{op.lower()}")
+            nodes.append(helper.make_node(op, ins, [out], name=g.name(op)))
+            y = out
+        return helper.make_graph(nodes, tag, [], [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)])
+
+    c = g.const(np.array(cond))
+    net.set(g.op("If", [c], then_branch=branch(then, g.name("then")), else_branch=branch(orelse, g.name("else"))))
 
 
 UNARY_OPS = ("Relu", "Sigmoid", "Tanh", "Neg", "Erf", "Abs")  # Abs is not in our chains: it splits them
@@ -245,7 +441,7 @@ def emit_fork(net: Net, a, b, join) -> None:
         net.cur = v
         LAYER_KINDS[name].emit(net, **params)
         ends.append(net.cur)
-    net.set(net.g.op(join, ends))
+    net.set(net.g.op(join, ends), np.broadcast_shapes(*(net.shapes[e] for e in ends)))
 
 
 def draw_squeeze_excite(draw, net: Net, keep_shape: bool = False) -> dict:
@@ -285,17 +481,53 @@ def emit_attention(net: Net, d, n, bias) -> None:
 
 def draw_block(draw, net: Net, keep_shape: bool = False) -> dict:
     """A network's usual unit: conv (image) or dense (tokens), then BatchNorm, a residual add back to a value
-    of the block's input shape (the conv or dense keeps the shape then) and/or an activation."""
+    of the block's input shape (the conv or dense keeps the shape then) and/or an activation (canonical or
+    nudged); a constant of any broadcast shape right after the conv / dense or just before the activation."""
     first = "conv" if net.domain == "image" else "dense"
     residual = draw(st.booleans())
-    layers = [(first, LAYER_KINDS[first].draw(draw, net, keep_shape or residual))]
+    params = LAYER_KINDS[first].draw(draw, net, keep_shape or residual)
+    layers = [(first, params)]
+    out = conv_shape(net.shape, **params) if first == "conv" else \
+        (1,) * (params.get("bias_rank", 1) - len(net.shape)) + (*net.shape[:-1], params["n"])
+    after = Net(net.g, net.domain, net.cur, {net.cur: out}, [])  # only its shape: draws the constant
+    const = draw(st.sampled_from([None, "after_" + first, "before_act"]))
+    if const == "after_" + first:  # conv -> Add((W,)) -> relu with C == W: not a per-channel bias
+        layers.append(("bias_add", draw_bias_add(draw, after, keep_shape=True)))
     if draw(st.booleans()):
         layers.append(("bn", {}))
     if residual:
         layers.append(("skip_add", dict(other=draw(st.sampled_from([net.cur, *net.same_shape()])), op="Add",
                                         other_first=draw(st.booleans()))))
-    if draw(st.integers(0, 3)):
-        layers.append(("act", draw_act(draw, net)))
+    if const == "before_act":
+        layers.append(("bias_add", draw_bias_add(draw, after, keep_shape or residual)))
+    act = draw(st.sampled_from([None, "act", "near_act"]))
+    if act:
+        layers.append((act, LAYER_KINDS[act].draw(draw, net)))
+    return dict(layers=tuple(layers))
+
+
+def draw_off_axis(draw, net: Net, keep_shape: bool = False) -> dict:
+    """conv / dense -> a constant broadcast over another axis than the channels / features -> an activation
+    (canonical or nudged): conv(C == W) + (W,) and dense(N == S) + (S, 1) have one value per channel by count
+    only, which a rule must not take for a bias or scale (what found issue 8's W == C bug)."""
+    first = "conv" if net.domain == "image" else "dense"
+    params = LAYER_KINDS[first].draw(draw, net, keep_shape)
+    if first == "conv" and not keep_shape:
+        _, _, _, ow = conv_shape(net.shape, **params)
+        if ow % params["groups"] == 0 and ow <= MAX_CHANNELS:
+            params = dict(params, cout=ow, bias=draw(st.sampled_from([False, False, True])))
+    elif first == "dense" and not keep_shape and len(net.shape) >= 2:
+        params = dict(params, n=net.shape[-2])
+    out = conv_shape(net.shape, **params) if first == "conv" else \
+        (1,) * (params.get("bias_rank", 1) - len(net.shape)) + (*net.shape[:-1], params["n"])
+    other = st.sampled_from([(out[-1],), (out[-1],), (out[-2], 1), (1, out[-1])]) if len(out) >= 2 else st.just(())
+    shape = draw(other | broadcast_shapes(out))
+    op = draw(st.sampled_from(["Add", "Mul", "Add", "Sub", "Div"]))
+    const_first = op != "Div" and draw(st.sampled_from([False, False, True]))
+    layers = [(first, params), ("bias_add", dict(shape=tuple(shape), const_first=const_first, op=op))]
+    act = draw(st.sampled_from([None, "act", "near_act"]))
+    if act:
+        layers.append((act, LAYER_KINDS[act].draw(draw, net)))
     return dict(layers=tuple(layers))
 
 
@@ -329,20 +561,26 @@ def draw_dense(draw, net: Net, keep_shape: bool = False) -> dict:
     if len(net.shape) == 2 and draw(st.booleans()):
         return dict(op="Gemm", n=n, bias=draw(st.sampled_from([None, "C"])), trans_b=draw(st.booleans()),
                     alpha=draw(st.sampled_from([1.0, 1.0, 0.5])))
-    return dict(op="MatMul", n=n, bias=draw(st.sampled_from([None, "after", "before"])))
+    batched = len(net.shape) >= 3 and draw(st.booleans())  # [B, M, K] x [B, K, N] as well as x [K, N]
+    bias = draw(st.sampled_from([None, "after", "before"]))
+    ranks = [1, len(net.shape)] + ([len(net.shape) + 1] if not keep_shape and len(net.shape) < 5 else [])
+    bias_rank = draw(st.sampled_from(ranks)) if bias else 1
+    return dict(op="MatMul", n=n, bias=bias, batched_weight=batched, bias_rank=bias_rank)
 
 
-def emit_dense(net: Net, op, n, bias, trans_b=False, alpha=1.0) -> None:
+def emit_dense(net: Net, op, n, bias, trans_b=False, alpha=1.0, batched_weight=False, bias_rank=1) -> None:
+    """`bias_rank`: the bias is (1, ..., 1, n) of that rank; one more than the value's rank adds a leading axis."""
     f = net.shape[-1]
-    w = net.normal((n, f) if trans_b else (f, n), std=1.0 / np.sqrt(f))
-    b = net.normal((n,), std=0.1) if bias else None
+    w = (n, f) if trans_b else (f, n)
+    w = net.normal((*net.shape[:-2], *w) if batched_weight else w, std=1.0 / np.sqrt(f))
+    b = net.normal((1,) * (bias_rank - 1) + (n,), std=0.1) if bias else None
     if op == "Gemm":
         y = net.g.op("Gemm", [net.cur, w] + ([b] if b else []), transB=int(trans_b), alpha=alpha)
     else:
         y = net.g.op("MatMul", [net.cur, w])
         if b:
             y = net.g.op("Add", [b, y] if bias == "before" else [y, b])
-    net.set(y, (*net.shape[:-1], n))
+    net.set(y, (1,) * (bias_rank - len(net.shape)) + (*net.shape[:-1], n))
 
 
 def draw_layer_norm(draw, net: Net, keep_shape: bool = False) -> dict:
@@ -350,18 +588,22 @@ def draw_layer_norm(draw, net: Net, keep_shape: bool = False) -> dict:
     with an earlier value, the input itself (h + h) or a new graph input."""
     form = draw(st.sampled_from(["op", "decomposed"]))
     axis = draw(st.sampled_from([-1, -1, -2])) if form == "op" and len(net.shape) == 3 else -1  # -2 declines
+    gamma = None  # the normalized shape; the decomposed form takes any that broadcasts: (S, 1) with S == F ...
+    if form == "decomposed" and len(net.shape) >= 2:
+        gamma = draw(st.sampled_from([None, (net.shape[-2], 1)]) | broadcast_shapes(net.shape))
     return dict(form=form, residual=draw(st.sampled_from([None, "input", net.cur, *net.same_shape()])),
-                epsilon=draw(st.sampled_from([1e-5, 1e-3])), axis=axis)
+                epsilon=draw(st.sampled_from([1e-5, 1e-3])), axis=axis, gamma=gamma)
 
 
-def emit_layer_norm(net: Net, form, residual, epsilon, axis=-1) -> None:
+def emit_layer_norm(net: Net, form, residual, epsilon, axis=-1, gamma=None) -> None:
+    """`gamma`: the scale's shape when not the normalized shape (decomposed form: any that broadcasts)."""
     shape, h = net.shape, net.cur
     if residual == "input":
         residual = net.g.input(f"r{len(net.inputs)}", list(shape))
         net.inputs.append(residual)
     if residual:
         h = net.g.op("Add", [h, residual])
-    gamma, beta = net.uniform(shape[axis:]), net.normal(shape[axis:], std=0.1)
+    gamma, beta = net.uniform(shape[axis:] if gamma is None else gamma), net.normal(shape[axis:], std=0.1)
     if form == "op":
         net.set(net.g.op("LayerNormalization", [h, gamma, beta], axis=axis, epsilon=epsilon), shape)
         return
@@ -398,11 +640,15 @@ LAYER_KINDS = {
     "dense": LayerKind(draw_dense, emit_dense, domains=("tokens",), weight=4, branch=True),
     "layer_norm": LayerKind(draw_layer_norm, emit_layer_norm, domains=("tokens",), weight=3, branch=True),
     "block": LayerKind(draw_block, emit_block, weight=4, branch=True),
+    "off_axis": LayerKind(draw_off_axis, emit_block, weight=3, branch=True),
     "squeeze_excite": LayerKind(draw_squeeze_excite, emit_squeeze_excite, domains=("image",), branch=True),
     "attention": LayerKind(draw_attention, emit_attention, domains=("tokens",), branch=True,
                            when=lambda net: len(net.shape) == 3),
     "skip_add": LayerKind(draw_skip_add, emit_skip_add, weight=2, when=lambda net: bool(net.same_shape())),
     "fork": LayerKind(draw_fork, emit_fork),
+    "near_act": LayerKind(draw_near_act, emit_near_act, weight=2, branch=True),
+    "pair": LayerKind(draw_pair, emit_pair, weight=2, branch=True),
+    "if": LayerKind(draw_if, emit_if, branch=True),
     "escape": LayerKind(draw_nothing, emit_escape,
                         when=lambda net: net.cur not in net.inputs and net.cur not in net.outputs),
     "to_tokens": LayerKind(draw_to_tokens, emit_to_tokens, domains=("image",)),
@@ -437,16 +683,23 @@ def build(plan: Plan) -> RandomGraph:
 def _input_shapes(domain: str):
     if domain == "image":
         return st.tuples(st.integers(1, 2), st.integers(1, MAX_CHANNELS), st.integers(3, MAX_SPATIAL),
-                         st.integers(3, MAX_SPATIAL))
+                         st.integers(3, MAX_SPATIAL)) | \
+            st.integers(3, MAX_SPATIAL).map(lambda c: (1, c, c, c))  # C == H == W
+    # [batch, features]: Gemm applies; [1, F, F]: a (F, 1) constant has F elements but is not per feature;
+    # ranks 4 and 5: batched MatMul, LayerNorm and elementwise ops over more axes
     return st.tuples(st.integers(1, 2), st.integers(1, 8), st.integers(2, MAX_CHANNELS)) | \
-        st.tuples(st.integers(1, 4), st.integers(2, MAX_CHANNELS))  # [batch, features]: Gemm applies
+        st.tuples(st.integers(1, 4), st.integers(2, MAX_CHANNELS)) | \
+        st.integers(2, 8).map(lambda f: (1, f, f)) | \
+        st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 4), st.integers(2, 8)) | \
+        st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(2, 6))
 
 
 @st.composite
 def onnx_graphs(draw, domains=DOMAINS, max_layers: int = MAX_LAYERS) -> RandomGraph:
     """Draws a small random ONNX graph: an image or token input, then 1 to `max_layers` layers from LAYER_KINDS
-    (conv, BatchNorm, activations in every ONNX form, bias and skip adds, elementwise ops, MatMul/Gemm,
-    LayerNorm, conv/dense blocks, squeeze-excite, attention, forks and escaped intermediates), as a
+    (conv, BatchNorm, activations in every ONNX form and with nudged constants, broadcast constants, Max/Min/
+    Sum/Mean pairs, elementwise ops, MatMul/Gemm, LayerNorm, conv/dense blocks, squeeze-excite, attention, If,
+    forks and escaped intermediates), then up to 4 odd node / value names, as a
     RandomGraph(model, description, plan)."""
     domain = draw(st.sampled_from(domains))
     shape = draw(_input_shapes(domain))
@@ -459,4 +712,5 @@ def onnx_graphs(draw, domains=DOMAINS, max_layers: int = MAX_LAYERS) -> RandomGr
         params = LAYER_KINDS[name].draw(draw, net, keep_shape=False)
         _add(net, name, params)
         layers.append((name, params))
-    return net.finish(Plan(domain, shape, seed, tuple(layers)))
+    names = draw_names(draw, len(net.g.nodes))
+    return net.finish(Plan(domain, shape, seed, tuple(layers), names))
