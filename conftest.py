@@ -64,3 +64,15 @@ def matches_onnxruntime():
             np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
 
     return check
+
+
+@pytest.fixture
+def model(tmp_path):
+    """conv -> batch_norm -> relu saved as an ONNX file: the model the CLI tests run."""
+    import onnx
+
+    from tvm_fusion.testing import conv_bn_relu
+
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_relu(), str(path))
+    return path

@@ -23,13 +23,6 @@ def _bad(capsys, *argv) -> str:
 
 
 @pytest.fixture()
-def model(tmp_path):
-    path = tmp_path / "m.onnx"
-    onnx.save(conv_bn_relu(), str(path))
-    return path
-
-
-@pytest.fixture()
 def symbolic(tmp_path):
     """x: [n, 8, h, w] -> conv(8 -> 256) -> relu."""
     g = GraphBuilder(0)

@@ -18,13 +18,6 @@ CONSOLE = Path(sys.executable).parent / "tvm-fusion"
 
 
 @pytest.fixture()
-def model(tmp_path):
-    path = tmp_path / "m.onnx"
-    onnx.save(conv_bn_relu(), str(path))
-    return path
-
-
-@pytest.fixture()
 def crashing_rules(tmp_path):
     """A valid rules file that also makes `explain` crash: an internal error, as a user would meet one."""
     path = tmp_path / "crash.py"
