@@ -17,7 +17,7 @@ schedules/activations.py ACTIVATIONS.
     silu        y * sigmoid(y)                             (either operand order)
     hardsigmoid clip(y * alpha + beta, 0, 1)
     hardswish   y * (clip(y + a, 0, 6) / d)   |   y * hardsigmoid(y)   |   y * clip(y + a, 0, 6) / d
-    gelu_erf    gelu(y)   |   y * (erf(y / sqrt2) + 1) * 0.5
+    gelu_erf    gelu(y)   |   y * (erf(y / sqrt2) + 1) * 0.5, the 0.5 also inside or on y
     gelu_tanh   gelu_tanh(y)   |   y * (tanh(sqrt(2/pi) * (y + 0.044715 * y^3)) + 1) * 0.5
 """
 
@@ -158,8 +158,12 @@ def _gelu_erf(y):
     op = _op("relax.nn.gelu", y)
     sqrt2, one, half = dpl.is_const(), dpl.is_const(), dpl.is_const()
     erf = _op("relax.erf", _op("relax.divide", y, sqrt2))
-    inner = commutative("relax.multiply", y, commutative("relax.add", erf, one))
-    decomposed = commutative("relax.multiply", inner, half)
+    erf_one = commutative("relax.add", erf, one)
+    # where the 0.5 goes differs by exporter: (x * (erf + 1)) * 0.5 (TorchScript), x * ((erf + 1) * 0.5)
+    # (dynamo), (x * 0.5) * (erf + 1) (Hugging Face's 0.5 * x * (1 + erf(x / sqrt2)))
+    decomposed = (commutative("relax.multiply", commutative("relax.multiply", y, erf_one), half)
+                  | commutative("relax.multiply", y, commutative("relax.multiply", erf_one, half))
+                  | commutative("relax.multiply", commutative("relax.multiply", y, half), erf_one))
     ann = {"ge_sqrt2": sqrt2, "ge_one": one, "ge_half": half, "ge_erf": erf}
 
     def params(m):

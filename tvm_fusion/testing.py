@@ -149,7 +149,7 @@ ACTIVATION_FORMS = {
     "silu": ["x*Sigmoid", "Sigmoid*x"],
     "hardsigmoid": ["HardSigmoid"],
     "hardswish": ["HardSwish", "x*HardSigmoid", "x*Clip(x+3)/6"],
-    "gelu_erf": ["Gelu", "erf-decomposed"],
+    "gelu_erf": ["Gelu", "erf-decomposed"],  # apply_activation_onnx also writes "erf-dynamo" and "erf-hf"
     "gelu_tanh": ["Gelu(tanh)", "tanh-decomposed"],
 }
 GELU_OPSET = 20  # the Gelu op
@@ -184,6 +184,11 @@ def apply_activation_onnx(g: "GraphBuilder", y: str, form: str) -> str:
     if form == "erf-decomposed":  # as PyTorch exports it
         erf = g.op("Erf", [g.op("Div", [y, f32(1.4142135381698608)])])
         return g.op("Mul", [g.op("Mul", [y, g.op("Add", [erf, f32(1.0)])]), f32(0.5)])
+    if form in ("erf-dynamo", "erf-hf"):  # torch.onnx's dynamo exporter; Hugging Face's 0.5 * x * (1 + erf(.))
+        erf_one = g.op("Add", [g.op("Erf", [g.op("Div", [y, f32(1.4142135381698608)])]), f32(1.0)])
+        if form == "erf-dynamo":
+            return g.op("Mul", [y, g.op("Mul", [erf_one, f32(0.5)])])
+        return g.op("Mul", [g.op("Mul", [f32(0.5), y]), erf_one])
     if form == "tanh-decomposed":
         cube = g.op("Pow", [y, f32(3.0)])
         inner = g.op("Mul", [g.op("Add", [y, g.op("Mul", [cube, f32(0.044715)])]), f32(0.7978845834732056)])
