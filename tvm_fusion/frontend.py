@@ -140,6 +140,18 @@ def node_labels(model: onnx.ModelProto) -> list[str]:
     return labels
 
 
+def _labels_as_names(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with every node named by its label (a copy, when some node is unnamed or shares its name):
+    the labels then survive the simplifier, which may drop, reorder and rename nodes."""
+    labels = node_labels(model)
+    if all(n.name == label for (_, n, _), label in zip(_walk(model.graph), labels)):
+        return model
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for (_, n, _), label in zip(_walk(model.graph), labels):
+        n.name = label
+    return model
+
+
 def _sanitize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str], dict[str, str]]:
     """Copy of the model whose value and node names, subgraphs included, are distinct C identifiers, none of
     them reserved.
@@ -428,6 +440,7 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     where = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
     proto = load_onnx(model)
     as_named = {i.name: i.name for i in proto.graph.input}
+    proto = _labels_as_names(proto)
     proto, simplified = _simplify.front_door(proto, _input_shapes(proto, shapes or {}, where, as_named), simplify)
     _check_ops(proto, where)
     proto, renamed, table = _sanitize(proto)

@@ -96,25 +96,29 @@ def run_simplifier(name: str, model: onnx.ModelProto) -> onnx.ModelProto:
     return SIMPLIFIERS[name][1](model)
 
 
-def _keep_names(original: onnx.ModelProto, out: onnx.ModelProto) -> dict[str, str]:
-    """Give made or unnamed nodes the name of the original node that produced the same output.
+def _all_nodes(graph: onnx.GraphProto):
+    """The nodes of `graph` and of every subgraph (If / Loop / Scan bodies), depth first."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _all_nodes(sub)
 
-    Returns {new node name: original node name} for the nodes it renamed."""
-    producer = {o: (n.name or f"{n.op_type}_{i}") for i, n in enumerate(original.graph.node) for o in n.output}
-    original_names = {n.name for n in original.graph.node if n.name}
-    taken = {n.name for n in out.graph.node if n.name in original_names}
+
+def _keep_names(original: onnx.ModelProto, out: onnx.ModelProto) -> dict[str, str]:
+    """Give every node the name of the original node that produced the same output, exactly as the user
+    wrote it (an empty or a repeated name too: the importer labels those, e.g. `Relu (node 12)`), in the
+    graph and in every branch; a node with no original producer is named `<op>_simplified_<i>`.
+
+    Returns {new node name: original node name} for the nodes whose name changed."""
+    producer = {o: n.name for n in _all_nodes(original.graph) for o in n.output if o}
     renamed = {}
-    for i, node in enumerate(out.graph.node):
-        if node.name and node.name in original_names:
-            continue
+    for i, node in enumerate(_all_nodes(out.graph)):
         source = next((producer[o] for o in node.output if o in producer), None)
-        base = source or f"{node.op_type}_simplified_{i}"
-        name, k = base, 1
-        while name in taken:
-            name, k = f"{base}_{k}", k + 1
-        taken.add(name)
-        renamed[name] = source or node.name
-        node.name = name
+        name = source if source is not None else f"{node.op_type}_simplified_{i}"
+        if name != node.name:
+            renamed[name] = source if source is not None else node.name
+            node.name = name
     return renamed
 
 
