@@ -84,6 +84,8 @@ def test_compile_llvm_writes_library_and_manifest(capsys, tmp_path):
     lib = tmp_path / "m.so"
     rc, out, _ = _run(capsys, "compile", str(model), "--target", "llvm", "-o", str(lib))
     assert rc == 0 and lib.exists()
+    assert out.splitlines()[-1] == ("per-kernel time, memory traffic and what to fuse next: tvm-fusion profile "
+                                    f"{model} --target llvm --html report.html")
     manifest = json.loads((tmp_path / "m.so.json").read_text())
     assert [g["rule"] for g in manifest["groups"]] == ["conv2d_bn_relu", "conv2d_bn_add_relu"]
     assert all(g["onnx_nodes"] for g in manifest["groups"])

@@ -8,6 +8,7 @@ the `error:` line); 2 bad input (one line `error: ...` naming the file, flag or 
 from __future__ import annotations
 
 import argparse
+import shlex
 import re
 import sys
 import traceback
@@ -165,6 +166,7 @@ def _run(args) -> int:
                                counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
                                seed=args.seed, external_weights=args.external_weights)
         print(result)
+        print(_profile_hint(args))
         return 0
     from .compare import check_modes
 
@@ -176,10 +178,19 @@ def _run(args) -> int:
     report = compare(model, args.target, shapes=shapes, rules=rules, repeat=args.repeat, seed=args.seed,
                      arch=args.arch, modes=modes, inputs=args.inputs)
     print(report)
+    print(_profile_hint(args))
     if report.executed and not report.ok:
         raise ToleranceExceeded(f"{' and '.join(report.failing_builds())} build exceeds the tolerance: "
                                 + "; ".join(report.failures()))
     return 0
+
+
+def _profile_hint(args) -> str:
+    """The profile command for the same model, target and shapes: where the time and the traffic go."""
+    model = ["--example", args.example] if args.example else [args.model]
+    shapes = [a for s in args.shape for a in ("--shape", s)]
+    cmd = ["tvm-fusion", "profile", *model, *shapes, "--target", args.target, "--html", "report.html"]
+    return "per-kernel time, memory traffic and what to fuse next: " + shlex.join(cmd)
 
 
 def _profile(args, model, shapes, rules) -> int:
