@@ -105,12 +105,6 @@ def kernel_launches(legal, kernels: list[str]) -> int:
     return launches
 
 
-def _kernels(source: str) -> list[str]:
-    """CUDA kernel names of a source, each once (declarations and definitions both match)."""
-    found = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(\w+)\s*\(", source)
-    return list(dict.fromkeys(found))
-
-
 class _progress:
     """A progress bar over named steps on a terminal (tqdm), silent elsewhere."""
 

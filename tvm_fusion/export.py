@@ -13,15 +13,14 @@ format TVM produced ("cuda", "ptx", "cubin", "fatbin") is accepted.
 from __future__ import annotations
 
 import shutil
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import _tvm
 from ._tvm import tvm
-from .cuda_binary import (FATBIN_MAGIC, CudaModule, _Reader, code_format, library_cuda_module, parse_cuda_module,
-                          serialize_cuda_module)
+from .cuda_binary import (FATBIN_MAGIC, CudaModule, _Reader, _string, _u64, code_format, library_cuda_module,
+                          parse_cuda_module, serialize_cuda_module)
 from .errors import FusionError
 
 __all__ = ["CudaBinary", "export_library", "cuda_source", "compile_cuda_source", "cuda_compiler",
@@ -102,14 +101,6 @@ def build_time_compiler(arch: str):
 
 
 # ---- the blob TVM links into a library: [u64 nbytes][import tree][per module: key, payload]
-def _u64(v: int) -> bytes:
-    return struct.pack("<Q", v)
-
-
-def _string(b: bytes) -> bytes:
-    return _u64(len(b)) + b
-
-
 def _walk_blob(blob: bytes, patch_cuda) -> bytes:
     """The blob with each CUDA module payload replaced by `patch_cuda(payload)`."""
     r = _Reader(blob)
