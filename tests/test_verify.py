@@ -92,3 +92,24 @@ def test_cuda_groups_the_cpu_schedule_refuses_still_verify(monkeypatch):
     assert [g.rule for g in groups] == ["conv2d_bn_relu", "conv2d_bn_add_relu"]
     prims = [f for f in graph.functions.values() if hasattr(f, "buffer_map") or type(f).__name__ == "PrimFunc"]
     assert prims and not any((f.attrs or {}).get(SCHEDULED_ATTR) for f in prims)
+
+
+def test_verify_runs_on_the_inputs_given(capsys, tmp_path):
+    """--inputs: the verify step runs on the user's values (token ids, masks), and the manifest says so;
+    arrays that do not fit the model are bad input before any build."""
+    import numpy as np
+
+    model = tmp_path / "m.onnx"
+    onnx.save(residual_block(), str(model))
+    x = np.random.default_rng(5).standard_normal((1, 8, 10, 10)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    lib = tmp_path / "m.so"
+    rc, _, err = _run(capsys, "compile", str(model), "--target", "llvm", "--no-counts", "--inputs",
+                      str(tmp_path / "in.npz"), "-o", str(lib))
+    assert rc == 0, err
+    v = json.loads(lib.with_name("m.so.json").read_text())["verification"]
+    assert v["verified"] is True and v["inputs_given"] == ["x"]
+    np.savez(tmp_path / "bad.npz", y=x)
+    rc, _, err = _run(capsys, "compile", str(model), "--target", "llvm", "--inputs", str(tmp_path / "bad.npz"),
+                      "-o", str(tmp_path / "n.so"))
+    assert rc == 2 and "--inputs has an array 'y', but the model's inputs are ['x']" in err

@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-counts", action="store_true", help="skip counting the unfused/tvm builds' kernels")
     c.add_argument("--no-verify", action="store_true",
                    help="write the library without first checking the fused build against onnxruntime")
+    c.add_argument("--inputs", metavar="FILE.npz",
+                   help="input values for the verify step: an .npz with an array per graph input name (the rest "
+                        "are seeded random values); give token ids and masks this way")
     c.add_argument("--external-weights", action="store_true",
                    help="write the weights to <output>.weights instead of into the library")
     bnd = sub.add_parser("bundle", help="copy a compiled library, its weights and the TVM runtime alone (no "
@@ -164,7 +167,7 @@ def _run(args) -> int:
 
         result = compile_model(model, args.output, args.target, arch=args.arch, shapes=shapes, rules=rules,
                                counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
-                               seed=args.seed, external_weights=args.external_weights)
+                               seed=args.seed, external_weights=args.external_weights, inputs=args.inputs)
         print(result)
         print(_profile_hint(args))
         return 0

@@ -16,6 +16,7 @@ import onnx
 from . import _tvm, cpu_features, frontend, pipeline
 from ._tvm import relax, tvm
 from .build import build, count_kernel_calls, resolve_target
+from .compare import check_inputs, load_inputs
 from .errors import FusionError
 from .export import export_library
 from .hardware import cuda_facts
@@ -184,9 +185,11 @@ def _target_record(target) -> dict:
 
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
                   rules: RuleSet | None = None, counts_of_other_builds: bool = True, verify: bool = True,
-                  seed: int = 0, cc: str | None = None, external_weights: bool = False) -> CompileResult:
+                  seed: int = 0, cc: str | None = None, external_weights: bool = False,
+                  inputs=None) -> CompileResult:
     """Fuse and build `model` for `target`, verify it against onnxruntime on inputs seeded with `seed`
-    (verify.py: nothing is written when it differs), export the library to `output`, write `<output>.json`.
+    and the `inputs` given (a dict or an .npz path, as for compare), export the library to `output`, write
+    `<output>.json` (verify.py: nothing is written when it differs).
     `cc` links a CPU library (default: the system compiler, or `<mtriple>-gcc` for another architecture);
     with `external_weights` the weights go to `<output>.weights` instead of into the library (weights.py)."""
     start = time.perf_counter()
@@ -202,11 +205,14 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     partial = output.with_name(f".partial-{os.getpid()}-{output.name}")  # renamed only once verified
     with _progress(steps) as bar:
         proto = frontend.load_onnx(model)
+        given = load_inputs(inputs)
+        shapes = check_inputs(proto, given, shapes)  # given arrays bind symbolic dims, as in compare
         mod = frontend.import_onnx(proto, shapes)
         bar.update()
         built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights)
         bar.update()
-        verification = verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed) if verify else skipped()
+        verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given) if verify
+                        else skipped())
         bar.update()
         try:
             if linker:

@@ -235,8 +235,9 @@ def _input_shapes(model, shapes: dict, where: str, renamed: dict[str, str]) -> d
             sym = ["?" if s is None else str(s) for s in static]
             raise FusionError(
                 f"{where}: input {original.get(inp.name)!r} has symbolic shape {'x'.join(sym)}; "
-                f"bind it with {SHAPE_SYNTAX.replace('NAME', original.get(inp.name, inp.name))} "
-                "(Python: shapes={name: (1, 3, 224, 224)})"
+                f"bind it with --shape {original.get(inp.name, inp.name)}={'x'.join(s if s != '?' else '1' for s in sym)} "
+                f"(Python: shapes={{{original.get(inp.name, inp.name)!r}: {tuple(s or 1 for s in static)}}}), "
+                "choosing the size of each ? dim"
             )
         else:
             out[inp.name] = static

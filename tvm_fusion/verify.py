@@ -47,12 +47,13 @@ class Verification:
     target: str = ""
     outputs: dict[str, ErrorStats] = field(default_factory=dict)
     seconds: float = 0.0
+    given: list[str] = field(default_factory=list)  # inputs the user gave (--inputs); the rest were seeded
 
     def manifest(self) -> dict:
         if not self.verified:
             return {"verified": False, "reason": self.method}
         return {"verified": True, "method": self.method, "reference": "onnxruntime", "seed": self.seed,
-                "target": self.target, "seconds": round(self.seconds, 3),
+                "inputs_given": self.given, "target": self.target, "seconds": round(self.seconds, 3),
                 "outputs": {k: _record(v) for k, v in self.outputs.items()}}
 
 
@@ -66,9 +67,10 @@ def skipped(reason: str = "skipped with --no-verify") -> Verification:
 
 
 def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = None,
-                 rules: RuleSet | None = None, seed: int = 0) -> Verification:
-    """Run `built` (or, for a non-CPU target, the same fused graph built for the host CPU) on seeded inputs
-    and compare every output with onnxruntime; raise ToleranceExceeded naming the group to blame."""
+                 rules: RuleSet | None = None, seed: int = 0, inputs: dict | None = None) -> Verification:
+    """Run `built` (or, for a non-CPU target, the same fused graph built for the host CPU) on the given
+    `inputs` (checked with compare.check_inputs) and seeded values for the rest, and compare every output
+    with onnxruntime; raise ToleranceExceeded naming the group to blame."""
     start = time.perf_counter()
     on_cpu = _runs_here(built.target)
     cpu = built.target if on_cpu else _quick_cpu()
@@ -78,16 +80,16 @@ def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = 
         graph, _ = lower(built.fused.matched, cpu, any_target=True)
         runnable = build(graph, cpu, "tvm")
     dev = tvm.cpu(0)
-    inputs, tensors = input_tensors(proto, shapes, seed, dev)
+    inputs, tensors = input_tensors(proto, shapes, seed, dev, inputs)
     weights = list((runnable.weights or {}).values())  # built with external weights: main takes them last
     got = as_arrays(relax.VirtualMachine(runnable.executable, dev)["main"](*tensors, *weights))
     sess, names = run_onnxruntime(proto, inputs, optimize=False)
     stats = {n: error_stats(g, r) for n, g, r in zip(names, got, sess.run(None, inputs))}
     result = Verification(True, METHOD_CPU if on_cpu else METHOD_CUDA, seed, str(cpu), stats,
-                          time.perf_counter() - start)
+                          time.perf_counter() - start, sorted(inputs or {}))
     bad = [n for n, s in stats.items() if not s.ok]
     if bad:
-        raise ToleranceExceeded(_blame(proto, cpu, shapes, rules, seed, bad, stats))
+        raise ToleranceExceeded(_blame(proto, cpu, shapes, rules, seed, inputs, bad, stats))
     return result
 
 
@@ -109,12 +111,12 @@ def _quick_cpu():
     return tvm.target.Target({**resolve_target("llvm").export(), "opt-level": 0})
 
 
-def _blame(model, cpu, shapes, rules, seed, bad: list[str], stats: dict[str, ErrorStats]) -> str:
+def _blame(model, cpu, shapes, rules, seed, inputs, bad: list[str], stats: dict[str, ErrorStats]) -> str:
     from .differential import bisect
 
     worst = ", ".join(f"{n} ({stats[n].describe()})" for n in bad)
     head = f"verify: the fused build differs from onnxruntime on output(s) {worst}; no library written"
-    report = bisect(model, cpu, shapes=shapes, rules=rules, seed=seed)
+    report = bisect(model, cpu, shapes=shapes, rules=rules, seed=seed, inputs=inputs)
     if report.culprits:
         where = report.first.first_failure() or "the whole-model outputs"
         return (f"{head}. {where}; " + " ".join(f"--disable {r}" for r in report.culprits)
