@@ -16,8 +16,8 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import ACTIVATIONS, epilogue_spec
-from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, axis_vector_shapes, commutative, decline, rule,
-                              static_shape)
+from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, axis_vector_shapes, batch_shape, commutative,
+                              decline, rule, shape_text, static_shape, symbolic_reason)
 
 SUPPORTED_DTYPES = ("float32",)
 CONV_FAMILY = "conv2d_affine"  # schedules/conv2d.py registers it; rules without their own compute use it
@@ -68,16 +68,16 @@ def conv_checks(m: Match):
     if dtype not in SUPPORTED_DTYPES:
         return decline(f"conv2d dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
     out_shape = m.shape("conv")
-    in_shape = static_shape(m.value("conv").args[0])
-    if out_shape is None or in_shape is None:
-        return decline("conv2d has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)")
+    x = m.value("conv").args[0]
+    if out_shape is None or batch_shape(x) is None:
+        return decline(symbolic_reason("conv2d input", x))
     for name in ("bias_add", "bn_scale", "bn_shift", "post_scale", "post_shift"):
         if name in m:
             const_arg = m.value(name).args[1]
             if _per_channel(const_arg, out_shape) is None:
                 return decline(f"{name} constant has shape {static_shape(const_arg)}; expected one value per "
                                f"output channel, {axis_vector_shapes(out_shape, 1)}, broadcast against the conv "
-                               f"output {out_shape}")
+                               f"output {shape_text(out_shape)}")
     if "batch_norm" in m:
         bn_attrs = m.attrs("batch_norm")
         if bool(bn_attrs.training):
@@ -87,8 +87,9 @@ def conv_checks(m: Match):
             return decline(f"batch_norm axis is {int(bn_attrs.axis)}; expected 1 (channels of NCHW)")
     if "residual" in m:
         res_shape = m.shape("residual")
-        if res_shape != out_shape:
-            return decline(f"residual operand has shape {res_shape}; expected the conv output shape {out_shape}")
+        if res_shape is None or shape_text(res_shape) != shape_text(out_shape):  # N compares by name
+            return decline(f"residual operand has shape {shape_text(m['residual'])}; expected the conv output shape "
+                           f"{shape_text(out_shape)}")
         if m.dtype("residual") != dtype:
             return decline(f"residual dtype is {m.dtype('residual')}; expected {dtype}")
         residual = m.value("residual")  # e.g. add(bn(conv(x)), conv(x)): the kernel cannot take its own conv

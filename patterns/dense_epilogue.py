@@ -16,7 +16,8 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import ACTIVATIONS, epilogue_spec
-from tvm_fusion.rules import Lowering, Match, Spec, axis_vector, commutative, decline, rule, static_shape
+from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, batch_shape, commutative, decline, is_symbolic, rule,
+                              shape_text, static_shape, symbolic_reason)
 
 SUPPORTED_DTYPES = ("float32",)
 DENSE_FAMILY = "dense_affine"  # schedules/dense.py registers it; rules without their own compute use it
@@ -54,9 +55,13 @@ def _feature_vector(expr, out_shape) -> np.ndarray | None:
 
 
 def dense_checks(m: Match):
-    x_shape, w_shape = (static_shape(a) for a in m.value("matmul").args)
+    x, w = m.value("matmul").args
+    x_shape, w_shape = batch_shape(x), static_shape(w)
     if x_shape is None:
-        return decline("matmul input has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)")
+        return decline(symbolic_reason("matmul input", x))
+    if is_symbolic(x_shape) and len(x_shape) != 2:
+        return decline(f"matmul input has shape {shape_text(x)}; with a symbolic batch the kernel takes a 2-D x "
+                       "only (it would view x as [rows, K] with rows a product of dims)")
     if len(x_shape) < 2 or len(w_shape) != 2:
         return decline(f"matmul operands have ranks {len(x_shape)} and {len(w_shape)}; dense takes x of rank "
                        ">= 2 and a 2-D constant W")
@@ -65,6 +70,8 @@ def dense_checks(m: Match):
         return decline(f"matmul dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
     n = w_shape[1]
     out_shape = m.shape("root")
+    if out_shape is None:
+        return decline(symbolic_reason("matmul output", m["root"]))
     for name in ("bias_add", "bn_scale", "bn_shift", "layer_scale"):
         if name in m:
             const = _const_operand(m, name)
@@ -89,15 +96,15 @@ def lower_dense(m: Match, activation, activation_params=None) -> Lowering:
         s = _feature_vector(_const_operand(m, "layer_scale"), out_shape)
         w, b = w * s[None, :], b * s
     dtype = m.dtype("matmul")
-    x_shape = static_shape(x)
-    rows = int(np.prod(x_shape[:-1]))
+    x_shape = batch_shape(x)
+    rows = x_shape[0] if len(x_shape) == 2 else int(np.prod(x_shape[:-1]))  # 2-D when the batch is symbolic
     return Lowering(
         compute=m.rule if registry.has_compute(m.rule) else DENSE_FAMILY,
         inputs=[x],
         constants=[w.astype(dtype), b.astype(dtype)],
         attrs=dict(activation=activation, activation_params=dict(activation_params or {})),
         input_shapes={0: (rows, x_shape[-1])} if len(x_shape) != 2 else {},
-        out_shape=out_shape if out_shape != (rows, n) else None,
+        out_shape=out_shape if shape_text(out_shape) != shape_text((rows, n)) else None,
     )
 
 

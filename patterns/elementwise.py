@@ -13,7 +13,7 @@ from __future__ import annotations
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl, relax
 from tvm_fusion.patterns.activations import clip_bounds
-from tvm_fusion.rules import Lowering, Match, Spec, decline, rule, static_shape
+from tvm_fusion.rules import Lowering, Match, Spec, batch_shape, decline, rule, symbolic_reason
 from tvm_fusion.schedules.elementwise import BINARY, ELEMENTWISE_FAMILY, UNARY
 
 SUPPORTED_DTYPES = ("float32", "float16")
@@ -109,8 +109,8 @@ def elementwise_checks(m: Match):
     dtype = m.dtype("root")
     if dtype not in SUPPORTED_DTYPES:
         return decline(f"elementwise chain dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
-    if static_shape(out) is None:
-        return decline("elementwise chain has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)")
+    if batch_shape(out) is None:
+        return decline(symbolic_reason("elementwise chain output", out))
     first = m.value("s1")
     if all(_tvm.is_constant(a) for a in first.args):
         return decline("the chain starts from constants only; FoldConstant should have folded it")

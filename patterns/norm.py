@@ -16,7 +16,8 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import scalar_constant
-from tvm_fusion.rules import Lowering, Match, Spec, axis_vector, commutative, decline, rule, static_shape
+from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, batch_shape, commutative, decline, is_symbolic, rule,
+                              shape_text, symbolic_reason)
 from tvm_fusion.schedules.layer_norm import LAYER_NORM_FAMILY
 
 SUPPORTED_DTYPES = ("float32",)
@@ -53,9 +54,12 @@ def _params(m: Match) -> tuple[np.ndarray, np.ndarray, float]:
 
 
 def layer_norm_checks(m: Match):
-    shape = static_shape(m["root"])
+    shape = batch_shape(m["root"])
     if shape is None:
-        return decline("layer norm input has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)")
+        return decline(symbolic_reason("layer norm input", m["root"]))
+    if is_symbolic(shape) and len(shape) != 2:
+        return decline(f"layer norm input has shape {shape_text(m['root'])}; with a symbolic batch the kernel takes "
+                       "2-D rows only (it would view the input as [rows, C] with rows a product of dims)")
     dtype = m.dtype("root")
     if dtype not in SUPPORTED_DTYPES:
         return decline(f"layer norm dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
@@ -84,16 +88,16 @@ def layer_norm_checks(m: Match):
 
 
 def _residual_check(m: Match):
-    shape = static_shape(m["root"])
-    a, b = (static_shape(x) for x in m.value("h").args)
+    shape = shape_text(m["root"])
+    a, b = (shape_text(x) for x in m.value("h").args)
     if a != shape or b != shape:
         return decline(f"residual add operands have shapes {a} and {b}; expected both {shape}")
     return None
 
 
 def lower_layer_norm(m: Match, residual: bool) -> Lowering:
-    shape = static_shape(m["root"])
-    rows, c = int(np.prod(shape[:-1])), shape[-1]
+    shape = batch_shape(m["root"])
+    rows, c = (shape[0] if len(shape) == 2 else int(np.prod(shape[:-1]))), shape[-1]  # 2-D when the batch is symbolic
     gamma, beta, eps = _params(m)
     inputs = list(m.value("h").args) if residual else [m["h"]]
     dtype = m.dtype("root")
@@ -102,8 +106,8 @@ def lower_layer_norm(m: Match, residual: bool) -> Lowering:
         inputs=inputs,
         constants=[axis_vector(v, shape, -1).astype(dtype) for v in (gamma, beta)],
         attrs={"epsilon": eps},
-        input_shapes={i: (rows, c) for i, x in enumerate(inputs) if static_shape(x) != (rows, c)},
-        out_shape=tuple(shape) if shape != (rows, c) else None,
+        input_shapes={i: (rows, c) for i, x in enumerate(inputs) if shape_text(x) != shape_text((rows, c))},
+        out_shape=tuple(shape) if shape_text(shape) != shape_text((rows, c)) else None,
     )
 
 

@@ -5,6 +5,8 @@
 
 import importlib
 
+from tvm_fusion._tvm import tirx
+
 MODULES = (
     "tvm_fusion.schedules.conv2d",
     "tvm_fusion.schedules.dense",
@@ -19,6 +21,11 @@ MODULES = (
     "tvm_fusion.schedules.llvm.layer_norm",
     "tvm_fusion.schedules.cuda.layer_norm",
 )
+
+
+def dims(shape) -> list:
+    """A TE shape as ints, except a symbolic dim (a symbolic batch: the outermost), which stays a PrimExpr."""
+    return [int(d) if isinstance(d, (int, tirx.IntImm)) else d for d in shape]
 
 
 def load() -> None:

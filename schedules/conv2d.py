@@ -11,6 +11,7 @@ from __future__ import annotations
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion.registry import register_compute
 
+from . import dims
 from .activations import apply_activation
 
 CONV_FAMILY = "conv2d_affine"  # the compute every conv rule without a compute of its own lowers to
@@ -32,7 +33,7 @@ def conv2d_out_size(size, k, stride, pad_lo, pad_hi, dilation):
 @register_compute(*CONV_RULES)
 def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
                   activation=None, activation_params=None, **_):
-    n, cin, hin, win = (int(d) for d in x.shape)
+    n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
     cout, cpg, kh, kw = (int(d) for d in w.shape)
     sh, sw = strides
     pt, pl, pb, pr = padding

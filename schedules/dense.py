@@ -9,6 +9,7 @@ from tvm_fusion._tvm import te
 
 from tvm_fusion.registry import register_compute
 
+from . import dims
 from .activations import apply_activation
 
 DENSE_FAMILY = "dense_affine"
@@ -17,7 +18,7 @@ DENSE_RULES = (DENSE_FAMILY, "dense_bias_relu", "dense_bias")  # the rest lower 
 
 @register_compute(*DENSE_RULES)
 def dense_affine(x, w, b, *, activation=None, activation_params=None, **_):
-    m, k = (int(d) for d in x.shape)
+    m, k = dims(x.shape)  # m may be a symbolic batch
     n = int(w.shape[1])
     rk = te.reduce_axis((0, k), name="rk")
     dense = te.compute((m, n), lambda i, j: te.sum(x[i, rk] * w[rk, j], axis=rk), name="dense")

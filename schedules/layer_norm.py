@@ -12,13 +12,15 @@ from __future__ import annotations
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion.registry import register_compute
 
+from . import dims
+
 LAYER_NORM_FAMILY = "layer_norm_affine"
 LAYER_NORM_RULES = (LAYER_NORM_FAMILY, "add_layer_norm", "layer_norm")
 
 
 @register_compute(*LAYER_NORM_RULES)
 def layer_norm_affine(x, gamma, beta, residual=None, *, epsilon, **_):
-    rows, c = (int(d) for d in x.shape)
+    rows, c = dims(x.shape)  # rows may be a symbolic batch
 
     def h(r, k):
         return x[r, k] + residual[r, k] if residual is not None else x[r, k]

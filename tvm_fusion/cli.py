@@ -25,7 +25,8 @@ def _common(p: argparse.ArgumentParser, target: str = "llvm") -> None:
     p.add_argument("--example", choices=EXAMPLES, help="use a model made on the fly (seeded random weights)")
     p.add_argument("--seed", type=int, default=0, help="seed (>= 0) of the example's weights and of the inputs")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
-                   help="bind an input's shape (repeatable); required for symbolic dims")
+                   help="bind an input's shape (repeatable); required for symbolic dims. A letter keeps a dim "
+                        "symbolic (the batch: NAME=Nx3x224x224, or N<=64 with an upper bound)")
     p.add_argument("--target", default=target,
                    help=f"build target (default: {target}): llvm (this CPU, or TVM_FUSION_CPU), cuda, a JSON dict "
                         "such as '{\"kind\":\"llvm\",\"mcpu\":\"x86-64-v3\"}', a TVM target kind or a tag")
@@ -101,27 +102,30 @@ def _rules(args):
     return load_rules_for(args.rules, only=[n for n in args.only.split(",") if n], disable=disable)
 
 
-def _model(args):
+def _model(args, shapes: dict | None = None):
+    """The model path; for --example with a symbolic outermost --shape dim, the example's dynamic-batch variant."""
     if args.example and args.model:
         raise FusionError("give either a model path or --example, not both")
     if args.example:
         from .examples import example_path
+        from .frontend import SymDim
 
-        return str(example_path(args.example, args.seed))
+        dynamic = any(shape and isinstance(shape[0], SymDim) for shape in (shapes or {}).values())
+        return str(example_path(args.example, args.seed, dynamic_batch=dynamic))
     if not args.model:
         raise FusionError("no model given: pass a path to an .onnx file, or --example resnet50")
     return args.model
 
 
 def _shapes(args) -> dict:
-    from .frontend import parse_shape
+    from .frontend import format_shape, parse_shape
 
     shapes: dict = {}
     for text in args.shape:
         name, shape = parse_shape(text)
         if shapes.get(name, shape) != shape:
-            raise FusionError(f"--shape {name} is given twice, as {'x'.join(map(str, shapes[name]))} and "
-                              f"{'x'.join(map(str, shape))}; keep one")
+            raise FusionError(f"--shape {name} is given twice, as {format_shape(shapes[name])} and "
+                              f"{format_shape(shape)}; keep one")
         shapes[name] = shape
     return shapes
 
@@ -154,7 +158,8 @@ def _run(args) -> int:
 
     resolve_target(args.target, args.arch)  # a bad --target fails here, before any work
     rules = _rules(args)
-    model, shapes = _model(args), _shapes(args)
+    shapes = _shapes(args)
+    model = _model(args, shapes)
     if args.command == "explain":
         from .explain import explain
 

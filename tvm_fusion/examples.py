@@ -27,7 +27,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["EXAMPLES", "LIGHT_FILES", "example_model", "example_path", "light_model_path", "logits_name"]
+__all__ = ["EXAMPLES", "LIGHT_FILES", "example_model", "example_path", "light_model_path", "logits_name",
+           "with_dynamic_batch"]
 
 #: short name -> the file's stem in onnx/backend/test/data/light/ (light_<stem>.onnx)
 LIGHT_FILES = {
@@ -282,17 +283,43 @@ def _build_light(name: str, seed: int) -> onnx.ModelProto:
     return model
 
 
-def example_path(name: str = "resnet50", seed: int = 0) -> Path:
-    """Path of the example model, generated (and cached) on first use."""
+def with_dynamic_batch(model: onnx.ModelProto, dim: str = "N") -> onnx.ModelProto:
+    """Copy of an example whose batch is the symbolic dim `dim`: dim 0 of the data input and of every
+    output becomes a dim_param, and each Reshape whose constant target shape starts with the batch the
+    model was made for (CALIBRATION_BATCH) copies the input's dim 0 there instead (ONNX Reshape's 0).
+    For the examples only: they are CNNs whose Reshapes keep the batch as dim 0 (checked by onnxruntime in
+    the tests at several batch sizes)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for value in [_data_input(model), *model.graph.output]:
+        first = value.type.tensor_type.shape.dim[0]
+        first.Clear()
+        first.dim_param = dim
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        target = inits.get(node.input[1]) if node.op_type == "Reshape" else None
+        if target is not None:
+            shape = numpy_helper.to_array(target).copy()
+            if shape.ndim == 1 and shape.size and shape[0] == CALIBRATION_BATCH:
+                shape[0] = 0
+                target.CopyFrom(numpy_helper.from_array(shape, target.name))
+    del model.graph.value_info[:]
+    onnx.checker.check_model(model)
+    return model
+
+
+def example_path(name: str = "resnet50", seed: int = 0, *, dynamic_batch: bool = False) -> Path:
+    """Path of the example model, generated (and cached) on first use; `dynamic_batch`: its variant with
+    a symbolic batch dim N (with_dynamic_batch)."""
     if name not in LIGHT_FILES:
         raise ValueError(f"unknown example {name!r}; available: {', '.join(EXAMPLES)}")
-    path = _cache_dir() / f"{name}-seed{seed}.onnx"
+    path = _cache_dir() / f"{name}-seed{seed}{'-batchN' if dynamic_batch else ''}.onnx"
     if not path.exists():
+        model = (with_dynamic_batch(example_model(name, seed)) if dynamic_batch else _build_light(name, seed))
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        onnx.save(_build_light(name, seed), str(tmp))
+        onnx.save(model, str(tmp))
         tmp.replace(path)
     return path
 
 
-def example_model(name: str = "resnet50", seed: int = 0) -> onnx.ModelProto:
-    return onnx.load(str(example_path(name, seed)))
+def example_model(name: str = "resnet50", seed: int = 0, *, dynamic_batch: bool = False) -> onnx.ModelProto:
+    return onnx.load(str(example_path(name, seed, dynamic_batch=dynamic_batch)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import keyword
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +20,16 @@ import onnx
 
 from . import _tvm
 from . import simplify as _simplify
-from ._tvm import dpl, relax, tvm
+from ._tvm import dpl, relax, tirx, tvm
 from .errors import FusionError
 
-__all__ = ["import_onnx", "load_onnx", "parse_shape", "onnx_node_names"]
+__all__ = ["SymDim", "import_onnx", "load_onnx", "parse_shape", "onnx_node_names", "concrete_shapes",
+           "symbolic_dims", "format_shape", "UPPER_BOUND_ATTR"]
 
-SHAPE_SYNTAX = "--shape NAME=1x3x224x224"
+SHAPE_SYNTAX = "--shape NAME=1x3x224x224 (or NAME=Nx3x224x224, N<=64, to keep the batch symbolic)"
+#: Relax function attribute: {symbolic dim name: upper bound}; memory planning sizes buffers from it
+UPPER_BOUND_ATTR = "tir_var_upper_bound"
+_SYM = re.compile(r"([A-Za-wyzA-WYZ_][A-Za-wyzA-WYZ0-9_]*)(?:<=([0-9]+))?")
 #: TVM indexes buffers with int32: a tensor with more elements than this overflows inside the generated code
 MAX_ELEMENTS = 2**31 - 1
 ONNX_NODES_ATTR = "tvm_fusion.onnx_nodes"
@@ -51,15 +56,61 @@ def load_onnx(model) -> onnx.ModelProto:
     return proto
 
 
-def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    """`NAME=1x3x224x224` -> ("NAME", (1, 3, 224, 224)): ASCII digits only, every dim at least 1."""
-    name, sep, dims = text.rpartition("=")
-    if not sep or not name or not re.fullmatch(r"[0-9]+(x[0-9]+)*", dims.lower()):
+@dataclass(frozen=True)
+class SymDim:
+    """A dim left symbolic by `--shape` (`N`, or `N<=64` with an upper bound for memory planning)."""
+
+    name: str
+    upper: int | None = None
+
+    def __str__(self) -> str:
+        return self.name if self.upper is None else f"{self.name}<={self.upper}"
+
+
+def format_shape(shape) -> str:
+    """(SymDim('N', 64), 3, 224, 224) -> 'N<=64x3x224x224'."""
+    return "x".join(map(str, shape))
+
+
+def _parse_dim(text: str, piece: str):
+    if re.fullmatch(r"[0-9]+", piece):
+        return int(piece)
+    sym = _SYM.fullmatch(piece)
+    if sym is None:
+        raise FusionError(f"bad shape {text!r}: dim {piece!r} is neither a positive integer nor a symbolic name "
+                          f"(a letter, optionally with an upper bound such as N<=64); expected {SHAPE_SYNTAX}")
+    return SymDim(sym.group(1), int(sym.group(2)) if sym.group(2) else None)
+
+
+def parse_shape(text: str) -> tuple[str, tuple]:
+    """`NAME=1x3x224x224` -> ("NAME", (1, 3, 224, 224)): ASCII digits, every dim at least 1; a dim that is a
+    name (`N`, `batch`; not containing x) stays symbolic, `N<=64` with an upper bound: SymDim."""
+    cut = max((i for i, c in enumerate(text) if c == "=" and text[i - 1:i] != "<"), default=-1)  # not N<=64's
+    name, sep, dims = text[:max(cut, 0)], "=" if cut >= 0 else "", text[cut + 1:]
+    if not sep or not name or not dims or dims.startswith(("x", "X")) or dims.endswith(("x", "X")):
         raise FusionError(f"bad shape {text!r}: expected {SHAPE_SYNTAX} (dims are positive integers joined by x)")
-    shape = tuple(int(d) for d in dims.lower().split("x"))
-    if min(shape) < 1:
+    shape = tuple(_parse_dim(text, piece) for piece in re.split(r"[xX]", dims))
+    if any(isinstance(d, int) and d < 1 for d in shape) or any(isinstance(d, SymDim) and d.upper == 0 for d in shape):
         raise FusionError(f"bad shape {text!r}: every dim must be at least 1; expected {SHAPE_SYNTAX}")
     return name, shape
+
+
+def symbolic_dims(shapes: dict) -> dict[str, int | None]:
+    """{symbolic dim name: upper bound or None} over all the shapes; one name bound twice differently is an error."""
+    out: dict[str, int | None] = {}
+    for input_name, shape in (shapes or {}).items():
+        for d in shape:
+            if isinstance(d, SymDim):
+                if d.name in out and out[d.name] != d.upper:
+                    raise FusionError(f"--shape {input_name}: symbolic dim {d.name} has upper bound {d.upper} here "
+                                      f"and {out[d.name]} in another --shape; give it one bound")
+                out[d.name] = d.upper
+    return out
+
+
+def concrete_shapes(shapes: dict, values: dict[str, int]) -> dict:
+    """`shapes` with every symbolic dim replaced by its value in `values` ({dim name: size})."""
+    return {k: tuple(values[d.name] if isinstance(d, SymDim) else d for d in v) for k, v in (shapes or {}).items()}
 
 
 def check_index_range(mod, where: str) -> None:
@@ -219,17 +270,25 @@ def _input_shapes(model, shapes: dict, where: str, renamed: dict[str, str]) -> d
         static = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims]
         if inp.name in given:
             shape = given[inp.name]
-            if len(shape) != len(static) or any(s is not None and s != g for s, g in zip(static, shape)):
+            text = f"--shape {original.get(inp.name)}={format_shape(shape)}"
+            if len(shape) != len(static) or any(s is not None and isinstance(g, int) and s != g
+                                                for s, g in zip(static, shape)):
+                raise FusionError(f"{where}: {text} does not fit the model's declared shape "
+                                  f"{[s if s else '?' for s in static]}")
+            fixed = [i for i, (s, g) in enumerate(zip(static, shape)) if s is not None and isinstance(g, SymDim)]
+            if fixed:
+                i = fixed[0]
                 raise FusionError(
-                    f"{where}: --shape {original.get(inp.name)}={'x'.join(map(str, shape))} does not fit "
-                    f"the model's declared shape {[s if s else '?' for s in static]}"
-                )
+                    f"{where}: {text} makes dim {i} symbolic, but the model declares it as {static[i]} (its "
+                    f"Reshapes and constants may assume that size); export the model with that dim dynamic "
+                    f"(a dim_param, e.g. torch.onnx.export(..., dynamic_axes=...)) or give the size")
             out[inp.name] = list(shape)
-            if int(np.prod(shape, dtype=object)) > MAX_ELEMENTS:
+            largest = [g.upper or 1 if isinstance(g, SymDim) else g for g in shape]
+            if int(np.prod(largest, dtype=object)) > MAX_ELEMENTS:
                 raise FusionError(
-                    f"{where}: --shape {original.get(inp.name)}={'x'.join(map(str, shape))} has "
-                    f"{int(np.prod(shape, dtype=object))} elements, more than TVM's int32 indexing allows "
-                    f"({MAX_ELEMENTS}); use a smaller shape"
+                    f"{where}: {text} has {int(np.prod(largest, dtype=object))} elements"
+                    f"{' at its upper bound' if largest != list(shape) else ''}, more than TVM's int32 indexing "
+                    f"allows ({MAX_ELEMENTS}); use a smaller shape"
                 )
         elif None in static:
             sym = ["?" if s is None else str(s) for s in static]
@@ -237,7 +296,7 @@ def _input_shapes(model, shapes: dict, where: str, renamed: dict[str, str]) -> d
                 f"{where}: input {original.get(inp.name)!r} has symbolic shape {'x'.join(sym)}; "
                 f"bind it with --shape {original.get(inp.name, inp.name)}={'x'.join(s if s != '?' else '1' for s in sym)} "
                 f"(Python: shapes={{{original.get(inp.name, inp.name)!r}: {tuple(s or 1 for s in static)}}}), "
-                "choosing the size of each ? dim"
+                "choosing the size of each ? dim (a letter, e.g. N or N<=64, keeps the batch dim symbolic)"
             )
         else:
             out[inp.name] = static
@@ -265,7 +324,7 @@ def _scalar(expr) -> float | None:
 def _as_scalar_if_uniform(const, other, out_shape):
     """A constant whose elements are all equal (the importer broadcasts scalars) as a scalar constant,
     when that keeps the result's shape: `other` alone must already have the broadcast shape."""
-    if not _tvm.is_constant(const) or _static_shape(other) != out_shape:
+    if not _tvm.is_constant(const) or _shape_key(other) != out_shape:
         return const
     value = _tvm.constant_value(const)
     if value.size > 1 and (value == value.flat[0]).all():
@@ -284,8 +343,8 @@ def _stacked_pair(op: str, make):
         attrs = matches[root].attrs
         if [int(x) for x in attrs.axis] != [0] or attrs.keepdims or int(matches[stacked].attrs.axis) != 0:
             return expr
-        out, sa, sb = (_static_shape(e) for e in (expr, matches[a], matches[b]))
-        if None in (out, sa, sb) or list(np.broadcast_shapes(tuple(sa), tuple(sb))) != out:
+        out, sa, sb = (_shape_key(e) for e in (expr, matches[a], matches[b]))
+        if None in (out, sa, sb) or _broadcast_key(sa, sb) != out:
             return expr
         x, y = matches[a], matches[b]
         return make(_as_scalar_if_uniform(x, y, out), _as_scalar_if_uniform(y, x, out))
@@ -299,7 +358,7 @@ def _call_tir_pair(name: str, make):
     root = dpl.is_call_tir(name, args=[x, c])
 
     def rewriter(expr, matches):
-        if _scalar(matches[c]) is None or _static_shape(matches[x]) != _static_shape(expr):
+        if _scalar(matches[c]) is None or _shape_key(matches[x]) is None or _shape_key(matches[x]) != _shape_key(expr):
             return expr
         return make(matches[x], matches[c])
 
@@ -372,6 +431,38 @@ def _static_shape(expr):
         return None
 
 
+def _shape_key(expr):
+    """The shape as a tuple of ints and, for symbolic dims that are plain variables (N), their names; None
+    when unknown or when a dim is an expression: two values with equal keys have the same shape."""
+    shape = getattr(_tvm.expr_type(expr), "shape", None)
+    try:
+        dims = list(shape)
+    except TypeError:  # no shape, or an unknown rank
+        return None
+    key = []
+    for d in dims:
+        if isinstance(d, tirx.IntImm):
+            key.append(int(d))
+        elif isinstance(d, tirx.Var):
+            key.append(str(d.name))
+        else:
+            return None
+    return tuple(key)
+
+
+def _broadcast_key(a: tuple, b: tuple):
+    """NumPy broadcasting of two shape keys; a symbolic dim only against itself or 1 (else None)."""
+    out = []
+    for x, y in zip(((1,) * len(b) + a)[-max(len(a), len(b)):], ((1,) * len(a) + b)[-max(len(a), len(b)):]):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            return None
+    return tuple(out)
+
+
 def _type_preserving(rewriter):
     """`rewriter`, except that a rewrite whose type (shape + dtype) differs from the original's is dropped:
     no normalisation can change what a graph computes into something of another shape or dtype."""
@@ -442,10 +533,11 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     proto = load_onnx(model)
     as_named = {i.name: i.name for i in proto.graph.input}
     proto = _labels_as_names(proto)
+    bounds = symbolic_dims(shapes)
     proto, simplified = _simplify.front_door(proto, _input_shapes(proto, shapes or {}, where, as_named), simplify)
     _check_ops(proto, where)
     proto, renamed, table = _sanitize(proto)
-    shape_dict = _input_shapes(proto, shapes or {}, where, renamed)
+    shape_dict = _with_tir_vars(_input_shapes(proto, shapes or {}, where, renamed))
     opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=None)
     try:
         mod, var_nodes = _tvm.import_onnx_graph(proto, shape_dict, opset, _input_dtypes(proto))
@@ -469,4 +561,14 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     if ONNX_NODES_ATTR not in (mod.attrs or {}):
         mod = mod.with_attr(ONNX_NODES_ATTR, table).with_attr(_simplify.RECORD_ATTR, simplified)
     check_index_range(mod, where)
+    upper = {k: v for k, v in bounds.items() if v is not None}
+    if upper:
+        mod["main"] = mod["main"].with_attr(UPPER_BOUND_ATTR, upper)
     return mod
+
+
+def _with_tir_vars(shape_dict: dict) -> dict:
+    """Each SymDim as a TIR variable (int64, one per name, shared by every input that names it)."""
+    made: dict[str, object] = {}
+    return {k: [made.setdefault(d.name, tirx.Var(d.name, "int64")) if isinstance(d, SymDim) else d for d in v]
+            for k, v in shape_dict.items()}

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _tvm, registry
-from ._tvm import relax, te, tvm
+from ._tvm import relax, te, tirx, tvm
 from .errors import FusionError, LoweringError
 from .frontend import onnx_node_names
-from .rules import Decline, Lowering, Match, Rule, RuleSet, static_shape
+from .rules import Decline, Lowering, Match, Rule, RuleSet, batch_shape, shape_text
 
 __all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm"]
 
@@ -61,7 +61,16 @@ class FuseResult:
 def _inference_bn(call) -> bool:
     return (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.nn.batch_norm"
             and not bool(call.attrs.training) and all(_tvm.is_constant(a) for a in call.args[1:5])
-            and static_shape(call.args[0]) is not None)
+            and _affine_axis(call) is not None)
+
+
+def _affine_axis(bn) -> int | None:
+    """The BatchNorm's axis when its size there is static (the batch alone may be symbolic), else None."""
+    shape = batch_shape(bn.args[0])
+    if not shape:
+        return None
+    axis = int(bn.attrs.axis) % len(shape)
+    return axis if isinstance(shape[axis], int) else None
 
 
 @relax.expr_functor.mutator
@@ -79,9 +88,9 @@ class _BatchNormToAffine(relax.PyExprMutator):
         if bn is None or value.index != 0 or not _inference_bn(bn):
             return super().visit_var_binding_(binding)
         x = self.visit_expr(bn.args[0])
-        shape = static_shape(bn.args[0])
+        shape = batch_shape(bn.args[0])
         gamma, beta, mean, var = (_tvm.constant_value(a).astype(np.float64) for a in bn.args[1:5])
-        axis = int(bn.attrs.axis) % len(shape)
+        axis = _affine_axis(bn)
         s = gamma / np.sqrt(var + float(bn.attrs.epsilon))
         t = beta - mean * s
         bshape = [1] * len(shape)
@@ -193,9 +202,36 @@ def _make_check(rule: Rule, trace: _Trace):
 
 
 # ---------------------------------------------------------------- lowering composites
+class _KernelDims:
+    """A symbolic (Relax, int64) dim as an int32 variable of the kernel, as every static dim is, so each buffer
+    access keeps one index dtype (the schedules' layout transforms refuse a mix); translated back to the
+    Relax variable for the call's output type. The VM binds it from the tensor's shape at every call."""
+
+    def __init__(self):
+        self.vars: dict[str, tuple] = {}  # name -> (kernel var, relax var)
+
+    def kernel(self, shape) -> list:
+        return [d if isinstance(d, int) else self.vars.setdefault(str(d), (tirx.Var(str(d), "int32"), d))[0]
+                for d in shape]
+
+    def relax(self, shape) -> list:
+        relax_of = {name: rv for name, (_, rv) in self.vars.items()}
+        out = []
+        for d in shape:
+            if isinstance(d, tirx.IntImm):
+                out.append(int(d))
+            elif isinstance(d, tirx.Var) and str(d) in relax_of:
+                out.append(relax_of[str(d)])
+            else:
+                raise LoweringError(f"internal error: a kernel output dim {d} is not one of its input dims")
+        return out
+
+
 def _build_primfunc(lowering: Lowering, target, any_target: bool = False):
+    """(scheduled PrimFunc, the Relax type of its output)."""
     compute = registry.get_compute(lowering.compute, target.kind.name)
-    tensors = [te.placeholder(lowering.shape_of_input(i), str(_tvm.expr_type(e).dtype), name=f"in{i}")
+    dims = _KernelDims()
+    tensors = [te.placeholder(dims.kernel(lowering.shape_of_input(i)), str(_tvm.expr_type(e).dtype), name=f"in{i}")
                for i, e in enumerate(lowering.inputs)]
     consts = [te.placeholder(c.shape, str(c.dtype), name=f"c{i}") for i, c in enumerate(lowering.constants)]
     # the calling convention of every compute: (first input, *constants, *other inputs)
@@ -203,25 +239,45 @@ def _build_primfunc(lowering: Lowering, target, any_target: bool = False):
     out = compute(*args, **lowering.attrs)
     func = te.create_prim_func([*tensors, *consts, out])
     func = func.without_attr("global_symbol").with_attr("op_pattern", _tvm.OPAQUE)
+    out_ty = _tvm.tensor_type(dims.relax(out.shape), str(out.dtype))
     sched = registry.get_schedule(lowering.compute, target.kind.name)
     if any_target and (sched is None or sched.why_not(lowering.attrs, _lowering_shapes(lowering), target)):
-        return func, out  # matched for another target: the plain compute, left to TVM's default schedules
+        return func, out_ty  # matched for another target: the plain compute, left to TVM's default schedules
     sch = _tvm.Schedule(tvm.IRModule({"main": func}))
     with target:
         sched.apply(sch, lowering.attrs, target)
     func = sch.mod["main"].with_attr(_tvm.SCHEDULED_ATTR, True)
-    return func, out
+    return func, out_ty
 
 
 def _type_mismatch(rule: str, nodes: list[str], composite_call, shape, dtype) -> str | None:
     """The lowered group must have exactly the type of the composite call it replaces: a rule whose kernel
     (after its out_shape view) has another shape or dtype is a bug, never a silently different output."""
-    want_shape, want_dtype = static_shape(composite_call), str(_tvm.expr_type(composite_call).dtype)
-    got_shape, got_dtype = tuple(int(d) for d in shape), str(dtype)
-    if (got_shape, got_dtype) == (want_shape, want_dtype):
+    want_shape, want_dtype = batch_shape(composite_call), str(_tvm.expr_type(composite_call).dtype)
+    dim = lambda d: int(d) if isinstance(d, (int, tirx.IntImm)) else str(d)  # noqa: E731  (N compares by name)
+    got_shape, got_dtype = tuple(map(dim, shape)), str(dtype)
+    if want_shape is not None and (got_shape, got_dtype) == (tuple(map(dim, want_shape)), want_dtype):
         return None
     return (f"internal error: rule {rule} (ONNX nodes {', '.join(nodes) or '?'}) lowers to a kernel of shape "
-            f"{got_shape} {got_dtype}; the subgraph it replaces has shape {want_shape} {want_dtype}")
+            f"{shape_text(got_shape)} {got_dtype}; the subgraph it replaces has shape "
+            f"{shape_text(composite_call)} {want_dtype}")
+
+
+def _in_caller(out_ty, params, args):
+    """`out_ty` (in the composite function's symbolic dims: FuseOpsByPattern gives each function its own N)
+    in the caller's dims, matched through the shapes of the function's parameters and the call's arguments."""
+    outer: dict[str, object] = {}
+    for p, a in zip(params, args):
+        inner_shape, outer_shape = (getattr(_tvm.expr_type(x), "shape", None) for x in (p, a))
+        if inner_shape is None or outer_shape is None:
+            continue
+        for d, o in zip(inner_shape, outer_shape):
+            if isinstance(d, tirx.Var):
+                outer.setdefault(str(d), o)
+    if not any(isinstance(d, tirx.Var) for d in out_ty.shape):
+        return out_ty
+    return _tvm.tensor_type([outer.get(str(d), d) if isinstance(d, tirx.Var) else d for d in out_ty.shape],
+                            str(out_ty.dtype))
 
 
 @relax.expr_functor.mutator
@@ -259,12 +315,13 @@ class _LowerComposites(relax.PyExprMutator):
         inputs = [params.get(e, e) for e in lowering.inputs]
         inputs = [relax.op.reshape(e, lowering.input_shapes[i]) if i in lowering.input_shapes else e
                   for i, e in enumerate(inputs)]
-        key = (lowering.compute, tuple(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
+        key = (lowering.compute, repr(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
         if key not in self.cache:
-            prim, out = _build_primfunc(lowering, self.target, self.any_target)
+            prim, out_ty = _build_primfunc(lowering, self.target, self.any_target)
             gv = self.builder_.add_func(prim, rule.name)
-            self.cache[key] = (gv, _tvm.tensor_type([int(d) for d in out.shape], str(out.dtype)))
+            self.cache[key] = (gv, out_ty)
         gv, out_ty = self.cache[key]
+        out_ty = _in_caller(out_ty, func.params, call.args)
         consts = [_tvm.make_constant(c) for c in lowering.constants]
         nodes = sorted({m for v in var2val for m in self.members.get(v, [])})
         if not nodes:

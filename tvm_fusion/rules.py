@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from . import _tvm
-from ._tvm import dpl, relax
+from ._tvm import dpl, relax, tirx
 from .errors import FusionError
 
 __all__ = [
-    "Decline", "Lowering", "Match", "Rule", "RuleSet", "Spec", "axis_vector", "axis_vector_shapes", "commutative",
-    "decline", "rule",
+    "Decline", "Lowering", "Match", "Rule", "RuleSet", "Spec", "axis_vector", "axis_vector_shapes", "batch_shape",
+    "commutative", "decline", "is_symbolic", "rule", "shape_text", "symbolic_reason",
 ]
 
 DEFAULT_TARGETS = ("cuda", "llvm")
@@ -59,7 +59,7 @@ class Lowering:
     out_shape: tuple | None = None  # view the kernel's output with this shape (reshape)
 
     def shape_of_input(self, i: int) -> tuple:
-        return tuple(self.input_shapes.get(i) or static_shape(self.inputs[i]))
+        return tuple(self.input_shapes.get(i) or batch_shape(self.inputs[i]))
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,9 @@ class Match:
             raise ValueError(f"{name} is not a constant")
         return _tvm.constant_value(expr)
 
-    def shape(self, name: str) -> tuple[int, ...] | None:
-        return static_shape(self[name])
+    def shape(self, name: str) -> tuple | None:
+        """batch_shape: ints, except that the outermost dim may be a TIR variable (a symbolic batch)."""
+        return batch_shape(self[name])
 
     def dtype(self, name: str) -> str:
         return str(_tvm.expr_type(self[name]).dtype)
@@ -119,6 +120,47 @@ def static_shape(expr) -> tuple[int, ...] | None:
         return tuple(int(d) for d in shape)
     except (TypeError, ValueError):
         return None
+
+
+def batch_shape(expr) -> tuple | None:
+    """The shape as ints, except that the outermost dim may be a TIR variable (`--shape x=Nx3x224x224`): what
+    the computes take, with the batch left symbolic. None when the shape is unknown or any other dim is
+    symbolic (see symbolic_reason)."""
+    shape = getattr(_tvm.expr_type(expr), "shape", None)
+    try:
+        dims = list(shape)
+    except TypeError:  # no shape, or an unknown rank
+        return None
+    out = []
+    for i, d in enumerate(dims):
+        if isinstance(d, tirx.IntImm):
+            out.append(int(d))
+        elif i == 0 and isinstance(d, tirx.Var):
+            out.append(d)
+        else:
+            return None
+    return tuple(out)
+
+
+def is_symbolic(shape) -> bool:
+    """Whether a batch_shape has a symbolic (outermost) dim."""
+    return bool(shape) and not isinstance(shape[0], int)
+
+
+def shape_text(value) -> str:
+    """A value's (or a tuple of dims') shape for messages: (N, 3, 224, 224), (5,), or 'unknown'."""
+    shape = value if isinstance(value, tuple) else getattr(_tvm.expr_type(value), "shape", None)
+    try:
+        dims = [int(d) if isinstance(d, (int, tirx.IntImm)) else str(d) for d in shape]
+    except TypeError:
+        return "unknown"
+    return str(tuple(dims)).replace("'", "")
+
+
+def symbolic_reason(what: str, expr) -> str:
+    """Why a rule declines a value batch_shape refuses: its shape and what may stay symbolic."""
+    return (f"{what} has shape {shape_text(expr)}; only the outermost (batch) dim may stay symbolic: bind the "
+            "others with --shape (e.g. NAME=Nx3x224x224)")
 
 
 def axis_vector(value: np.ndarray, out_shape, axis: int) -> np.ndarray | None:

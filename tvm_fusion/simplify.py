@@ -78,14 +78,18 @@ SIMPLIFIERS = {"onnxslim": ("onnxslim", _onnxslim), "onnxsim": ("onnxsim", _onnx
 
 
 def bind_input_shapes(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto:
-    """Copy of `model` whose graph inputs have the static `shapes` ({input name: dims}); stale value_info dropped."""
+    """Copy of `model` whose graph inputs have the `shapes` ({input name: dims}; a symbolic dim becomes a
+    dim_param); stale value_info dropped."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
     for inp in model.graph.input:
         if inp.name in shapes:
             dims = inp.type.tensor_type.shape.dim
             del dims[:]
             for d in shapes[inp.name]:
-                dims.add().dim_value = int(d)
+                if isinstance(d, int):
+                    dims.add().dim_value = int(d)
+                else:  # a symbolic dim (frontend.SymDim) stays a named one
+                    dims.add().dim_param = d.name
     del model.graph.value_info[:]
     return model
 

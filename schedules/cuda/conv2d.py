@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from tvm_fusion.hardware import CudaFacts, cuda_facts
 from tvm_fusion.registry import register_schedule
+from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import CONV_RULES, conv2d_out_size
 
 # the launch limits (static shared memory, threads per block) and the SM count come from cuda_facts(target)
@@ -173,7 +174,10 @@ def pick_tiles(s: ConvShape, gpu: CudaFacts) -> ConvTiles:
 
 
 def conv_shape(attrs: dict, x_shape, w_shape, dtype: str = "float32") -> ConvShape:
+    """The conv's sizes; a symbolic batch counts as 1 (the tiles are sized for the smallest grid, which
+    grows with the batch: blockIdx.x takes the symbolic extent)."""
     n, _, h, w = x_shape
+    n = n if isinstance(n, int) else 1
     cout, cpg, kh, kw = w_shape
     sh, sw = attrs["strides"]
     pt, pl, pb, pr = attrs["padding"]
@@ -208,7 +212,7 @@ def supports(attrs: dict, shapes, target) -> str | None:
 def _shape_from_func(sch, attrs) -> ConvShape:
     params = sch.mod["main"].params  # x, [residual], W, b, out
     x, w = params[0], params[-3]
-    return conv_shape(attrs, [int(d) for d in x.shape], [int(d) for d in w.shape], str(w.dtype))
+    return conv_shape(attrs, dims(x.shape), dims(w.shape), str(w.dtype))
 
 
 def _pad_block(sch):

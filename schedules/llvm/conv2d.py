@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvm_fusion._tvm import tirx
 from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.conv2d import CONV_RULES
@@ -118,6 +119,10 @@ def _extent(sch, loop) -> int:
     return int(sch.get(loop).extent)
 
 
+def _static(extent) -> bool:
+    return isinstance(extent, (int, tirx.IntImm))
+
+
 def _schedule_pad(sch, pad):
     n, c, h, w = sch.get_loops(pad)
     sch.parallel(sch.fuse(n, c))
@@ -182,11 +187,13 @@ def schedule_conv2d_llvm(sch, attrs, target):
     pad = _optional_block(sch, "pad")
     if pad is not None:
         _schedule_pad(sch, pad)
-    n, cout, hout, wout, rc, rh, rw = (_extent(sch, loop) for loop in sch.get_loops(conv))
+    batch, *loops = sch.get_loops(conv)
+    cout, hout, wout, rc, rh, rw = (_extent(sch, loop) for loop in loops)
+    n = sch.get(batch).extent
     facts = cpu_facts(target)
     tile = None
-    if attrs.get("groups", 1) == 1:
-        tile = choose_tile(cout, hout, wout, rc * rh * rw, n, facts.threads, facts)
+    if attrs.get("groups", 1) == 1:  # a symbolic batch is sized for as 1: the tile must feed every thread then
+        tile = choose_tile(cout, hout, wout, rc * rh * rw, int(n) if _static(n) else 1, facts.threads, facts)
     if tile is None:
         _schedule_generic(sch, conv, epi, facts.float32_lanes)
     else:
