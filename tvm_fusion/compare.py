@@ -95,12 +95,19 @@ def check_inputs(model: onnx.ModelProto, given: dict[str, np.ndarray], shapes: d
                 for d in inp.type.tensor_type.shape.dim]
         bound = out.get(name)
         fits = len(dims) == array.ndim and all(d is None or d == s for d, s in zip(dims, array.shape))
-        if not fits or (bound is not None and tuple(bound) != array.shape):
-            expected = "x".join(str(d or "?") for d in dims) if bound is None else "x".join(map(str, bound))
+        if not fits or (bound is not None and not _fits_bound(bound, array.shape)):
+            expected = "x".join(str(d or "?") for d in dims) if bound is None else frontend.format_shape(bound)
             raise FusionError(f"--inputs {name!r}: shape {'x'.join(map(str, array.shape)) or '()'}, the model "
                               f"expects {expected or '()'}")
-        out[name] = tuple(array.shape)
+        if bound is None or not any(isinstance(d, frontend.SymDim) for d in bound):
+            out[name] = tuple(array.shape)  # a symbolic --shape dim stays symbolic: the array sets its checked size
     return out
+
+
+def _fits_bound(bound, shape) -> bool:
+    """Whether an array's shape fits a --shape (a symbolic dim takes any size up to its upper bound)."""
+    return len(bound) == len(shape) and all(
+        (d.upper is None or s <= d.upper) if isinstance(d, frontend.SymDim) else d == s for d, s in zip(bound, shape))
 
 
 def random_inputs(model: onnx.ModelProto, shapes: dict | None = None, seed: int = 0,
@@ -337,10 +344,13 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
                 stats[m].nvcc_seconds = time.perf_counter() - t0
             return CompareReport(name, str(tgt), outputs, stats, {}, counts, False, why)
     dev = tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
-    inputs, tensors = input_tensors(proto, shapes, seed, dev, given)
-    sess, ref = _reference(proto, inputs, name)  # first: inputs onnxruntime refuses must not reach our kernels
     vms = {m: relax.VirtualMachine(b.executable, dev) for m, b in builds.items()}
-    results = {m: as_arrays(vm["main"](*tensors)) for m, vm in vms.items()}
+    errors = {}
+    for size in frontend.check_sizes(shapes, given):  # symbolic dims: run at 1 and a larger size (timed there)
+        inputs, tensors = input_tensors(proto, frontend.concrete_shapes(shapes, size), seed, dev, given)
+        sess, ref = _reference(proto, inputs, name)  # first: inputs onnxruntime refuses must not reach our kernels
+        results = {m: as_arrays(vm["main"](*tensors)) for m, vm in vms.items()}
+        errors.update(_judge_all(results, ref, outputs, f" at {frontend.sizes_text(size)}" if size else ""))
     ort_lat = []
     for _ in _progress(range(repeat), "timing"):  # interleaved: one run of each per round
         for m, vm in vms.items():
@@ -349,13 +359,18 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
         t0 = time.perf_counter()
         sess.run(None, inputs)
         ort_lat.append(time.perf_counter() - t0)
+    return CompareReport(name, str(tgt), outputs, stats, errors, counts, True, "", ort_lat)
+
+
+def _judge_all(results: dict, ref: list, outputs: list[str], suffix: str = "") -> dict[str, list[ErrorStats]]:
+    """Fused vs unfused and each build vs onnxruntime; `suffix` names the sizes of symbolic dims (" at N=3")."""
     errors = {}
     dtypes = [np.asarray(r).dtype for r in ref]  # the model's output dtypes choose the tolerance
     if "fused" in results and "unfused" in results:
-        errors["fused vs unfused"] = _judge(results["fused"], results["unfused"], dtypes, outputs)
+        errors["fused vs unfused" + suffix] = _judge(results["fused"], results["unfused"], dtypes, outputs)
     for m in sorted(results, key=lambda m: m != "fused"):  # fused first, then the others in their order
-        errors[f"{m} vs onnxruntime"] = _judge(results[m], ref, dtypes, outputs)
-    return CompareReport(name, str(tgt), outputs, stats, errors, counts, True, "", ort_lat)
+        errors[f"{m} vs onnxruntime{suffix}"] = _judge(results[m], ref, dtypes, outputs)
+    return errors
 
 
 def _reference(proto: onnx.ModelProto, inputs: dict, name: str):

@@ -19,6 +19,7 @@ from .build import build, count_kernel_calls, resolve_target
 from .compare import check_inputs, load_inputs
 from .errors import FusionError
 from .export import export_library
+from .fuse import ELEMENTS_PER_BATCH_ATTR
 from .hardware import cuda_facts
 from .rules import RuleSet
 from .simplify import record_of as simplify_record
@@ -56,7 +57,9 @@ def _verified(v: dict) -> str:
     if not v["verified"]:
         return f"not verified ({v['reason']})"
     worst = max((o["max_rel"] for o in v["outputs"].values()), default=0.0)
-    return f"verified: {v['method']}; worst max rel error {worst:.2g} ({v['seconds']:.1f}s)"
+    sizes = v.get("symbolic_dims_checked_at")
+    at = f" at {' and '.join(', '.join(f'{k}={n}' for k, n in s.items()) for s in sizes)}" if sizes else ""
+    return f"verified: {v['method']}{at}; worst max rel error {worst:.2g} ({v['seconds']:.1f}s)"
 
 
 def _binary_line(m: dict) -> str:
@@ -73,8 +76,26 @@ def _inputs(built) -> list[dict]:
     out = []
     for p in params:
         ty = _tvm.expr_type(p)
-        out.append({"name": _tvm.var_name(p), "shape": [int(d) for d in ty.shape], "dtype": str(ty.dtype)})
+        shape = [int(d) if isinstance(d, _tvm.tirx.IntImm) else str(d) for d in ty.shape]  # "N": symbolic
+        out.append({"name": _tvm.var_name(p), "shape": shape, "dtype": str(ty.dtype)})
     return out
+
+
+def symbolic_record(built, shapes: dict) -> dict:
+    """{dim: {"upper_bound", "max_size"}} for each symbolic dim of the inputs: max_size is the largest size
+    our kernels' int32 indexing allows (MAX_ELEMENTS over the most elements a kernel stage holds per unit).
+    A bound above it is bad input: at that size some kernel would index past int32."""
+    per_unit = max((int(f.attrs[ELEMENTS_PER_BATCH_ATTR]) for f in built.module.functions.values()
+                    if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and ELEMENTS_PER_BATCH_ATTR in f.attrs), default=1)
+    record = {}
+    for name, upper in frontend.symbolic_dims(shapes).items():
+        largest = frontend.MAX_ELEMENTS // per_unit
+        if upper is not None and upper > largest:
+            raise FusionError(f"--shape: {name}<={upper} is more than the fused kernels' int32 indexing allows "
+                              f"({name}<={largest}: a kernel holds {per_unit} elements per unit of {name}); "
+                              f"use {name}<={largest} or less")
+        record[name] = {"upper_bound": upper, "max_size": upper or largest}
+    return record
 
 
 def kernel_counts(mod, target, mode: str) -> dict:
@@ -210,6 +231,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         mod = frontend.import_onnx(proto, shapes)
         bar.update()
         built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights)
+        symbolic = symbolic_record(built, shapes)  # a bound past int32 indexing: refused before any work
         bar.update()
         verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given) if verify
                         else skipped())
@@ -246,6 +268,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         "arch": arch if tgt.kind.name == "cuda" else None,
         "tvm_version": _tvm.TVM_VERSION,
         "inputs": _inputs(built),
+        "symbolic_dims": symbolic,
         "rule_counts": built.counts,
         "groups": groups,
         "builds": builds,

@@ -24,7 +24,7 @@ from ._tvm import dpl, relax, tirx, tvm
 from .errors import FusionError
 
 __all__ = ["SymDim", "import_onnx", "load_onnx", "parse_shape", "onnx_node_names", "concrete_shapes",
-           "symbolic_dims", "format_shape", "UPPER_BOUND_ATTR"]
+           "check_sizes", "sizes_text", "symbolic_dims", "format_shape", "UPPER_BOUND_ATTR"]
 
 SHAPE_SYNTAX = "--shape NAME=1x3x224x224 (or NAME=Nx3x224x224, N<=64, to keep the batch symbolic)"
 #: Relax function attribute: {symbolic dim name: upper bound}; memory planning sizes buffers from it
@@ -106,6 +106,33 @@ def symbolic_dims(shapes: dict) -> dict[str, int | None]:
                                       f"and {out[d.name]} in another --shape; give it one bound")
                 out[d.name] = d.upper
     return out
+
+
+#: the size a symbolic dim without an upper bound is checked at, beside 1; a larger upper bound is checked at
+#: this size too (the kernels are the same code at every size; a verify build runs ResNet-50 ~1 s per image)
+CHECK_SIZE = 3
+MAX_CHECK_SIZE = 8
+
+
+def check_sizes(shapes: dict, given: dict | None = None) -> list[dict[str, int]]:
+    """The sizes at which a build with symbolic dims is run and compared (compare, compile's verify step):
+    every symbolic dim at 1, then at its upper bound (at most MAX_CHECK_SIZE) or CHECK_SIZE without one. A
+    dim that a `given` array (--inputs) fixes is checked at that size only. [{}] when nothing is symbolic."""
+    bounds = symbolic_dims(shapes)
+    if not bounds:
+        return [{}]
+    fixed: dict[str, int] = {}
+    for name, shape in shapes.items():
+        if name in (given or {}):
+            fixed.update({d.name: int(np.shape(given[name])[i]) for i, d in enumerate(shape) if isinstance(d, SymDim)})
+    second = {k: fixed.get(k, min(upper, MAX_CHECK_SIZE) if upper else CHECK_SIZE) for k, upper in bounds.items()}
+    first = {k: fixed.get(k, 1) for k in bounds}
+    return [first] if first == second else [first, second]
+
+
+def sizes_text(sizes: dict[str, int]) -> str:
+    """{"N": 3} -> 'N=3'."""
+    return ", ".join(f"{k}={v}" for k, v in sizes.items())
 
 
 def concrete_shapes(shapes: dict, values: dict[str, int]) -> dict:

@@ -21,6 +21,8 @@ from .rules import Decline, Lowering, Match, Rule, RuleSet, batch_shape, shape_t
 __all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm"]
 
 _TARGET = contextvars.ContextVar("tvm_fusion_target")
+#: PrimFunc attribute of a kernel with a symbolic batch: its largest stage's elements per unit of the batch
+ELEMENTS_PER_BATCH_ATTR = "tvm_fusion.elements_per_batch"
 
 
 @dataclass
@@ -227,6 +229,21 @@ class _KernelDims:
         return out
 
 
+def _elements_per_batch(out) -> int:
+    """The most elements any stage of a kernel with a symbolic batch holds per unit of the batch (its int32
+    indexing overflows past MAX_ELEMENTS / this): stages, inputs and output, from the TE graph."""
+    seen, stack, most = set(), [out], 1
+    while stack:
+        t = stack.pop()
+        if t.op.name in seen:
+            continue
+        seen.add(t.op.name)
+        if not all(isinstance(d, tirx.IntImm) for d in t.shape):  # the weights do not grow with the batch
+            most = max(most, int(np.prod([int(d) for d in t.shape if isinstance(d, tirx.IntImm)], dtype=np.int64)))
+        stack.extend(t.op.input_tensors if hasattr(t.op, "input_tensors") else [])
+    return most
+
+
 def _build_primfunc(lowering: Lowering, target, any_target: bool = False):
     """(scheduled PrimFunc, the Relax type of its output)."""
     compute = registry.get_compute(lowering.compute, target.kind.name)
@@ -239,6 +256,8 @@ def _build_primfunc(lowering: Lowering, target, any_target: bool = False):
     out = compute(*args, **lowering.attrs)
     func = te.create_prim_func([*tensors, *consts, out])
     func = func.without_attr("global_symbol").with_attr("op_pattern", _tvm.OPAQUE)
+    if dims.vars:
+        func = func.with_attr(ELEMENTS_PER_BATCH_ATTR, _elements_per_batch(out))
     out_ty = _tvm.tensor_type(dims.relax(out.shape), str(out.dtype))
     sched = registry.get_schedule(lowering.compute, target.kind.name)
     if any_target and (sched is None or sched.why_not(lowering.attrs, _lowering_shapes(lowering), target)):

@@ -31,7 +31,7 @@ import tvm  # noqa: E402
 import tvm.runtime  # noqa: E402,F401
 from tvm.runtime.vm import VirtualMachine  # noqa: E402
 
-__all__ = ["LoadedModel", "as_arrays", "check_host", "load", "read_manifest"]
+__all__ = ["LoadedModel", "as_arrays", "check_host", "check_sizes", "load", "read_manifest"]
 
 
 def read_manifest(library) -> dict | None:
@@ -91,7 +91,23 @@ class LoadedModel:
         return int(tvm.get_global_func("runtime.NumThreads")())
 
     def __call__(self, *arrays) -> list[np.ndarray]:
+        check_sizes(self.manifest, arrays, self.library)
         return as_arrays(self.main(*[tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in arrays]))
+
+
+def check_sizes(manifest: dict | None, arrays, library="the library") -> None:
+    """FusionError when an input's symbolic dim (manifest `inputs` shape "N") is larger than the library
+    allows (`symbolic_dims`: its upper bound, which sized the memory plan, or the int32 indexing limit):
+    the kernels would write past their buffers."""
+    if not manifest or not manifest.get("symbolic_dims"):
+        return
+    for spec, array in zip(manifest.get("inputs", []), arrays):
+        for axis, dim in enumerate(spec["shape"]):
+            limit = manifest["symbolic_dims"].get(dim) if isinstance(dim, str) else None
+            size = np.shape(array)[axis] if axis < np.ndim(array) else None
+            if limit and size is not None and size > limit["max_size"]:
+                raise FusionError(f"{library}: input {spec['name']!r} has {dim} = {size}, more than the library "
+                                  f"allows ({dim} <= {limit['max_size']}); rebuild it with {dim}<={size} or more in its --shape")
 
 
 def load(path, device=None) -> LoadedModel:

@@ -25,6 +25,7 @@ from ._tvm import relax, tvm
 from .build import Built, build, resolve_target
 from .compare import as_arrays, input_tensors, run_onnxruntime
 from .errors import FusionError, ToleranceExceeded
+from .frontend import check_sizes, concrete_shapes, sizes_text
 from .fuse import lower
 from .rules import RuleSet
 from .runtime import check_host
@@ -48,13 +49,18 @@ class Verification:
     outputs: dict[str, ErrorStats] = field(default_factory=dict)
     seconds: float = 0.0
     given: list[str] = field(default_factory=list)  # inputs the user gave (--inputs); the rest were seeded
+    sizes: list[dict] = field(default_factory=list)  # the sizes symbolic dims were run at ({"N": 3}); outputs
+    # are then named "<output> at N=3"
 
     def manifest(self) -> dict:
         if not self.verified:
             return {"verified": False, "reason": self.method}
-        return {"verified": True, "method": self.method, "reference": "onnxruntime", "seed": self.seed,
-                "inputs_given": self.given, "target": self.target, "seconds": round(self.seconds, 3),
-                "outputs": {k: _record(v) for k, v in self.outputs.items()}}
+        record = {"verified": True, "method": self.method, "reference": "onnxruntime", "seed": self.seed,
+                  "inputs_given": self.given, "target": self.target, "seconds": round(self.seconds, 3),
+                  "outputs": {k: _record(v) for k, v in self.outputs.items()}}
+        if self.sizes:
+            record["symbolic_dims_checked_at"] = self.sizes
+        return record
 
 
 def _record(s: ErrorStats) -> dict:
@@ -80,17 +86,23 @@ def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = 
         graph, _ = lower(built.fused.matched, cpu, any_target=True)
         runnable = build(graph, cpu, "tvm")
     dev = tvm.cpu(0)
-    inputs, tensors = input_tensors(proto, shapes, seed, dev, inputs)
+    vm = relax.VirtualMachine(runnable.executable, dev)
     weights = list((runnable.weights or {}).values())  # built with external weights: main takes them last
-    got = as_arrays(relax.VirtualMachine(runnable.executable, dev)["main"](*tensors, *weights))
-    sess, names = run_onnxruntime(proto, inputs, optimize=False)
-    stats = {n: error_stats(g, r) for n, g, r in zip(names, got, sess.run(None, inputs))}
-    result = Verification(True, METHOD_CPU if on_cpu else METHOD_CUDA, seed, str(cpu), stats,
-                          time.perf_counter() - start, sorted(inputs or {}))
-    bad = [n for n, s in stats.items() if not s.ok]
-    if bad:
-        raise ToleranceExceeded(_blame(proto, cpu, shapes, rules, seed, inputs, bad, stats))
-    return result
+    sizes = check_sizes(shapes or {}, inputs)
+    stats = {}
+    for size in sizes:  # a symbolic batch: at 1 and at a larger size, each against onnxruntime
+        run_shapes = concrete_shapes(shapes or {}, size)
+        values, tensors = input_tensors(proto, run_shapes, seed, dev, inputs)
+        got = as_arrays(vm["main"](*tensors, *weights))
+        sess, names = run_onnxruntime(proto, values, optimize=False)
+        at = f" at {sizes_text(size)}" if size else ""
+        found = {n + at: error_stats(g, r) for n, g, r in zip(names, got, sess.run(None, values))}
+        stats.update(found)
+        bad = [n for n, s in found.items() if not s.ok]
+        if bad:
+            raise ToleranceExceeded(_blame(proto, cpu, run_shapes, rules, seed, inputs, bad, found))
+    return Verification(True, METHOD_CPU if on_cpu else METHOD_CUDA, seed, str(cpu), stats,
+                        time.perf_counter() - start, sorted(inputs or {}), [s for s in sizes if s])
 
 
 def _runs_here(target) -> bool:
