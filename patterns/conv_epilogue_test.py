@@ -336,13 +336,16 @@ def test_nhwc_declines_with_reason(rules):
         "conv2d layout is NHWC/OHWI; the compute takes NCHW/OIHW"]
 
 
-def test_symbolic_batch_declines_with_reason(rules):
+def test_symbolic_batch_fuses_and_other_symbolic_dims_decline_with_reason(rules):
     from tvm_fusion._tvm import tirx
 
-    n = tirx.Var("n", "int64")
-    mod = _relax_conv_bn_relu((n, 3, 6, 6))
-    assert _reasons(mod, rules, "conv2d_bn_relu") == [
-        "conv2d has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)"]
+    n, h = tirx.Var("n", "int64"), tirx.Var("h", "int64")
+    # a symbolic batch passes the shape check: the rule says what it says of a static batch
+    assert _reasons(_relax_conv_bn_relu((n, 3, 6, 6)), rules, "conv2d_bn_relu") == \
+        _reasons(_relax_conv_bn_relu((2, 3, 6, 6)), rules, "conv2d_bn_relu")
+    assert _reasons(_relax_conv_bn_relu((1, 3, h, 6)), rules, "conv2d_bn_relu") == [
+        "conv2d input has shape (1, 3, h, 6); only the outermost (batch) dim may stay symbolic: bind the others "
+        "with --shape (e.g. NAME=Nx3x224x224)"]
 
 
 # ---------------------------------------------------------------- per channel only from the broadcast shape

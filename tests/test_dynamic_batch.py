@@ -22,21 +22,22 @@ from tvm_fusion.runtime import load
 from tvm_fusion.rules import shape_text
 from tvm_fusion.testing import GraphBuilder, assert_close
 
-#: every rule family, batch first: conv + BN + ReLU, conv + BN + residual + ReLU, an elementwise chain,
-#: global pool, a dense + bias + ReLU on [N, 16] and a LayerNorm over its features
-FAMILIES = {"conv2d_bn_relu": 1, "conv2d_bn_add_relu": 1, "elementwise_chain_3": 1, "dense_bias_relu": 1,
-            "layer_norm": 1}
+#: every rule family, batch first: conv + BN + ReLU, conv + BN + residual + ReLU, a depthwise conv + ReLU,
+#: an elementwise chain, global pool, a dense + bias + ReLU on [N, 16] and a LayerNorm over its features
+FAMILIES = {"conv2d_bn_relu": 1, "conv2d_bn_add_relu": 1, "conv2d_relu": 1, "elementwise_chain_3": 1,
+            "dense_bias_relu": 1, "layer_norm": 1}
 
 
 def _families(batch) -> onnx.ModelProto:
     g = GraphBuilder(7)
     x = g.input("x", [batch, 4, 8, 8])
-    y = g.op("Relu", [g.bn(g.conv(x, 4, 8), 8)])
-    y = g.op("Relu", [g.op("Add", [g.bn(g.conv(y, 8, 8), 8), y])])
-    y = g.op("Tanh", [g.op("Mul", [g.op("Add", [y, g.const(np.full((8, 1, 1), 0.5, np.float32))]),
-                                   g.const(np.full((1, 8, 1, 1), 0.25, np.float32))])])
+    y = g.op("Relu", [g.bn(g.conv(x, 4, 16), 16)])  # 16 channels: the CPU's register-tiled conv schedule
+    y = g.op("Relu", [g.op("Add", [g.bn(g.conv(y, 16, 16), 16), y])])
+    y = g.op("Relu", [g.conv(y, 16, 16, groups=16, bias=False)])  # depthwise: the generic / CUDA depthwise path
+    y = g.op("Tanh", [g.op("Mul", [g.op("Add", [y, g.const(np.full((16, 1, 1), 0.5, np.float32))]),
+                                   g.const(np.full((1, 16, 1, 1), 0.25, np.float32))])])
     y = g.op("Flatten", [g.op("GlobalAveragePool", [y])])
-    w = g.const(g.rng.normal(0, 0.3, (16, 8)).astype(np.float32))
+    w = g.const(g.rng.normal(0, 0.3, (16, 16)).astype(np.float32))
     y = g.op("Relu", [g.op("Gemm", [y, w, g.const(g.rng.normal(0, 0.1, 16).astype(np.float32))], transB=1)])
     ln = g.op("LayerNormalization", [y, g.const(np.full(16, 1.5, np.float32)), g.const(np.zeros(16, np.float32))],
               axis=-1, epsilon=1e-5)
@@ -182,9 +183,9 @@ def test_bound_past_int32_indexing_is_bad_input(tmp_path, symbolic_model, capsys
     assert cli.main(["compile", str(path), "--shape", "x=N<=99999999x4x8x8", *out]) == 2
     assert ("--shape x=N<=99999999x4x8x8 has 25599999744 elements at its upper bound, more than TVM's int32 "
             "indexing allows") in capsys.readouterr().err
-    # the input fits (256 elements per image), but the padded 8-channel conv stages hold 8 * 10 * 10 per image
+    # the input fits (256 elements per image), but the padded 16-channel conv stages hold 16 * 10 * 10 per image
     assert cli.main(["compile", str(path), "--shape", "x=N<=5000000x4x8x8", *out]) == 2
-    assert ("N<=5000000 is more than the fused kernels' int32 indexing allows (N<=2684354: a kernel holds 800 "
+    assert ("N<=5000000 is more than the fused kernels' int32 indexing allows (N<=1342177: a kernel holds 1600 "
             "elements per unit of N)") in capsys.readouterr().err
     assert not (tmp_path / "m.so").exists()
 
@@ -198,6 +199,7 @@ def test_compare_checks_batch_1_and_3(tmp_path, symbolic_model, capsys):
         for n in (1, 3):
             assert f"{pair} at N={n}" in out
     assert "PASS" in out.splitlines()[-2] + out.splitlines()[-1]
+    assert cli.main(["compare", str(path), "--shape", "x=Nx4x8x8", "--per-group"]) == 0  # bound to N=3
 
 
 # ---------------------------------------------------------------- ResNet-50 (slow)

@@ -29,7 +29,7 @@ _LAZY = {
     "FusionError": "errors", "ToleranceExceeded": "errors",
     "example_model": "examples", "example_path": "examples",
     "Explanation": "explain", "explain": "explain",
-    "import_onnx": "frontend",
+    "import_onnx": "frontend", "SymDim": "frontend",
     "FuseResult": "fuse",
     "load_rules": "loader", "load_rules_for": "loader",
     "register_compute": "registry", "register_schedule": "registry",
@@ -43,7 +43,7 @@ __all__ = [
     "BisectReport", "Built", "CompareReport", "GroupReport", "bisect", "check_groups", "CompileResult", "Decline", "FuseResult", "FusionError", "Lowering", "Match",
     "Rule", "RuleSet", "Spec", "ToleranceExceeded", "build", "commutative", "compare", "compile", "decline",
     "Explanation", "example_model", "example_path", "explain", "fuse", "import_onnx", "load_rules", "ProfileReport",
-    "profile", "register_compute", "register_schedule", "rule", "rules", "load",
+    "profile", "register_compute", "register_schedule", "rule", "rules", "load", "SymDim",
 ]
 
 

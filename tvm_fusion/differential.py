@@ -162,6 +162,8 @@ def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: Rul
     proto = frontend.load_onnx(model)
     given = load_inputs(inputs)
     shapes = check_inputs(proto, given, shapes)
+    # a symbolic dim is checked bound to one size (an --inputs array's, else the larger one compare runs)
+    shapes = frontend.concrete_shapes(shapes, frontend.check_sizes(shapes, given)[-1])
     mod = frontend.import_onnx(proto, shapes)
     tgt = resolve_target(target, arch)
     dev = _device(tgt)

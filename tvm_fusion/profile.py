@@ -587,6 +587,9 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
         raise FusionError(f"--repeat must be at least 1, got {repeat}")
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
     proto = frontend.load_onnx(model)
+    # a symbolic dim is profiled bound to the larger size compare checks (3, or its upper bound up to 8):
+    # the traffic model and the FLOP counts need static shapes
+    shapes = frontend.concrete_shapes(shapes, frontend.check_sizes(shapes or {})[-1])
     mod = frontend.import_onnx(proto, shapes)
     names = frontend.onnx_node_names(mod)
     tgt = resolve_target(target, arch)
