@@ -239,3 +239,19 @@ def test_resnet50_batch_symbolic_cuda_library(tmp_path, capsys):
     kernels = set(manifest["cuda_binary"]["kernels"])
     assert all(g["kernels"] and set(g["kernels"]) <= kernels for g in manifest["groups"])
     assert manifest["verification"]["symbolic_dims_checked_at"] == [{"N": 1}, {"N": 8}]
+
+
+def test_inputs_array_sets_the_checked_batch(tmp_path, symbolic_model):
+    """--inputs with a symbolic batch: the array's batch is the one checked, and it must fit the bound."""
+    from tvm_fusion.compile import compile_model
+
+    path = tmp_path / "m.onnx"
+    onnx.save(symbolic_model, str(path))
+    result = compile_model(path, tmp_path / "m.so", "llvm", shapes={"x": (SymDim("N", 8), 4, 8, 8)},
+                           inputs={"x": _batch(5)}, counts_of_other_builds=False)
+    verification = result.manifest["verification"]
+    assert verification["symbolic_dims_checked_at"] == [{"N": 5}] and verification["inputs_given"] == ["x"]
+    assert result.manifest["inputs"][0]["shape"] == ["N", 4, 8, 8]  # still symbolic
+    with pytest.raises(FusionError, match=r"--inputs 'x': shape 9x4x8x8, the model expects N<=8x4x8x8"):
+        compile_model(path, tmp_path / "n.so", "llvm", shapes={"x": (SymDim("N", 8), 4, 8, 8)},
+                      inputs={"x": _batch(9)})
