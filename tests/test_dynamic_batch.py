@@ -110,6 +110,22 @@ def test_families_keep_the_batch_symbolic_and_match_onnxruntime(symbolic_model):
         assert_close(got, sess.run(None, {"x": x})[0], f"batch {n}")
 
 
+def _loops(func, kinds) -> list[str]:
+    """The loop headers of a PrimFunc's script whose kind is one of `kinds` (T.parallel, T.vectorized, ...)."""
+    return [line.strip() for line in func.script().splitlines()
+            if line.strip().startswith("for ") and any(k in line for k in kinds)]
+
+
+def test_cpu_schedules_parallelize_the_batch_and_never_vectorize_it(symbolic_model):
+    built = build(import_onnx(symbolic_model, {"x": (SymDim("N"), 4, 8, 8)}), "llvm", "fused")
+    kernels = {gv.name_hint: f for gv, f in built.fused.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert set(kernels) == set(FAMILIES)
+    for name, func in kernels.items():
+        assert not [h for h in _loops(func, ("T.vectorized", "T.unroll")) if "N" in h.split(" in ")[1]], name
+        if name != "dense_bias_relu":  # the dense parallelizes its column blocks and walks the rows
+            assert any("N" in h.split(" in ")[1] for h in _loops(func, ("T.parallel",))), name
+
+
 def test_non_batch_symbolic_dims_decline_with_reason():
     g = GraphBuilder(1)
     x = g.input("x", [1, 4, "H", 8])
@@ -120,6 +136,21 @@ def test_non_batch_symbolic_dims_decline_with_reason():
     reasons = {d.reason for d in result.decisions if d.rule == "conv2d_bn_relu"}
     assert reasons == {"conv2d input has shape (1, 4, H, 8); only the outermost (batch) dim may stay symbolic: "
                        "bind the others with --shape (e.g. NAME=Nx3x224x224)"}
+
+
+def test_symbolic_sequence_dim_declines_layer_norm_and_chains_with_reason():
+    g = GraphBuilder(3)
+    x = g.input("x", [1, "S", 16])
+    half = g.const(np.full(16, 0.5, np.float32))
+    y = g.op("Tanh", [g.op("Mul", [g.op("Add", [x, g.const(np.ones(16, np.float32))]), half])])
+    ln = g.op("LayerNormalization", [y, g.const(np.ones(16, np.float32)), g.const(np.zeros(16, np.float32))], axis=-1)
+    result = fuse(import_onnx(g.model([ln], opset=18), {"x": (1, SymDim("S"), 16)}), resolve_target("llvm"),
+                  default_rules())
+    assert result.total == 0
+    reasons = {d.rule: d.reason for d in result.decisions}
+    tail = "; only the outermost (batch) dim may stay symbolic: bind the others with --shape (e.g. NAME=Nx3x224x224)"
+    assert reasons["layer_norm"] == "layer norm input has shape (1, S, 16)" + tail
+    assert reasons["elementwise_chain_3"] == "elementwise chain output has shape (1, S, 16)" + tail
 
 
 def test_rank3_dense_with_symbolic_batch_declines_with_reason():
@@ -149,6 +180,8 @@ def test_families_build_for_cuda_with_a_symbolic_grid(symbolic_model):
         check = check_gpu_limits(func, target)
         assert check.ok, f"{name}: {check}"
         assert any(p.shape and not isinstance(p.shape[0], tvm.tirx.IntImm) for p in func.params), name
+        grid = [h for h in _loops(func, ("blockIdx",)) if "N" in h.split(" in ")[1]]
+        assert grid, f"{name}: the grid does not grow with N"
     source = cuda_source(built.executable)
     assert "int N" in source  # the kernels take the batch as an argument
     assert compile_cuda_source(source, "sm_90")[:4] == b"\x50\xed\x55\xba"
