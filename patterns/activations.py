@@ -23,9 +23,8 @@ schedules/activations.py ACTIVATIONS.
 
 from __future__ import annotations
 
-from tvm_fusion import _tvm
 from tvm_fusion._tvm import dpl
-from tvm_fusion.rules import Decline, Spec, commutative
+from tvm_fusion.rules import Decline, Spec, commutative, scalar_constant
 from tvm_fusion.schedules.activations import CANONICAL
 
 __all__ = ["ACTIVATIONS", "activation_pattern", "clip_bounds", "epilogue_spec", "scalar_constant"]
@@ -37,15 +36,6 @@ _NAMES_IT = 1e-4
 
 def _op(name, *args):
     return dpl.is_op(name)(*args)
-
-
-def scalar_constant(expr) -> float | None:
-    """The value of a size-1 relax constant, else None."""
-    if _tvm.is_constant(expr):
-        value = _tvm.constant_value(expr)
-        if value.size == 1:
-            return float(value.reshape(()))
-    return None
 
 
 def clip_bounds(call) -> tuple[float, float]:

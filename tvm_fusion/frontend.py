@@ -21,6 +21,7 @@ from . import _tvm
 from . import simplify as _simplify
 from ._tvm import dpl, relax, tvm
 from .errors import FusionError
+from .rules import scalar_constant, static_shape as _static_shape
 
 __all__ = ["import_onnx", "load_onnx", "parse_shape", "onnx_node_names"]
 
@@ -254,14 +255,6 @@ def _input_dtypes(model: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
-def _scalar(expr) -> float | None:
-    """The value of a scalar (size-1) float constant, else None."""
-    if not _tvm.is_constant(expr):
-        return None
-    value = _tvm.constant_value(expr)
-    return float(value.reshape(())) if value.size == 1 and value.dtype.kind == "f" else None
-
-
 def _as_scalar_if_uniform(const, other, out_shape):
     """A constant whose elements are all equal (the importer broadcasts scalars) as a scalar constant,
     when that keeps the result's shape: `other` alone must already have the broadcast shape."""
@@ -285,7 +278,7 @@ def _stacked_pair(op: str, make):
         if [int(x) for x in attrs.axis] != [0] or attrs.keepdims or int(matches[stacked].attrs.axis) != 0:
             return expr
         out, sa, sb = (_static_shape(e) for e in (expr, matches[a], matches[b]))
-        if None in (out, sa, sb) or list(np.broadcast_shapes(tuple(sa), tuple(sb))) != out:
+        if None in (out, sa, sb) or np.broadcast_shapes(sa, sb) != out:
             return expr
         x, y = matches[a], matches[b]
         return make(_as_scalar_if_uniform(x, y, out), _as_scalar_if_uniform(y, x, out))
@@ -299,7 +292,7 @@ def _call_tir_pair(name: str, make):
     root = dpl.is_call_tir(name, args=[x, c])
 
     def rewriter(expr, matches):
-        if _scalar(matches[c]) is None or _static_shape(matches[x]) != _static_shape(expr):
+        if scalar_constant(matches[c], float_only=True) is None or _static_shape(matches[x]) != _static_shape(expr):
             return expr
         return make(matches[x], matches[c])
 
@@ -312,7 +305,7 @@ def _min_of_max_to_clip():
     root = dpl.is_op("relax.minimum")(dpl.is_op("relax.maximum")(x, lo), hi)
 
     def rewriter(expr, matches):
-        low, high = _scalar(matches[lo]), _scalar(matches[hi])
+        low, high = (scalar_constant(matches[e], float_only=True) for e in (lo, hi))
         if low is None or high is None or low > high:
             return expr
         return relax.op.clip(matches[x], low, high)
@@ -362,14 +355,6 @@ NORMALIZATIONS = [
     ("clip_upper_bound", lambda: _call_tir_pair("minimum", relax.op.minimum)),
     ("min_of_max_to_clip", _min_of_max_to_clip),
 ]
-
-
-def _static_shape(expr):
-    shape = getattr(_tvm.expr_type(expr), "shape", None)
-    try:
-        return [int(d) for d in shape]
-    except (TypeError, ValueError):
-        return None
 
 
 def _type_preserving(rewriter):

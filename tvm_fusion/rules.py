@@ -27,7 +27,7 @@ from .errors import FusionError
 
 __all__ = [
     "Decline", "Lowering", "Match", "Rule", "RuleSet", "Spec", "axis_vector", "axis_vector_shapes", "commutative",
-    "decline", "rule",
+    "decline", "rule", "scalar_constant", "static_shape",
 ]
 
 DEFAULT_TARGETS = ("cuda", "llvm")
@@ -119,6 +119,15 @@ def static_shape(expr) -> tuple[int, ...] | None:
         return tuple(int(d) for d in shape)
     except (TypeError, ValueError):
         return None
+
+
+def scalar_constant(expr, float_only: bool = False) -> float | None:
+    """The value of a size-1 relax constant (with `float_only`, only of a float dtype), else None."""
+    if _tvm.is_constant(expr):
+        value = _tvm.constant_value(expr)
+        if value.size == 1 and (value.dtype.kind == "f" or not float_only):
+            return float(value.reshape(()))
+    return None
 
 
 def axis_vector(value: np.ndarray, out_shape, axis: int) -> np.ndarray | None:

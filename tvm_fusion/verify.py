@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import onnx
 
 from . import _tvm
-from ._tvm import relax, tvm
+from ._tvm import tvm
 from .build import Built, build, resolve_target
-from .compare import as_arrays, input_tensors, run_onnxruntime
+from .io import input_tensors, run_onnxruntime, run_vm
 from .errors import FusionError, ToleranceExceeded
 from .fuse import lower
 from .rules import RuleSet
@@ -69,7 +69,7 @@ def skipped(reason: str = "skipped with --no-verify") -> Verification:
 def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = None,
                  rules: RuleSet | None = None, seed: int = 0, inputs: dict | None = None) -> Verification:
     """Run `built` (or, for a non-CPU target, the same fused graph built for the host CPU) on the given
-    `inputs` (checked with compare.check_inputs) and seeded values for the rest, and compare every output
+    `inputs` (checked with io.check_inputs) and seeded values for the rest, and compare every output
     with onnxruntime; raise ToleranceExceeded naming the group to blame."""
     start = time.perf_counter()
     on_cpu = _runs_here(built.target)
@@ -82,7 +82,7 @@ def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = 
     dev = tvm.cpu(0)
     inputs, tensors = input_tensors(proto, shapes, seed, dev, inputs)
     weights = list((runnable.weights or {}).values())  # built with external weights: main takes them last
-    got = as_arrays(relax.VirtualMachine(runnable.executable, dev)["main"](*tensors, *weights))
+    got = run_vm(runnable.executable, dev, [*tensors, *weights])
     sess, names = run_onnxruntime(proto, inputs, optimize=False)
     stats = {n: error_stats(g, r) for n, g, r in zip(names, got, sess.run(None, inputs))}
     result = Verification(True, METHOD_CPU if on_cpu else METHOD_CUDA, seed, str(cpu), stats,
