@@ -3,7 +3,8 @@
     out[n, o, h, w] = act( sum_{c, r, s} pad(x)[n, g*C/G + c, h*sh + r*dh, w*sw + s*dw] * W'[o, c, r, s]
                            + b'[o] (+ residual[n, o, h, w]) )
 
-Registered under every conv rule name. The stages are named for the schedules: `pad`, `conv`, `epilogue`.
+Registered under the family name; every conv rule without a compute of its own lowers to it.
+The stages are named for the schedules: `pad`, `conv`, `epilogue`.
 """
 
 from __future__ import annotations
@@ -14,22 +15,13 @@ from tvm_fusion.registry import register_compute
 from .activations import apply_activation
 
 CONV_FAMILY = "conv2d_affine"  # the compute every conv rule without a compute of its own lowers to
-CONV_RULES = (
-    CONV_FAMILY,
-    "conv2d_bn_add_relu",
-    "conv2d_bn_relu",
-    "conv2d_bn",
-    "conv2d_bias_relu",
-    "conv2d_relu",
-    "conv2d_bias",
-)
 
 
 def conv2d_out_size(size, k, stride, pad_lo, pad_hi, dilation):
     return (size + pad_lo + pad_hi - dilation * (k - 1) - 1) // stride + 1
 
 
-@register_compute(*CONV_RULES)
+@register_compute(CONV_FAMILY)
 def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
                   activation=None, activation_params=None, **_):
     n, cin, hin, win = (int(d) for d in x.shape)

@@ -11,11 +11,10 @@ from tvm_fusion.registry import register_compute
 
 from .activations import apply_activation
 
-DENSE_FAMILY = "dense_affine"
-DENSE_RULES = (DENSE_FAMILY, "dense_bias_relu", "dense_bias")  # the rest lower to DENSE_FAMILY
+DENSE_FAMILY = "dense_affine"  # the compute every dense rule without a compute of its own lowers to
 
 
-@register_compute(*DENSE_RULES)
+@register_compute(DENSE_FAMILY)
 def dense_affine(x, w, b, *, activation=None, activation_params=None, **_):
     m, k = (int(d) for d in x.shape)
     n = int(w.shape[1])

@@ -259,7 +259,8 @@ class _LowerComposites(relax.PyExprMutator):
         inputs = [params.get(e, e) for e in lowering.inputs]
         inputs = [relax.op.reshape(e, lowering.input_shapes[i]) if i in lowering.input_shapes else e
                   for i, e in enumerate(inputs)]
-        key = (lowering.compute, tuple(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
+        # one PrimFunc per rule (named after it) and shapes and attributes, even where rules share a compute
+        key = (rule.name, lowering.compute, tuple(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
         if key not in self.cache:
             prim, out = _build_primfunc(lowering, self.target, self.any_target)
             gv = self.builder_.add_func(prim, rule.name)

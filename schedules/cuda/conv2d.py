@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tvm_fusion.hardware import CudaFacts, cuda_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.conv2d import CONV_RULES, conv2d_out_size
+from tvm_fusion.schedules.conv2d import CONV_FAMILY, conv2d_out_size
 
 # the launch limits (static shared memory, threads per block) and the SM count come from cuda_facts(target)
 SHARED_BUDGET_BYTES = 24 * 1024  # what we aim for, so two blocks fit an SM's carve-out comfortably
@@ -223,7 +223,7 @@ def _loop_index(sch, block, loop) -> int:
     return next(i for i, lp in enumerate(sch.get_loops(block)) if sch.get(lp).same_as(target))
 
 
-@register_schedule(*CONV_RULES, target="cuda", supports=supports)
+@register_schedule(CONV_FAMILY, target="cuda", supports=supports)
 def schedule_conv2d_cuda(sch, attrs, target):
     """Schedule the conv PrimFunc "main" of `sch` in place."""
     s = _shape_from_func(sch, attrs)
