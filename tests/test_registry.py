@@ -61,3 +61,20 @@ def test_builtin_priorities_come_from_the_one_table():
     rules = builtin_rules().ordered()
     assert {r.name: r.priority for r in rules} == {r.name: expected(r.name) for r in rules}
     assert len({r.priority for r in rules}) == len(rules)
+
+
+def test_builtin_rules_come_with_their_computes_and_schedules():
+    """builtin_rules() alone, in a fresh interpreter, is a registry fuse() can use: no other import needed."""
+    import subprocess
+    import sys
+
+    code = ("from tvm_fusion.build import resolve_target\n"
+            "from tvm_fusion.frontend import import_onnx\n"
+            "from tvm_fusion.fuse import fuse\n"
+            "from tvm_fusion.patterns import builtin_rules\n"
+            "from tvm_fusion.testing import conv_bn_relu\n"
+            "for target in ('llvm', 'cuda'):\n"
+            "    counts = fuse(import_onnx(conv_bn_relu()), resolve_target(target), builtin_rules()).counts\n"
+            "    print(target, {k: v for k, v in counts.items() if v})\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["llvm {'conv2d_bn_relu': 1}", "cuda {'conv2d_bn_relu': 1}"]

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import contextvars
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,9 +18,6 @@ from .frontend import onnx_node_names
 from .rules import Decline, Lowering, Match, Rule, RuleSet, static_shape
 
 __all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm"]
-
-_TARGET = contextvars.ContextVar("tvm_fusion_target")
-
 
 @dataclass
 class Decision:
@@ -155,7 +151,7 @@ def _lowering_shapes(lowering: Lowering) -> list[tuple]:
         [tuple(c.shape) for c in lowering.constants]
 
 
-def _make_check(rule: Rule, trace: _Trace):
+def _make_check(rule: Rule, trace: _Trace, target):
     def check(ctx) -> bool:
         root = ctx.value_to_bound_var.get(ctx.matched_expr)
         root_name = _tvm.var_name(root) if root is not None else "?"
@@ -163,7 +159,6 @@ def _make_check(rule: Rule, trace: _Trace):
             match = Match(rule.name, dict(ctx.annotated_expr.items()), dict(ctx.matched_bindings.items()))
             reason = _leak(ctx, trace.names) or rule.run_check(match)
             if reason is None:
-                target = _TARGET.get()
                 lowering = rule.spec.lower(match)
                 sched = registry.get_schedule(lowering.compute, target.kind.name)
                 if sched is None:
@@ -305,15 +300,11 @@ def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
     active = rules.for_target(target.kind.name)
     trace = _Trace(names)
     patterns = [
-        _tvm.FusionPattern(r.name, r.spec.pattern, r.spec.annotations, _make_check(r, trace))
+        _tvm.FusionPattern(r.name, r.spec.pattern, r.spec.annotations, _make_check(r, trace, target))
         for r in active.ordered()
     ]
-    token = _TARGET.set(target)
-    try:
-        mod = normalize_batch_norm(mod, names)
-        matched = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=False)(mod)
-    finally:
-        _TARGET.reset(token)
+    mod = normalize_batch_norm(mod, names)
+    matched = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=False)(mod)
     if trace.errors:
         raise FusionError(trace.errors[0])
     return Matched(matched, active, trace.members, list(trace.decisions.values()))
