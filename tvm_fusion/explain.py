@@ -1,17 +1,21 @@
-"""`explain`: for every candidate chain, the rule that took it or each rule's reason for declining, the ops
-left to TVM's own fusion, per-rule counts and the share of ops our rules cover."""
+"""`explain`: for every candidate chain, the rule that took it or each rule's reason for declining, the
+near misses before the ops left to TVM (how far each rule's pattern got, trace.py), the ops left to TVM's
+own fusion, per-rule counts and the share of ops our rules cover."""
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._tvm import relax, tvm
 from .build import resolve_target
 from .fuse import Decision, FuseResult, fuse, normalize_batch_norm
 from .rules import RuleSet
+from .trace import PartialMatch, near_misses
 
-__all__ = ["Explanation", "explain", "op_counts"]
+__all__ = ["Explanation", "PartialMatch", "explain", "op_counts"]
+
+NEAR_MISSES_SHOWN = 3  # per ONNX node in the text; Explanation.near_misses() has them all
 
 
 def op_counts(func) -> Counter:
@@ -31,6 +35,8 @@ class Explanation:
     result: FuseResult
     ops_before: Counter
     ops_left: Counter
+    module: tvm.IRModule | None = field(default=None, repr=False)  # as imported: what the tracer reads
+    _near: list[PartialMatch] | None = field(default=None, repr=False)
 
     @property
     def covered(self) -> int:
@@ -44,6 +50,17 @@ class Explanation:
     def declined(self, rule: str | None = None) -> list[Decision]:
         return [d for d in self.result.decisions if d.reason and (rule is None or d.rule == rule)]
 
+    def near_misses(self, rule: str | None = None) -> list[PartialMatch]:
+        """The longest partial match of each rule (or of `rule`) before an op no group took: longest first,
+        then the closest to a whole match, then by priority."""
+        if self._near is None:
+            from .frontend import onnx_node_names
+
+            found = [] if self.module is None else near_misses(
+                self.module, self.result.groups, self.result.matched.rules, onnx_node_names(self.module))
+            self._near = sorted(found, key=lambda m: (-len(m.matched), m.to_go, -m.priority))
+        return [m for m in self._near if rule is None or m.rule == rule]
+
     def __str__(self) -> str:
         lines = ["fused groups (rule <- ONNX nodes):"]
         for g in self.result.groups:
@@ -56,6 +73,16 @@ class Explanation:
             for node, ds in by_root.items():
                 for d in ds:
                     lines.append(f"  {node}: {d.rule}: {d.reason}")
+        near: dict[str, list[PartialMatch]] = {}
+        for m in self.near_misses():
+            near.setdefault(m.onnx_node, []).append(m)
+        if near:
+            lines += ["", "near misses (the longest partial match of each rule before an op no rule took):"]
+            for node, ms in near.items():
+                lines += [f"  {node}: {m}" for m in ms[:NEAR_MISSES_SHOWN]]
+                if len(ms) > NEAR_MISSES_SHOWN:
+                    lines.append(f"  {node}: ... and {len(ms) - NEAR_MISSES_SHOWN} more rules "
+                                 "(Explanation.near_misses())")
         if self.ops_left:
             left = ", ".join(f"{op.replace('relax.', '')} x{n}" for op, n in sorted(self.ops_left.items()))
             lines += ["", f"left to TVM's own fusion: {left}"]
@@ -78,4 +105,4 @@ def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None) 
     before.pop("relax.call_tir", None)
     left = op_counts(result.mod["main"])
     left.pop("relax.call_tir", None)
-    return Explanation(result, before, left)
+    return Explanation(result, before, left, mod)
