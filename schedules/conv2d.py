@@ -9,6 +9,8 @@ The stages are named for the schedules: `pad`, `conv`, `epilogue`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion.registry import register_compute
 
@@ -68,3 +70,23 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
         return apply_activation(v, activation, activation_params)
 
     return te.compute((n, cout, hout, wout), epilogue, name="epilogue")
+
+
+@dataclass(frozen=True)
+class ConvOperands:
+    """The conv kernel's operands by name. Its PrimFunc takes (x, [residual], W, b, out): the runtime inputs,
+    then the folded constants (fuse.py's convention); a schedule's `supports` gets their shapes in that order."""
+
+    x: object
+    w: object
+    b: object
+    residual: object | None = None
+
+    @classmethod
+    def of(cls, operands) -> "ConvOperands":
+        """From (x, [residual], W, b): a PrimFunc's params without its output, or the shapes `supports` gets."""
+        operands = list(operands)
+        if len(operands) not in (3, 4):
+            raise ValueError(f"a conv kernel takes x, [residual], W, b; got {len(operands)} operands")
+        x, *residual, w, b = operands
+        return cls(x, w, b, residual[0] if residual else None)
