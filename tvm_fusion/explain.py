@@ -65,17 +65,13 @@ class Explanation:
         lines = ["fused groups (rule <- ONNX nodes):"]
         for g in self.result.groups:
             lines.append(f"  {g.function:28s} {g.rule:22s} <- {', '.join(g.onnx_nodes) or '?'}")
-        by_root: dict[str, list[Decision]] = {}
-        for d in self.declined():
-            by_root.setdefault(d.onnx_node, []).append(d)
+        by_root = _by_node(self.declined())
         if by_root:
             lines += ["", "declined candidates (chain ending at ONNX node: rule: reason):"]
             for node, ds in by_root.items():
                 for d in ds:
                     lines.append(f"  {node}: {d.rule}: {d.reason}")
-        near: dict[str, list[PartialMatch]] = {}
-        for m in self.near_misses():
-            near.setdefault(m.onnx_node, []).append(m)
+        near = _by_node(self.near_misses())
         if near:
             lines += ["", "near misses (the longest partial match of each rule before an op no rule took):"]
             for node, ms in near.items():
@@ -90,6 +86,14 @@ class Explanation:
         lines += ["", f"rules fired: {fired}",
                   f"ops covered by our rules: {self.covered} of {sum(self.ops_before.values())} ({self.share:.0%})"]
         return "\n".join(lines)
+
+
+def _by_node(items: list) -> dict[str, list]:
+    """Decisions or near misses grouped by their ONNX node, in order."""
+    out: dict[str, list] = {}
+    for item in items:
+        out.setdefault(item.onnx_node, []).append(item)
+    return out
 
 
 def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None) -> Explanation:
