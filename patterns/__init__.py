@@ -1,4 +1,5 @@
-"""The built-in rule tables, one family per file, loaded in this fixed order by `builtin_rules()`."""
+"""The built-in rule tables, one family per file, loaded in this fixed order by `builtin_rules()`, which
+also loads the built-in computes and schedules they lower to: the RuleSet it returns is ready to fuse."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ TABLES = (
 
 
 def builtin_rules() -> RuleSet:
+    from tvm_fusion import schedules
+
+    schedules.load()
     rules = RuleSet()
     for name in TABLES:
         for r in rules_in_module(importlib.import_module(name)):

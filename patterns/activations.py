@@ -23,12 +23,13 @@ schedules/activations.py ACTIVATIONS.
 
 from __future__ import annotations
 
-from tvm_fusion import _tvm
 from tvm_fusion._tvm import dpl
-from tvm_fusion.rules import Decline, Spec, commutative
+from tvm_fusion.patterns.priority import ACTIVATION_RANK, priority
+from tvm_fusion.rules import Decline, Rule, Spec, commutative, rule, scalar_constant
 from tvm_fusion.schedules.activations import CANONICAL
 
-__all__ = ["ACTIVATIONS", "activation_pattern", "clip_bounds", "epilogue_spec", "scalar_constant"]
+__all__ = ["ACTIVATIONS", "BY_RANK", "activation_pattern", "clip_bounds", "epilogue_rule", "epilogue_spec",
+           "scalar_constant"]
 
 #: how far a carried constant may be from the canonical one and still name the activation (relative); the
 #: compute uses the matched value, so this only decides what the rule is called, never the numbers
@@ -37,15 +38,6 @@ _NAMES_IT = 1e-4
 
 def _op(name, *args):
     return dpl.is_op(name)(*args)
-
-
-def scalar_constant(expr) -> float | None:
-    """The value of a size-1 relax constant, else None."""
-    if _tvm.is_constant(expr):
-        value = _tvm.constant_value(expr)
-        if value.size == 1:
-            return float(value.reshape(()))
-    return None
 
 
 def clip_bounds(call) -> tuple[float, float]:
@@ -246,3 +238,25 @@ def epilogue_spec(y, annotations: dict, activation: str | None, lower) -> Spec:
         return lower(m, activation, act_params(m) if act_params else {})
 
     return Spec(y, annotations, lower_match, check)
+
+
+#: the activations in the order each activated tier registers them: highest ACTIVATION_RANK first
+BY_RANK = sorted(ACTIVATIONS, key=lambda a: -ACTIVATION_RANK[a])
+
+
+def epilogue_rule(prefix: str, activation: str | None, formula: str, make_spec, check, source: str) -> Rule:
+    """One member of an epilogue family (conv, dense): `<prefix>_<activation>`, or `<prefix>` without an
+    activation, at its priority from patterns/priority.py (tier `<prefix>_<act>`, or `<prefix>`). Its first
+    docstring line is `formula` with {act} and {name} filled in (" -> {act}" dropped without an
+    activation); its pattern is `make_spec(activation=activation)`."""
+    name = f"{prefix}_{activation}" if activation else prefix
+
+    def build():
+        return make_spec(activation=activation)
+
+    if activation is None:
+        formula = formula.replace(" -> {act}", "")
+    build.__doc__ = formula.format(act=activation, name=name)
+    made = rule(name, priority=priority(f"{prefix}_<act>" if activation else prefix, activation), check=check)(build)
+    made.source = source
+    return made

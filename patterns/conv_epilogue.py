@@ -11,13 +11,15 @@ with nothing after it is still a single-rooted match; a training-mode batch_norm
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
-from tvm_fusion.patterns.activations import ACTIVATIONS, epilogue_spec
+from tvm_fusion.patterns.activations import BY_RANK, epilogue_rule, epilogue_spec
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, axis_vector_shapes, batch_shape, commutative,
-                              decline, rule, shape_text, static_shape, symbolic_reason)
+                              decline, shape_text, static_shape, symbolic_reason)
 
 SUPPORTED_DTYPES = ("float32",)
 CONV_FAMILY = "conv2d_affine"  # schedules/conv2d.py registers it; rules without their own compute use it
@@ -147,43 +149,29 @@ def _vector(expr, out_shape) -> np.ndarray:
     return vec
 
 
-#: structure -> (name prefix, priority tier, pattern options, formula of the match)
+#: structure -> (name prefix, pattern options, formula of the match); priorities: patterns/priority.py
 STRUCTURES = {
-    "bn_add": ("conv2d_bn_add", 400, dict(bn=True, residual=True),
+    "bn_add": ("conv2d_bn_add", dict(bn=True, residual=True),
                "conv2d -> [add bias] -> batch_norm -> [* c + d] -> add(., other) -> {act}  ==>  {name}(x, other, W', b')"),
-    "bn": ("conv2d_bn", 300, dict(bn=True),
+    "bn": ("conv2d_bn", dict(bn=True),
            "conv2d -> [add bias] -> batch_norm -> [* c + d] -> {act}  ==>  {name}(x, W', b')"),
-    "add": ("conv2d_add", 250, dict(bn=False, residual=True),
+    "add": ("conv2d_add", dict(bn=False, residual=True),
             "conv2d -> [add bias] -> add(., other) -> {act}  ==>  {name}(x, other, W, b)"),
-    "bias": ("conv2d_bias", 150, dict(bn=False, bias=True),
+    "bias": ("conv2d_bias", dict(bn=False, bias=True),
              "conv2d -> add bias -> {act}  ==>  {name}(x, W, b)"),
-    "plain": ("conv2d", 140, dict(bn=False, bias=False),
+    "plain": ("conv2d", dict(bn=False, bias=False),
               "conv2d -> {act}  ==>  {name}(x, W, 0)"),
 }
-#: within a tier, activations that contain another (hardswish contains hardsigmoid, silu contains sigmoid)
-#: are tried first
-ACTIVATION_RANK = {"hardswish": 9, "silu": 8, "gelu_tanh": 7, "gelu_erf": 6, "hardsigmoid": 5,
-                   "relu6": 4, "leaky_relu": 3, "sigmoid": 2, "tanh": 1, "relu": 0}
 
 
 def _make_rule(structure: str, activation: str | None):
-    prefix, tier, options, formula = STRUCTURES[structure]
-    name = f"{prefix}_{activation}" if activation else prefix
-    priority = tier + (ACTIVATION_RANK[activation] if activation else -100)
-
-    def build():
-        return conv_epilogue(activation=activation, **options)
-
-    if activation is None:
-        formula = formula.replace(" -> {act}", "")
-    build.__doc__ = formula.format(act=activation, name=name)
-    made = rule(name, priority=priority, check=conv_checks)(build)
-    made.source = __file__
-    return made
+    prefix, options, formula = STRUCTURES[structure]
+    return epilogue_rule(prefix, activation, formula, functools.partial(conv_epilogue, **options), conv_checks,
+                         __file__)
 
 
 #: the table: every structure with every activation; then, without an activation, conv2d_bn (projection
 #: shortcuts) and, at the lowest priorities, conv2d_bias and the bare conv2d, so that a conv with no
 #: epilogue to fuse (DenseNet's convs feeding a Concat) still runs our scheduled kernel, not TVM's default
-RULES = [_make_rule(st, act) for st in STRUCTURES for act in sorted(ACTIVATIONS, key=lambda a: -ACTIVATION_RANK[a])]
+RULES = [_make_rule(st, act) for st in STRUCTURES for act in BY_RANK]
 RULES += [_make_rule(st, None) for st in ("bn", "bias", "plain")]

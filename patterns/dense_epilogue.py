@@ -11,12 +11,14 @@ likewise: W' = W * c, b' = b * c.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
-from tvm_fusion.patterns.activations import ACTIVATIONS, epilogue_spec
-from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, batch_shape, commutative, decline, is_symbolic, rule,
+from tvm_fusion.patterns.activations import BY_RANK, epilogue_rule, epilogue_spec
+from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, batch_shape, commutative, decline, is_symbolic,
                               shape_text, static_shape, symbolic_reason)
 
 SUPPORTED_DTYPES = ("float32",)
@@ -108,31 +110,22 @@ def lower_dense(m: Match, activation, activation_params=None) -> Lowering:
     )
 
 
-#: structure -> (name prefix, priority tier, pattern options, formula)
+#: structure -> (name prefix, pattern options, formula); priorities: patterns/priority.py
 STRUCTURES = {
-    "bn": ("dense_bn", 130, dict(bias=None, bn=True), "matmul(x, W) -> [add b] -> batch_norm -> {act}"),
-    "bias": ("dense_bias", 110, dict(bias=True), "matmul(x, W) -> add b -> {act}"),
-    "scale": ("dense_scale", 125, dict(bias=None, scale=True), "matmul(x, W) -> [add b] -> * c -> {act}"),
+    "bn": ("dense_bn", dict(bias=None, bn=True),
+           "matmul(x, W) -> [add b] -> batch_norm -> {act}  ==>  {name}(x, W', b')"),
+    "bias": ("dense_bias", dict(bias=True), "matmul(x, W) -> add b -> {act}  ==>  {name}(x, W', b')"),
+    "scale": ("dense_scale", dict(bias=None, scale=True),
+              "matmul(x, W) -> [add b] -> * c -> {act}  ==>  {name}(x, W', b')"),
 }
-ACTIVATION_RANK = {"hardswish": 9, "silu": 8, "gelu_tanh": 7, "gelu_erf": 6, "hardsigmoid": 5,
-                   "relu6": 4, "leaky_relu": 3, "sigmoid": 2, "tanh": 1, "relu": 0}
 
 
 def _make_rule(structure: str, activation: str | None):
-    prefix, tier, options, formula = STRUCTURES[structure]
-    name = f"{prefix}_{activation}" if activation else prefix
-    priority = tier + (ACTIVATION_RANK[activation] + 1 if activation else 0)
-
-    def build():
-        return dense_epilogue(activation=activation, **options)
-
-    text = formula.replace(" -> {act}", f" -> {activation}" if activation else "")
-    build.__doc__ = f"{text}  ==>  {name}(x, W', b')"
-    made = rule(name, priority=priority, check=dense_checks)(build)
-    made.source = __file__
-    return made
+    prefix, options, formula = STRUCTURES[structure]
+    return epilogue_rule(prefix, activation, formula, functools.partial(dense_epilogue, **options), dense_checks,
+                         __file__)
 
 
 #: the layer scale comes without an activation (ConvNeXt, CaiT); below dense_bn, which also has the `* c`
 RULES = [_make_rule(st, act) for st in ("bn", "bias")
-         for act in [*sorted(ACTIVATIONS, key=lambda a: -ACTIVATION_RANK[a]), None]] + [_make_rule("scale", None)]
+         for act in [*BY_RANK, None]] + [_make_rule("scale", None)]

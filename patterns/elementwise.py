@@ -13,6 +13,7 @@ from __future__ import annotations
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl, relax
 from tvm_fusion.patterns.activations import clip_bounds
+from tvm_fusion.patterns.priority import priority
 from tvm_fusion.rules import Lowering, Match, Spec, batch_shape, decline, rule, symbolic_reason
 from tvm_fusion.schedules.elementwise import BINARY, ELEMENTWISE_FAMILY, UNARY
 
@@ -117,7 +118,7 @@ def elementwise_checks(m: Match):
     return None
 
 
-@rule("add_relu", priority=50, check=elementwise_checks)
+@rule("add_relu", priority=priority("add_relu"), check=elementwise_checks)
 def add_relu():
     """relu(add(a, b))  ==>  add_relu(a, b)"""
     add = dpl.is_op("relax.add")(dpl.wildcard(), dpl.wildcard())
@@ -130,7 +131,8 @@ def _make_chain_rule(length: int):
         return chain(length)
 
     build.__doc__ = f"op_{length}(...op_2(op_1(a, b), c)...)  ==>  elementwise_chain_{length}(...)"
-    made = rule(f"elementwise_chain_{length}", priority=60 + length, check=elementwise_checks)(build)
+    made = rule(f"elementwise_chain_{length}", priority=priority("elementwise_chain_<n>", length),
+                check=elementwise_checks)(build)
     made.source = __file__
     return made
 

@@ -16,6 +16,7 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import scalar_constant
+from tvm_fusion.patterns.priority import priority
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, batch_shape, commutative, decline, is_symbolic, rule,
                               shape_text, symbolic_reason)
 from tvm_fusion.schedules.layer_norm import LAYER_NORM_FAMILY
@@ -111,13 +112,13 @@ def lower_layer_norm(m: Match, residual: bool) -> Lowering:
     )
 
 
-@rule("add_layer_norm", priority=90, check=layer_norm_checks)
+@rule("add_layer_norm", priority=priority("add_layer_norm"), check=layer_norm_checks)
 def add_layer_norm():
     """layer_norm(add(a, b))  ==>  add_layer_norm(a, b, gamma, beta)   (op or decomposed form)"""
     return layer_norm_pattern(residual=True)
 
 
-@rule("layer_norm", priority=80, check=layer_norm_checks)
+@rule("layer_norm", priority=priority("layer_norm"), check=layer_norm_checks)
 def layer_norm():
     """decomposed or op LayerNorm over the last axis  ==>  layer_norm(x, gamma, beta)"""
     return layer_norm_pattern(residual=False)

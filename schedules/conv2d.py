@@ -3,10 +3,13 @@
     out[n, o, h, w] = act( sum_{c, r, s} pad(x)[n, g*C/G + c, h*sh + r*dh, w*sw + s*dw] * W'[o, c, r, s]
                            + b'[o] (+ residual[n, o, h, w]) )
 
-Registered under every conv rule name. The stages are named for the schedules: `pad`, `conv`, `epilogue`.
+Registered under the family name; every conv rule without a compute of its own lowers to it.
+The stages are named for the schedules: `pad`, `conv`, `epilogue`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion.registry import register_compute
@@ -15,22 +18,13 @@ from . import dims
 from .activations import apply_activation
 
 CONV_FAMILY = "conv2d_affine"  # the compute every conv rule without a compute of its own lowers to
-CONV_RULES = (
-    CONV_FAMILY,
-    "conv2d_bn_add_relu",
-    "conv2d_bn_relu",
-    "conv2d_bn",
-    "conv2d_bias_relu",
-    "conv2d_relu",
-    "conv2d_bias",
-)
 
 
 def conv2d_out_size(size, k, stride, pad_lo, pad_hi, dilation):
     return (size + pad_lo + pad_hi - dilation * (k - 1) - 1) // stride + 1
 
 
-@register_compute(*CONV_RULES)
+@register_compute(CONV_FAMILY)
 def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
                   activation=None, activation_params=None, **_):
     n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
@@ -77,3 +71,23 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
         return apply_activation(v, activation, activation_params)
 
     return te.compute((n, cout, hout, wout), epilogue, name="epilogue")
+
+
+@dataclass(frozen=True)
+class ConvOperands:
+    """The conv kernel's operands by name. Its PrimFunc takes (x, [residual], W, b, out): the runtime inputs,
+    then the folded constants (fuse.py's convention); a schedule's `supports` gets their shapes in that order."""
+
+    x: object
+    w: object
+    b: object
+    residual: object | None = None
+
+    @classmethod
+    def of(cls, operands) -> "ConvOperands":
+        """From (x, [residual], W, b): a PrimFunc's params without its output, or the shapes `supports` gets."""
+        operands = list(operands)
+        if len(operands) not in (3, 4):
+            raise ValueError(f"a conv kernel takes x, [residual], W, b; got {len(operands)} operands")
+        x, *residual, w, b = operands
+        return cls(x, w, b, residual[0] if residual else None)

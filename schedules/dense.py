@@ -12,11 +12,10 @@ from tvm_fusion.registry import register_compute
 from . import dims
 from .activations import apply_activation
 
-DENSE_FAMILY = "dense_affine"
-DENSE_RULES = (DENSE_FAMILY, "dense_bias_relu", "dense_bias")  # the rest lower to DENSE_FAMILY
+DENSE_FAMILY = "dense_affine"  # the compute every dense rule without a compute of its own lowers to
 
 
-@register_compute(*DENSE_RULES)
+@register_compute(DENSE_FAMILY)
 def dense_affine(x, w, b, *, activation=None, activation_params=None, **_):
     m, k = dims(x.shape)  # m may be a symbolic batch
     n = int(w.shape[1])

@@ -14,8 +14,7 @@ from tvm_fusion._tvm import topi
 
 from tvm_fusion.registry import register_compute
 
-ELEMENTWISE_FAMILY = "elementwise_chain"
-ELEMENTWISE_RULES = (ELEMENTWISE_FAMILY, "add_relu")
+ELEMENTWISE_FAMILY = "elementwise_chain"  # the compute every elementwise rule without a compute of its own lowers to
 
 BINARY = {
     "relax.add": topi.add,
@@ -38,7 +37,7 @@ UNARY = {
 }
 
 
-@register_compute(*ELEMENTWISE_RULES)
+@register_compute(ELEMENTWISE_FAMILY)
 def elementwise_chain(*tensors, recipe, **_):
     steps = []
 

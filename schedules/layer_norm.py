@@ -14,11 +14,10 @@ from tvm_fusion.registry import register_compute
 
 from . import dims
 
-LAYER_NORM_FAMILY = "layer_norm_affine"
-LAYER_NORM_RULES = (LAYER_NORM_FAMILY, "add_layer_norm", "layer_norm")
+LAYER_NORM_FAMILY = "layer_norm_affine"  # the compute every LayerNorm rule without a compute of its own lowers to
 
 
-@register_compute(*LAYER_NORM_RULES)
+@register_compute(LAYER_NORM_FAMILY)
 def layer_norm_affine(x, gamma, beta, residual=None, *, epsilon, **_):
     rows, c = dims(x.shape)  # rows may be a symbolic batch
 

@@ -57,7 +57,7 @@ def test_intermediate_beyond_int32_indexing(capsys, symbolic):
 def test_compare_refuses_what_does_not_fit_in_memory(capsys, model, monkeypatch):
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("tvm_fusion.compare"), "available_memory", lambda: 1000)
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.io"), "available_memory", lambda: 1000)
     err = _bad(capsys, "compare", str(model))
     assert "running the model needs at least" in err and "GiB is available" in err
 
@@ -224,5 +224,5 @@ def test_inputs_int_dtype_named(capsys, tmp_path):
 def test_per_group_refuses_what_does_not_fit_in_memory(capsys, model, monkeypatch):
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("tvm_fusion.compare"), "available_memory", lambda: 1000)
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.io"), "available_memory", lambda: 1000)
     assert "running the model needs at least" in _bad(capsys, "compare", str(model), "--per-group")

@@ -94,10 +94,13 @@ def test_compile_llvm_writes_library_and_manifest(capsys, tmp_path):
 
 def test_console_script_installed():
     out = subprocess.run([sys.executable, "-m", "tvm_fusion", "rules"], capture_output=True, text=True, check=True)
-    rows = [line.split()[:2] for line in out.stdout.splitlines()]
+    table, convention = out.stdout.split("\n\n")  # the rules, then the priority convention under them
+    rows = [line.split()[:2] for line in table.splitlines()]
     assert ["400", "conv2d_bn_add_relu"] in rows and ["300", "conv2d_bn_relu"] in rows
     priorities = [int(p) for p, _ in rows]
     assert priorities == sorted(priorities, reverse=True)
+    assert len(set(priorities)) == len(priorities)  # no two built-in rules share a priority
+    assert convention.startswith("priority = tier + rank within the tier") and "conv2d_bn_<act> 300" in convention
 
 
 def test_compare_cuda_without_gpu_builds_and_says_why(capsys, tmp_path):

@@ -20,15 +20,15 @@ def test_unknown_rule_lists_candidates(rules):
 
 
 def test_unknown_compute_lists_candidates(rules):
-    with pytest.raises(FusionError, match="no compute registered as 'conv2d_bn_relux'; did you mean"):
-        get_compute("conv2d_bn_relux", "llvm")
+    with pytest.raises(FusionError, match="no compute registered as 'conv2d_afine'; did you mean conv2d_affine"):
+        get_compute("conv2d_afine", "llvm")
 
 
 def test_duplicate_compute_and_schedule_refused(rules):
-    with pytest.raises(FusionError, match="duplicate compute 'conv2d_bn_relu'"):
-        register_compute("conv2d_bn_relu")(lambda *a, **k: None)
-    with pytest.raises(FusionError, match="duplicate schedule 'conv2d_bn_relu' for target 'llvm'"):
-        register_schedule("conv2d_bn_relu", target="llvm")(lambda *a: None)
+    with pytest.raises(FusionError, match="duplicate compute 'conv2d_affine'"):
+        register_compute("conv2d_affine")(lambda *a, **k: None)
+    with pytest.raises(FusionError, match="duplicate schedule 'conv2d_affine' for target 'llvm'"):
+        register_schedule("conv2d_affine", target="llvm")(lambda *a: None)
 
 
 def test_check_must_decline_with_a_reason():
@@ -42,3 +42,39 @@ def test_check_must_decline_with_a_reason():
 def test_priority_order_is_documented_convention(rules):
     names = rules.names()
     assert names.index("conv2d_bn_add_relu") < names.index("conv2d_bn_relu") < names.index("conv2d_bn")
+
+
+def test_builtin_priorities_come_from_the_one_table():
+    """Every built-in rule's priority is its tier in patterns/priority.py plus its rank; none is shared."""
+    from tvm_fusion.patterns import builtin_rules
+    from tvm_fusion.patterns.priority import ACTIVATION_RANK, TIERS, priority
+
+    def expected(name: str) -> int:
+        if name in TIERS:
+            return priority(name)
+        for act in ACTIVATION_RANK:
+            if name.endswith("_" + act) and name[: -len(act) - 1] + "_<act>" in TIERS:
+                return priority(name[: -len(act) - 1] + "_<act>", act)
+        prefix, _, n = name.rpartition("_")
+        return priority(prefix + "_<n>", int(n))
+
+    rules = builtin_rules().ordered()
+    assert {r.name: r.priority for r in rules} == {r.name: expected(r.name) for r in rules}
+    assert len({r.priority for r in rules}) == len(rules)
+
+
+def test_builtin_rules_come_with_their_computes_and_schedules():
+    """builtin_rules() alone, in a fresh interpreter, is a registry fuse() can use: no other import needed."""
+    import subprocess
+    import sys
+
+    code = ("from tvm_fusion.build import resolve_target\n"
+            "from tvm_fusion.frontend import import_onnx\n"
+            "from tvm_fusion.fuse import fuse\n"
+            "from tvm_fusion.patterns import builtin_rules\n"
+            "from tvm_fusion.testing import conv_bn_relu\n"
+            "for target in ('llvm', 'cuda'):\n"
+            "    counts = fuse(import_onnx(conv_bn_relu()), resolve_target(target), builtin_rules()).counts\n"
+            "    print(target, {k: v for k, v in counts.items() if v})\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["llvm {'conv2d_bn_relu': 1}", "cuda {'conv2d_bn_relu': 1}"]

@@ -16,6 +16,7 @@ from onnx.backend.base import Backend, BackendRep
 from ._tvm import relax, tvm
 from .build import build, resolve_target
 from .frontend import import_onnx
+from .io import as_arrays, device, gpu_available
 from .rules import RuleSet
 
 __all__ = ["TVMFusionBackend", "TVMFusionRep", "prepare", "run_model", "run_node", "supports_device"]
@@ -43,7 +44,7 @@ class TVMFusionRep(BackendRep):
             shapes = {n: a.shape for n, a in zip(self.input_names, arrays)}
             mod = import_onnx(self.model, shapes, simplify=False)  # conformance tests TVM's importer as it is
             built = build(mod, resolve_target(_TARGETS[self.kind]), self.mode, rules=self.rules)
-            dev = tvm.cuda(0) if self.kind == "CUDA" else tvm.cpu(0)
+            dev = device(_TARGETS[self.kind])
             self._vms[key] = (relax.VirtualMachine(built.executable, dev), dev)
         return self._vms[key]
 
@@ -55,9 +56,7 @@ class TVMFusionRep(BackendRep):
         if len(arrays) != len(self.input_names):
             raise ValueError(f"model has inputs {self.input_names}, got {len(arrays)} arrays")
         vm, dev = self._vm(arrays)
-        out = vm["main"](*[tvm.runtime.tensor(a, dev) for a in arrays])
-        outs = [out] if hasattr(out, "numpy") else list(out)
-        return tuple(o.numpy() for o in outs)
+        return tuple(as_arrays(vm["main"](*[tvm.runtime.tensor(a, dev) for a in arrays])))
 
 
 class TVMFusionBackend(Backend):
@@ -107,8 +106,6 @@ class TVMFusionBackend(Backend):
         if kind == "CPU":
             return True
         if kind == "CUDA":
-            from .compare import gpu_available
-
             return gpu_available()[0]
         return False
 

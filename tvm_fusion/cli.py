@@ -148,6 +148,9 @@ def _run(args) -> int:
     if args.command == "rules":
         for r in _rules(args):
             print(f"{r.priority:5d}  {r.name:24s} {','.join(r.targets):10s} {r.doc}")
+        from .patterns.priority import convention
+
+        print("\n" + convention())
         return 0
     if args.command == "bundle":
         from .bundle import bundle

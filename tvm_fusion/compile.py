@@ -13,13 +13,14 @@ from pathlib import Path
 
 import onnx
 
-from . import _tvm, cpu_features, frontend, pipeline
+from . import _tvm, cpu_features, frontend
 from ._tvm import relax, tvm
-from .build import build, count_kernel_calls, resolve_target
-from .compare import check_inputs, load_inputs
+from .build import build, count_kernel_calls, legalize, resolve_target
+from .console import progress
 from .errors import FusionError
 from .export import export_library
 from .fuse import ELEMENTS_PER_BATCH_ATTR
+from .io import check_inputs, load_inputs
 from .hardware import cuda_facts
 from .rules import RuleSet
 from .simplify import record_of as simplify_record
@@ -100,9 +101,7 @@ def symbolic_record(built, shapes: dict) -> dict:
 
 def kernel_counts(mod, target, mode: str) -> dict:
     """PrimFuncs and kernel calls of `mode` without compiling (legalize stage only)."""
-    with target, _tvm.tvm.transform.PassContext(opt_level=3):
-        legal = pipeline.sequential(pipeline.legalize_passes(mode, target), mode)(mod)
-    primfuncs, calls = count_kernel_calls(legal)
+    primfuncs, calls = count_kernel_calls(legalize(mod, target, mode))
     return {"primfuncs": primfuncs, "kernel_calls": calls}
 
 
@@ -125,27 +124,6 @@ def kernel_launches(legal, kernels: list[str]) -> int:
 
     relax.analysis.post_order_visit(legal["main"], visit)
     return launches
-
-
-class _progress:
-    """A progress bar over named steps on a terminal (tqdm), silent elsewhere."""
-
-    def __init__(self, steps: list[str]):
-        from tqdm import tqdm
-
-        self.steps = steps
-        self.bar = tqdm(total=len(steps), desc=steps[0], leave=False, disable=None)
-
-    def __enter__(self):
-        return self
-
-    def update(self) -> None:
-        self.bar.update()
-        if self.bar.n < len(self.steps):
-            self.bar.set_description(self.steps[self.bar.n])
-
-    def __exit__(self, *exc) -> None:
-        self.bar.close()
 
 
 def manifest_path_of(output: Path) -> Path:
@@ -224,7 +202,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     if counts_of_other_builds:
         steps.append("count unfused / tvm kernels")
     partial = output.with_name(f".partial-{os.getpid()}-{output.name}")  # renamed only once verified
-    with _progress(steps) as bar:
+    with progress(steps) as bar:
         proto = frontend.load_onnx(model)
         given = load_inputs(inputs)
         shapes = check_inputs(proto, given, shapes)  # given arrays bind symbolic dims, as in compare

@@ -22,8 +22,9 @@ import onnx
 from . import _tvm, frontend
 from ._tvm import relax, tvm
 from .build import build, default_rules, resolve_target
-from .compare import as_arrays, check_inputs, check_memory, gpu_available, input_tensors, load_inputs
+from .console import table
 from .errors import FusionError
+from .io import as_arrays, check_inputs, check_memory, device, gpu_available, input_tensors, load_inputs, run_vm
 from .fuse import Matched, lower, match
 from .rules import RuleSet
 from .numerics import ErrorStats, error_stats
@@ -71,13 +72,11 @@ class GroupReport:
         return ""
 
     def __str__(self) -> str:
-        from .compare import _table
-
         rows = [[g.index, g.rule, _nodes(g.onnx_nodes), f"{g.stats.n_bad}/{g.stats.size}", f"{g.stats.max_abs:.3g}",
                  f"{g.stats.max_rel:.3g}", g.stats.worst_element(), "ok" if g.stats.ok else "FAIL"] for g in self.groups]
         lines = [f"model {self.model}  target {self.target}  per-group check: each fused group vs its unfused "
                  "subgraph on the real intermediate values", "",
-                 _table(["#", "rule", "ONNX nodes", "elements off", "max abs err", "max rel err", "worst element", ""],
+                 table(["#", "rule", "ONNX nodes", "elements off", "max abs err", "max rel err", "worst element", ""],
                         rows), ""]
         for name, s in zip(self.output_names, self.outputs):
             lines.append(f"output {name}: fused vs unfused {s.describe()} " + ("ok" if s.ok else "FAIL"))
@@ -181,12 +180,12 @@ def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: Rul
 
     group_mod = _group_module(matched, calls, inputs)
     lowered, groups = lower(Matched(group_mod, matched.rules, matched.members, []), tgt)
-    fused_out = as_arrays(_run(build(lowered, tgt, "tvm").executable, dev, [value_of[v] for v in inputs]))
+    fused_out = run_vm(build(lowered, tgt, "tvm").executable, dev, [value_of[v] for v in inputs])
     checks = [GroupCheck(i, g.rule, g.onnx_nodes, error_stats(out, value_of[b.var].numpy()))
               for i, (g, b, out) in enumerate(zip(groups, calls, fused_out))]
 
     whole, _ = lower(matched, tgt)  # the fused build of the whole model, from the same matches
-    fused_model = as_arrays(_run(build(whole, tgt, "tvm").executable, dev, args))
+    fused_model = run_vm(build(whole, tgt, "tvm").executable, dev, args)
     outputs = [error_stats(f, r) for f, r in zip(fused_model, as_arrays(final))]
     return GroupReport(name, str(tgt), checks, outputs, [o.name for o in proto.graph.output])
 
@@ -197,8 +196,7 @@ def _device(target):
         if not ok:
             raise FusionError(f"the per-group check runs the builds, and --target cuda needs a GPU: {why}; "
                               "use --target llvm")
-        return tvm.cuda(0)
-    return tvm.cpu(0)
+    return device(target)
 
 
 # ---------------------------------------------------------------- bisect

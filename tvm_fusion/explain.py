@@ -1,17 +1,21 @@
-"""`explain`: for every candidate chain, the rule that took it or each rule's reason for declining, the ops
-left to TVM's own fusion, per-rule counts and the share of ops our rules cover."""
+"""`explain`: for every candidate chain, the rule that took it or each rule's reason for declining, the
+near misses before the ops left to TVM (how far each rule's pattern got, trace.py), the ops left to TVM's
+own fusion, per-rule counts and the share of ops our rules cover."""
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._tvm import relax, tvm
 from .build import resolve_target
 from .fuse import Decision, FuseResult, fuse, normalize_batch_norm
 from .rules import RuleSet
+from .trace import PartialMatch, near_misses
 
-__all__ = ["Explanation", "explain", "op_counts"]
+__all__ = ["Explanation", "PartialMatch", "explain", "op_counts"]
+
+NEAR_MISSES_SHOWN = 3  # per ONNX node in the text; Explanation.near_misses() has them all
 
 
 def op_counts(func) -> Counter:
@@ -31,6 +35,8 @@ class Explanation:
     result: FuseResult
     ops_before: Counter
     ops_left: Counter
+    module: tvm.IRModule | None = field(default=None, repr=False)  # as imported: what the tracer reads
+    _near: list[PartialMatch] | None = field(default=None, repr=False)
 
     @property
     def covered(self) -> int:
@@ -44,18 +50,35 @@ class Explanation:
     def declined(self, rule: str | None = None) -> list[Decision]:
         return [d for d in self.result.decisions if d.reason and (rule is None or d.rule == rule)]
 
+    def near_misses(self, rule: str | None = None) -> list[PartialMatch]:
+        """The longest partial match of each rule (or of `rule`) before an op no group took: longest first,
+        then the closest to a whole match, then by priority."""
+        if self._near is None:
+            from .frontend import onnx_node_names
+
+            found = [] if self.module is None else near_misses(
+                self.module, self.result.groups, self.result.matched.rules, onnx_node_names(self.module))
+            self._near = sorted(found, key=lambda m: (-len(m.matched), m.to_go, -m.priority))
+        return [m for m in self._near if rule is None or m.rule == rule]
+
     def __str__(self) -> str:
         lines = ["fused groups (rule <- ONNX nodes):"]
         for g in self.result.groups:
             lines.append(f"  {g.function:28s} {g.rule:22s} <- {', '.join(g.onnx_nodes) or '?'}")
-        by_root: dict[str, list[Decision]] = {}
-        for d in self.declined():
-            by_root.setdefault(d.onnx_node, []).append(d)
+        by_root = _by_node(self.declined())
         if by_root:
             lines += ["", "declined candidates (chain ending at ONNX node: rule: reason):"]
             for node, ds in by_root.items():
                 for d in ds:
                     lines.append(f"  {node}: {d.rule}: {d.reason}")
+        near = _by_node(self.near_misses())
+        if near:
+            lines += ["", "near misses (the longest partial match of each rule before an op no rule took):"]
+            for node, ms in near.items():
+                lines += [f"  {node}: {m}" for m in ms[:NEAR_MISSES_SHOWN]]
+                if len(ms) > NEAR_MISSES_SHOWN:
+                    lines.append(f"  {node}: ... and {len(ms) - NEAR_MISSES_SHOWN} more rules "
+                                 "(Explanation.near_misses())")
         if self.ops_left:
             left = ", ".join(f"{op.replace('relax.', '')} x{n}" for op, n in sorted(self.ops_left.items()))
             lines += ["", f"left to TVM's own fusion: {left}"]
@@ -63,6 +86,14 @@ class Explanation:
         lines += ["", f"rules fired: {fired}",
                   f"ops covered by our rules: {self.covered} of {sum(self.ops_before.values())} ({self.share:.0%})"]
         return "\n".join(lines)
+
+
+def _by_node(items: list) -> dict[str, list]:
+    """Decisions or near misses grouped by their ONNX node, in order."""
+    out: dict[str, list] = {}
+    for item in items:
+        out.setdefault(item.onnx_node, []).append(item)
+    return out
 
 
 def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None) -> Explanation:
@@ -78,4 +109,4 @@ def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None) 
     before.pop("relax.call_tir", None)
     left = op_counts(result.mod["main"])
     left.pop("relax.call_tir", None)
-    return Explanation(result, before, left)
+    return Explanation(result, before, left, mod)

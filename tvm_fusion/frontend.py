@@ -22,6 +22,7 @@ from . import _tvm
 from . import simplify as _simplify
 from ._tvm import dpl, relax, tirx, tvm
 from .errors import FusionError
+from .rules import scalar_constant, static_shape as _static_shape
 
 __all__ = ["SymDim", "import_onnx", "load_onnx", "parse_shape", "onnx_node_names", "concrete_shapes",
            "check_sizes", "sizes_text", "symbolic_dims", "format_shape", "UPPER_BOUND_ATTR"]
@@ -340,14 +341,6 @@ def _input_dtypes(model: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
-def _scalar(expr) -> float | None:
-    """The value of a scalar (size-1) float constant, else None."""
-    if not _tvm.is_constant(expr):
-        return None
-    value = _tvm.constant_value(expr)
-    return float(value.reshape(())) if value.size == 1 and value.dtype.kind == "f" else None
-
-
 def _as_scalar_if_uniform(const, other, out_shape):
     """A constant whose elements are all equal (the importer broadcasts scalars) as a scalar constant,
     when that keeps the result's shape: `other` alone must already have the broadcast shape."""
@@ -385,7 +378,8 @@ def _call_tir_pair(name: str, make):
     root = dpl.is_call_tir(name, args=[x, c])
 
     def rewriter(expr, matches):
-        if _scalar(matches[c]) is None or _shape_key(matches[x]) is None or _shape_key(matches[x]) != _shape_key(expr):
+        if (scalar_constant(matches[c], float_only=True) is None or _shape_key(matches[x]) is None
+                or _shape_key(matches[x]) != _shape_key(expr)):
             return expr
         return make(matches[x], matches[c])
 
@@ -398,7 +392,7 @@ def _min_of_max_to_clip():
     root = dpl.is_op("relax.minimum")(dpl.is_op("relax.maximum")(x, lo), hi)
 
     def rewriter(expr, matches):
-        low, high = _scalar(matches[lo]), _scalar(matches[hi])
+        low, high = (scalar_constant(matches[e], float_only=True) for e in (lo, hi))
         if low is None or high is None or low > high:
             return expr
         return relax.op.clip(matches[x], low, high)
@@ -448,14 +442,6 @@ NORMALIZATIONS = [
     ("clip_upper_bound", lambda: _call_tir_pair("minimum", relax.op.minimum)),
     ("min_of_max_to_clip", _min_of_max_to_clip),
 ]
-
-
-def _static_shape(expr):
-    shape = getattr(_tvm.expr_type(expr), "shape", None)
-    try:
-        return [int(d) for d in shape]
-    except (TypeError, ValueError):
-        return None
 
 
 def _shape_key(expr):

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import contextvars
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +19,6 @@ from .rules import Decline, Lowering, Match, Rule, RuleSet, batch_shape, shape_t
 
 __all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm"]
 
-_TARGET = contextvars.ContextVar("tvm_fusion_target")
 #: PrimFunc attribute of a kernel with a symbolic batch: its largest stage's elements per unit of the batch
 ELEMENTS_PER_BATCH_ATTR = "tvm_fusion.elements_per_batch"
 
@@ -166,7 +164,7 @@ def _lowering_shapes(lowering: Lowering) -> list[tuple]:
         [tuple(c.shape) for c in lowering.constants]
 
 
-def _make_check(rule: Rule, trace: _Trace):
+def _make_check(rule: Rule, trace: _Trace, target):
     def check(ctx) -> bool:
         root = ctx.value_to_bound_var.get(ctx.matched_expr)
         root_name = _tvm.var_name(root) if root is not None else "?"
@@ -174,7 +172,6 @@ def _make_check(rule: Rule, trace: _Trace):
             match = Match(rule.name, dict(ctx.annotated_expr.items()), dict(ctx.matched_bindings.items()))
             reason = _leak(ctx, trace.names) or rule.run_check(match)
             if reason is None:
-                target = _TARGET.get()
                 lowering = rule.spec.lower(match)
                 sched = registry.get_schedule(lowering.compute, target.kind.name)
                 if sched is None:
@@ -334,7 +331,8 @@ class _LowerComposites(relax.PyExprMutator):
         inputs = [params.get(e, e) for e in lowering.inputs]
         inputs = [relax.op.reshape(e, lowering.input_shapes[i]) if i in lowering.input_shapes else e
                   for i, e in enumerate(inputs)]
-        key = (lowering.compute, repr(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
+        # one PrimFunc per rule (named after it) and shapes and attributes, even where rules share a compute
+        key = (rule.name, lowering.compute, repr(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
         if key not in self.cache:
             prim, out_ty = _build_primfunc(lowering, self.target, self.any_target)
             gv = self.builder_.add_func(prim, rule.name)
@@ -380,15 +378,11 @@ def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
     active = rules.for_target(target.kind.name)
     trace = _Trace(names)
     patterns = [
-        _tvm.FusionPattern(r.name, r.spec.pattern, r.spec.annotations, _make_check(r, trace))
+        _tvm.FusionPattern(r.name, r.spec.pattern, r.spec.annotations, _make_check(r, trace, target))
         for r in active.ordered()
     ]
-    token = _TARGET.set(target)
-    try:
-        mod = normalize_batch_norm(mod, names)
-        matched = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=False)(mod)
-    finally:
-        _TARGET.reset(token)
+    mod = normalize_batch_norm(mod, names)
+    matched = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=False)(mod)
     if trace.errors:
         raise FusionError(trace.errors[0])
     return Matched(matched, active, trace.members, list(trace.decisions.values()))

@@ -14,12 +14,6 @@ __all__ = ["load_rules", "load_rules_for"]
 ENTRY_POINT_GROUP = "tvm_fusion.rules"
 
 
-def _ensure_schedules() -> None:
-    from tvm_fusion import schedules
-
-    schedules.load()
-
-
 def load_rules(path) -> RuleSet:
     """The rules defined in a Python file (its Rule objects, in definition order)."""
     path = Path(path)
@@ -67,8 +61,8 @@ def _plugin_rules() -> RuleSet:
 
 
 def load_rules_for(files=(), only=None, disable=None, plugins: bool = True) -> RuleSet:
-    """Built-in tables, then plugins, then `files`; then `only` / `disable` applied."""
-    _ensure_schedules()
+    """Built-in tables (with their computes and schedules), then plugins, then `files`; then `only` /
+    `disable` applied."""
     from tvm_fusion.patterns import builtin_rules
 
     rules = builtin_rules()

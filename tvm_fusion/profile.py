@@ -24,15 +24,17 @@ import onnx
 from . import _tvm, frontend
 from ._tvm import relax, tvm
 from .build import legalize, resolve_target
+from .console import table
 from .errors import FusionError
 from .fuse import FuseResult, fuse
+from .io import gpu_available, input_tensors, nbytes
+from .pipeline import MODES
 from .roofline import KNOWN_GPUS, Peaks, gpu_peaks, host_peaks
 from .rules import RuleSet
 
 __all__ = ["ProfileReport", "profile", "Site", "GroupProfile", "Candidate", "BuildProfile", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
-MODES = ("unfused", "tvm", "fused")
 BASELINE_RULE = "conv2d"  # the one-op rule of the unfused build: same conv schedule, nothing fused
 ELEMENTWISE_PATTERN = 1  # op_pattern <= 1: elementwise or broadcast (TVM's AnnotateTIROpPattern)
 SMALL_KERNEL_CALLS = 3  # "frequent": at least this many calls per inference
@@ -143,10 +145,6 @@ def _is_call_tir(expr) -> bool:
     return isinstance(expr, relax.Call) and expr.op.same_as(tvm.ir.Op.get("relax.call_tir"))
 
 
-def _buffer_bytes(buf) -> int:
-    return int(np.prod([int(d) for d in buf.shape], dtype=np.int64)) * np.dtype(str(buf.dtype)).itemsize
-
-
 def _flops(func, out_elements: int) -> float:
     """Floating-point ops of a PrimFunc counted from its TIR (a conv / matmul: 2 per multiply-add exactly),
     and at least one per output element."""
@@ -222,8 +220,8 @@ def call_sites(legal: tvm.IRModule, fused: FuseResult | None, names: dict[str, s
         func = legal[gv]
         n_out = len(b.var.ty.fields) if isinstance(b.var.ty, relax.TupleType) else 1
         params = list(func.params)
-        reads = sum(_buffer_bytes(p) for p in params[:-n_out])
-        writes = sum(_buffer_bytes(p) for p in params[-n_out:])
+        reads = sum(nbytes(p) for p in params[:-n_out])
+        writes = sum(nbytes(p) for p in params[-n_out:])
         out_elems = sum(int(np.prod([int(d) for d in p.shape])) for p in params[-n_out:])
         pattern = int((func.attrs or {}).get("op_pattern", 8))
         group = None
@@ -526,8 +524,6 @@ def _output_nodes(proto: onnx.ModelProto) -> list[str]:
 
 def _device(kind: str):
     if kind == "cuda":
-        from .compare import gpu_available
-
         ok, why = gpu_available()
         if not ok:
             raise FusionError(f"profile --target cuda needs a GPU to time kernels on: {why}")
@@ -574,7 +570,6 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
             modes=("unfused", "fused"), repeat: int = 5, seed: int = 0, arch: str = "sm_90") -> ProfileReport:
     """Build `model` in `modes`, time every kernel over `repeat` inferences on the same seeded inputs, and
     model the memory traffic and what is left to fuse. Needs the unfused and fused builds for before/after."""
-    from .compare import input_tensors
     from .loader import load_rules_for
 
     modes = list(dict.fromkeys(modes))
@@ -635,26 +630,24 @@ def _nodes(nodes: list[str], limit: int = 4) -> str:
 
 
 def render_text(r: ProfileReport, top: int = 12) -> str:
-    from .compare import _table
-
     p = r.peaks
     lines = [f"model {r.model}  target {r.target}  device {r.device}",
              f"roofs: {p.bandwidth / 1e9:.1f} GB/s, {p.flops / 1e9:.1f} GFLOP/s (ridge {p.ridge:.1f} FLOP/byte); "
              f"{p.source}",
              f"medians of {r.repeat} inferences; instrument + VM dispatch per kernel call (outside the kernels): "
              + ", ".join(f"{m} {b.overhead_per_call * 1e6:.1f} us" for m, b in r.builds.items()), ""]
-    lines.append(_table(["build", "kernel calls", "latency ms", "sum of kernels ms", "traffic MB", "build s"],
+    lines.append(table(["build", "kernel calls", "latency ms", "sum of kernels ms", "traffic MB", "build s"],
                         [[m, len([s for s in b.sites if s.times]), _ms(b.latency), _ms(b.kernel_time),
                           f"{sum(s.nbytes for s in b.sites if s.times) / MB:.1f}", f"{b.build_seconds:.1f}"]
                          for m, b in r.builds.items()]))
     for m, b in r.builds.items():
         rows = b.kernels()
         lines += ["", f"{m}: kernels by time (top {min(top, len(rows))} of {len(rows)})"]
-        lines.append(_table(["kernel", "rule / op", "ONNX nodes", "calls", "median ms", "share"],
+        lines.append(table(["kernel", "rule / op", "ONNX nodes", "calls", "median ms", "share"],
                             [[k["kernel"], k["origin"], _nodes(k["onnx_nodes"], 3), k["calls"], _ms(k["median_s"]),
                               f"{k['share']:.1%}"] for k in rows[:top]]))
     lines += ["", "fused groups: before (original ops, unfused build) / after (fused kernel)"]
-    lines.append(_table(
+    lines.append(table(
         ["#", "rule", "ONNX nodes", "before ms", "after ms", "launches", "saved MB", "still r/w MB", "GFLOP",
          "FLOP/B", "roofline"],
         [[g.index, g.rule, _nodes(g.onnx_nodes, 3), _ms(g.before_s), _ms(g.after_s),

@@ -27,7 +27,8 @@ from .errors import FusionError
 
 __all__ = [
     "Decline", "Lowering", "Match", "Rule", "RuleSet", "Spec", "axis_vector", "axis_vector_shapes", "batch_shape",
-    "commutative", "decline", "is_symbolic", "rule", "shape_text", "symbolic_reason",
+    "commutative", "decline", "is_symbolic", "rule", "scalar_constant", "shape_text", "static_shape",
+    "symbolic_reason",
 ]
 
 DEFAULT_TARGETS = ("cuda", "llvm")
@@ -161,6 +162,15 @@ def symbolic_reason(what: str, expr) -> str:
     """Why a rule declines a value batch_shape refuses: its shape and what may stay symbolic."""
     return (f"{what} has shape {shape_text(expr)}; only the outermost (batch) dim may stay symbolic: bind the "
             "others with --shape (e.g. NAME=Nx3x224x224)")
+
+
+def scalar_constant(expr, float_only: bool = False) -> float | None:
+    """The value of a size-1 relax constant (with `float_only`, only of a float dtype), else None."""
+    if _tvm.is_constant(expr):
+        value = _tvm.constant_value(expr)
+        if value.size == 1 and (value.dtype.kind == "f" or not float_only):
+            return float(value.reshape(()))
+    return None
 
 
 def axis_vector(value: np.ndarray, out_shape, axis: int) -> np.ndarray | None:

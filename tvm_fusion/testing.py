@@ -11,8 +11,9 @@ from onnx import TensorProto, helper, numpy_helper
 from .errors import ToleranceExceeded
 from .numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
 
-__all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder",
-           "check_fused", "conv_bn_relu", "residual_block", "run_build", "RESNET50_CONVS", "conv_primfunc"]
+__all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
+           "check_fused", "check_rule_property", "conv_bn_relu", "residual_block", "run_build", "ACTIVATION_FORMS",
+           "GELU_OPSET", "apply_activation_onnx", "RESNET50_CONVS", "conv_primfunc"]
 
 OPSET = 17
 
@@ -104,20 +105,16 @@ def residual_block(n=1, c=8, hw=(10, 10), seed=0) -> onnx.ModelProto:
 
 # ---------------------------------------------------------------- fused vs unfused vs onnxruntime
 def run_build(built, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    from ._tvm import relax, tvm
+    """Run a CPU build's `main` on numpy inputs; its outputs as a flat list of numpy arrays."""
+    from .io import device, run_vm
 
-    dev = tvm.cpu(0)
-    vm = relax.VirtualMachine(built.executable, dev)
-    out = vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs])
-    if hasattr(out, "numpy"):
-        return [out.numpy()]
-    return [o.numpy() for o in out]
+    return run_vm(built.executable, device("llvm"), inputs)
 
 
 def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
     """Build unfused and fused on llvm; both must match onnxruntime and each other. Returns the fused build."""
     from .build import build
-    from .compare import random_inputs, run_onnxruntime
+    from .io import random_inputs, run_onnxruntime
     from .frontend import import_onnx
 
     mod = import_onnx(model)

@@ -23,7 +23,7 @@ import onnx
 from . import _tvm
 from ._tvm import relax, tvm
 from .build import Built, build, resolve_target
-from .compare import as_arrays, input_tensors, run_onnxruntime
+from .io import as_arrays, input_tensors, run_onnxruntime
 from .errors import FusionError, ToleranceExceeded
 from .frontend import check_sizes, concrete_shapes, sizes_text
 from .fuse import lower
@@ -75,7 +75,7 @@ def skipped(reason: str = "skipped with --no-verify") -> Verification:
 def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = None,
                  rules: RuleSet | None = None, seed: int = 0, inputs: dict | None = None) -> Verification:
     """Run `built` (or, for a non-CPU target, the same fused graph built for the host CPU) on the given
-    `inputs` (checked with compare.check_inputs) and seeded values for the rest, and compare every output
+    `inputs` (checked with io.check_inputs) and seeded values for the rest, and compare every output
     with onnxruntime; raise ToleranceExceeded naming the group to blame."""
     start = time.perf_counter()
     on_cpu = _runs_here(built.target)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from tvm_fusion.hardware import CudaFacts, cuda_facts
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules import dims
-from tvm_fusion.schedules.conv2d import CONV_RULES, conv2d_out_size
+from tvm_fusion.schedules.conv2d import CONV_FAMILY, ConvOperands, conv2d_out_size
 
 # the launch limits (static shared memory, threads per block) and the SM count come from cuda_facts(target)
 SHARED_BUDGET_BYTES = 24 * 1024  # what we aim for, so two blocks fit an SM's carve-out comfortably
@@ -190,7 +190,8 @@ def conv_shape(attrs: dict, x_shape, w_shape, dtype: str = "float32") -> ConvSha
 def supports(attrs: dict, shapes, target) -> str | None:
     """Why the schedule cannot take this conv (the rule then declines and TVM's default path runs it), or
     None. `shapes`: the runtime inputs (x[, residual]) then the constants (W, b)."""
-    x_shape, w_shape = shapes[0], shapes[-2]
+    operands = ConvOperands.of(shapes)
+    x_shape, w_shape = operands.x, operands.w
     if len(x_shape) != 4 or len(w_shape) != 4:
         return f"conv2d operands have ranks {len(x_shape)} and {len(w_shape)}; the CUDA schedule takes 4-D NCHW/OIHW"
     s = conv_shape(attrs, x_shape, w_shape)
@@ -210,8 +211,8 @@ def supports(attrs: dict, shapes, target) -> str | None:
 
 
 def _shape_from_func(sch, attrs) -> ConvShape:
-    params = sch.mod["main"].params  # x, [residual], W, b, out
-    x, w = params[0], params[-3]
+    operands = ConvOperands.of(sch.mod["main"].params[:-1])  # the last param is the output
+    x, w = operands.x, operands.w
     return conv_shape(attrs, dims(x.shape), dims(w.shape), str(w.dtype))
 
 
@@ -227,7 +228,7 @@ def _loop_index(sch, block, loop) -> int:
     return next(i for i, lp in enumerate(sch.get_loops(block)) if sch.get(lp).same_as(target))
 
 
-@register_schedule(*CONV_RULES, target="cuda", supports=supports)
+@register_schedule(CONV_FAMILY, target="cuda", supports=supports)
 def schedule_conv2d_cuda(sch, attrs, target):
     """Schedule the conv PrimFunc "main" of `sch` in place."""
     s = _shape_from_func(sch, attrs)

@@ -150,3 +150,19 @@ def test_declines_a_window_no_tile_fits():
     func, attrs, shapes = conv_primfunc(n=1, c=4, h=300, w=300, oc=4, k=61, dil=4)
     why = supports(attrs, shapes, TARGET)
     assert why is not None and "shared memory" in why and "49152" in why
+
+
+def test_operands_by_name_with_and_without_residual():
+    """The schedule reads x and W by name from (x, [residual], W, b, out), whichever form the kernel has."""
+    from tvm_fusion.schedules.conv2d import ConvOperands
+
+    for residual in (False, True):
+        func, _, shapes = conv_primfunc(1, 8, 10, 10, 16, 3, pad=1, residual=residual)
+        params = ConvOperands.of(func.params[:-1])
+        named = {"x": params.x, "w": params.w, "b": params.b, "residual": params.residual}
+        assert {k: v.name if v is not None else None for k, v in named.items()} == \
+            {"x": "x", "w": "w", "b": "b", "residual": "r" if residual else None}
+        dims = ConvOperands.of(shapes)
+        assert (dims.x, dims.w, dims.b) == ((1, 8, 10, 10), (16, 8, 3, 3), (16,))
+    with pytest.raises(ValueError, match="a conv kernel takes x, \\[residual\\], W, b; got 2 operands"):
+        ConvOperands.of([(1,), (2,)])

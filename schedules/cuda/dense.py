@@ -17,7 +17,7 @@ from __future__ import annotations
 from tvm_fusion._tvm import dlight
 from tvm_fusion.errors import FusionError
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.dense import DENSE_RULES
+from tvm_fusion.schedules.dense import DENSE_FAMILY
 
 SUPPORTED_DTYPES = ("float32",)
 
@@ -38,7 +38,7 @@ def supports(attrs: dict, shapes, target) -> str | None:
     return None
 
 
-@register_schedule(*DENSE_RULES, target="cuda", supports=supports)
+@register_schedule(DENSE_FAMILY, target="cuda", supports=supports)
 def schedule_dense_cuda(sch, attrs, target):
     func = sch.mod["main"]
     for rule in RULES:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.elementwise import ELEMENTWISE_RULES
+from tvm_fusion.schedules.elementwise import ELEMENTWISE_FAMILY
 from tvm_fusion.schedules.llvm.elementwise import inline_into_last
 
 THREADS = 256  # threads per block: a multiple of the warp, enough to hide memory latency
 
 
-@register_schedule(*ELEMENTWISE_RULES, target="cuda")
+@register_schedule(ELEMENTWISE_FAMILY, target="cuda")
 def schedule_elementwise_cuda(sch, attrs, target):
     last = inline_into_last(sch)
     loops = sch.get_loops(last) or [sch.add_unit_loop(last)]  # a 0-d output has no loop

@@ -4,7 +4,7 @@ over threadIdx.x, then every thread writes its share of the normalized row."""
 from __future__ import annotations
 
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.layer_norm import LAYER_NORM_RULES
+from tvm_fusion.schedules.layer_norm import LAYER_NORM_FAMILY
 
 MAX_THREADS = 256  # threads per row: enough for C up to a few thousand with a short serial loop each
 
@@ -16,7 +16,7 @@ def _threads(c: int) -> int:
     return t
 
 
-@register_schedule(*LAYER_NORM_RULES, target="cuda")
+@register_schedule(LAYER_NORM_FAMILY, target="cuda")
 def schedule_layer_norm_cuda(sch, attrs, target):
     out = sch.get_sblock("out")
     row, col = sch.get_loops(out)

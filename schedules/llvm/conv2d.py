@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from tvm_fusion._tvm import tirx
 from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.conv2d import CONV_RULES
+from tvm_fusion.schedules.conv2d import CONV_FAMILY
 
 __all__ = ["ConvTile", "choose_tile", "max_accumulators", "schedule_conv2d_llvm"]
 
@@ -180,7 +180,7 @@ def _schedule_generic(sch, conv, epi, lanes: int):
     sch.decompose_reduction(conv, rc)
 
 
-@register_schedule(*CONV_RULES, target="llvm")
+@register_schedule(CONV_FAMILY, target="llvm")
 def schedule_conv2d_llvm(sch, attrs, target):
     conv = sch.get_sblock("conv")
     epi = sch.get_sblock("epilogue")

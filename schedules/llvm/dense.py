@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.dense import DENSE_RULES
+from tvm_fusion.schedules.dense import DENSE_FAMILY
 
 ACCUMULATOR_VECTORS = 4  # vector accumulators per column block: enough to hide the FMA latency
 
@@ -30,7 +30,7 @@ def column_block(n: int, lanes: int) -> int:
     return 1
 
 
-@register_schedule(*DENSE_RULES, target="llvm")
+@register_schedule(DENSE_FAMILY, target="llvm")
 def schedule_dense_llvm(sch, attrs, target):
     dense = sch.get_sblock("dense")
     epi = sch.get_sblock("epilogue")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tvm_fusion._tvm import tirx
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.elementwise import ELEMENTWISE_RULES
+from tvm_fusion.schedules.elementwise import ELEMENTWISE_FAMILY
 
 MIN_PARALLEL = 4096  # elements below which threading costs more than it saves
 
@@ -19,7 +19,7 @@ def inline_into_last(sch):
     return blocks[-1]
 
 
-@register_schedule(*ELEMENTWISE_RULES, target="llvm")
+@register_schedule(ELEMENTWISE_FAMILY, target="llvm")
 def schedule_elementwise_llvm(sch, attrs, target):
     last = inline_into_last(sch)
     loops = sch.get_loops(last) or [sch.add_unit_loop(last)]  # a 0-d output has no loop

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.layer_norm import LAYER_NORM_RULES
+from tvm_fusion.schedules.layer_norm import LAYER_NORM_FAMILY
 
 
-@register_schedule(*LAYER_NORM_RULES, target="llvm")
+@register_schedule(LAYER_NORM_FAMILY, target="llvm")
 def schedule_layer_norm_llvm(sch, attrs, target):
     out = sch.get_sblock("out")
     row, col = sch.get_loops(out)

@@ -1,0 +1,60 @@
+"""The priorities of the built-in rules, in one table.
+
+Convention (one, everywhere; see tvm_fusion/rules.py): a HIGHER priority wins an overlap, and equal
+priorities keep registration order. A built-in rule's priority is its tier plus its rank within the tier:
+
+    priority(conv2d_bn_relu)        = TIERS["conv2d_bn_<act>"] + ACTIVATION_RANK["relu"]   = 300
+    priority(conv2d_bn)             = TIERS["conv2d_bn"]                                   = 200
+    priority(elementwise_chain_4)   = TIERS["elementwise_chain_<n>"] + 4                   = 64
+
+A tier that takes more of the graph sits higher, so the larger match wins (BN + residual add before BN
+before a bias before the bare op). Within a tier, an activation that contains another goes first
+(hardswish contains hardsigmoid, silu contains sigmoid), and a longer chain before a shorter one. The
+families never match the same root, but their tiers are kept apart all the same, so that no two built-in
+rules share a priority (`tvm-fusion rules` prints this table under the rules).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ACTIVATION_RANK", "TIERS", "convention", "priority"]
+
+#: within an activated tier: activations that contain another first
+ACTIVATION_RANK = {"hardswish": 9, "silu": 8, "gelu_tanh": 7, "gelu_erf": 6, "hardsigmoid": 5,
+                   "relu6": 4, "leaky_relu": 3, "sigmoid": 2, "tanh": 1, "relu": 0}
+
+#: tier -> base priority, highest first; `<act>`: + ACTIVATION_RANK (0-9), `<n>`: + the chain length (3-6)
+TIERS = {
+    "conv2d_bn_add_<act>": 400,
+    "conv2d_bn_<act>": 300,
+    "conv2d_add_<act>": 250,
+    "conv2d_bn": 200,
+    "conv2d_bias_<act>": 150,
+    "conv2d_<act>": 140,
+    "dense_bn_<act>": 130,
+    "dense_bn": 129,
+    "dense_scale": 125,
+    "dense_bias_<act>": 111,
+    "dense_bias": 110,
+    "add_layer_norm": 90,
+    "layer_norm": 80,
+    "elementwise_chain_<n>": 60,
+    "conv2d_bias": 50,
+    "add_relu": 45,
+    "conv2d": 40,
+}
+
+
+def priority(tier: str, within: str | int | None = None) -> int:
+    """TIERS[tier] plus the rank within it: an activation's ACTIVATION_RANK, or a number (a chain's length)."""
+    return TIERS[tier] + (ACTIVATION_RANK[within] if isinstance(within, str) else within or 0)
+
+
+def convention() -> str:
+    """The table as `tvm-fusion rules` prints it under the rules."""
+    return "\n".join([
+        "priority = tier + rank within the tier; a higher priority wins an overlap, equal priorities keep "
+        "registration order (tvm_fusion/patterns/priority.py)",
+        "tiers: " + ", ".join(f"{t} {p}" for t, p in TIERS.items()),
+        "<act> ranks (an activation containing another first): "
+        + ", ".join(f"{a} {r}" for a, r in ACTIVATION_RANK.items()) + "; <n>: the chain length",
+    ])

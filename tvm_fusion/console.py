@@ -1,0 +1,57 @@
+"""What the commands print on a terminal: plain-text tables and progress bars."""
+
+from __future__ import annotations
+
+__all__ = ["progress", "table"]
+
+
+def table(header: list, rows: list[list]) -> str:
+    """Columns padded to their widest cell, a dashed line under the header, no trailing spaces."""
+    cells = [list(map(str, header))] + [list(map(str, r)) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(cells[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells[1:]])
+
+
+class progress:
+    """A progress bar on a terminal (tqdm; silent elsewhere, and without tqdm), over items or named steps:
+
+        for mode in progress(modes, "building"): ...      # iterate: one tick per item
+        with progress(["import", "build"]) as bar:         # named steps: the bar shows the current step
+            ...; bar.update()
+    """
+
+    def __init__(self, items, desc: str | None = None):
+        self.items, self.named = list(items), desc is None
+        try:
+            from tqdm import tqdm
+        except ImportError:  # pragma: no cover
+            self.bar = None
+            return
+        first = self.items[0] if self.named and self.items else desc
+        self.bar = tqdm(total=len(self.items), desc=first, leave=False, disable=None)  # None: only on a terminal
+
+    def __iter__(self):
+        try:
+            for item in self.items:
+                yield item
+                self.update()
+        finally:
+            self.close()
+
+    def __enter__(self):
+        return self
+
+    def update(self) -> None:
+        if self.bar is None:
+            return
+        self.bar.update()
+        if self.named and self.bar.n < len(self.items):
+            self.bar.set_description(self.items[self.bar.n])
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
