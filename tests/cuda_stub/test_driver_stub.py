@@ -130,6 +130,30 @@ def test_resnet50_library_under_the_stub(stub, resnet50_path, tmp_path):
     assert m_ext["weights"]["bytes"] > 90 << 20
     run = _check_library_under_stub(stub, resnet50_path, small, m_ext, tmp_path / "calls_ext.log")
     assert len(run.launches) == 57 and run.result["weights"] == len(m_ext["weights"]["params"])
+    _resnet50_bundle_with_a_weights_recipe(stub, small, tmp_path)
+
+
+def _resnet50_bundle_with_a_weights_recipe(stub, lib, tmp_path):
+    """The bundle carries the weights as a recipe over the example's seed and fits in 64 MiB; its run.py,
+    with no TVM compiler and no tvm_fusion, regenerates the 108 weights with numpy (each checked by sha256)
+    and issues the 57 launches."""
+    from . import read_log
+
+    deploy = tmp_path / "deploy"
+    proc = subprocess.run([sys.executable, "-m", "tvm_fusion", "bundle", str(lib), "-o", str(deploy),
+                           "--weights-recipe", "--numpy"], capture_output=True, text=True)
+    if "could not download numpy" in proc.stderr:
+        pytest.skip("numpy's wheel could not be fetched (no package index)")
+    assert proc.returncode == 0, proc.stderr
+    size = sum(p.stat().st_size for p in deploy.rglob("*") if p.is_file())
+    assert size <= 64 << 20 and not list(deploy.glob("*.weights")), size
+    base = getattr(sys, "_base_executable", sys.executable)
+    run = subprocess.run([base, "-s", str(deploy / "run.py")], env=stub_env(stub, tmp_path / "bundle.log"),
+                         capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["weights"] == 108 and result["compiler_loaded"] is False
+    assert len(read_log(tmp_path / "bundle.log")[1]) == 57
 
 
 def test_gpu_check_runs_its_gpu_steps_under_the_stub(stub, tmp_path):
@@ -182,3 +206,42 @@ def test_cuda_bundle_runs_under_the_stub_without_the_compiler(stub, tmp_path):
     assert Path(result["tvm"]).is_relative_to(deploy)
     _, launches = read_log(tmp_path / "calls.log")
     assert [la.kernel for la in launches] == ["conv2d_bn_relu_kernel", "conv2d_bn_add_relu_kernel"]
+
+
+def test_gpu_check_bundle_runs_its_gpu_steps_under_the_stub_without_tvm(stub, tmp_path):
+    """gpu_check.py --bundle writes what a GPU machine without TVM runs: there gpu_check_device.py (the TVM
+    runtime alone; numpy unpacked from the bundled wheel, as this Python has none) runs every GPU step on the
+    stub; the verdict is FAIL, since the stub runs no kernel."""
+    from pathlib import Path
+
+    model = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(model))
+    script = Path(__file__).parents[2] / "benchmarks" / "gpu_check.py"
+    bundle = tmp_path / "bundle"
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "host"), "--model", str(model),
+                           "--bundle", str(bundle), "--python", here, "--cpu-only"],
+                          capture_output=True, text=True, timeout=900)
+    if "could not download numpy" in proc.stderr:
+        pytest.skip("numpy's wheel could not be fetched (no package index)")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    host = json.loads((bundle / "gpu_check_host.json").read_text())
+    assert host["bundle"]["bytes"] <= 64 << 20 and not list(bundle.rglob("libtvm_compiler.so"))
+    assert sorted(host["bundle"]["libraries"]) == ["fused", "tvm", "unfused"]
+    assert list(bundle.glob("wheels/numpy-*.whl")) and (bundle / "block_fused.so.weights").exists()  # no example
+    base = getattr(sys, "_base_executable", sys.executable)  # no venv: neither TVM nor tvm_fusion importable
+    run = subprocess.run([base, "-s", str(bundle / "gpu_check_device.py"), "--out", str(tmp_path / "gpu"),
+                          "--rounds", "2"], env=stub_env(stub, tmp_path / "calls.log"), capture_output=True,
+                         text=True, cwd=tmp_path, timeout=600)
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = json.loads((tmp_path / "gpu" / "gpu_check.json").read_text())
+    assert report["gpu"]["name"] == "stub GPU" and report["skipped"] == []
+    assert report["runtime"]["compiler_loaded"] is False and Path(report["runtime"]["tvm"]).is_relative_to(bundle)
+    steps = [s["step"] for s in report["steps"]]
+    assert steps[0] == "build + export the fused CUDA library" and steps[-4:] == [
+        "load the library on the GPU", "GPU numerics (fused vs unfused vs CPU vs onnxruntime)",
+        "GPU latency (fused / unfused / tvm, interleaved medians)", "GPU per-kernel timing (fused)"]
+    assert set(report["latency_ms"]) == {"fused", "unfused", "tvm"}
+    assert {k["kernel"] for k in report["kernels"]} == {"conv2d_bn_relu", "conv2d_bn_add_relu"}
+    verdicts = {n["comparison"]: n["ok"] for n in report["numerics"]}
+    assert verdicts["fused CPU vs onnxruntime"] is True and verdicts["fused GPU vs onnxruntime"] is False
