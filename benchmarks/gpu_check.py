@@ -9,15 +9,16 @@ On a machine with a CUDA GPU (and TVM + tvm_fusion installed), in a few minutes:
      it with the TVM runtime on the GPU; builds the unfused and TVM-default CUDA builds and a fused CPU build
   2. numerics, element by element (testing.TOLERANCES): fused library on the GPU vs unfused on the GPU,
      vs the CPU build, vs onnxruntime
-  3. latency: fused / unfused / tvm on the GPU, interleaved rounds, medians
-  4. each fused kernel timed on its own (VM set_instrument, device synchronised around every call)
+  3. latency: fused (with and without its CUDA graph) / unfused / tvm on the GPU, interleaved rounds, medians
+  4. each fused kernel timed on its own (the library without the graph; VM set_instrument, device
+     synchronised around every call)
 and writes DIR/gpu_check.json and DIR/gpu_check.md. Without a GPU (or with --cpu-only) it runs every
 part that needs none (the builds, the CPU build against onnxruntime, per-kernel timing of the CPU build)
 and lists each GPU step under "skipped" with the reason. Exit status: 0 when everything that ran passed.
 
 With --bundle B it also writes a runtime-only bundle for a GPU machine that has Python, a CUDA driver and
-no TVM (tvm_fusion.bundle, at most 64 MiB): the fused, unfused and tvm CUDA libraries with their weights as
-recipes over the example's seed (weights_recipe.py: ResNet-50's 102 MB of weights regenerated there with
+no TVM (tvm_fusion.bundle, at most 64 MiB): the fused (with and without its CUDA graph), unfused and tvm
+CUDA libraries with their weights as recipes over the example's seed (weights_recipe.py: ResNet-50's 102 MB of weights regenerated there with
 numpy, each checked by sha256), the TVM runtime, numpy's wheel, the inputs and the CPU / onnxruntime outputs
 (references.npz), this report so far, and benchmarks/gpu_check_device.py, which runs the four GPU steps
 there and completes the report.
@@ -88,6 +89,11 @@ def markdown(d: dict) -> str:
                   "|---|---|---|---|---|---|"]
         lines += [f"| {n['comparison']} | {n['output']} | {n['max_abs']:.3g} | {n['max_rel']:.3g} | "
                   f"{n['allowed_abs']:.3g} | {'ok' if n['ok'] else 'FAIL'} |" for n in d["numerics"]] + [""]
+    if d.get("cuda_graph"):
+        g, n = d["cuda_graph"], d["cuda_graph"]["launches_per_inference"]
+        lines += ["## CUDA graph", "", (f"On: {n['with_graph']} launches per inference with it ({g['captured_kernels']} "
+                  f"kernels replayed by {g['graphs']} graph launch), {n['without_graph']} without." if g["enabled"]
+                  else f"Off ({g['reason']}): {n['without_graph']} launches per inference."), ""]
     if d["latency_ms"]:
         lines += ["## Latency (interleaved rounds)", "", "| build | median ms | min ms | max ms |", "|---|---|---|---|"]
         lines += [f"| {k} | {v['median']:.3f} | {v['min']:.3f} | {v['max']:.3f} |" for k, v in d["latency_ms"].items()]
@@ -152,14 +158,18 @@ def arrays(out) -> list:
     return [out.numpy()] if hasattr(out, "numpy") else [a for o in out for a in arrays(o)]
 
 
+NO_GRAPH = "fused (no CUDA graph)"
+
+
 def run_gpu_steps(rep: Report, runs: dict, fresh_fused, dev, outputs, cpu_out, ref, rounds: int) -> None:
-    """The four GPU steps. runs: build -> (vm, args) for fused / unfused / tvm; fresh_fused() -> (vm, args)
-    of another fused VM for the per-kernel timing (instrumented)."""
+    """The four GPU steps. runs: build -> (vm, args) for fused, NO_GRAPH, unfused, tvm; fresh_fused() ->
+    (vm, args) of another fused VM without the graph, for the per-kernel timing (instrumented)."""
     t0 = time.perf_counter()
     results = {m: arrays(vm["main"](*a)) for m, (vm, a) in runs.items()}
     rep.step(GPU_STEPS[0], time.perf_counter() - t0)
     t0 = time.perf_counter()
     rep.compare("fused GPU vs unfused GPU", outputs, results["fused"], results["unfused"])
+    rep.compare("fused GPU vs fused GPU without the CUDA graph", outputs, results["fused"], results[NO_GRAPH])
     rep.compare("fused GPU vs fused CPU", outputs, results["fused"], cpu_out)
     rep.compare("fused GPU vs onnxruntime", outputs, results["fused"], ref)
     rep.compare("tvm GPU vs onnxruntime", outputs, results["tvm"], ref)
@@ -170,7 +180,7 @@ def run_gpu_steps(rep: Report, runs: dict, fresh_fused, dev, outputs, cpu_out, r
     t0 = time.perf_counter()
     vm, args = fresh_fused()
     rep.data["kernels"] = time_kernels(vm, dev, args)
-    rep.data["kernels_device"] = f"GPU {rep.data['gpu']['name']}, fused library"
+    rep.data["kernels_device"] = f"GPU {rep.data['gpu']['name']}, fused library without the CUDA graph"
     rep.step(GPU_STEPS[3], time.perf_counter() - t0)
 
 
@@ -185,7 +195,8 @@ def _export_other(built, path: Path, model_path: Path, arch: str) -> Path:
     weights = path.with_name(path.name + WEIGHTS_SUFFIX)
     size = save_weights(weights, built.weights)
     manifest = {"model": str(model_path), "target": str(built.target), "arch": arch, "mode": built.mode,
-                "inputs": _inputs(built), "weights": {"file": weights.name, "bytes": size, "params": list(built.weights)},
+                "inputs": _inputs(built),
+                "weights": {"file": weights.name, "bytes": size, "params": list(built.weights)},
                 "cuda_binary": {"format": binary.fmt, "bytes": binary.size, "kernels": binary.kernels}}
     path.with_name(path.name + ".json").write_text(json.dumps(manifest, indent=2))
     return path
@@ -260,14 +271,20 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     lib = out / (model_path.stem + "_fused.so")
     result = compile_model(str(model_path), lib, "cuda", arch=arch, counts_of_other_builds=False,
-                           external_weights=external)
+                           external_weights=external, cuda_graph=True)  # the same weights every call, below
     b = result.manifest["cuda_binary"]
     rep.step("build + export the fused CUDA library", time.perf_counter() - t0, library=str(lib),
              kernels=len(b["kernels"]), code=f"{b['format']} ({b['compiler']}, compiled at {b['compiled_at']})")
+    t0 = time.perf_counter()
+    lib_ng = out / (model_path.stem + "_fused_no_graph.so")
+    compile_model(str(model_path), lib_ng, "cuda", arch=arch, counts_of_other_builds=False, verify=False,
+                  external_weights=external, cuda_graph=False)
+    rep.step("build + export it without the CUDA graph", time.perf_counter() - t0, library=str(lib_ng))
+    rep.data["cuda_graph"] = result.manifest["cuda_graph"]
     mod = frontend.import_onnx(proto)
     tgt = resolve_target("cuda", arch)
     builds = {"fused": None}
-    libs = {"fused": lib}
+    libs = {"fused": lib, NO_GRAPH: lib_ng}
     for mode in ("unfused", "tvm"):
         t0 = time.perf_counter()
         builds[mode] = build(mod, tgt, mode, external_weights=external)
@@ -293,7 +310,8 @@ def main(argv=None) -> int:
     rep.compare("fused CPU vs onnxruntime", outputs, cpu_out, ref)
     rep.step("run the CPU build and onnxruntime", time.perf_counter() - t0)
     if args.bundle:
-        write_bundle(rep, Path(args.bundle), libs, [t.numpy() for t in cpu_tensors], cpu_out, ref, args.python or "3.12")
+        write_bundle(rep, Path(args.bundle), libs, [t.numpy() for t in cpu_tensors], cpu_out, ref,
+                     args.python or "3.12")
 
     if not gpu["present"]:
         for name in GPU_STEPS:
@@ -313,8 +331,8 @@ def main(argv=None) -> int:
         def other(mode):
             return library(mode) if external else (relax.VirtualMachine(builds[mode].executable, dev), tensors)
 
-        runs = {"fused": library("fused"), "unfused": other("unfused"), "tvm": other("tvm")}
-        run_gpu_steps(rep, runs, lambda: library("fused"), dev, outputs, cpu_out, ref, args.rounds)
+        runs = {"fused": library("fused"), NO_GRAPH: library(NO_GRAPH), "unfused": other("unfused"), "tvm": other("tvm")}
+        run_gpu_steps(rep, runs, lambda: library(NO_GRAPH), dev, outputs, cpu_out, ref, args.rounds)
     js, md = rep.write(out)
     print(f"wrote {js} and {md}: {'PASS' if rep.data['ok'] else 'FAIL'}"
           + (f"; skipped {len(rep.data['skipped'])} GPU steps" if rep.data["skipped"] else ""))

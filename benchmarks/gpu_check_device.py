@@ -3,8 +3,8 @@
     python BUNDLE/gpu_check_device.py --out DIR [--rounds 20]
 
 Starts from the build host's report (gpu_check_host.json: the builds, the CPU build against onnxruntime),
-loads the bundle's fused, unfused and tvm CUDA libraries with TVM_USE_RUNTIME_LIB=1 (no compiler, no
-tvm_fusion), regenerates their weights from the recipes (recipe_replay: numpy, each weight checked by
+loads the bundle's fused (with and without its CUDA graph), unfused and tvm CUDA libraries with
+TVM_USE_RUNTIME_LIB=1 (no compiler, no tvm_fusion), regenerates their weights from the recipes (recipe_replay: numpy, each weight checked by
 sha256), runs them on the inputs the build host used (references.npz), compares element by element
 (numerics.py: the same tolerance table) fused vs unfused on the GPU, vs the host's CPU build and vs
 onnxruntime, times the builds interleaved and each fused kernel, and writes DIR/gpu_check.json and .md.
@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 import tvm.runtime.vm  # noqa: E402
 
-from gpu_check import GPU_STEPS, Report, run_gpu_steps  # noqa: E402
+from gpu_check import GPU_STEPS, NO_GRAPH, Report, run_gpu_steps  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
             return vm, args
 
         runs = {mode: load(mode) for mode in host["bundle"]["libraries"]}
-        run_gpu_steps(rep, runs, lambda: load("fused"), dev, outputs, cpu_out, ort, args.rounds)
+        run_gpu_steps(rep, runs, lambda: load(NO_GRAPH), dev, outputs, cpu_out, ort, args.rounds)
     maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
     rep.data["runtime"] = {"tvm": tvm.__file__, "numpy": np.__file__, "compiler_loaded": "libtvm_compiler" in maps}
     js, md = rep.write(Path(args.out))

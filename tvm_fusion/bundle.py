@@ -115,7 +115,8 @@ def _add_library(library: Path, out: Path, recipe: bool) -> dict:
     """Copy `library`, its manifest and its weights (the file, or a recipe of them) into `out`."""
     manifest_path = library.with_name(library.name + ".json")
     if not library.exists() or not manifest_path.exists():
-        raise FusionError(f"{library}: library or its manifest {manifest_path.name} missing; run tvm-fusion compile first")
+        raise FusionError(f"{library}: library or its manifest {manifest_path.name} missing; "
+                          "run tvm-fusion compile first")
     manifest = json.loads(manifest_path.read_text())
     shutil.copy2(library, out / library.name)
     entry = manifest.get("weights")

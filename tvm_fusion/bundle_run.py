@@ -81,7 +81,8 @@ def main() -> None:
         np.savez(args.save, *outs)
     maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
     print(json.dumps({"device": str(dev), "outputs": [list(o.shape) for o in outs], "tvm": tvm.__file__,
-                      "threads": int(tvm.get_global_func("runtime.NumThreads")()), "numpy": np.__file__, "weights": len(params),
+                      "threads": int(tvm.get_global_func("runtime.NumThreads")()), "numpy": np.__file__,
+                      "weights": len(params),
                       "compiler_loaded": "libtvm_compiler" in maps}))
 
 

@@ -57,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--inputs", metavar="FILE.npz",
                    help="input values for the verify step: an .npz with an array per graph input name (the rest "
                         "are seeded random values); give token ids and masks this way")
+    graph = c.add_mutually_exclusive_group()
+    graph.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", default=None,
+                       help="launch every kernel on its own (default for --target cuda with static shapes: capture "
+                            "them in a CUDA graph, replayed with one launch per inference)")
+    graph.add_argument("--cuda-graph", dest="cuda_graph", action="store_true",
+                       help="a CUDA graph also with --external-weights (off by default there: the graph keeps the "
+                            "first call's weight tensors, so every call must pass the same ones)")
     c.add_argument("--external-weights", action="store_true",
                    help="write the weights to <output>.weights instead of into the library")
     bnd = sub.add_parser("bundle", help="copy a compiled library, its weights and the TVM runtime alone (no "
@@ -173,7 +180,8 @@ def _run(args) -> int:
 
         result = compile_model(model, args.output, args.target, arch=args.arch, shapes=shapes, rules=rules,
                                counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
-                               seed=args.seed, external_weights=args.external_weights, inputs=args.inputs)
+                               seed=args.seed, external_weights=args.external_weights, inputs=args.inputs,
+                               cuda_graph=args.cuda_graph)
         print(result)
         print(_profile_hint(args))
         return 0

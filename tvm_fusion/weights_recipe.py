@@ -121,7 +121,8 @@ def write_recipe(path, recipe: dict, stored: dict) -> int:
     try:
         recipe_replay.regenerate(path)
     except recipe_replay.RecipeMismatch as err:
-        raise FusionError(f"internal error: the weights recipe does not reproduce the library's weights: {err}") from None
+        raise FusionError(f"internal error: the weights recipe does not reproduce the library's weights: "
+                          f"{err}") from None
     return path.stat().st_size + npz.stat().st_size
 
 
