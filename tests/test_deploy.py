@@ -155,6 +155,19 @@ def test_runtime_alone_loads_and_runs_a_library(tmp_path):
     assert (report["env_threads"], report["threads"]) == ("1", 1)
 
 
+def test_runtime_load_passes_a_weights_file(tmp_path):
+    """A library compiled with --external-weights runs through tvm_fusion.runtime.load as one with its weights
+    inside: load reads the weights file the manifest names and passes the tensors after the inputs."""
+    model = residual_block(c=16, hw=(8, 8))
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    lib = compile_model(tmp_path / "m.onnx", tmp_path / "m.so", "llvm", counts_of_other_builds=False,
+                        external_weights=True).library
+    inputs = random_inputs(model, seed=2)
+    report, y = _run_runtime_only(tmp_path, lib, inputs["x"])
+    assert report["compiler_modules"] == []
+    _assert_matches_onnxruntime(model, [y], inputs)
+
+
 def test_runtime_imports_no_compiler_module_of_tvm_fusion():
     """Even where `import tvm` loads TVM's compiler (no TVM_USE_RUNTIME_LIB), tvm_fusion.runtime adds
     nothing of ours: no _tvm, build, fuse, frontend, onnx or onnxruntime."""
