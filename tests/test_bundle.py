@@ -2,6 +2,7 @@
 neither TVM's compiler library nor tvm_fusion, and give the same outputs as the library run here."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,7 @@ def test_bundle_runs_in_a_fresh_venv_without_the_compiler(tmp_path, fresh_python
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["compiler_loaded"] is False and result["tvm"].startswith(str(deploy / "site"))
+    assert result["threads"] == len(os.sched_getaffinity(0))  # run.py sizes TVM's pool, as tvm_fusion.runtime does
     assert result["outputs"] == [[1, 8, 10, 10]]
 
     dev = tvm.cpu(0)  # the same library, inputs and weights, run here with the full TVM

@@ -124,11 +124,14 @@ RUNTIME_ONLY = textwrap.dedent("""
 """)
 
 
-def _run_runtime_only(tmp_path, lib, x, **env):
+def _run_runtime_only(tmp_path, lib, x, cores=None, **env):
+    """RUNTIME_ONLY in a fresh process (on the CPU set `cores` when given)."""
     np.save(tmp_path / "x.npy", x)
     env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"} | {"TVM_USE_RUNTIME_LIB": "1", **env}
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     proc = subprocess.run([sys.executable, "-c", RUNTIME_ONLY, str(lib), str(tmp_path / "x.npy"),
-                           str(tmp_path / "y.npy")], capture_output=True, text=True, env=env, timeout=300)
+                           str(tmp_path / "y.npy")], capture_output=True, text=True, env=env, timeout=300,
+                          preexec_fn=pin)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), np.load(tmp_path / "y.npy")
 
@@ -143,10 +146,26 @@ def test_runtime_alone_loads_and_runs_a_library(tmp_path):
     report, y = _run_runtime_only(tmp_path, lib, inputs["x"])
     assert report["compiler_modules"] == []
     cores = len(os.sched_getaffinity(0))
-    assert report["env_threads"] == str(cores) and report["threads"] >= 1
+    assert (report["env_threads"], report["threads"]) == (str(cores), cores)
     _assert_matches_onnxruntime(model, [y], inputs)
     report, _ = _run_runtime_only(tmp_path, lib, inputs["x"], TVM_NUM_THREADS="1")
     assert (report["env_threads"], report["threads"]) == ("1", 1)
+    # the cores this process may use, not the machine's: a process pinned to one core gets one thread
+    report, _ = _run_runtime_only(tmp_path, lib, inputs["x"], cores={min(os.sched_getaffinity(0))})
+    assert (report["env_threads"], report["threads"]) == ("1", 1)
+
+
+def test_runtime_load_passes_a_weights_file(tmp_path):
+    """A library compiled with --external-weights runs through tvm_fusion.runtime.load as one with its weights
+    inside: load reads the weights file the manifest names and passes the tensors after the inputs."""
+    model = residual_block(c=16, hw=(8, 8))
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    lib = compile_model(tmp_path / "m.onnx", tmp_path / "m.so", "llvm", counts_of_other_builds=False,
+                        external_weights=True).library
+    inputs = random_inputs(model, seed=2)
+    report, y = _run_runtime_only(tmp_path, lib, inputs["x"])
+    assert report["compiler_modules"] == []
+    _assert_matches_onnxruntime(model, [y], inputs)
 
 
 def test_runtime_imports_no_compiler_module_of_tvm_fusion():

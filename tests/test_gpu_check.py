@@ -41,8 +41,23 @@ def test_cpu_only_run_reports_what_it_skipped(tmp_path):
 
 
 @pytest.mark.slow
-def test_resnet50_cpu_only_parts(tmp_path):
-    report, _, _ = _run(tmp_path / "out")
+def test_resnet50_cpu_only_parts_and_the_gpu_machines_bundle(tmp_path):
+    """ResNet-50's CPU parts, and the bundle a GPU machine without TVM runs: the three CUDA libraries, their
+    weights as recipes over the example's seed (not 3 x 102 MB of weights files), the TVM runtime and numpy's
+    wheel for Python 3.12, within the 64 MiB a lent GPU machine takes per call."""
+    bundle = tmp_path / "bundle"
+    report, md, _ = _run(tmp_path / "out", "--bundle", str(bundle))
     assert report["model"] == "resnet50-seed0.onnx" and report["ok"]
     assert report["builds"]["fused"]["kernel_launches"] == 57
-    assert sum(s["seconds"] for s in report["steps"]) < 300
+    assert sum(s["seconds"] for s in report["steps"]) < 400
+    size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
+    assert report["bundle"]["bytes"] <= size <= 64 << 20 and report["bundle"]["python"] == "3.12"
+    assert not list(bundle.glob("*.weights")) and not list(bundle.rglob("libtvm_compiler.so"))
+    assert list(bundle.glob("wheels/numpy-*-cp312-*.whl")) and list(bundle.glob("site/tvm_ffi/*cpython-312*"))
+    steps = {}
+    for mode in ("fused", "unfused", "tvm"):
+        weights = json.loads((bundle / f"resnet50-seed0_{mode}.so.json").read_text())["weights"]
+        assert weights["recipe_bytes"] < 1 << 20 < 90 << 20 < weights["bytes"]
+        steps[mode] = weights["recipe_steps"]
+    assert steps["fused"] == {"scale_rows": 53, "stored": 53, "transpose": 1, "draw": 1}  # BN folded into 53 convs
+    assert steps["unfused"] == {"draw": 160, "stored": 106, "transpose": 1}  # BN statistics stored as they are

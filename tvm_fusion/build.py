@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import _tvm, pipeline
+from . import cuda_graph as graphs
 from ._tvm import relax, tvm
 from .errors import FusionError
 from .fuse import FuseResult, fuse
@@ -137,6 +138,10 @@ class Built:
     fused: FuseResult | None = None
     module: object = field(default=None, repr=False)  # the legalized Relax module
     weights: dict | None = field(default=None, repr=False)  # {param name: tensor} when built with external_weights
+    #: CUDA graphs: {"enabled": bool, "reason": why not (or None), "launches": cuda_graph.launches of the
+    #: lowered module (one launch per PrimFunc call; compile counts the function table's kernels)}; None off CUDA
+    cuda_graph: dict | None = None
+    lowered: object = field(default=None, repr=False)  # the Relax module tvm.compile lowered (before codegen)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -151,9 +156,13 @@ def legalize(mod, target, mode: str):
 
 
 def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None, *,
-          external_weights: bool = False) -> Built:
+          external_weights: bool = False, cuda_graph: bool | None = None) -> Built:
     """Compile `mod` for `target` in `mode` ('unfused', 'tvm' or 'fused'). With `external_weights`, main's
-    constant kernel arguments become parameters (weights.lift_weights) and `Built.weights` holds them."""
+    constant kernel arguments become parameters (weights.lift_weights) and `Built.weights` holds them.
+    `cuda_graph` (default: on for a fused CUDA build with its weights inside) captures the kernels in a CUDA
+    graph (cuda_graph.py) where the shapes are static and the graph saves launches; `Built.cuda_graph` says
+    what was done. A graph replays the weight tensors of the first call: with `external_weights` and
+    cuda_graph=True, pass the same weight tensors to every call."""
     target = resolve_target(target)
     if mode not in pipeline.MODES:
         raise FusionError(f"unknown build mode {mode!r}; use one of {', '.join(pipeline.MODES)}")
@@ -169,6 +178,35 @@ def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None,
         from .weights import lift_weights
 
         legal, weights = lift_weights(legal)
-    with _compiler_for(target):
-        ex = tvm.compile(legal, target, relax_pipeline=pipeline.sequential(pipeline.lower_passes(target), "lower"))
-    return Built(mode, target, ex, primfuncs, calls, time.perf_counter() - start, fused, legal, weights)
+    if cuda_graph is None:  # a graph keeps the first call's weight tensors: only where they are constants
+        cuda_graph = mode == "fused" and not external_weights
+        why_not = (f"off by default for the {mode} build (pass cuda_graph=True)" if mode != "fused" else
+                   "off by default with weights outside the library (pass cuda_graph=True / --cuda-graph)")
+    else:
+        why_not = "turned off (--no-cuda-graph)"
+    graph, lower_mod, lowered = _cuda_graph(legal, target, cuda_graph, why_not)
+    config = graphs.pass_config(bool(graph and graph["enabled"]))
+    with _compiler_for(target), tvm.transform.PassContext(opt_level=3, config=config):
+        ex = tvm.compile(lower_mod, target, relax_pipeline=pipeline.sequential(pipeline.lower_passes(target), "lower"))
+    return Built(mode, target, ex, primfuncs, calls, time.perf_counter() - start, fused, legal, weights, graph, lowered)
+
+
+def _cuda_graph(legal, target, wanted: bool, why_not: str):
+    """(what Built.cuda_graph says, the module to compile, its lowered form) for a CUDA target; graphs are
+    used when wanted, the shapes are static, and the graph launches fewer times than the kernels would."""
+    if target.kind.name != "cuda":
+        return None, legal, None
+    lower = pipeline.lower_passes(target)
+    plain = graphs.lowered(legal, target, lower, False)
+    without = graphs.launches(plain, lambda name: 1)["without_graph"]
+    why = None if wanted else why_not
+    why = why or graphs.applies(legal, target)
+    if why is None:
+        static = graphs.static_inputs(legal, target)
+        low = graphs.lowered(static, target, lower, True)
+        counted = graphs.launches(low, lambda name: 1)
+        if counted["graphs"] and counted["with_graph"] < without:
+            return {"enabled": True, "reason": None, "launches": counted}, static, low
+        why = (f"the graph would not save launches ({counted['with_graph']} with it, {without} without)"
+               if counted["graphs"] else "no kernel can be captured")
+    return {"enabled": False, "reason": why, "launches": graphs.launches(plain, lambda name: 1)}, legal, plain

@@ -11,7 +11,14 @@
     deploy/site/typing_extensions.py        tvm-ffi's one pure-Python dependency
     deploy/run.py                           loads and runs the library with TVM_USE_RUNTIME_LIB=1
 
-On the target machine (Python + numpy, no TVM): `python deploy/run.py`. It needs nothing of tvm_fusion.
+    --weights-recipe   for a library compiled from an example model, instead of the weights file:
+                       deploy/model.so.recipe.json + .npz (the seeded draws and the fold of each weight,
+                       weights_recipe.py; ResNet-50: 0.3 MB for 102 MB) and site/recipe_replay.py, which
+                       regenerates them with numpy and checks each against its sha256
+    --numpy            deploy/wheels/numpy-*.whl for the target Python, unpacked by run.py where the
+                       target has no numpy
+
+On the target machine (Python, no TVM): `python deploy/run.py`. It needs nothing of tvm_fusion.
 """
 
 from __future__ import annotations
@@ -29,11 +36,14 @@ from pathlib import Path
 
 from .errors import FusionError
 
-__all__ = ["BundleResult", "bundle"]
+__all__ = ["BundleResult", "MAX_BYTES", "bundle"]
+
+MAX_BYTES = 64 << 20  # what the lent GPU machine takes per call
 
 _NOT_RUNTIME = ("libtvm_compiler.so", "__pycache__", "include", "src", "3rdparty", "web", "cmake")
 _CUDART = "libcudart.so.13"  # what libtvm_runtime_cuda.so links (`ldd`)
 _RUN = Path(__file__).with_name("bundle_run.py")
+_REPLAY = Path(__file__).with_name("recipe_replay.py")
 
 
 @dataclass
@@ -62,6 +72,21 @@ def _copy_tvm(site: Path) -> None:
     shutil.copytree(_package_dir("tvm"), site / "tvm", ignore=shutil.ignore_patterns(*_NOT_RUNTIME))
 
 
+def _pip_download(requirement: str, python: str, dest: Path) -> Path:
+    """The binary wheel of `requirement` for `python` on this machine's platform, fetched with pip into `dest`."""
+    machine = os.uname().machine
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", requirement, "--no-deps", "--only-binary=:all:",
+           "--python-version", python, "-d", str(dest), "--quiet",
+           *[a for p in ("manylinux2014", "manylinux_2_17", "manylinux_2_28") for a in ("--platform", f"{p}_{machine}")]]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise FusionError(f"could not download {requirement} for Python {python} ({machine}); run bundle with "
+                          "that Python, or check the package index is reachable")
+    return wheels[0]
+
+
 def _tvm_ffi(site: Path, python: str) -> None:
     """tvm-ffi for `python`: this interpreter's copy, or the same version's wheel from the package index."""
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -70,17 +95,8 @@ def _tvm_ffi(site: Path, python: str) -> None:
         return
     import tvm_ffi
 
-    machine = os.uname().machine
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", f"apache-tvm-ffi=={tvm_ffi.__version__}", "--no-deps",
-               "--only-binary=:all:", "--python-version", python, "-d", tmp, "--quiet",
-               *[a for p in ("manylinux2014", "manylinux_2_17", "manylinux_2_28") for a in ("--platform", f"{p}_{machine}")]]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            raise FusionError(f"could not download apache-tvm-ffi {tvm_ffi.__version__} for Python {python} "
-                              f"({machine}); run bundle with that Python, or check the package index is reachable")
-        with zipfile.ZipFile(wheels[0]) as whl:
+        with zipfile.ZipFile(_pip_download(f"apache-tvm-ffi=={tvm_ffi.__version__}", python, Path(tmp))) as whl:
             whl.extractall(site, [n for n in whl.namelist() if n.startswith("tvm_ffi/")])
 
 
@@ -95,28 +111,55 @@ def _cudart() -> Path | None:
     return Path(m.group(1)) if m and Path(m.group(1)).exists() else None
 
 
-def bundle(library, out_dir, python: str | None = None) -> BundleResult:
-    """Write a runtime-only bundle of an exported `library` (with its `<library>.json`) to `out_dir`."""
-    library, out = Path(library), Path(out_dir)
+def _add_library(library: Path, out: Path, recipe: bool) -> dict:
+    """Copy `library`, its manifest and its weights (the file, or a recipe of them) into `out`."""
     manifest_path = library.with_name(library.name + ".json")
     if not library.exists() or not manifest_path.exists():
-        raise FusionError(f"{library}: library or its manifest {manifest_path.name} missing; run tvm-fusion compile first")
+        raise FusionError(f"{library}: library or its manifest {manifest_path.name} missing; "
+                          "run tvm-fusion compile first")
     manifest = json.loads(manifest_path.read_text())
+    shutil.copy2(library, out / library.name)
+    entry = manifest.get("weights")
+    if entry and recipe:
+        import tvm.runtime
+
+        from .weights_recipe import make_recipe, step_counts, write_recipe
+
+        values = tvm.runtime.load_param_dict(library.with_name(entry["file"]).read_bytes())
+        made, stored = make_recipe(manifest["model"], {n: values[n].numpy() for n in entry["params"]})
+        name = library.name + ".recipe.json"
+        entry.update(recipe=name, recipe_bytes=write_recipe(out / name, made, stored), recipe_steps=step_counts(made))
+    elif entry:
+        shutil.copy2(library.with_name(entry["file"]), out / entry["file"])
+    elif recipe:
+        raise FusionError(f"{library}: --weights-recipe needs a library compiled with --external-weights")
+    (out / manifest_path.name).write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def bundle(library, out_dir, python: str | None = None, *, recipe: bool = False, numpy_wheel: bool = False,
+           others=()) -> BundleResult:
+    """Write a runtime-only bundle of an exported `library` (with its `<library>.json`) to `out_dir`;
+    `others`: more libraries to carry beside it (the GPU check's unfused and tvm builds)."""
+    library, out = Path(library), Path(out_dir)
     python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
     if out.exists():
         shutil.rmtree(out)
     site = out / "site"
     site.mkdir(parents=True)
-    files = [library, manifest_path]
-    if manifest.get("weights"):
-        files.append(library.with_name(manifest["weights"]["file"]))
-    for f in files:
-        shutil.copy2(f, out / f.name)
+    manifest = _add_library(library, out, recipe)
+    for other in others:
+        _add_library(Path(other), out, recipe)
     _copy_tvm(site)
     _tvm_ffi(site, python)
-    import typing_extensions  # tvm-ffi's one pure-Python dependency; numpy is the target's own
+    import typing_extensions  # tvm-ffi's one pure-Python dependency; numpy is the target's own or the wheel
 
     shutil.copy2(typing_extensions.__file__, site / "typing_extensions.py")
+    shutil.copy2(_REPLAY, site / _REPLAY.name)
+    if numpy_wheel:
+        import numpy
+
+        _pip_download(f"numpy=={numpy.__version__}", python, out / "wheels")
     notes = []
     if manifest.get("cuda_binary"):
         cudart = _cudart()
@@ -128,4 +171,7 @@ def bundle(library, out_dir, python: str | None = None) -> BundleResult:
     run = _RUN.read_text().replace('LIBRARY = "model.so"', f"LIBRARY = {library.name!r}")
     (out / "run.py").write_text(run)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    if size > MAX_BYTES:
+        notes.append(f"{size / 2**20:.1f} MiB: more than the {MAX_BYTES >> 20} MiB a lent GPU machine takes per call"
+                     + ("" if recipe else "; for an example model, --weights-recipe carries the weights as a recipe"))
     return BundleResult(out, size, python, notes)

@@ -58,6 +58,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--inputs", metavar="FILE.npz",
                    help="input values for the verify step: an .npz with an array per graph input name (the rest "
                         "are seeded random values); give token ids and masks this way")
+    graph = c.add_mutually_exclusive_group()
+    graph.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", default=None,
+                       help="launch every kernel on its own (default for --target cuda with static shapes: capture "
+                            "them in a CUDA graph, replayed with one launch per inference)")
+    graph.add_argument("--cuda-graph", dest="cuda_graph", action="store_true",
+                       help="a CUDA graph also with --external-weights (off by default there: the graph keeps the "
+                            "first call's weight tensors, so every call must pass the same ones)")
     c.add_argument("--external-weights", action="store_true",
                    help="write the weights to <output>.weights instead of into the library")
     bnd = sub.add_parser("bundle", help="copy a compiled library, its weights and the TVM runtime alone (no "
@@ -65,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     bnd.add_argument("library", help="a library written by tvm-fusion compile (with its .json manifest)")
     bnd.add_argument("-o", "--output", required=True, help="folder to write")
     bnd.add_argument("--python", default=None, help="Python version of the target machine (default: this one's)")
+    bnd.add_argument("--weights-recipe", action="store_true",
+                     help="for a library compiled from --example with --external-weights: carry how each weight is "
+                          "made from the seed (regenerated with numpy on the target, checked by sha256) instead "
+                          "of the weights file")
+    bnd.add_argument("--numpy", action="store_true", help="carry numpy's wheel for the target Python (unpacked "
+                     "by run.py where the target has no numpy)")
     m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report")
     _common(m)
     m.add_argument("--repeat", type=int, default=10, help="timed runs per build (interleaved; 0: no timing)")
@@ -155,7 +168,7 @@ def _run(args) -> int:
     if args.command == "bundle":
         from .bundle import bundle
 
-        print(bundle(args.library, args.output, args.python))
+        print(bundle(args.library, args.output, args.python, recipe=args.weights_recipe, numpy_wheel=args.numpy))
         return 0
     from .build import resolve_target
 
@@ -175,7 +188,8 @@ def _run(args) -> int:
 
         result = compile_model(model, args.output, args.target, arch=args.arch, shapes=shapes, rules=rules,
                                counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
-                               seed=args.seed, external_weights=args.external_weights, inputs=args.inputs)
+                               seed=args.seed, external_weights=args.external_weights, inputs=args.inputs,
+                               cuda_graph=args.cuda_graph)
         print(result)
         print(_profile_hint(args))
         return 0

@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 
 from . import _tvm, cpu_features, frontend
+from . import cuda_graph as graphs
 from ._tvm import relax, tvm
 from .build import build, count_kernel_calls, legalize, resolve_target
 from .console import progress
@@ -50,6 +51,7 @@ class CompileResult:
             _verified(m["verification"]),
             "kernel calls per inference: " + ", ".join(f"{k} {v['kernel_calls']}" for k, v in b.items()),
             *([_binary_line(m)] if m.get("cuda_binary") else []),
+            *([_graph_line(m["cuda_graph"])] if m.get("cuda_graph") else []),
             *([f"note: {m['cuda_facts']['note']}"] if m.get("cuda_facts", {}).get("note") else []),
         ])
 
@@ -68,6 +70,14 @@ def _binary_line(m: dict) -> str:
     how = (f"{b['compiler']} {b['compile_seconds']:.1f}s at export" if b["compiled_at"] == "export"
            else f"{b['compiler']}, compiled by TVM during the build (CUDA driver present)")
     return f"GPU code: {b['format']} for {m['arch']}, {b['bytes']} bytes, {len(b['kernels'])} kernels ({how})"
+
+
+def _graph_line(g: dict) -> str:
+    n = g["launches_per_inference"]
+    if not g["enabled"]:
+        return f"CUDA graph: off ({g['reason']}); {n['without_graph']} launches per inference"
+    return (f"CUDA graph: on; launches per inference {n['with_graph']} with it ({g['captured_kernels']} kernels "
+            f"replayed by {g['graphs']} graph launch), {n['without_graph']} without (--no-cuda-graph)")
 
 
 def _inputs(built) -> list[dict]:
@@ -172,6 +182,20 @@ def cpu_linker(target, cc: str | None = None) -> str | None:
     return cross
 
 
+def _graph_record(built, kernels: list[str], launches: int | None) -> dict:
+    """The manifest's cuda_graph entry: on or off (and why), and the GPU launches per inference with and
+    without the graph (counted on the function table's kernels when there is one)."""
+    g = built.cuda_graph
+    count = graphs.launches(built.lowered, (lambda n: len(_kernels_of(n, kernels))) if kernels else (lambda n: 1))
+    without = launches if launches is not None else count["without_graph"]
+    return {"enabled": g["enabled"], "reason": g["reason"],
+            # a replay reads the weight tensors the first call passed (TVM caches the graph by shape only)
+            **({"same_weight_tensors_every_call": True} if g["enabled"] and built.weights is not None else {}),
+            "launches_per_inference": {"with_graph": count["with_graph"] if g["enabled"] else without,
+                                       "without_graph": without},
+            "captured_kernels": count["captured"], "graphs": count["graphs"]}
+
+
 def _target_record(target) -> dict:
     """What the manifest says about the target: its exact JSON, and for a CPU target the triple and
     every feature the code may use (tvm_fusion.runtime.load checks them against the host)."""
@@ -185,12 +209,15 @@ def _target_record(target) -> dict:
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
                   rules: RuleSet | None = None, counts_of_other_builds: bool = True, verify: bool = True,
                   seed: int = 0, cc: str | None = None, external_weights: bool = False,
-                  inputs=None) -> CompileResult:
+                  inputs=None, cuda_graph: bool | None = None) -> CompileResult:
     """Fuse and build `model` for `target`, verify it against onnxruntime on inputs seeded with `seed`
     and the `inputs` given (a dict or an .npz path, as for compare), export the library to `output`, write
     `<output>.json` (verify.py: nothing is written when it differs).
     `cc` links a CPU library (default: the system compiler, or `<mtriple>-gcc` for another architecture);
-    with `external_weights` the weights go to `<output>.weights` instead of into the library (weights.py)."""
+    with `external_weights` the weights go to `<output>.weights` instead of into the library (weights.py);
+    `cuda_graph=False` keeps every kernel a launch of its own (default for CUDA with the weights inside the
+    library: captured in a CUDA graph, cuda_graph.py; with external weights only when True, and then every
+    call must pass the same weight tensors, which the graph keeps from the first call)."""
     start = time.perf_counter()
     output = Path(output)
     check_output(output, model)
@@ -208,7 +235,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         shapes = check_inputs(proto, given, shapes)  # given arrays bind symbolic dims, as in compare
         mod = frontend.import_onnx(proto, shapes)
         bar.update()
-        built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights)
+        built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights, cuda_graph=cuda_graph)
         symbolic = symbolic_record(built, shapes)  # a bound past int32 indexing: refused before any work
         bar.update()
         verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given) if verify
@@ -260,6 +287,8 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         manifest["cuda_binary"] = {"format": binary.fmt, "bytes": binary.size, "compiler": binary.compiler,
                                    "compiled_at": binary.compiled_at, "compile_seconds": binary.compile_seconds,
                                    "kernels": binary.kernels}
+    if built.cuda_graph is not None:
+        manifest["cuda_graph"] = _graph_record(built, kernels, builds["fused"].get("kernel_launches"))
     if built.weights is not None:
         weights_path = output.with_name(output.name + WEIGHTS_SUFFIX)
         size = save_weights(weights_path, built.weights)

@@ -27,8 +27,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["EXAMPLES", "LIGHT_FILES", "example_model", "example_path", "light_model_path", "logits_name",
-           "with_dynamic_batch"]
+__all__ = ["EXAMPLES", "LIGHT_FILES", "draw_plan", "example_model", "example_of", "example_path", "light_model_path",
+           "logits_name", "with_dynamic_batch"]
 
 #: short name -> the file's stem in onnx/backend/test/data/light/ (light_<stem>.onnx)
 LIGHT_FILES = {
@@ -121,7 +121,24 @@ GENERATORS = {
 }
 
 
-def _random_weights(model, rng) -> dict[str, np.ndarray]:
+class _Recorder:
+    """The seeded Generator, logging each draw: {"name", "call", "args", "shape"} (what draw_plan returns)."""
+
+    def __init__(self, rng, log: list, name: str):
+        self.rng, self.log, self.name = rng, log, name
+
+    def _draw(self, call: str, a, b, shape):
+        self.log.append({"name": self.name, "call": call, "args": [float(a), float(b)], "shape": list(shape)})
+        return getattr(self.rng, call)(a, b, shape)
+
+    def normal(self, loc, scale, size):
+        return self._draw("normal", loc, scale, size)
+
+    def uniform(self, low, high, size):
+        return self._draw("uniform", low, high, size)
+
+
+def _random_weights(model, rng, log: list | None = None) -> dict[str, np.ndarray]:
     shapes = _placeholders(model)
     values = {}
     for name, (node, idx) in _roles(model, shapes).items():
@@ -129,8 +146,26 @@ def _random_weights(model, rng) -> dict[str, np.ndarray]:
         if make is None:
             raise ValueError(f"placeholder {name} feeds {node.op_type} {node.name or node.output[0]!r} input "
                              f"{idx}; no generator for it (known: {sorted(GENERATORS)})")
-        values[name] = make(rng, shapes[name])
+        values[name] = make(rng if log is None else _Recorder(rng, log, name), shapes[name])
     return {k: v.astype(np.float32) for k, v in values.items()}
+
+
+def draw_plan(name: str, seed: int) -> list[dict]:
+    """The seeded draws behind `example_path(name, seed)`'s weights, in order, one per weight drawn:
+    {"name": initializer, "call": "normal" | "uniform", "args": [loc, scale] | [low, high], "shape"}.
+    Replaying them on `numpy.random.default_rng(seed)` and casting to float32 gives those initializers
+    (the BatchNorm statistics and LSUV scales are then calibrated, so those differ: recipe_replay)."""
+    log: list[dict] = []
+    _random_weights(onnx.load(str(light_model_path(LIGHT_FILES[name]))), np.random.default_rng(seed), log)
+    return log
+
+
+def example_of(path) -> tuple[str, int] | None:
+    """(name, seed) when `path` is an example model file (`<name>-seed<N>.onnx`), else None."""
+    import re
+
+    m = re.fullmatch(r"(\w+)-seed(\d+)\.onnx", Path(path).name)
+    return (m.group(1), int(m.group(2))) if m and m.group(1) in LIGHT_FILES else None
 
 
 # ---------------------------------------------------------------- graph surgery

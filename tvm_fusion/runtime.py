@@ -4,6 +4,10 @@
     model = load("model.so")          # reads model.so.json beside it when present
     outputs = model(x)                # numpy in, list of numpy arrays out; model.main is the VM's main
 
+A library compiled with --external-weights gets its weights from the file the manifest names (or, in a
+bundle, regenerated from its recipe), loaded once and passed to every call after the inputs (the same
+tensors every call, as a CUDA graph needs).
+
 Nothing here imports the compiler side of tvm_fusion or TVM's Relax compiler modules. `import tvm` itself
 loads TVM's compiler library unless `TVM_USE_RUNTIME_LIB=1` is set (then only libtvm_runtime, ~8 MB).
 
@@ -84,6 +88,11 @@ class LoadedModel:
         self.manifest = manifest
         self.vm = VirtualMachine(module, device)
         self.main = self.vm["main"]
+        self.weights = []  # main's parameters after the inputs, for a library with its weights outside
+        if manifest and manifest.get("weights"):
+            from .weights import load_weights  # tvm.runtime and numpy only
+
+            self.weights = load_weights(library, device)
 
     @property
     def threads(self) -> int:
@@ -92,7 +101,8 @@ class LoadedModel:
 
     def __call__(self, *arrays) -> list[np.ndarray]:
         check_sizes(self.manifest, arrays, self.library)
-        return as_arrays(self.main(*[tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in arrays]))
+        inputs = [tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in arrays]
+        return as_arrays(self.main(*inputs, *self.weights))
 
 
 def check_sizes(manifest: dict | None, arrays, library="the library") -> None:

@@ -67,7 +67,8 @@ def save_weights(path, weights: dict) -> int:
 
 def load_weights(library, dev) -> list:
     """The weights of an exported library (its `<library>.json` manifest names the file and the order),
-    as tensors on `dev`, in `main`'s parameter order; [] for a library with embedded weights."""
+    as tensors on `dev`, in `main`'s parameter order; [] for a library with embedded weights. A bundle's
+    manifest may name a weights recipe instead of the file: the weights are then regenerated with numpy."""
     import tvm.runtime  # the runtime alone
 
     library = Path(library)
@@ -75,5 +76,10 @@ def load_weights(library, dev) -> list:
     entry = manifest.get("weights")
     if not entry:
         return []
+    if entry.get("recipe"):  # a bundle's: regenerated with numpy from the seed (recipe_replay)
+        from .recipe_replay import regenerate
+
+        values = regenerate(library.with_name(entry["recipe"]))
+        return [tvm.runtime.tensor(values[name], dev) for name in entry["params"]]
     values = tvm.runtime.load_param_dict(library.with_name(entry["file"]).read_bytes())
     return [values[name].copyto(dev) for name in entry["params"]]

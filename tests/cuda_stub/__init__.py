@@ -36,7 +36,7 @@ def build_stub(out_dir) -> Path:
     script = out / "cudart.map"
     script.write_text(f"{RUNTIME_SONAME} {{ global: cuda*; local: *; }};\n")
     common = [cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", str(HERE / "stub.c")]
-    subprocess.run([*common, "-DSTUB_DRIVER", "-Wl,-soname,libcuda.so.1", "-o", str(out / "libcuda.so.1")],
+    subprocess.run([*common, "-DSTUB_DRIVER", "-Wl,-soname,libcuda.so.1", "-o", str(out / "libcuda.so.1"), "-ldl"],
                    check=True)
     subprocess.run([*common, "-DSTUB_RUNTIME", f"-Wl,-soname,{RUNTIME_SONAME}", f"-Wl,--version-script={script}",
                     "-o", str(out / RUNTIME_SONAME)], check=True)
@@ -62,6 +62,18 @@ class Launch:
 _LAUNCH = re.compile(r"launch (\w+) grid=(\d+),(\d+),(\d+) block=(\d+),(\d+),(\d+) shmem=(\d+)")
 
 
+def per_inference(lines: list[str]) -> list[dict]:
+    """For each `inference N` section of a log: its kernel launches, graph launches, kernels captured into a
+    graph and kernels a graph replayed (counts)."""
+    out = []
+    for line in lines:
+        if line.startswith("inference "):
+            out.append({"launch": 0, "graph_launch": 0, "capture": 0, "replay": 0})
+        elif out and line.split(" ", 1)[0] in out[-1]:
+            out[-1][line.split(" ", 1)[0]] += 1
+    return out
+
+
 def read_log(log) -> tuple[list[str], list[Launch]]:
     lines = Path(log).read_text().splitlines() if Path(log).exists() else []
     launches = []
@@ -82,10 +94,10 @@ class StubRun:
     launches: list[Launch]
 
 
-def run_with_stub(libdir, library, shapes: dict, log, timeout: int = 600) -> StubRun:
-    """Load `library` with TVM on tvm.cuda(0) under the stub and run `main` once, in a fresh process."""
+def run_with_stub(libdir, library, shapes: dict, log, timeout: int = 600, runs: int = 1) -> StubRun:
+    """Load `library` with TVM on tvm.cuda(0) under the stub and run `main` `runs` times, in a fresh process."""
     Path(log).unlink(missing_ok=True)
-    proc = subprocess.run([sys.executable, str(HERE / "run_library.py"), str(library), json.dumps(shapes)],
+    proc = subprocess.run([sys.executable, str(HERE / "run_library.py"), str(library), json.dumps(shapes), str(runs)],
                           env=stub_env(libdir, log), capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     result = {}

@@ -8,6 +8,10 @@
  * the image, function lookup that fails unless the kernel's name is in the image, and launches that run
  * nothing. Every call is appended as one line to the file named by $STUB_CUDA_LOG:
  *   launch <kernel> grid=X,Y,Z block=X,Y,Z shmem=N
+ * CUDA graphs (the runtime's stream capture, as TVM's vm.builtin.cuda_graph.run_or_capture uses it): between
+ * cudaStreamBeginCapture and cudaStreamEndCapture a launch is recorded into the graph, not run, and logged
+ *   capture <kernel> grid=... (the driver asks the runtime library through cudaStubCaptureLaunch)
+ * and each cudaGraphLaunch logs `graph_launch nodes=N` and then, per recorded kernel, `replay <kernel> ...`.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -33,6 +37,7 @@ static void stub_log(const char *fmt, ...) {
 #define NOT_SUPPORTED 801
 
 #ifdef STUB_DRIVER
+#include <dlfcn.h>
 typedef struct { const unsigned char *image; size_t size; } Module;
 typedef struct { char name[256]; Module *module; } Function;
 typedef struct {
@@ -82,10 +87,25 @@ int cuModuleGetFunction(void **func, void *module, const char *name) {
   return 0;
 }
 
+/* the runtime stub's hook: records `line` into the graph being captured and returns 1, or returns 0 */
+typedef int (*CaptureLaunch)(const char *line);
+static CaptureLaunch capture_hook(void) {
+  static CaptureLaunch hook;
+  if (!hook) {
+    void *runtime = dlopen("libcudart.so.13", RTLD_LAZY | RTLD_NOLOAD);
+    if (runtime) hook = (CaptureLaunch)dlsym(runtime, "cudaStubCaptureLaunch");
+  }
+  return hook;
+}
+
 int cuLaunchKernelEx(const LaunchConfig *c, void *func, void **params, void **extra) {
   (void)params; (void)extra;
-  stub_log("launch %s grid=%u,%u,%u block=%u,%u,%u shmem=%u", ((Function *)func)->name, c->gridDimX,
+  char line[512];
+  snprintf(line, sizeof line, "%s grid=%u,%u,%u block=%u,%u,%u shmem=%u", ((Function *)func)->name, c->gridDimX,
            c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ, c->sharedMemBytes);
+  CaptureLaunch hook = capture_hook();
+  if (hook && hook(line)) return 0;
+  stub_log("launch %s", line);
   return 0;
 }
 
@@ -164,17 +184,69 @@ int cudaStreamCreateWithFlags(void **s, unsigned flags) { (void)flags; *s = &str
 int cudaStreamDestroy(void *s) { (void)s; return 0; }
 int cudaStreamSynchronize(void *s) { (void)s; stub_log("cudaStreamSynchronize"); return 0; }
 int cudaStreamWaitEvent(void *s, void *e, unsigned flags) { (void)s; (void)e; (void)flags; return 0; }
-int cudaStreamBeginCapture(void *s, int mode) { (void)s; (void)mode; return NOT_SUPPORTED; }
-int cudaStreamEndCapture(void *s, void **g) { (void)s; (void)g; return NOT_SUPPORTED; }
+/* a CUDA graph: the launches recorded between cudaStreamBeginCapture and cudaStreamEndCapture */
+typedef struct { int n, cap; char **lines; } Graph;
+static Graph *capturing;
+
+static Graph *graph_copy(const Graph *g) {
+  Graph *c = calloc(1, sizeof(Graph));
+  c->n = c->cap = g->n;
+  c->lines = calloc(g->n ? g->n : 1, sizeof(char *));
+  for (int i = 0; i < g->n; i++) c->lines[i] = strdup(g->lines[i]);
+  return c;
+}
+static void graph_free(Graph *g) {
+  if (!g) return;
+  for (int i = 0; i < g->n; i++) free(g->lines[i]);
+  free(g->lines);
+  free(g);
+}
+
+int cudaStubCaptureLaunch(const char *line) {
+  if (!capturing) return 0;
+  if (capturing->n == capturing->cap) {
+    capturing->cap = capturing->cap ? 2 * capturing->cap : 64;
+    capturing->lines = realloc(capturing->lines, capturing->cap * sizeof(char *));
+  }
+  capturing->lines[capturing->n++] = strdup(line);
+  stub_log("capture %s", line);
+  return 1;
+}
+int cudaStreamBeginCapture(void *s, int mode) {
+  (void)s;
+  if (capturing) return 900; /* cudaErrorStreamCaptureUnsupported: one capture at a time */
+  capturing = calloc(1, sizeof(Graph));
+  stub_log("cudaStreamBeginCapture mode=%d", mode);
+  return 0;
+}
+int cudaStreamEndCapture(void *s, void **g) {
+  (void)s;
+  if (!capturing) return 901; /* cudaErrorStreamCaptureInvalidated */
+  *g = capturing;
+  stub_log("cudaStreamEndCapture nodes=%d", capturing->n);
+  capturing = NULL;
+  return 0;
+}
 int cudaEventCreate(void **e) { *e = &event_token; return 0; }
 int cudaEventDestroy(void *e) { (void)e; return 0; }
 int cudaEventRecord(void *e, void *s) { (void)e; (void)s; return 0; }
 int cudaEventSynchronize(void *e) { (void)e; return 0; }
 int cudaEventElapsedTime(float *ms, void *a, void *b) { (void)a; (void)b; *ms = 0.0f; return 0; }
-int cudaGraphInstantiate(void **x, void *g, unsigned long long flags) { (void)x; (void)g; (void)flags; return NOT_SUPPORTED; }
-int cudaGraphLaunch(void *x, void *s) { (void)x; (void)s; return NOT_SUPPORTED; }
-int cudaGraphDestroy(void *g) { (void)g; return 0; }
-int cudaGraphExecDestroy(void *x) { (void)x; return 0; }
+int cudaGraphInstantiate(void **x, void *g, unsigned long long flags) {
+  (void)flags;
+  *x = graph_copy(g);
+  stub_log("cudaGraphInstantiate nodes=%d", ((Graph *)g)->n);
+  return 0;
+}
+int cudaGraphLaunch(void *x, void *s) {
+  (void)s;
+  Graph *g = x;
+  stub_log("graph_launch nodes=%d", g->n);
+  for (int i = 0; i < g->n; i++) stub_log("replay %s", g->lines[i]);
+  return 0;
+}
+int cudaGraphDestroy(void *g) { graph_free(g); return 0; }
+int cudaGraphExecDestroy(void *x) { graph_free(x); return 0; }
 int cudaGetLastError(void) { return 0; }
 int cudaPeekAtLastError(void) { return 0; }
 const char *cudaGetErrorName(int e) { return e ? "cudaErrorStub" : "cudaSuccess"; }

@@ -21,7 +21,7 @@ import pytest
 from tvm_fusion.cuda_binary import fatbin_kernels, library_cuda_module
 from tvm_fusion.testing import residual_block
 
-from . import build_stub, check_launches, run_with_stub, stub_env
+from . import build_stub, check_launches, per_inference, run_with_stub, stub_env
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,10 @@ def _compile(model_path, lib, *extra, env=None):
 
 
 def _check_library_under_stub(stub, model_path, lib, manifest, log):
-    run = run_with_stub(stub, lib, _input_shapes(model_path), log)
+    """Two inferences under the stub. Without a CUDA graph each launches the manifest's kernel launches; with
+    one the first launches them all plus the input copy and captures the graph's kernels, the second launches
+    the graph once (replaying those kernels) and the kernels outside it: the manifest's launches with_graph."""
+    run = run_with_stub(stub, lib, _input_shapes(model_path), log, runs=2)
     assert run.returncode == 0, run.output[-4000:]
     assert run.result["device"] == "stub GPU"  # TVM ran on the stub, not on a real device
     module = library_cuda_module(lib)
@@ -51,7 +54,15 @@ def _check_library_under_stub(stub, model_path, lib, manifest, log):
     assert not [line for line in run.log if line.endswith(" missing")]
     assert found == {f.name for f in module.functions.values() if any(la.kernel == f.name for la in run.launches)}
     fused = manifest["builds"]["fused"]
-    assert len(run.launches) == fused["kernel_launches"], (len(run.launches), fused)
+    graph = manifest.get("cuda_graph") or {"enabled": False}
+    first, second = per_inference(run.log)
+    if graph["enabled"]:
+        assert first == {"launch": fused["kernel_launches"] + 1, "capture": graph["captured_kernels"],
+                         "graph_launch": 0, "replay": 0}, (first, graph)
+        assert second["launch"] + second["graph_launch"] == graph["launches_per_inference"]["with_graph"], second
+        assert (second["graph_launch"], second["replay"], second["capture"]) == (1, graph["captured_kernels"], 0)
+    else:
+        assert first == second == {"launch": fused["kernel_launches"], "capture": 0, "graph_launch": 0, "replay": 0}
     assert check_launches(module, run.launches) == []
     table = {f.name for f in module.functions.values()}
     unlaunched = table - {la.kernel for la in run.launches}  # every kernel runs, but reshapes (views in the VM)
@@ -66,8 +77,9 @@ def test_small_model_loads_and_every_launch_is_checked(stub, tmp_path):
     manifest, _ = _compile(model, lib, "--no-counts")
     assert manifest["cuda_binary"]["compiled_at"] == "export"  # no driver here: TVM kept source
     run = _check_library_under_stub(stub, model, lib, manifest, tmp_path / "calls.log")
-    assert [la.kernel for la in run.launches] == ["conv2d_bn_relu_kernel", "conv2d_bn_add_relu_kernel"]
+    assert [la.kernel for la in run.launches] == ["conv2d_bn_relu_kernel", "conv2d_bn_add_relu_kernel"] * 2
     assert manifest["builds"]["fused"]["kernel_calls"] == 2
+    assert manifest["cuda_graph"]["reason"] == "the graph would not save launches (3 with it, 2 without)"
     assert sum(line.startswith("cuModuleLoadData") for line in run.log) == 1
 
 
@@ -117,8 +129,13 @@ def test_resnet50_library_under_the_stub(stub, resnet50_path, tmp_path):
     manifest, _ = _compile(resnet50_path, lib)
     run = _check_library_under_stub(stub, resnet50_path, lib, manifest, tmp_path / "calls.log")
     fused = manifest["builds"]["fused"]
-    print(f"ResNet-50: {len(run.launches)} launches; manifest: {fused}")
-    assert (len(run.launches), fused["kernel_calls"]) == (57, 60)  # 3 reshapes (flatten) are views, not kernels
+    first, second = per_inference(run.log)
+    print(f"ResNet-50: {first} then {second}; manifest: {fused}, {manifest['cuda_graph']}")
+    assert (fused["kernel_launches"], fused["kernel_calls"]) == (57, 60)  # 3 reshapes (flatten) are views, not kernels
+    # the CUDA graph: the input copy and 57 launches while TVM captures 55 of them, then 4 launches per inference
+    assert first == {"launch": 58, "capture": 55, "graph_launch": 0, "replay": 0}
+    assert second == {"launch": 3, "capture": 0, "graph_launch": 1, "replay": 55}
+    assert manifest["cuda_graph"]["launches_per_inference"] == {"with_graph": 4, "without_graph": 57}
     m_driver, _ = _compile(resnet50_path, tmp_path / "driver.so", "--no-counts",
                            env=stub_env(stub, tmp_path / "build.log"))
     a, b = library_cuda_module(lib), library_cuda_module(tmp_path / "driver.so")
@@ -129,7 +146,32 @@ def test_resnet50_library_under_the_stub(stub, resnet50_path, tmp_path):
     assert small.stat().st_size < 8 << 20 < lib.stat().st_size  # kernels + host code, without ~100 MB of weights
     assert m_ext["weights"]["bytes"] > 90 << 20
     run = _check_library_under_stub(stub, resnet50_path, small, m_ext, tmp_path / "calls_ext.log")
-    assert len(run.launches) == 57 and run.result["weights"] == len(m_ext["weights"]["params"])
+    assert m_ext["cuda_graph"]["enabled"] is False  # weights outside: off unless asked for (--cuda-graph)
+    assert len(run.launches) == 2 * 57 and run.result["weights"] == len(m_ext["weights"]["params"])
+    _resnet50_bundle_with_a_weights_recipe(stub, small, tmp_path)
+
+
+def _resnet50_bundle_with_a_weights_recipe(stub, lib, tmp_path):
+    """The bundle carries the weights as a recipe over the example's seed and fits in 64 MiB; its run.py,
+    with no TVM compiler and no tvm_fusion, regenerates the 108 weights with numpy (each checked by sha256)
+    and issues the 57 launches."""
+    from . import read_log
+
+    deploy = tmp_path / "deploy"
+    proc = subprocess.run([sys.executable, "-m", "tvm_fusion", "bundle", str(lib), "-o", str(deploy),
+                           "--weights-recipe", "--numpy"], capture_output=True, text=True)
+    if "could not download numpy" in proc.stderr:
+        pytest.skip("numpy's wheel could not be fetched (no package index)")
+    assert proc.returncode == 0, proc.stderr
+    size = sum(p.stat().st_size for p in deploy.rglob("*") if p.is_file())
+    assert size <= 64 << 20 and not list(deploy.glob("*.weights")), size
+    base = getattr(sys, "_base_executable", sys.executable)
+    run = subprocess.run([base, "-s", str(deploy / "run.py")], env=stub_env(stub, tmp_path / "bundle.log"),
+                         capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["weights"] == 108 and result["compiler_loaded"] is False
+    assert len(read_log(tmp_path / "bundle.log")[1]) == 57
 
 
 def test_gpu_check_runs_its_gpu_steps_under_the_stub(stub, tmp_path):
@@ -147,7 +189,7 @@ def test_gpu_check_runs_its_gpu_steps_under_the_stub(stub, tmp_path):
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert report["gpu"]["name"] == "stub GPU" and report["gpu"]["arch"] == "sm_90" and report["skipped"] == []
     assert {s["step"] for s in report["steps"]} >= {"load the library on the GPU", "GPU per-kernel timing (fused)"}
-    assert set(report["latency_ms"]) == {"fused", "unfused", "tvm"}
+    assert set(report["latency_ms"]) == {"fused", "fused (no CUDA graph)", "unfused", "tvm"}
     assert {k["kernel"] for k in report["kernels"]} == {"conv2d_bn_relu", "conv2d_bn_add_relu"}
     failed = {n["comparison"] for n in report["numerics"] if not n["ok"]}
     assert "fused GPU vs onnxruntime" in failed and report["ok"] is False
@@ -182,3 +224,70 @@ def test_cuda_bundle_runs_under_the_stub_without_the_compiler(stub, tmp_path):
     assert Path(result["tvm"]).is_relative_to(deploy)
     _, launches = read_log(tmp_path / "calls.log")
     assert [la.kernel for la in launches] == ["conv2d_bn_relu_kernel", "conv2d_bn_add_relu_kernel"]
+
+
+def test_gpu_check_bundle_runs_its_gpu_steps_under_the_stub_without_tvm(stub, tmp_path):
+    """gpu_check.py --bundle writes what a GPU machine without TVM runs: there gpu_check_device.py (the TVM
+    runtime alone; numpy unpacked from the bundled wheel, as this Python has none) runs every GPU step on the
+    stub; the verdict is FAIL, since the stub runs no kernel."""
+    from pathlib import Path
+
+    model = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(model))
+    script = Path(__file__).parents[2] / "benchmarks" / "gpu_check.py"
+    bundle = tmp_path / "bundle"
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "host"), "--model", str(model),
+                           "--bundle", str(bundle), "--python", here, "--cpu-only"],
+                          capture_output=True, text=True, timeout=900)
+    if "could not download numpy" in proc.stderr:
+        pytest.skip("numpy's wheel could not be fetched (no package index)")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    host = json.loads((bundle / "gpu_check_host.json").read_text())
+    assert host["bundle"]["bytes"] <= 64 << 20 and not list(bundle.rglob("libtvm_compiler.so"))
+    assert sorted(host["bundle"]["libraries"]) == ["fused", "fused (no CUDA graph)", "tvm", "unfused"]
+    assert list(bundle.glob("wheels/numpy-*.whl")) and (bundle / "block_fused.so.weights").exists()  # no example
+    base = getattr(sys, "_base_executable", sys.executable)  # no venv: neither TVM nor tvm_fusion importable
+    run = subprocess.run([base, "-s", str(bundle / "gpu_check_device.py"), "--out", str(tmp_path / "gpu"),
+                          "--rounds", "2"], env=stub_env(stub, tmp_path / "calls.log"), capture_output=True,
+                         text=True, cwd=tmp_path, timeout=600)
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = json.loads((tmp_path / "gpu" / "gpu_check.json").read_text())
+    assert report["gpu"]["name"] == "stub GPU" and report["skipped"] == []
+    assert report["runtime"]["compiler_loaded"] is False and Path(report["runtime"]["tvm"]).is_relative_to(bundle)
+    steps = [s["step"] for s in report["steps"]]
+    assert steps[:2] == ["build + export the fused CUDA library", "build + export it without the CUDA graph"]
+    assert steps[-4:] == [
+        "load the library on the GPU", "GPU numerics (fused vs unfused vs CPU vs onnxruntime)",
+        "GPU latency (fused / unfused / tvm, interleaved medians)", "GPU per-kernel timing (fused)"]
+    assert set(report["latency_ms"]) == {"fused", "fused (no CUDA graph)", "unfused", "tvm"}
+    assert {k["kernel"] for k in report["kernels"]} == {"conv2d_bn_relu", "conv2d_bn_add_relu"}
+    assert report["cuda_graph"]["enabled"] is False  # two kernels: a graph would not save a launch
+    verdicts = {n["comparison"]: n["ok"] for n in report["numerics"]}
+    assert verdicts["fused CPU vs onnxruntime"] is True and verdicts["fused GPU vs onnxruntime"] is False
+
+
+def test_cuda_graph_captured_then_replayed_under_the_stub(stub, tmp_path):
+    """A chain of 4 fused kernels: the first inference launches the input copy and the 4 kernels while TVM
+    captures the 3 after the copy (cudaStreamBeginCapture ... cudaGraphInstantiate); every later inference
+    launches the copy, the graph once (the stub replays its 3 kernels) and the last kernel: 3 launches instead
+    of 4, as the manifest says. With --no-cuda-graph every inference launches the 4 kernels."""
+    from tests.test_cuda_graph import chain
+
+    model = tmp_path / "chain.onnx"
+    onnx.save(chain(4), str(model))
+    lib, plain = tmp_path / "chain.so", tmp_path / "plain.so"
+    manifest, out = _compile(model, lib, "--no-counts")
+    assert manifest["cuda_graph"] == {"enabled": True, "reason": None, "captured_kernels": 3, "graphs": 1,
+                                      "launches_per_inference": {"with_graph": 3, "without_graph": 4}}
+    assert "CUDA graph: on; launches per inference 3 with it (3 kernels replayed by 1 graph launch), 4 without" in out
+    run = _check_library_under_stub(stub, model, lib, manifest, tmp_path / "calls.log")
+    graph_calls = ("cudaStreamBegin", "cudaStreamEnd", "cudaGraph", "graph_launch")
+    calls = [line.split()[0] for line in run.log if line.startswith(graph_calls)]
+    assert calls == ["cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate", "graph_launch"]
+    replayed = [line.split()[1] for line in run.log if line.startswith("replay ")]
+    assert replayed == ["conv2d_bn_relu_kernel"] * 3
+    m_plain, out = _compile(model, plain, "--no-counts", "--no-cuda-graph")
+    assert m_plain["cuda_graph"]["reason"] == "turned off (--no-cuda-graph)" and "CUDA graph: off" in out
+    run = _check_library_under_stub(stub, model, plain, m_plain, tmp_path / "plain.log")
+    assert [p["launch"] for p in per_inference(run.log)] == [4, 4]
