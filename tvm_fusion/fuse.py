@@ -2,12 +2,14 @@
 
     batch_norm(x)[0]            ==>  x * s + t                      (inference only; s, t per channel)
     FuseOpsByPattern(rules)     ==>  private functions {"Composite": rule name}     (`match`)
-    composite call              ==>  call_tir(<rule name PrimFunc>, inputs + folded constants)   (`lower`)
+    composite call              ==>  call_tir(<rule name PrimFunc>, inputs + folded constants)   (`lower`;
+                                     constants packed into the target schedule's tile layout)
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -193,7 +195,16 @@ def _make_check(rule: Rule, trace: _Trace):
 
 
 # ---------------------------------------------------------------- lowering composites
-def _build_primfunc(lowering: Lowering, target, any_target: bool = False):
+def _scheduled(lowering: Lowering, target, any_target: bool) -> tuple[Lowering, bool]:
+    """(the lowering with its constants in the layout the target's schedule reads, whether it is scheduled):
+    with `any_target`, a group this target's schedule cannot take keeps its constants and plain compute."""
+    sched = registry.get_schedule(lowering.compute, target.kind.name)
+    if any_target and (sched is None or sched.why_not(lowering.attrs, _lowering_shapes(lowering), target)):
+        return lowering, False
+    return dataclasses.replace(lowering, constants=sched.packed(lowering.constants, lowering.attrs, target)), True
+
+
+def _build_primfunc(lowering: Lowering, target, scheduled: bool = True):
     compute = registry.get_compute(lowering.compute, target.kind.name)
     tensors = [te.placeholder(lowering.shape_of_input(i), str(_tvm.expr_type(e).dtype), name=f"in{i}")
                for i, e in enumerate(lowering.inputs)]
@@ -203,9 +214,9 @@ def _build_primfunc(lowering: Lowering, target, any_target: bool = False):
     out = compute(*args, **lowering.attrs)
     func = te.create_prim_func([*tensors, *consts, out])
     func = func.without_attr("global_symbol").with_attr("op_pattern", _tvm.OPAQUE)
-    sched = registry.get_schedule(lowering.compute, target.kind.name)
-    if any_target and (sched is None or sched.why_not(lowering.attrs, _lowering_shapes(lowering), target)):
+    if not scheduled:
         return func, out  # matched for another target: the plain compute, left to TVM's default schedules
+    sched = registry.get_schedule(lowering.compute, target.kind.name)
     sch = _tvm.Schedule(tvm.IRModule({"main": func}))
     with target:
         sched.apply(sch, lowering.attrs, target)
@@ -254,14 +265,14 @@ class _LowerComposites(relax.PyExprMutator):
         if matched is None:
             raise FusionError(f"rule {rule.name}: composite function no longer matches its pattern")
         exprs = {n: matched[p] for n, p in spec.annotations.items() if p in matched}
-        lowering = spec.lower(Match(rule.name, exprs, var2val))
+        lowering, scheduled = _scheduled(spec.lower(Match(rule.name, exprs, var2val)), self.target, self.any_target)
         params = {p: a for p, a in zip(func.params, call.args)}
         inputs = [params.get(e, e) for e in lowering.inputs]
         inputs = [relax.op.reshape(e, lowering.input_shapes[i]) if i in lowering.input_shapes else e
                   for i, e in enumerate(inputs)]
         key = (lowering.compute, tuple(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
         if key not in self.cache:
-            prim, out = _build_primfunc(lowering, self.target, self.any_target)
+            prim, out = _build_primfunc(lowering, self.target, scheduled)
             gv = self.builder_.add_func(prim, rule.name)
             self.cache[key] = (gv, _tvm.tensor_type([int(d) for d in out.shape], str(out.dtype)))
         gv, out_ty = self.cache[key]
