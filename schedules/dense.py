@@ -1,9 +1,12 @@
 """dense with an epilogue: out[m, n] = act( sum_k x[m, k] * W[k, n] + b[n] ).
 
-Stages: `dense` (reduction) and `epilogue`.
+Stages: `dense` (reduction) and `epilogue`. W is [K, N], or packed by a schedule (`pack_columns`) into
+column tiles [N / cols, K, cols], W[k, n] = Wp[n // cols, k, n % cols]: one tile is contiguous in memory.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from tvm_fusion._tvm import te
 
@@ -15,11 +18,23 @@ from .activations import apply_activation
 DENSE_FAMILY = "dense_affine"  # the compute every dense rule without a compute of its own lowers to
 
 
+def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:
+    """W [K, N]  ==>  column tiles [N / cols, K, cols] (cols divides N): Wp[t, k, c] = W[k, t * cols + c]."""
+    k, n = w.shape
+    return np.ascontiguousarray(w.reshape(k, n // cols, cols).transpose(1, 0, 2))
+
+
 @register_compute(DENSE_FAMILY)
 def dense_affine(x, w, b, *, activation=None, activation_params=None, **_):
     m, k = dims(x.shape)  # m may be a symbolic batch
-    n = int(w.shape[1])
     rk = te.reduce_axis((0, k), name="rk")
-    dense = te.compute((m, n), lambda i, j: te.sum(x[i, rk] * w[rk, j], axis=rk), name="dense")
+    if len(w.shape) == 3:  # column tiles
+        tiles, cols = int(w.shape[0]), int(w.shape[2])
+        n = tiles * cols
+        weight = lambda r, j: w[j // cols, r, j % cols]  # noqa: E731
+    else:
+        n = int(w.shape[1])
+        weight = lambda r, j: w[r, j]  # noqa: E731
+    dense = te.compute((m, n), lambda i, j: te.sum(x[i, rk] * weight(rk, j), axis=rk), name="dense")
     return te.compute((m, n), lambda i, j: apply_activation(dense[i, j] + b[j], activation, activation_params),
                       name="epilogue")

@@ -2,11 +2,13 @@
 
     batch_norm(x)[0]            ==>  x * s + t                      (inference only; s, t per channel)
     FuseOpsByPattern(rules)     ==>  private functions {"Composite": rule name}     (`match`)
-    composite call              ==>  call_tir(<rule name PrimFunc>, inputs + folded constants)   (`lower`)
+    composite call              ==>  call_tir(<rule name PrimFunc>, inputs + folded constants)   (`lower`;
+                                     constants packed into the target schedule's tile layout)
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -241,8 +243,17 @@ def _elements_per_batch(out) -> int:
     return most
 
 
-def _build_primfunc(lowering: Lowering, target, any_target: bool = False):
-    """(scheduled PrimFunc, the Relax type of its output)."""
+def _scheduled(lowering: Lowering, target, any_target: bool) -> tuple[Lowering, bool]:
+    """(the lowering with its constants in the layout the target's schedule reads, whether it is scheduled):
+    with `any_target`, a group this target's schedule cannot take keeps its constants and plain compute."""
+    sched = registry.get_schedule(lowering.compute, target.kind.name)
+    if any_target and (sched is None or sched.why_not(lowering.attrs, _lowering_shapes(lowering), target)):
+        return lowering, False
+    return dataclasses.replace(lowering, constants=sched.packed(lowering.constants, lowering.attrs, target)), True
+
+
+def _build_primfunc(lowering: Lowering, target, scheduled: bool = True):
+    """(scheduled PrimFunc, the Relax type of its output); `scheduled=False`: the plain compute."""
     compute = registry.get_compute(lowering.compute, target.kind.name)
     dims = _KernelDims()
     tensors = [te.placeholder(dims.kernel(lowering.shape_of_input(i)), str(_tvm.expr_type(e).dtype), name=f"in{i}")
@@ -256,9 +267,9 @@ def _build_primfunc(lowering: Lowering, target, any_target: bool = False):
     if dims.vars:
         func = func.with_attr(ELEMENTS_PER_BATCH_ATTR, _elements_per_batch(out))
     out_ty = _tvm.tensor_type(dims.relax(out.shape), str(out.dtype))
-    sched = registry.get_schedule(lowering.compute, target.kind.name)
-    if any_target and (sched is None or sched.why_not(lowering.attrs, _lowering_shapes(lowering), target)):
+    if not scheduled:
         return func, out_ty  # matched for another target: the plain compute, left to TVM's default schedules
+    sched = registry.get_schedule(lowering.compute, target.kind.name)
     sch = _tvm.Schedule(tvm.IRModule({"main": func}))
     with target:
         sched.apply(sch, lowering.attrs, target)
@@ -326,7 +337,7 @@ class _LowerComposites(relax.PyExprMutator):
         if matched is None:
             raise FusionError(f"rule {rule.name}: composite function no longer matches its pattern")
         exprs = {n: matched[p] for n, p in spec.annotations.items() if p in matched}
-        lowering = spec.lower(Match(rule.name, exprs, var2val))
+        lowering, scheduled = _scheduled(spec.lower(Match(rule.name, exprs, var2val)), self.target, self.any_target)
         params = {p: a for p, a in zip(func.params, call.args)}
         inputs = [params.get(e, e) for e in lowering.inputs]
         inputs = [relax.op.reshape(e, lowering.input_shapes[i]) if i in lowering.input_shapes else e
@@ -334,7 +345,7 @@ class _LowerComposites(relax.PyExprMutator):
         # one PrimFunc per rule (named after it) and shapes and attributes, even where rules share a compute
         key = (rule.name, lowering.compute, repr(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
         if key not in self.cache:
-            prim, out_ty = _build_primfunc(lowering, self.target, self.any_target)
+            prim, out_ty = _build_primfunc(lowering, self.target, scheduled)
             gv = self.builder_.add_func(prim, rule.name)
             self.cache[key] = (gv, out_ty)
         gv, out_ty = self.cache[key]

@@ -5,6 +5,9 @@
 
 A schedule may carry `supports(attrs, shapes, target) -> str | None`: a returned string is the reason it
 cannot handle a case, and the rule then declines with that reason (the match falls back to TVM).
+It may also carry `pack(constants, attrs, target) -> list | None`: the group's constants (numpy arrays)
+re-laid out at compile time into the tile layout its kernel reads (None: keep them as they are); the
+compute then receives the packed constants.
 Duplicates are refused; unknown names are answered with close candidates.
 """
 
@@ -31,6 +34,12 @@ class Schedule:
     target: str
     apply: Callable  # (sch: tvm.s_tir.Schedule, attrs: dict, target) -> None
     supports: Callable | None = None  # (attrs, shapes, target) -> str | None
+    pack: Callable | None = None  # (constants, attrs, target) -> list[np.ndarray] | None
+
+    def packed(self, constants: list, attrs: dict, target) -> list:
+        """The constants in the layout this schedule's kernel reads."""
+        out = self.pack(constants, attrs, target) if self.pack else None
+        return constants if out is None else list(out)
 
     def why_not(self, attrs: dict, shapes: dict, target) -> str | None:
         return self.supports(attrs, shapes, target) if self.supports else None
@@ -48,13 +57,13 @@ def register_compute(*names: str, target: str = GENERIC):
     return wrap
 
 
-def register_schedule(*names: str, target: str, supports: Callable | None = None):
+def register_schedule(*names: str, target: str, supports: Callable | None = None, pack: Callable | None = None):
     def wrap(fn):
         for name in names:
             key = (name, target)
             if key in _SCHEDULES and _SCHEDULES[key].apply is not fn:
                 raise FusionError(f"duplicate schedule {name!r} for target {target!r}")
-            _SCHEDULES[key] = Schedule(name, target, fn, supports)
+            _SCHEDULES[key] = Schedule(name, target, fn, supports, pack)
         return fn
 
     return wrap

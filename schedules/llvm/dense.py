@@ -1,21 +1,23 @@
 """CPU (llvm) schedule for dense + epilogue: out[m, n] = act(sum_k x[m, k] * W[k, n] + b[n]).
 
-W is [K, N] (N contiguous), so the output columns are vectorized: parallel over blocks of columns,
-each block's accumulators held in registers across the whole K loop, then the epilogue.
+W is packed at compile time into column tiles Wp[N / COLS, K, COLS] (`pack_columns`), so the kernel
+streams each tile from memory front to back; the output columns of a tile are vectorized, and tiles run
+in parallel. At batch 1 this is a GEMV: memory-bound, one pass over W in the order it is stored.
 
-    parallel for column block (COLS columns, COLS a divisor of N and a multiple of half a vector of the
-                               target, at most 4 vectors: `hardware.cpu_facts`):
-        for m:
-            acc[COLS] = 0
-            for k: acc[:] += x[m, k] * W[k, block]        # broadcast * vector
-            out[m, block] = act(acc + b[block])
+    parallel for tile t (COLS columns, COLS a divisor of N and a multiple of half a vector of the
+                         target, at most 4 vectors: `hardware.cpu_facts`):
+        for row block (ROWS rows, registers: ROWS x COLS accumulators):
+            acc[ROWS, COLS] = 0
+            for k: acc[r, :] += x[m + r, k] * Wp[t, k, :]      # broadcast * vector, Wp loaded once for ROWS rows
+            out[rows, tile] = act(acc + b[tile])
 """
 
 from __future__ import annotations
 
+from tvm_fusion._tvm import tirx
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.dense import DENSE_FAMILY
+from tvm_fusion.schedules.dense import DENSE_FAMILY, pack_columns
 
 ACCUMULATOR_VECTORS = 4  # vector accumulators per column block: enough to hide the FMA latency
 
@@ -30,16 +32,36 @@ def column_block(n: int, lanes: int) -> int:
     return 1
 
 
-@register_schedule(DENSE_FAMILY, target="llvm")
+def row_block(m: int, cols: int, facts) -> int:
+    """The largest divisor of m whose ROWS x COLS accumulators fit in half the vector registers."""
+    vectors = max(1, -(-cols // facts.float32_lanes))
+    most = max(1, facts.vector_registers // 2 // vectors)
+    return max(r for r in range(1, min(m, most) + 1) if m % r == 0)
+
+
+def pack_dense(constants, attrs, target):
+    """W [K, N]  ==>  Wp [N / COLS, K, COLS] (None when N has no vector-sized divisor: W stays as it is)."""
+    w, b = constants
+    cols = column_block(w.shape[1], cpu_facts(target).float32_lanes)
+    return None if cols <= 1 else [pack_columns(w, cols), b]
+
+
+@register_schedule(DENSE_FAMILY, target="llvm", pack=pack_dense)
 def schedule_dense_llvm(sch, attrs, target):
+    facts = cpu_facts(target)
     dense = sch.get_sblock("dense")
     epi = sch.get_sblock("epilogue")
     i, j, k = sch.get_loops(dense)
-    cols = column_block(int(sch.get(j).extent), cpu_facts(target).float32_lanes)
+    cols = column_block(int(sch.get(j).extent), facts.float32_lanes)
+    m = sch.get(i).extent
+    rows = row_block(int(m), cols, facts) if isinstance(m, tirx.IntImm) else 1  # a symbolic batch: one row a step
     jo, ji = sch.split(j, [None, cols])
-    sch.reorder(jo, i, k, ji)
+    io, ii = sch.split(i, [None, rows])
+    sch.reorder(jo, io, k, ii, ji)
     sch.parallel(jo)
-    sch.reverse_compute_at(epi, i)
+    sch.reverse_compute_at(epi, io)
+    if rows > 1:
+        sch.unroll(ii)
     if cols > 1:
         sch.vectorize(ji)
         sch.vectorize(sch.get_loops(epi)[-1])

@@ -1,0 +1,178 @@
+"""CPU speed against onnxruntime, model by model: the nine light architectures plus the zoo corpus.
+
+    python benchmarks/cpu_speed.py                                       # this CPU's own target
+    python benchmarks/cpu_speed.py --target '{"kind":"llvm","mcpu":"x86-64-v3"}'   # forced AVX2
+    TVM_FUSION_CPU='{"kind":"llvm","mcpu":"x86-64-v3"}' python benchmarks/cpu_speed.py   # the same
+    python benchmarks/cpu_speed.py --models alexnet,bert_ts14 --threads 1,2 --rounds 9
+
+For each model (tvm_fusion.examples with seeded weights, and tests/zoo through the simplifier, on the
+corpus entries' own inputs) the fused build is checked element-wise against onnxruntime (the
+tvm_fusion.numerics table), then timed against onnxruntime at each thread count: TVM's pool and
+onnxruntime's intra-op pool both set to that count, `--rounds` interleaved rounds, each one block of
+fused runs then one block of onnxruntime runs (blocks of about `--block-ms`), and the medians of the
+per-block means compared. onnxruntime's worker threads are told not to spin (they would otherwise steal
+the cores from TVM's next block). Prints one markdown table per thread count with the geometric mean of
+fused / onnxruntime; exits 1 if a fused build is out of tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+
+from tvm_fusion._tvm import relax, tvm  # noqa: E402
+from tvm_fusion.build import build, resolve_target  # noqa: E402
+from tvm_fusion.compare import as_arrays  # noqa: E402
+from tvm_fusion.numerics import error_stats  # noqa: E402
+
+
+def _light(name: str):
+    """(module, onnx model, feeds in graph order) of a light architecture."""
+    from tvm_fusion import frontend
+    from tvm_fusion.compare import random_inputs
+    from tvm_fusion.examples import example_path
+
+    proto = onnx.load(str(example_path(name)))
+    return frontend.import_onnx(proto), proto, random_inputs(proto)
+
+
+def _zoo(name: str):
+    from corpus import make_inputs, model_path
+    from test_zoo import imported
+
+    return imported(name), onnx.load(str(model_path(name))), make_inputs(name)
+
+
+def model_names() -> dict[str, str]:
+    """model name -> 'light' or 'zoo', in table order."""
+    from corpus import ENTRIES
+
+    from tvm_fusion.examples import EXAMPLES
+
+    return {**{n: "light" for n in EXAMPLES}, **{n: "zoo" for n in ENTRIES}}
+
+
+def set_tvm_threads(n: int) -> int:
+    """Resize TVM's CPU pool to `n` threads; returns the count it reports."""
+    tvm.get_global_func("runtime.config_threadpool")(1, n)  # 1: the big cores (all of them on x86)
+    return int(tvm.get_global_func("runtime.NumThreads")())
+
+
+def ort_session(proto, threads: int):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _block(fn, number: int) -> float:
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number
+
+
+def interleaved_ms(fused, ort, rounds: int, block_ms: float) -> tuple[float, float]:
+    """(fused ms, onnxruntime ms): medians over `rounds` of the mean of a block of runs, alternating."""
+    fused(), ort()  # warm up both
+    number = {f: max(1, int(block_ms / 1e3 / max(_block(f, 1), 1e-6))) for f in (fused, ort)}
+    times = {fused: [], ort: []}
+    for _ in range(rounds):
+        for f in (fused, ort):
+            times[f].append(_block(f, number[f]))
+    return 1e3 * statistics.median(times[fused]), 1e3 * statistics.median(times[ort])
+
+
+def measure(name: str, kind: str, target, threads: list[int], rounds: int, block_ms: float) -> dict:
+    mod, proto, feeds = (_light if kind == "light" else _zoo)(name)
+    built = build(mod, target, "fused")
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(built.executable, dev)
+    order = [i.name for i in proto.graph.input if i.name in feeds]
+    args = [tvm.runtime.tensor(feeds[k], dev) for k in order]
+    main = vm["main"]
+    out = as_arrays(main(*args))
+    sess = ort_session(proto, max(threads))
+    ref = sess.run(None, feeds)
+    stats = [error_stats(a, r) for a, r in zip(out, ref)]
+    row = {"model": name, "kind": kind, "ok": all(s.ok for s in stats),
+           "error": "; ".join(s.describe() for s in stats if not s.ok), "ms": {}}
+    for n in threads:
+        set_tvm_threads(n)
+        sess = ort_session(proto, n)
+        row["ms"][n] = interleaved_ms(lambda: main(*args), lambda: sess.run(None, feeds), rounds, block_ms)
+    return row
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def table(rows: list[dict], threads: int) -> str:
+    lines = ["| model | fused ms | onnxruntime ms | fused / ort |", "|---|---|---|---|"]
+    ratios = []
+    for r in rows:
+        fused, ort = r["ms"][threads]
+        ratios.append(fused / ort)
+        flag = "" if r["ok"] else " (OUT OF TOLERANCE)"
+        lines.append(f"| {r['model']}{flag} | {fused:.2f} | {ort:.2f} | {fused / ort:.2f}x |")
+    lines.append(f"| **geometric mean** ({len(ratios)} models) | | | **{geomean(ratios):.2f}x** |")
+    worst = max(rows, key=lambda r: r["ms"][threads][0] / r["ms"][threads][1])
+    lines.append(f"\nworst: {worst['model']} {worst['ms'][threads][0] / worst['ms'][threads][1]:.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    names = model_names()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="llvm",
+                    help="'llvm' (this CPU, or TVM_FUSION_CPU) or a JSON llvm target, e.g. "
+                         "'{\"kind\":\"llvm\",\"mcpu\":\"x86-64-v3\"}' for AVX2")
+    ap.add_argument("--models", default="all", help=f"comma separated, or 'all', 'light', 'zoo'; of: {', '.join(names)}")
+    ap.add_argument("--threads", default="1,2", help="thread counts to time at, comma separated")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (a block of each runtime per round)")
+    ap.add_argument("--block-ms", type=float, default=150.0, help="about how long one block of runs takes")
+    args = ap.parse_args(argv)
+    groups = {"all": list(names), "light": [n for n, k in names.items() if k == "light"],
+              "zoo": [n for n, k in names.items() if k == "zoo"]}
+    models = groups.get(args.models) or [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in names]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(names)}")
+    threads = [int(t) for t in args.threads.split(",") if t]
+    target = resolve_target(args.target)
+    rows = []
+    for name in models:
+        t0 = time.perf_counter()
+        row = measure(name, names[name], target, threads, args.rounds, args.block_ms)
+        rows.append(row)
+        speeds = ", ".join(f"{n}t {f:.1f}/{o:.1f} ms" for n, (f, o) in row["ms"].items())
+        print(f"{name}: {speeds}{'' if row['ok'] else ' FAIL ' + row['error']} "
+              f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+    print(f"\ntarget {target}; batch 1; medians of {args.rounds} interleaved rounds (blocks of ~{args.block_ms:.0f} ms)")
+    for n in threads:
+        print(f"\n### {n} thread{'s' if n > 1 else ''} (TVM pool and onnxruntime intra-op)\n")
+        print(table(rows, n))
+    failures = [f"{r['model']}: {r['error']}" for r in rows if not r["ok"]]
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
