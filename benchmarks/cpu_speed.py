@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +129,7 @@ def table(rows: list[dict], threads: int) -> str:
         fused, ort = r["ms"][threads]
         ratios.append(fused / ort)
         flag = "" if r["ok"] else " (OUT OF TOLERANCE)"
-        lines.append(f"| {r['model']}{flag} | {fused:.2f} | {ort:.2f} | {fused / ort:.2f}x |")
+        lines.append(f"| {r['model']}{flag} | {fused:.3g} | {ort:.3g} | {fused / ort:.2f}x |")
     lines.append(f"| **geometric mean** ({len(ratios)} models) | | | **{geomean(ratios):.2f}x** |")
     worst = max(rows, key=lambda r: r["ms"][threads][0] / r["ms"][threads][1])
     lines.append(f"\nworst: {worst['model']} {worst['ms'][threads][0] / worst['ms'][threads][1]:.2f}x")
