@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["EXAMPLES", "LIGHT_FILES", "example_model", "example_path", "light_model_path", "logits_name"]
+__all__ = ["EXAMPLES", "LIGHT_FILES", "cache_dir", "example_model", "example_path", "light_model_path", "logits_name"]
 
 #: short name -> the file's stem in onnx/backend/test/data/light/ (light_<stem>.onnx)
 LIGHT_FILES = {
@@ -47,9 +47,10 @@ def light_model_path(name: str) -> Path:
     return path
 
 
-def _cache_dir() -> Path:
+def cache_dir(sub: str = "examples") -> Path:
+    """`$TVM_FUSION_CACHE/<sub>` (default `~/.cache/tvm_fusion/<sub>`), created on first use."""
     root = os.environ.get("TVM_FUSION_CACHE") or Path.home() / ".cache" / "tvm_fusion"
-    path = Path(root) / "examples"
+    path = Path(root) / sub
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -286,7 +287,7 @@ def example_path(name: str = "resnet50", seed: int = 0) -> Path:
     """Path of the example model, generated (and cached) on first use."""
     if name not in LIGHT_FILES:
         raise ValueError(f"unknown example {name!r}; available: {', '.join(EXAMPLES)}")
-    path = _cache_dir() / f"{name}-seed{seed}.onnx"
+    path = cache_dir() / f"{name}-seed{seed}.onnx"
     if not path.exists():
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         onnx.save(_build_light(name, seed), str(tmp))
