@@ -41,3 +41,27 @@ def test_devices():
     assert backend.supports_device("CPU")
     with pytest.raises(ValueError, match="device 'TPU' is not supported"):
         backend.prepare(residual_block(), "TPU")
+
+
+def test_simplified_backend_goes_through_the_front_door():
+    """Reshape to a shape computed from Shape/Gather/Concat: TVM's importer refuses it as written; the
+    simplifier (SimplifiedBackend, or prepare(simplify=True)) folds it to a constant and the model runs."""
+    from onnx import TensorProto, helper
+
+    from tvm_fusion.errors import FusionError
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "i"], ["n"], axis=0),
+             helper.make_node("Concat", ["n", "minus1"], ["new_shape"], axis=0),
+             helper.make_node("Reshape", ["x", "new_shape"], ["y"])]
+    inits = [onnx.numpy_helper.from_array(np.array([0], np.int64), "i"),
+             onnx.numpy_helper.from_array(np.array([-1], np.int64), "minus1")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 12])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    with pytest.raises(FusionError, match="TVM's ONNX importer failed at node 'Reshape.*' \\(Reshape\\)"):
+        backend.run_model(model, [x])
+    assert backend.SimplifiedBackend.prepare(model).simplify
+    for rep in (backend.SimplifiedBackend.prepare(model), backend.prepare(model, simplify=True)):
+        np.testing.assert_array_equal(rep.run([x])[0], x.reshape(2, 12))

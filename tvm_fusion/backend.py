@@ -4,6 +4,9 @@
     rep = backend.prepare(model, "CPU")              # fused build (mode="unfused" for the reference)
     outputs = rep.run([x])
 
+The graph goes to TVM's importer as written (`simplify=False`: the suite tests TVM's importer as it is);
+`prepare(..., simplify=True)` or `SimplifiedBackend` first runs the ONNX simplifier, as `import_onnx` does.
+
 Builds are made per input-shape signature on first use (a model with symbolic dims runs at any shape).
 """
 
@@ -19,7 +22,8 @@ from .frontend import import_onnx
 from .io import as_arrays, device, gpu_available
 from .rules import RuleSet
 
-__all__ = ["TVMFusionBackend", "TVMFusionRep", "prepare", "run_model", "run_node", "supports_device"]
+__all__ = ["SimplifiedBackend", "TVMFusionBackend", "TVMFusionRep", "UnfusedBackend", "prepare", "run_model",
+           "run_node", "supports_device"]
 
 _TARGETS = {"CPU": "llvm", "CUDA": "cuda"}
 
@@ -32,8 +36,10 @@ def _device(device: str):
 
 
 class TVMFusionRep(BackendRep):
-    def __init__(self, model: onnx.ModelProto, device: str, mode: str, rules: RuleSet | None):
+    def __init__(self, model: onnx.ModelProto, device: str, mode: str, rules: RuleSet | None,
+                 simplify: bool = False):
         self.model, self.kind, self.mode, self.rules = model, _device(device), mode, rules
+        self.simplify = simplify
         inits = {t.name for t in model.graph.initializer}
         self.input_names = [i.name for i in model.graph.input if i.name not in inits]
         self._vms: dict = {}
@@ -42,7 +48,7 @@ class TVMFusionRep(BackendRep):
         key = tuple((a.shape, str(a.dtype)) for a in arrays)
         if key not in self._vms:
             shapes = {n: a.shape for n, a in zip(self.input_names, arrays)}
-            mod = import_onnx(self.model, shapes, simplify=False)  # conformance tests TVM's importer as it is
+            mod = import_onnx(self.model, shapes, simplify=self.simplify)
             built = build(mod, resolve_target(_TARGETS[self.kind]), self.mode, rules=self.rules)
             dev = device(_TARGETS[self.kind])
             self._vms[key] = (relax.VirtualMachine(built.executable, dev), dev)
@@ -63,6 +69,7 @@ class TVMFusionBackend(Backend):
     """tvm_fusion as an ONNX backend; `mode` is 'fused' (default), 'tvm' or 'unfused'."""
 
     MODE = "fused"
+    SIMPLIFY = False
 
     @classmethod
     def is_compatible(cls, model, device: str = "CPU", **kwargs) -> bool:
@@ -70,9 +77,9 @@ class TVMFusionBackend(Backend):
 
     @classmethod
     def prepare(cls, model, device: str = "CPU", mode: str | None = None, rules: RuleSet | None = None,
-                **kwargs) -> TVMFusionRep:
+                simplify: bool | None = None, **kwargs) -> TVMFusionRep:
         super().prepare(model, device, **kwargs)
-        return TVMFusionRep(model, device, mode or cls.MODE, rules)
+        return TVMFusionRep(model, device, mode or cls.MODE, rules, cls.SIMPLIFY if simplify is None else simplify)
 
     @classmethod
     def run_model(cls, model, inputs, device: str = "CPU", **kwargs):
@@ -114,6 +121,12 @@ class UnfusedBackend(TVMFusionBackend):
     """The same backend building every op as its own kernel: the suite's reference for 'fusion changed nothing'."""
 
     MODE = "unfused"
+
+
+class SimplifiedBackend(TVMFusionBackend):
+    """The fused backend behind the front door users get: the ONNX simplifier runs before TVM's importer."""
+
+    SIMPLIFY = True
 
 
 prepare = TVMFusionBackend.prepare

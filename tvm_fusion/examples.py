@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["EXAMPLES", "LIGHT_FILES", "draw_plan", "example_model", "example_of", "example_path", "light_model_path",
+__all__ = ["EXAMPLES", "LIGHT_FILES", "cache_dir", "draw_plan", "example_model", "example_of", "example_path", "light_model_path",
            "logits_name", "with_dynamic_batch"]
 
 #: short name -> the file's stem in onnx/backend/test/data/light/ (light_<stem>.onnx)
@@ -48,9 +48,10 @@ def light_model_path(name: str) -> Path:
     return path
 
 
-def _cache_dir() -> Path:
+def cache_dir(sub: str = "examples") -> Path:
+    """`$TVM_FUSION_CACHE/<sub>` (default `~/.cache/tvm_fusion/<sub>`), created on first use."""
     root = os.environ.get("TVM_FUSION_CACHE") or Path.home() / ".cache" / "tvm_fusion"
-    path = Path(root) / "examples"
+    path = Path(root) / sub
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -347,7 +348,7 @@ def example_path(name: str = "resnet50", seed: int = 0, *, dynamic_batch: bool =
     a symbolic batch dim N (with_dynamic_batch)."""
     if name not in LIGHT_FILES:
         raise ValueError(f"unknown example {name!r}; available: {', '.join(EXAMPLES)}")
-    path = _cache_dir() / f"{name}-seed{seed}{'-batchN' if dynamic_batch else ''}.onnx"
+    path = cache_dir() / f"{name}-seed{seed}{'-batchN' if dynamic_batch else ''}.onnx"
     if not path.exists():
         model = (with_dynamic_batch(example_model(name, seed)) if dynamic_batch else _build_light(name, seed))
         tmp = path.with_suffix(f".tmp{os.getpid()}")

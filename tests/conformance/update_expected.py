@@ -4,6 +4,8 @@
     .venv/bin/python tests/conformance/update_expected.py /tmp/conformance.xml
 
 It refuses to write when a test fails fused but not unfused: that is a bug in our rules or schedules.
+The Simplified half (fused, through the ONNX simplifier) gives SIMPLIFIER_FIXES (fail unfused, pass there)
+and SIMPLIFIER_BREAKS (pass unfused, fail there, by reason); without it in the XML the lists are kept.
 """
 
 from __future__ import annotations
@@ -29,42 +31,98 @@ REASONS = [
 def outcomes(xml_path: str) -> dict[str, dict[str, tuple[str, str]]]:
     out: dict[str, dict[str, tuple[str, str]]] = defaultdict(dict)
     for case in ET.parse(xml_path).getroot().iter("testcase"):
-        mode = "Unfused" if case.get("classname").endswith("Unfused") else "Fused"
+        classname = case.get("classname")
+        mode = next((m for m in ("Unfused", "Simplified") if classname.endswith(m)), "Fused")
         failure = case.find("failure")
         if failure is None:
             failure = case.find("error")
         if failure is not None:
             out[case.get("name")][mode] = ("fail", (failure.get("message") or "").strip())
         elif case.find("skipped") is not None:
-            out[case.get("name")][mode] = ("skip", case.find("skipped").get("message") or "")
+            skipped = case.find("skipped")
+            status = "xfail" if skipped.get("type") == "pytest.xfail" else "skip"
+            out[case.get("name")][mode] = (status, skipped.get("message") or "")
         else:
             out[case.get("name")][mode] = ("pass", "")
     return out
 
 
+def failed(status: str, message: str) -> bool:
+    """Did the test itself fail? (an expected failure did; an unexpected success of one did not)"""
+    if status == "fail":
+        return "Unexpected success" not in message
+    return status == "xfail" or (status == "skip" and "expected failure" in message)
+
+
+def _reason(message: str) -> str:
+    return next(label for label, pattern in REASONS if re.search(pattern, message))
+
+
+def unfused_failures(results: dict, known: dict[str, list[str]]) -> dict[str, list[str]] | None:
+    """EXPECTED_FAILURES from the Unfused (else Fused) half, by reason; None when the XML has neither.
+    A test that failed as expected (xfail, no message in the XML) keeps its reason in `known`."""
+    reason_of = {n: reason for reason, names in known.items() for n in names}
+    grouped: dict[str, list[str]] = defaultdict(list)
+    runs = {n: r.get("Unfused", r.get("Fused")) for n, r in sorted(results.items())}
+    runs = {n: outcome for n, outcome in runs.items() if outcome is not None}
+    if not runs:
+        return None
+    for name, (status, message) in runs.items():
+        short = name.removesuffix("_cpu")
+        if status == "xfail" and short in reason_of:
+            grouped[reason_of[short]].append(short)
+        elif status == "fail" or "expected failure" in message:
+            grouped[_reason(message)].append(short)
+    return {label: grouped[label] for label, _ in REASONS if grouped.get(label)}
+
+
+def simplifier_lists(results: dict, expected: set[str]) -> tuple[list[str], dict[str, list[str]]] | None:
+    """(fixes, breaks by reason) of the Simplified half against the Unfused one (or, when the XML has only
+    the Simplified half, against `expected`, the current expected failures); None without it."""
+    fixes, breaks = [], defaultdict(list)
+    simplified = {n: r for n, r in sorted(results.items()) if "Simplified" in r}
+    if not simplified:
+        return None
+    for name, r in simplified.items():
+        short = name.removesuffix("_cpu")
+        before = failed(*r["Unfused"]) if "Unfused" in r else short in expected
+        after = failed(*r["Simplified"])
+        if before and not after:
+            fixes.append(short)
+        elif after and not before:
+            breaks[_reason(r["Simplified"][1])].append(short)
+    return fixes, dict(breaks)
+
+
+def _lines(name: str, comment: str, value) -> list[str]:
+    if isinstance(value, list):
+        return [f"#: {comment}", f"{name}: list[str] = [", *[f"    {n!r}," for n in value], "]"]
+    out = [f"#: {comment}", f"{name}: dict[str, list[str]] = {{"]
+    for reason, names in value.items():
+        out += [f"    {reason!r}: [", *[f"        {n!r}," for n in names], "    ],"]
+    return out + ["}"]
+
+
 def main(xml_path: str) -> None:
+    import expected_failures as current
+
     results = outcomes(xml_path)
     differ = [n for n, r in results.items() if r.get("Fused", ("?",))[0] != r.get("Unfused", ("?",))[0]
-              and "xpass" not in str(r)]
+              and "xpass" not in str(r) and "Fused" in r and "Unfused" in r]
     if differ:
         raise SystemExit(f"fused and unfused differ on {differ}: fix the rule or schedule, do not list it")
-    grouped: dict[str, list[str]] = defaultdict(list)
-    for name, r in sorted(results.items()):
-        status, message = r.get("Unfused", r.get("Fused"))
-        if status != "fail" and "expected failure" not in message:
-            continue
-        reason = next(label for label, pattern in REASONS if re.search(pattern, message))
-        grouped[reason].append(name.removesuffix("_cpu"))
-    lines = [f'"""{Path(__file__).with_name("expected_failures.py").read_text().split(chr(34) * 3)[1]}"""', "",
-             "EXPECTED_FAILURES: dict[str, list[str]] = {"]
-    for reason, _ in REASONS:
-        if grouped.get(reason):
-            lines.append(f"    {reason!r}: [")
-            lines += [f"        {n!r}," for n in grouped[reason]]
-            lines.append("    ],")
-    lines.append("}")
+    expected = unfused_failures(results, current.EXPECTED_FAILURES) or current.EXPECTED_FAILURES
+    fixes, breaks = (simplifier_lists(results, {n for names in expected.values() for n in names})
+                     or (current.SIMPLIFIER_FIXES, current.SIMPLIFIER_BREAKS))
+    doc = Path(__file__).with_name("expected_failures.py").read_text().split(chr(34) * 3)[1]
+    lines = [f'"""{doc}"""', "", *_lines("EXPECTED_FAILURES", "by reason, from the Unfused half", expected)[1:],
+             "", *_lines("SIMPLIFIER_FIXES", "tests that fail as the exporter wrote them but pass through the "
+                         "ONNX simplifier (SimplifiedBackend)", fixes),
+             "", *_lines("SIMPLIFIER_BREAKS", "tests that pass as written but fail through the ONNX simplifier, "
+                         "by reason", breaks)]
     Path(__file__).with_name("expected_failures.py").write_text("\n".join(lines) + "\n")
-    print({k: len(v) for k, v in grouped.items()})
+    print({k: len(v) for k, v in expected.items()}, "simplifier fixes", len(fixes),
+          "breaks", {k: len(v) for k, v in breaks.items()})
 
 
 if __name__ == "__main__":

