@@ -27,8 +27,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["EXAMPLES", "LIGHT_FILES", "cache_dir", "draw_plan", "example_model", "example_of", "example_path", "light_model_path",
-           "logits_name", "with_dynamic_batch"]
+__all__ = ["EXAMPLES", "LIGHT_FILES", "cache_dir", "draw_plan", "example_model", "example_of", "example_path",
+           "light_model_path", "logits_name", "with_dynamic_batch"]
 
 #: short name -> the file's stem in onnx/backend/test/data/light/ (light_<stem>.onnx)
 LIGHT_FILES = {
