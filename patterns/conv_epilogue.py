@@ -11,6 +11,8 @@ with nothing after it is still a single-rooted match; a training-mode batch_norm
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from tvm_fusion import _tvm, registry
@@ -24,7 +26,18 @@ CONV_FAMILY = "conv2d_affine"  # schedules/conv2d.py registers it; rules without
 
 
 def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None, activation=None) -> Spec:
-    """The pattern for one member of the family. bias=None means "with or without a conv bias"."""
+    """The pattern for one member of the family. bias=None means "with or without a conv bias". A residual
+    member also tries add(skip, y) on its own, after add(y, skip) | add(skip, y): in add(conv_a, conv_b) where
+    conv_a also feeds the next block (MobileNetV2's inverted residuals), the first alternative binds y to
+    conv_a and declines; the variant then takes conv_b."""
+    spec = _conv_epilogue(bn=bn, residual="either" if residual else None, bias=bias, activation=activation)
+    if residual:
+        swapped = _conv_epilogue(bn=bn, residual="skip_first", bias=bias, activation=activation)
+        spec = dataclasses.replace(spec, variants=((swapped.pattern, swapped.annotations),))
+    return spec
+
+
+def _conv_epilogue(*, bn: bool, residual: str | None, bias: bool | None, activation) -> Spec:
     conv = dpl.is_op("relax.nn.conv2d")(dpl.wildcard(), dpl.is_const())
     ann = {"conv": conv}
     bias_add = dpl.is_op("relax.add")(conv, dpl.is_const())
@@ -44,7 +57,7 @@ def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None,
         y = post_shift | y
     if residual:
         other = dpl.wildcard()
-        y = commutative("relax.add", y, other)
+        y = commutative("relax.add", y, other) if residual == "either" else dpl.is_op("relax.add")(other, y)
         ann.update(residual_add=y, residual=other)
     return epilogue_spec(y, ann, activation, lower_conv)
 
@@ -91,6 +104,9 @@ def conv_checks(m: Match):
             return decline(f"residual operand has shape {res_shape}; expected the conv output shape {out_shape}")
         if m.dtype("residual") != dtype:
             return decline(f"residual dtype is {m.dtype('residual')}; expected {dtype}")
+        if _per_channel(m.value("residual"), out_shape) is not None:  # a 1x1 output's bias has its shape
+            return decline(f"residual operand is a per-channel constant of shape {res_shape}; it is a bias, which "
+                           "the conv2d_bias rules fold")
         residual = m.value("residual")  # e.g. add(bn(conv(x)), conv(x)): the kernel cannot take its own conv
         for name in ("conv", "bias_add", "bn_scale", "bn_shift", "post_scale", "post_shift"):
             if name in m and m.value(name).same_as(residual):
@@ -181,8 +197,9 @@ def _make_rule(structure: str, activation: str | None):
     return made
 
 
-#: the table: every structure with every activation; then, without an activation, conv2d_bn (projection
-#: shortcuts) and, at the lowest priorities, conv2d_bias and the bare conv2d, so that a conv with no
-#: epilogue to fuse (DenseNet's convs feeding a Concat) still runs our scheduled kernel, not TVM's default
+#: the table: every structure with every activation; then, without an activation, conv2d_bn_add and
+#: conv2d_add (residual blocks that end in the add: MobileNetV2/V3 and EfficientNet's inverted residuals),
+#: conv2d_bn (projection shortcuts) and, at the lowest priorities, conv2d_bias and the bare conv2d, so that a
+#: conv with no epilogue to fuse (DenseNet's convs feeding a Concat) still runs our scheduled kernel
 RULES = [_make_rule(st, act) for st in STRUCTURES for act in sorted(ACTIVATIONS, key=lambda a: -ACTIVATION_RANK[a])]
-RULES += [_make_rule(st, None) for st in ("bn", "bias", "plain")]
+RULES += [_make_rule(st, None) for st in ("bn_add", "bn", "add", "bias", "plain")]

@@ -304,8 +304,8 @@ def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
     active = rules.for_target(target.kind.name)
     trace = _Trace(names)
     patterns = [
-        _tvm.FusionPattern(r.name, r.spec.pattern, r.spec.annotations, _make_check(r, trace))
-        for r in active.ordered()
+        _tvm.FusionPattern(r.name, pattern, annotations, _make_check(r, trace))
+        for r in active.ordered() for pattern, annotations in r.spec.patterns()
     ]
     token = _TARGET.set(target)
     try:

@@ -71,6 +71,14 @@ class Spec:
     annotations: dict[str, Any]
     lower: Callable[["Match"], Lowering]
     check: Callable[["Match"], "Decline | None"] | None = None
+    #: more (pattern, annotations) pairs, matched after `pattern` on what it left: a commuted operand order.
+    #: The matcher takes the first alternative of an `a | b` that fits the graph and never tries the other
+    #: when the check declines it, so add(y, skip) | add(skip, y) on add(conv_a, conv_b) binds y to conv_a
+    #: only; a variant add(skip, y) gives conv_b its turn. `pattern` must match every variant's subgraph.
+    variants: tuple = ()
+
+    def patterns(self) -> list[tuple[Any, dict[str, Any]]]:
+        return [(self.pattern, self.annotations), *self.variants]
 
 
 class Match:

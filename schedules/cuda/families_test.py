@@ -44,8 +44,18 @@ def _conv_act_model():
     return g.model([y]), {"conv2d_bn_hardswish": 1, "conv2d_bias_silu": 1}
 
 
-@pytest.mark.parametrize("make", [_layer_norm_model, _ffn_model, _chain_model, _conv_act_model],
-                         ids=["layer_norm", "ffn_gelu", "elementwise", "conv_activations"])
+def _squeeze_excite_model():
+    from tvm_fusion.patterns.se_test import se_block
+
+    g = GraphBuilder(4)
+    x = g.input("x", [2, 96, 14, 14])
+    return g.model([se_block(g, x, 96, 24, act="x*Sigmoid", gate="Sigmoid")], opset=18), {
+        "squeeze_excite_silu_sigmoid": 1}
+
+
+@pytest.mark.parametrize("make", [_layer_norm_model, _ffn_model, _chain_model, _conv_act_model,
+                                  _squeeze_excite_model],
+                         ids=["layer_norm", "ffn_gelu", "elementwise", "conv_activations", "squeeze_excite"])
 def test_family_builds_for_cuda(make):
     model, expect = make()
     target = resolve_target("cuda")
@@ -81,3 +91,22 @@ def test_each_arch_builds_within_its_limits(arch):
             checked += 1
     assert checked == 2
     assert compile_cuda_source(cuda_source(built.executable), arch)[:4] == b"\x50\xed\x55\xba"
+
+
+def test_squeeze_excite_over_a_large_map_declines_on_cuda_only():
+    """One block per sample: a 112x112x32 map (EfficientNet-B0's first SE) is left to the unfused kernels on
+    CUDA, with the reason; the CPU schedule takes it."""
+    from tvm_fusion.fuse import fuse
+    from tvm_fusion.loader import load_rules_for
+    from tvm_fusion.patterns.se_test import se_block
+
+    g = GraphBuilder(5)
+    x = g.input("x", [1, 32, 112, 112])
+    mod = import_onnx(g.model([se_block(g, x, 32, 8, act="x*Sigmoid", gate="Sigmoid")], opset=18))
+    rules = load_rules_for()
+    cuda = fuse(mod, resolve_target("cuda"), rules)
+    assert cuda.counts["squeeze_excite_silu_sigmoid"] == 0
+    reasons = [d.reason for d in cuda.decisions if d.rule == "squeeze_excite_silu_sigmoid"]
+    assert reasons == ["the CUDA squeeze-excite kernel runs one thread block per sample; C*H*W = 401408 is over "
+                       "65536, where the unfused ops spread over the GPU"]
+    assert fuse(mod, resolve_target("llvm"), rules).counts["squeeze_excite_silu_sigmoid"] == 1
