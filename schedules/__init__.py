@@ -21,6 +21,9 @@ MODULES = (
     "tvm_fusion.schedules.squeeze_excite",
     "tvm_fusion.schedules.llvm.squeeze_excite",
     "tvm_fusion.schedules.cuda.squeeze_excite",
+    "tvm_fusion.schedules.attention",
+    "tvm_fusion.schedules.llvm.attention",
+    "tvm_fusion.schedules.cuda.attention",
 )
 
 

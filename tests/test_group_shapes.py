@@ -81,7 +81,15 @@ MODELS = {
     "elementwise_broadcast": lambda: _elementwise((2, 1, 4), (3, 4), (1, 1, 1, 4)),
     "add_relu_broadcast": lambda: _elementwise((1, 8, 4, 4), (4,), (8, 1, 1)),
     "squeeze_excite": lambda: _squeeze_excite(),
+    "attention_rank3": lambda: _attention(),
 }
+
+
+def _attention():
+    from tvm_fusion.patterns.attention_test import attention_block
+
+    g = GraphBuilder(6)
+    return g.model([attention_block(g, shape=(4, 7, 16), mask=(4, 1, None))], opset=17)
 
 
 def _squeeze_excite():

@@ -53,9 +53,17 @@ def _squeeze_excite_model():
         "squeeze_excite_silu_sigmoid": 1}
 
 
+def _attention_model():
+    from tvm_fusion.patterns.attention_test import attention_block
+
+    g = GraphBuilder(6)
+    return g.model([attention_block(g, shape=(2, 12, 128, 64))], opset=17), {"attention": 1}
+
+
 @pytest.mark.parametrize("make", [_layer_norm_model, _ffn_model, _chain_model, _conv_act_model,
-                                  _squeeze_excite_model],
-                         ids=["layer_norm", "ffn_gelu", "elementwise", "conv_activations", "squeeze_excite"])
+                                  _squeeze_excite_model, _attention_model],
+                         ids=["layer_norm", "ffn_gelu", "elementwise", "conv_activations", "squeeze_excite",
+                              "attention"])
 def test_family_builds_for_cuda(make):
     model, expect = make()
     target = resolve_target("cuda")
@@ -110,3 +118,20 @@ def test_squeeze_excite_over_a_large_map_declines_on_cuda_only():
     assert reasons == ["the CUDA squeeze-excite kernel runs one thread block per sample; C*H*W = 401408 is over "
                        "65536, where the unfused ops spread over the GPU"]
     assert fuse(mod, resolve_target("llvm"), rules).counts["squeeze_excite_silu_sigmoid"] == 1
+
+
+def test_attention_over_too_many_keys_declines_on_cuda_only():
+    """A row of 5000 keys (3 x 20 KB of scores in shared memory) does not fit the CUDA kernel; the CPU takes it."""
+    from tvm_fusion.fuse import fuse
+    from tvm_fusion.loader import load_rules_for
+    from tvm_fusion.patterns.attention_test import attention_block
+
+    g = GraphBuilder(7)
+    mod = import_onnx(g.model([attention_block(g, shape=(1, 1, 2, 8), keys=5000, mask=None)], opset=17))
+    rules = load_rules_for()
+    cuda = fuse(mod, resolve_target("cuda"), rules)
+    assert cuda.counts["attention"] == 0
+    assert [d.reason for d in cuda.decisions if d.rule == "attention"] == [
+        "the CUDA attention kernel keeps a row of 5000 keys in shared memory; at most 4096 fit in the 48 KB static "
+        "limit"]
+    assert fuse(mod, resolve_target("llvm"), rules).counts["attention"] == 1
