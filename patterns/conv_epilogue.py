@@ -86,7 +86,7 @@ def conv_checks(m: Match):
         return decline("conv2d has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)")
     for name in ("bias_add", "bn_scale", "bn_shift", "post_scale", "post_shift"):
         if name in m:
-            const_arg = m.value(name).args[1]
+            const_arg = m.const_operand(name)
             if _per_channel(const_arg, out_shape) is None:
                 return decline(f"{name} constant has shape {static_shape(const_arg)}; expected one value per "
                                f"output channel, {axis_vector_shapes(out_shape, 1)}, broadcast against the conv "
@@ -123,10 +123,10 @@ def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
     out_shape = m.shape("conv")
     b = np.zeros(channels)
     if "bias_add" in m:
-        b = _vector(m.value("bias_add").args[1], out_shape)
+        b = _vector(m.const_operand("bias_add"), out_shape)
     if "bn_scale" in m:
-        s = _vector(m.value("bn_scale").args[1], out_shape)
-        t = _vector(m.value("bn_shift").args[1], out_shape)
+        s = _vector(m.const_operand("bn_scale"), out_shape)
+        t = _vector(m.const_operand("bn_shift"), out_shape)
         w, b = w * s[:, None, None, None], b * s + t
     elif "batch_norm" in m:  # the op's statistics are 1-D over its axis (1, checked) by definition
         bn = m.value("batch_norm")
@@ -134,8 +134,8 @@ def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
         s = gamma / np.sqrt(var + float(bn.attrs.epsilon))
         w, b = w * s[:, None, None, None], (b - mean) * s + beta
     if "post_scale" in m:
-        s2 = _vector(m.value("post_scale").args[1], out_shape)
-        t2 = _vector(m.value("post_shift").args[1], out_shape)
+        s2 = _vector(m.const_operand("post_scale"), out_shape)
+        t2 = _vector(m.const_operand("post_shift"), out_shape)
         w, b = w * s2[:, None, None, None], b * s2 + t2
     dtype = m.dtype("conv")
     inputs = [conv.args[0]]

@@ -71,7 +71,7 @@ def _fc_check(m: Match, name: str, in_channels: int, out_channels: int | None):
         return decline(f"{name} weight has shape {list(w)}; expected {want}, one gate value per channel of x")
     bias = f"{name}_bias"
     if bias in m:
-        b, out = m.value(bias).args[1], m.shape(bias)
+        b, out = m.const_operand(bias), m.shape(bias)
         if axis_vector(_tvm.constant_value(b), out, 1) is None:
             return decline(f"{bias} constant has shape {static_shape(b)}; expected one value per output channel, "
                            f"{axis_vector_shapes(out, 1)}")
@@ -106,7 +106,7 @@ def squeeze_excite_checks(m: Match):
 def _bias(m: Match, name: str, channels: int) -> np.ndarray:
     if name not in m:
         return np.zeros(channels)
-    return axis_vector(_tvm.constant_value(m.value(name).args[1]), m.shape(name), 1)
+    return axis_vector(_tvm.constant_value(m.const_operand(name)), m.shape(name), 1)
 
 
 def lower_squeeze_excite(m: Match, act: str, act_params: dict, gate: str, gate_params: dict) -> Lowering:

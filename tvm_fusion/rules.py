@@ -114,6 +114,15 @@ class Match:
             raise ValueError(f"{name} is not a constant")
         return _tvm.constant_value(expr)
 
+    def const_operand(self, name: str):
+        """The constant operand of the binary op annotated `name`, in either operand order (dpl matches
+        add and multiply commuted, so `b + y` fills a pattern written `y + b`)."""
+        call = self.value(name)
+        found = [a for a in call.args if _tvm.is_constant(a)]
+        if len(found) != 1:
+            raise ValueError(f"{name} has {len(found)} constant operands; expected one")
+        return found[0]
+
     def shape(self, name: str) -> tuple[int, ...] | None:
         return static_shape(self[name])
 
