@@ -114,3 +114,35 @@ def test_probabilities_returned_too_decline(rules):
     fused = check_fused(g.model([y, probs], opset=OPSET), rules)
     reasons = _reasons(fused)
     assert fused.counts["attention"] == 0 and reasons and "has 2 consumers" in reasons[0], reasons
+
+
+# ---------------------------------------------------------------- property: over the family's domain
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tvm_fusion.testing import check_rule_property  # noqa: E402
+
+
+@st.composite
+def attentions(draw):
+    """Attention of rank 3 or 4, self or cross, every scale form, masks of every broadcast shape (some that
+    would change the scores' shape), a softmax over another axis now and then."""
+    rank = draw(st.sampled_from([3, 4]))
+    batch = [draw(st.integers(1, 3)) for _ in range(rank - 2)]
+    s, t, d = draw(st.integers(1, 9)), draw(st.integers(1, 9)), draw(st.integers(1, 12))
+    full = [*batch, s, t]
+    mask = draw(st.sampled_from([None, "sub", "big"]))
+    if mask == "sub":  # each dim 1 or the scores', possibly fewer dims
+        mask = [draw(st.sampled_from([1, m])) for m in full][draw(st.integers(0, rank - 1)):]
+    elif mask == "big":  # a leading dim the scores do not have: the add would raise their rank
+        mask = [2, *full]
+    g = GraphBuilder(draw(st.integers(0, 2**16)))
+    y = attention_block(g, shape=(*batch, s, d), keys=t, scale=draw(st.sampled_from(["Div", "Mul", None])),
+                        mask=mask, mask_first=draw(st.booleans()),
+                        softmax_axis=draw(st.sampled_from([-1, -1, -1, rank - 2])))
+    return g.model([y], opset=OPSET)
+
+
+@given(model=attentions())
+def test_property_attention(model, rules):
+    check_rule_property(model, rules, "attention")

@@ -27,9 +27,9 @@ CONV_FAMILY = "conv2d_affine"  # schedules/conv2d.py registers it; rules without
 
 def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None, activation=None) -> Spec:
     """The pattern for one member of the family. bias=None means "with or without a conv bias". A residual
-    member also tries add(skip, y) on its own, after add(y, skip) | add(skip, y): in add(conv_a, conv_b) where
-    conv_a also feeds the next block (MobileNetV2's inverted residuals), the first alternative binds y to
-    conv_a and declines; the variant then takes conv_b."""
+    member also tries add(skip, y) after add(y, skip) | add(skip, y): in add(conv_a, conv_b) where conv_a
+    also feeds the next block (MobileNetV3's inverted residuals), the first pattern binds y to conv_a and
+    declines (an intermediate with another consumer); the swapped variant then takes conv_b."""
     spec = _conv_epilogue(bn=bn, residual="either" if residual else None, bias=bias, activation=activation)
     if residual:
         swapped = _conv_epilogue(bn=bn, residual="skip_first", bias=bias, activation=activation)

@@ -117,3 +117,33 @@ def test_pooled_value_used_elsewhere_declines(rules):
     fused = check_fused(g.model([y, g.op("Tanh", [pooled])], opset=18), rules)
     reasons = _declined(fused)
     assert reasons and "has 2 consumers" in reasons[0] and "fusing would hide it from Tanh" in reasons[0], reasons
+
+
+# ---------------------------------------------------------------- property: over the family's domain
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tvm_fusion.testing import check_rule_property  # noqa: E402
+
+
+@st.composite
+def squeeze_excites(draw):
+    """SE blocks of every size, form and operand order, with near misses: a 3x3 fc1, one gate per sample, a
+    pool over one axis, wrong clip bounds."""
+    act, gate, rule_name = draw(st.sampled_from(CASES))
+    n, c, h, w = draw(st.integers(1, 2)), draw(st.integers(1, 24)), draw(st.integers(1, 6)), draw(st.integers(1, 6))
+    miss = draw(st.sampled_from([None, None, None, "k3", "one_gate", "pool_w", "clip"]))
+    g = GraphBuilder(draw(st.integers(0, 2**16)))
+    x = g.input("x", [n, c, h, w])
+    y = se_block(g, x, c, draw(st.integers(1, c)), act="Clip(0,5)" if miss == "clip" else act, gate=gate,
+                 gate_first=draw(st.booleans()), bias=draw(st.booleans()), k=3 if miss == "k3" else 1,
+                 pool=[3] if miss == "pool_w" else draw(st.sampled_from(["GlobalAveragePool", [2, 3]])),
+                 fc2_out=1 if miss == "one_gate" and c > 1 else None)
+    return g.model([y], opset=18), f"squeeze_excite_{rule_name}" if miss != "clip" else \
+        "squeeze_excite_relu6_hardsigmoid" if gate == "HardSigmoid" else "squeeze_excite_relu6_sigmoid"
+
+
+@given(case=squeeze_excites())
+def test_property_squeeze_excite(case, rules):
+    model, rule_name = case
+    check_rule_property(model, rules, rule_name)

@@ -72,9 +72,10 @@ class Spec:
     lower: Callable[["Match"], Lowering]
     check: Callable[["Match"], "Decline | None"] | None = None
     #: more (pattern, annotations) pairs, matched after `pattern` on what it left: a commuted operand order.
-    #: The matcher takes the first alternative of an `a | b` that fits the graph and never tries the other
-    #: when the check declines it, so add(y, skip) | add(skip, y) on add(conv_a, conv_b) binds y to conv_a
-    #: only; a variant add(skip, y) gives conv_b its turn. `pattern` must match every variant's subgraph.
+    #: The matcher binds the first operand order (and the first alternative of an `a | b`) that fits the
+    #: graph and never tries another when the check declines it, so add(y, skip) on add(conv_a, conv_b)
+    #: binds y to conv_a only; a variant written add(skip, y) is tried in that order first and gives conv_b
+    #: its turn. `pattern` must match every variant's subgraph (lowering re-matches with it).
     variants: tuple = ()
 
     def patterns(self) -> list[tuple[Any, dict[str, Any]]]:
@@ -164,7 +165,9 @@ def axis_vector_shapes(out_shape, axis: int) -> str:
 
 
 def commutative(op: str, a, b):
-    """`op(a, b) | op(b, a)`: operand order of a commutative op, handled once."""
+    """`op(a, b) | op(b, a)`: operand order of a commutative op, handled once. (dpl's `is_op` already
+    matches relax.add and relax.multiply in either order, written order first: tests/test_commuted_operands.py
+    checks it; this spells the intent out and keeps working if a TVM release stops doing so.)"""
     return dpl.is_op(op)(a, b) | dpl.is_op(op)(b, a)
 
 
