@@ -25,16 +25,41 @@ SUPPORTED_DTYPES = ("float32",)
 CONV_FAMILY = "conv2d_affine"  # schedules/conv2d.py registers it; rules without their own compute use it
 
 
-def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None, activation=None) -> Spec:
+def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None, activation=None,
+                  act_first: bool = False) -> Spec:
     """The pattern for one member of the family. bias=None means "with or without a conv bias". A residual
     member also tries add(skip, y) after add(y, skip) | add(skip, y): in add(conv_a, conv_b) where conv_a
     also feeds the next block (MobileNetV3's inverted residuals), the first pattern binds y to conv_a and
     declines (an intermediate with another consumer); the swapped variant then takes conv_b."""
-    spec = _conv_epilogue(bn=bn, residual="either" if residual else None, bias=bias, activation=activation)
+    make = _activation_then_add if act_first else _conv_epilogue
+    spec = make(bn=bn, residual="either" if residual else None, bias=bias, activation=activation)
     if residual:
-        swapped = _conv_epilogue(bn=bn, residual="skip_first", bias=bias, activation=activation)
+        swapped = make(bn=bn, residual="skip_first", bias=bias, activation=activation)
         spec = dataclasses.replace(spec, variants=((swapped.pattern, swapped.annotations),))
     return spec
+
+
+def _residual(y, residual: str, ann: dict):
+    other = dpl.wildcard()
+    y = commutative("relax.add", y, other) if residual == "either" else dpl.is_op("relax.add")(other, y)
+    ann.update(residual_add=y, residual=other)
+    return y
+
+
+def _activation_then_add(*, bn: bool, residual: str, bias: bool | None, activation) -> Spec:
+    """conv2d -> ... -> act -> add(., other) (YOLO's bottleneck: the skip joins after the SiLU): the kernel
+    adds the residual after the activation (`residual_after_activation`)."""
+    inner = _conv_epilogue(bn=bn, residual=None, bias=bias, activation=activation)
+    ann = dict(inner.annotations)
+    root = _residual(inner.pattern, residual, ann)
+    ann["root"] = root
+
+    def lower(m: Match) -> Lowering:
+        lowering = inner.lower(m)
+        lowering.attrs["residual_after_activation"] = True
+        return lowering
+
+    return Spec(root, ann, lower, inner.check)
 
 
 def _conv_epilogue(*, bn: bool, residual: str | None, bias: bool | None, activation) -> Spec:
@@ -56,9 +81,7 @@ def _conv_epilogue(*, bn: bool, residual: str | None, bias: bool | None, activat
         ann.update(post_scale=post_scale, post_shift=post_shift)
         y = post_shift | y
     if residual:
-        other = dpl.wildcard()
-        y = commutative("relax.add", y, other) if residual == "either" else dpl.is_op("relax.add")(other, y)
-        ann.update(residual_add=y, residual=other)
+        y = _residual(y, residual, ann)
     return epilogue_spec(y, ann, activation, lower_conv)
 
 
@@ -166,6 +189,10 @@ def _vector(expr, out_shape) -> np.ndarray:
 STRUCTURES = {
     "bn_add": ("conv2d_bn_add", 400, dict(bn=True, residual=True),
                "conv2d -> [add bias] -> batch_norm -> [* c + d] -> add(., other) -> {act}  ==>  {name}(x, other, W', b')"),
+    "bn_act_add": ("conv2d_bn_{act}_add", 450, dict(bn=True, residual=True, act_first=True),
+                   "conv2d -> [add bias] -> batch_norm -> [* c + d] -> {act} -> add(., other)  ==>  {name}(x, other, W', b')"),
+    "act_add": ("conv2d_{act}_add", 350, dict(bn=False, residual=True, act_first=True),
+                "conv2d -> [add bias] -> {act} -> add(., other)  ==>  {name}(x, other, W, b)"),
     "bn": ("conv2d_bn", 300, dict(bn=True),
            "conv2d -> [add bias] -> batch_norm -> [* c + d] -> {act}  ==>  {name}(x, W', b')"),
     "add": ("conv2d_add", 250, dict(bn=False, residual=True),
@@ -183,7 +210,7 @@ ACTIVATION_RANK = {"hardswish": 9, "silu": 8, "gelu_tanh": 7, "gelu_erf": 6, "ha
 
 def _make_rule(structure: str, activation: str | None):
     prefix, tier, options, formula = STRUCTURES[structure]
-    name = f"{prefix}_{activation}" if activation else prefix
+    name = prefix.format(act=activation) if "{act}" in prefix else f"{prefix}_{activation}" if activation else prefix
     priority = tier + (ACTIVATION_RANK[activation] if activation else -100)
 
     def build():

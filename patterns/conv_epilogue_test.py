@@ -258,6 +258,23 @@ def test_residual_sum_of_two_convs_takes_the_one_not_used_elsewhere(kept_first, 
     assert last_node in group.onnx_nodes, group.onnx_nodes
 
 
+@pytest.mark.parametrize("bn,act", [(False, "silu"), (True, "relu"), (False, "hardswish")])
+@pytest.mark.parametrize("skip_first", [True, False], ids=["skip+act", "act+skip"])
+def test_residual_add_after_the_activation(bn, act, skip_first, rules):
+    """YOLO's bottleneck: x + silu(conv(x)), the skip joining after the activation. One conv2d_<act>_add /
+    conv2d_bn_<act>_add kernel adds the residual after the activation."""
+    g = GraphBuilder(12)
+    x = g.input("x", [2, 6, 7, 7])
+    y = g.conv(x, 6, 6)
+    if bn:
+        y = g.bn(y, 6)
+    y = apply_activation_onnx(g, y, ACTIVATION_FORMS[act][-1])
+    y = g.op("Add", [x, y] if skip_first else [y, x])
+    rule_name = f"conv2d_bn_{act}_add" if bn else f"conv2d_{act}_add"
+    fused = check_fused(g.model([y]), rules, expect={rule_name: 1})
+    assert fused.fused.groups[0].attrs["residual_after_activation"] is True
+
+
 def test_golden_ir_of_conv_add_without_activation(rules):
     """conv2d -> bias -> add(skip): main becomes one call_tir of conv2d_add(x, skip, W, b)."""
     g = GraphBuilder(9)
@@ -332,14 +349,23 @@ def conv_chains(draw):
                bias=structure != "plain")
     if structure.startswith("bn"):
         y = g.bn(y, cout)
-    if structure.endswith("add"):
+    act_first = STRUCTURES[structure][2].get("act_first", False)  # the skip joins after the activation
+    skip_first = draw(st.booleans())
+
+    def add_skip(v):
         skip = g.input("skip", [n, cout, oh, ow])
-        y = g.op("Add", [skip, y] if draw(st.booleans()) else [y, skip])
+        return g.op("Add", [skip, v] if skip_first else [v, skip])
+
+    if structure.endswith("add") and not act_first:
+        y = add_skip(y)
     pre = y
     y = apply_activation_onnx(g, y, form)
+    if act_first:
+        y = add_skip(y)
     prefix = STRUCTURES[structure][0]
     leak = draw(st.integers(0, 3)) == 0  # a near miss: the pre-activation value escapes, so it declines
-    return g.model([y, pre] if leak else [y], opset=GELU_OPSET), f"{prefix}_{act}"
+    name = prefix.format(act=act) if "{act}" in prefix else f"{prefix}_{act}"
+    return g.model([y, pre] if leak else [y], opset=GELU_OPSET), name
 
 
 @given(case=conv_chains())

@@ -2,6 +2,7 @@
 
     out[n, o, h, w] = act( sum_{c, r, s} pad(x)[n, g*C/G + c, h*sh + r*dh, w*sw + s*dw] * W'[o, c, r, s]
                            + b'[o] (+ residual[n, o, h, w]) )
+    (or act(...) + residual[n, o, h, w] with residual_after_activation, YOLO's bottleneck)
 
 Registered under every conv rule name. The stages are named for the schedules: `pad`, `conv`, `epilogue`.
 """
@@ -31,7 +32,7 @@ def conv2d_out_size(size, k, stride, pad_lo, pad_hi, dilation):
 
 @register_compute(*CONV_RULES)
 def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
-                  activation=None, activation_params=None, **_):
+                  activation=None, activation_params=None, residual_after_activation=False, **_):
     n, cin, hin, win = (int(d) for d in x.shape)
     cout, cpg, kh, kw = (int(d) for d in w.shape)
     sh, sw = strides
@@ -71,8 +72,11 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
 
     def epilogue(i, o, h, ww):
         v = conv[i, o, h, ww] + b[o]
-        if residual is not None:
+        if residual is not None and not residual_after_activation:
             v = v + residual[i, o, h, ww]
-        return apply_activation(v, activation, activation_params)
+        v = apply_activation(v, activation, activation_params)
+        if residual is not None and residual_after_activation:  # YOLO's bottleneck: act(conv) + skip
+            v = v + residual[i, o, h, ww]
+        return v
 
     return te.compute((n, cout, hout, wout), epilogue, name="epilogue")

@@ -44,6 +44,14 @@ def _conv_act_model():
     return g.model([y]), {"conv2d_bn_hardswish": 1, "conv2d_bias_silu": 1}
 
 
+def _conv_act_add_model():
+    """YOLO's bottleneck: x + silu(conv(x)), the residual added after the activation in the epilogue."""
+    g = GraphBuilder(8)
+    x = g.input("x", [1, 32, 20, 20])
+    y = apply_activation_onnx(g, g.conv(x, 32, 32), "x*Sigmoid")
+    return g.model([g.op("Add", [x, y])]), {"conv2d_silu_add": 1}
+
+
 def _squeeze_excite_model():
     from tvm_fusion.patterns.se_test import se_block
 
@@ -61,9 +69,9 @@ def _attention_model():
 
 
 @pytest.mark.parametrize("make", [_layer_norm_model, _ffn_model, _chain_model, _conv_act_model,
-                                  _squeeze_excite_model, _attention_model],
-                         ids=["layer_norm", "ffn_gelu", "elementwise", "conv_activations", "squeeze_excite",
-                              "attention"])
+                                  _conv_act_add_model, _squeeze_excite_model, _attention_model],
+                         ids=["layer_norm", "ffn_gelu", "elementwise", "conv_activations", "conv_act_add",
+                              "squeeze_excite", "attention"])
 def test_family_builds_for_cuda(make):
     model, expect = make()
     target = resolve_target("cuda")
