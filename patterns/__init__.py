@@ -8,6 +8,8 @@ import importlib
 from tvm_fusion.rules import RuleSet, rules_in_module
 
 TABLES = (
+    "tvm_fusion.patterns.attention",
+    "tvm_fusion.patterns.se",
     "tvm_fusion.patterns.conv_epilogue",
     "tvm_fusion.patterns.dense_epilogue",
     "tvm_fusion.patterns.norm",

@@ -246,10 +246,14 @@ BY_RANK = sorted(ACTIVATIONS, key=lambda a: -ACTIVATION_RANK[a])
 
 def epilogue_rule(prefix: str, activation: str | None, formula: str, make_spec, check, source: str) -> Rule:
     """One member of an epilogue family (conv, dense): `<prefix>_<activation>`, or `<prefix>` without an
-    activation, at its priority from patterns/priority.py (tier `<prefix>_<act>`, or `<prefix>`). Its first
+    activation, or `prefix` with {act} filled in where it names the place (conv2d_{act}_add), at its
+    priority from patterns/priority.py (tier `<prefix>_<act>`, `<prefix>`, or conv2d_<act>_add). Its first
     docstring line is `formula` with {act} and {name} filled in (" -> {act}" dropped without an
     activation); its pattern is `make_spec(activation=activation)`."""
-    name = f"{prefix}_{activation}" if activation else prefix
+    if "{act}" in prefix:  # the activation inside the name: conv2d_bn_{act}_add
+        name, tier = prefix.format(act=activation), prefix.replace("{act}", "<act>")
+    else:
+        name, tier = (f"{prefix}_{activation}", f"{prefix}_<act>") if activation else (prefix, prefix)
 
     def build():
         return make_spec(activation=activation)
@@ -257,6 +261,6 @@ def epilogue_rule(prefix: str, activation: str | None, formula: str, make_spec, 
     if activation is None:
         formula = formula.replace(" -> {act}", "")
     build.__doc__ = formula.format(act=activation, name=name)
-    made = rule(name, priority=priority(f"{prefix}_<act>" if activation else prefix, activation), check=check)(build)
+    made = rule(name, priority=priority(tier, activation), check=check)(build)
     made.source = source
     return made

@@ -12,6 +12,7 @@ with nothing after it is still a single-rooted match; a training-mode batch_norm
 from __future__ import annotations
 
 import functools
+import dataclasses
 
 import numpy as np
 
@@ -25,8 +26,44 @@ SUPPORTED_DTYPES = ("float32",)
 CONV_FAMILY = "conv2d_affine"  # schedules/conv2d.py registers it; rules without their own compute use it
 
 
-def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None, activation=None) -> Spec:
-    """The pattern for one member of the family. bias=None means "with or without a conv bias"."""
+def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None, activation=None,
+                  act_first: bool = False) -> Spec:
+    """The pattern for one member of the family. bias=None means "with or without a conv bias". A residual
+    member also tries add(skip, y) after add(y, skip) | add(skip, y): in add(conv_a, conv_b) where conv_a
+    also feeds the next block (MobileNetV3's inverted residuals), the first pattern binds y to conv_a and
+    declines (an intermediate with another consumer); the swapped variant then takes conv_b."""
+    make = _activation_then_add if act_first else _conv_epilogue
+    spec = make(bn=bn, residual="either" if residual else None, bias=bias, activation=activation)
+    if residual:
+        swapped = make(bn=bn, residual="skip_first", bias=bias, activation=activation)
+        spec = dataclasses.replace(spec, variants=((swapped.pattern, swapped.annotations),))
+    return spec
+
+
+def _residual(y, residual: str, ann: dict):
+    other = dpl.wildcard()
+    y = commutative("relax.add", y, other) if residual == "either" else dpl.is_op("relax.add")(other, y)
+    ann.update(residual_add=y, residual=other)
+    return y
+
+
+def _activation_then_add(*, bn: bool, residual: str, bias: bool | None, activation) -> Spec:
+    """conv2d -> ... -> act -> add(., other) (YOLO's bottleneck: the skip joins after the SiLU): the kernel
+    adds the residual after the activation (`residual_after_activation`)."""
+    inner = _conv_epilogue(bn=bn, residual=None, bias=bias, activation=activation)
+    ann = dict(inner.annotations)
+    root = _residual(inner.pattern, residual, ann)
+    ann["root"] = root
+
+    def lower(m: Match) -> Lowering:
+        lowering = inner.lower(m)
+        lowering.attrs["residual_after_activation"] = True
+        return lowering
+
+    return Spec(root, ann, lower, inner.check)
+
+
+def _conv_epilogue(*, bn: bool, residual: str | None, bias: bool | None, activation) -> Spec:
     conv = dpl.is_op("relax.nn.conv2d")(dpl.wildcard(), dpl.is_const())
     ann = {"conv": conv}
     bias_add = dpl.is_op("relax.add")(conv, dpl.is_const())
@@ -45,9 +82,7 @@ def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None,
         ann.update(post_scale=post_scale, post_shift=post_shift)
         y = post_shift | y
     if residual:
-        other = dpl.wildcard()
-        y = commutative("relax.add", y, other)
-        ann.update(residual_add=y, residual=other)
+        y = _residual(y, residual, ann)
     return epilogue_spec(y, ann, activation, lower_conv)
 
 
@@ -75,7 +110,7 @@ def conv_checks(m: Match):
         return decline(symbolic_reason("conv2d input", x))
     for name in ("bias_add", "bn_scale", "bn_shift", "post_scale", "post_shift"):
         if name in m:
-            const_arg = m.value(name).args[1]
+            const_arg = m.const_operand(name)
             if _per_channel(const_arg, out_shape) is None:
                 return decline(f"{name} constant has shape {static_shape(const_arg)}; expected one value per "
                                f"output channel, {axis_vector_shapes(out_shape, 1)}, broadcast against the conv "
@@ -94,6 +129,9 @@ def conv_checks(m: Match):
                            f"{shape_text(out_shape)}")
         if m.dtype("residual") != dtype:
             return decline(f"residual dtype is {m.dtype('residual')}; expected {dtype}")
+        if _per_channel(m.value("residual"), out_shape) is not None:  # a 1x1 output's bias has its shape
+            return decline(f"residual operand is a per-channel constant of shape {res_shape}; it is a bias, which "
+                           "the conv2d_bias rules fold")
         residual = m.value("residual")  # e.g. add(bn(conv(x)), conv(x)): the kernel cannot take its own conv
         for name in ("conv", "bias_add", "bn_scale", "bn_shift", "post_scale", "post_shift"):
             if name in m and m.value(name).same_as(residual):
@@ -110,10 +148,10 @@ def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
     out_shape = m.shape("conv")
     b = np.zeros(channels)
     if "bias_add" in m:
-        b = _vector(m.value("bias_add").args[1], out_shape)
+        b = _vector(m.const_operand("bias_add"), out_shape)
     if "bn_scale" in m:
-        s = _vector(m.value("bn_scale").args[1], out_shape)
-        t = _vector(m.value("bn_shift").args[1], out_shape)
+        s = _vector(m.const_operand("bn_scale"), out_shape)
+        t = _vector(m.const_operand("bn_shift"), out_shape)
         w, b = w * s[:, None, None, None], b * s + t
     elif "batch_norm" in m:  # the op's statistics are 1-D over its axis (1, checked) by definition
         bn = m.value("batch_norm")
@@ -121,8 +159,8 @@ def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
         s = gamma / np.sqrt(var + float(bn.attrs.epsilon))
         w, b = w * s[:, None, None, None], (b - mean) * s + beta
     if "post_scale" in m:
-        s2 = _vector(m.value("post_scale").args[1], out_shape)
-        t2 = _vector(m.value("post_shift").args[1], out_shape)
+        s2 = _vector(m.const_operand("post_scale"), out_shape)
+        t2 = _vector(m.const_operand("post_shift"), out_shape)
         w, b = w * s2[:, None, None, None], b * s2 + t2
     dtype = m.dtype("conv")
     inputs = [conv.args[0]]
@@ -153,6 +191,10 @@ def _vector(expr, out_shape) -> np.ndarray:
 STRUCTURES = {
     "bn_add": ("conv2d_bn_add", dict(bn=True, residual=True),
                "conv2d -> [add bias] -> batch_norm -> [* c + d] -> add(., other) -> {act}  ==>  {name}(x, other, W', b')"),
+    "bn_act_add": ("conv2d_bn_{act}_add", dict(bn=True, residual=True, act_first=True),
+                   "conv2d -> [add bias] -> batch_norm -> [* c + d] -> {act} -> add(., other)  ==>  {name}(x, other, W', b')"),
+    "act_add": ("conv2d_{act}_add", dict(bn=False, residual=True, act_first=True),
+                "conv2d -> [add bias] -> {act} -> add(., other)  ==>  {name}(x, other, W, b)"),
     "bn": ("conv2d_bn", dict(bn=True),
            "conv2d -> [add bias] -> batch_norm -> [* c + d] -> {act}  ==>  {name}(x, W', b')"),
     "add": ("conv2d_add", dict(bn=False, residual=True),
@@ -170,8 +212,9 @@ def _make_rule(structure: str, activation: str | None):
                          __file__)
 
 
-#: the table: every structure with every activation; then, without an activation, conv2d_bn (projection
-#: shortcuts) and, at the lowest priorities, conv2d_bias and the bare conv2d, so that a conv with no
-#: epilogue to fuse (DenseNet's convs feeding a Concat) still runs our scheduled kernel, not TVM's default
+#: the table: every structure with every activation; then, without an activation, conv2d_bn_add and
+#: conv2d_add (residual blocks that end in the add: MobileNetV2/V3 and EfficientNet's inverted residuals),
+#: conv2d_bn (projection shortcuts) and, at the lowest priorities, conv2d_bias and the bare conv2d, so that a
+#: conv with no epilogue to fuse (DenseNet's convs feeding a Concat) still runs our scheduled kernel
 RULES = [_make_rule(st, act) for st in STRUCTURES for act in BY_RANK]
-RULES += [_make_rule(st, None) for st in ("bn", "bias", "plain")]
+RULES += [_make_rule(st, None) for st in ("bn_add", "bn", "add", "bias", "plain")]

@@ -14,6 +14,8 @@ from tvm_fusion.frontend import import_onnx
 from tvm_fusion.fuse import fuse
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.patterns.conv_epilogue import STRUCTURES
+from onnx.numpy_helper import to_array as onnx_array
+
 from tvm_fusion.testing import (ACTIVATION_FORMS, GELU_OPSET, GraphBuilder, apply_activation_onnx, check_fused,
                                 conv_bn_relu, residual_block)
 
@@ -223,6 +225,88 @@ def test_structures(structure, act, rules):
     check_fused(g.model([y], opset=GELU_OPSET), rules, expect={f"{prefix}_{act}": 1})
 
 
+@pytest.mark.parametrize("bn", [True, False], ids=["bn_add", "add"])
+@pytest.mark.parametrize("skip_first", [True, False], ids=["skip+y", "y+skip"])
+def test_residual_add_without_activation(bn, skip_first, rules):
+    """MobileNetV2/V3 and EfficientNet's inverted residual: the projection conv (+BN) ends in the Add, no
+    activation after it. One conv2d_bn_add / conv2d_add kernel takes the skip as an input, either order."""
+    g = GraphBuilder(8)
+    x = g.input("x", [2, 6, 7, 7])
+    y = g.conv(x, 6, 6, k=1)
+    if bn:
+        y = g.bn(y, 6)
+    y = g.op("Add", [x, y] if skip_first else [y, x])
+    # the sum feeds another conv, as the next block's expansion does
+    out = g.conv(y, 6, 4, bias=False)
+    check_fused(g.model([out]), rules, expect={"conv2d_bn_add" if bn else "conv2d_add": 1, "conv2d": 1})
+
+
+@pytest.mark.parametrize("kept_first", [True, False], ids=["add(kept, last)", "add(last, kept)"])
+def test_residual_sum_of_two_convs_takes_the_one_not_used_elsewhere(kept_first, rules):
+    """MobileNetV2's stacked inverted residuals: add(conv_a, conv_b) where conv_a's output also feeds the
+    next block. Whichever operand comes first, conv_b (used only by the add) is the fused conv; the matcher
+    binds y to the first operand, declines it, and the swapped variant of the rule takes the other."""
+    g = GraphBuilder(11)
+    x = g.input("x", [1, 6, 6, 6])
+    kept = g.conv(x, 6, 6, k=1)
+    last = g.conv(g.op("Relu", [g.conv(kept, 6, 12, k=1)]), 12, 6, k=1)
+    y = g.op("Add", [kept, last] if kept_first else [last, kept])
+    fused = check_fused(g.model([g.conv(y, 6, 4, k=1)]), rules,
+                        expect={"conv2d_add": 1, "conv2d_bias_relu": 1, "conv2d_bias": 2})
+    group = next(grp for grp in fused.fused.groups if grp.rule == "conv2d_add")
+    last_node = next(n.name for n in g.nodes if n.output[0] == last)
+    assert last_node in group.onnx_nodes, group.onnx_nodes
+
+
+@pytest.mark.parametrize("bn,act", [(False, "silu"), (True, "relu"), (False, "hardswish")])
+@pytest.mark.parametrize("skip_first", [True, False], ids=["skip+act", "act+skip"])
+def test_residual_add_after_the_activation(bn, act, skip_first, rules):
+    """YOLO's bottleneck: x + silu(conv(x)), the skip joining after the activation. One conv2d_<act>_add /
+    conv2d_bn_<act>_add kernel adds the residual after the activation."""
+    g = GraphBuilder(12)
+    x = g.input("x", [2, 6, 7, 7])
+    y = g.conv(x, 6, 6)
+    if bn:
+        y = g.bn(y, 6)
+    y = apply_activation_onnx(g, y, ACTIVATION_FORMS[act][-1])
+    y = g.op("Add", [x, y] if skip_first else [y, x])
+    rule_name = f"conv2d_bn_{act}_add" if bn else f"conv2d_{act}_add"
+    fused = check_fused(g.model([y]), rules, expect={rule_name: 1})
+    assert fused.fused.groups[0].attrs["residual_after_activation"] is True
+
+
+def test_golden_ir_of_conv_add_without_activation(rules):
+    """conv2d -> bias -> add(skip): main becomes one call_tir of conv2d_add(x, skip, W, b)."""
+    g = GraphBuilder(9)
+    x = g.input("x", [1, 4, 5, 5])
+    model = g.model([g.op("Add", [g.conv(x, 4, 4, k=1), x])])
+    result = fuse(import_onnx(model), resolve_target("llvm"), rules)
+    assert {k: v for k, v in result.counts.items() if v} == {"conv2d_add": 1}
+    main = result.mod["main"]
+    calls = [b.value for blk in main.body.blocks for b in blk.bindings]
+    assert len(calls) == 1 and calls[0].op.name == "relax.call_tir", main
+    gv, args = calls[0].args[0], calls[0].args[1]
+    assert gv.name_hint == "conv2d_add"
+    assert [str(getattr(a, "name", type(a).__name__)) for a in args][:2] == ["x", "x"]  # input, then the skip
+    w, b = (_tvm.constant_value(a) for a in list(args)[2:])
+    init = {i.name: i for i in model.graph.initializer}
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    np.testing.assert_array_equal(w, onnx_array(init[conv.input[1]]))
+    np.testing.assert_array_equal(b, onnx_array(init[conv.input[2]]))
+
+
+def test_bias_of_a_1x1_output_is_not_a_residual(rules):
+    """After a global pool the conv output is (N, C, 1, 1) and its bias constant has that shape too; the
+    residual rules decline it (a bias), so the conv2d_bias rules fold it as a bias."""
+    g = GraphBuilder(10)
+    x = g.input("x", [1, 8, 1, 1])
+    model = g.model([g.op("Relu", [g.conv(x, 8, 4, k=1)])])
+    fused = check_fused(model, rules, expect={"conv2d_bias_relu": 1})
+    reasons = {d.rule: d.reason for d in fused.fused.decisions}
+    assert reasons["conv2d_add_relu"] == ("residual operand is a per-channel constant of shape (1, 4, 1, 1); it "
+                                          "is a bias, which the conv2d_bias rules fold")
+
+
 def test_gelu_with_wrong_constant_declines_with_reason(rules):
     g = GraphBuilder(7)
     x = g.input("x", [1, 3, 6, 6])
@@ -265,14 +349,23 @@ def conv_chains(draw):
                bias=structure != "plain")
     if structure.startswith("bn"):
         y = g.bn(y, cout)
-    if structure.endswith("add"):
+    act_first = STRUCTURES[structure][2].get("act_first", False)  # the skip joins after the activation
+    skip_first = draw(st.booleans())
+
+    def add_skip(v):
         skip = g.input("skip", [n, cout, oh, ow])
-        y = g.op("Add", [skip, y] if draw(st.booleans()) else [y, skip])
+        return g.op("Add", [skip, v] if skip_first else [v, skip])
+
+    if structure.endswith("add") and not act_first:
+        y = add_skip(y)
     pre = y
     y = apply_activation_onnx(g, y, form)
+    if act_first:
+        y = add_skip(y)
     prefix = STRUCTURES[structure][0]
     leak = draw(st.integers(0, 3)) == 0  # a near miss: the pre-activation value escapes, so it declines
-    return g.model([y, pre] if leak else [y], opset=GELU_OPSET), f"{prefix}_{act}"
+    name = prefix.format(act=act) if "{act}" in prefix else f"{prefix}_{act}"
+    return g.model([y, pre] if leak else [y], opset=GELU_OPSET), name
 
 
 @given(case=conv_chains())

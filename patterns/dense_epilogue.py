@@ -42,12 +42,6 @@ def dense_epilogue(*, bias: bool | None = True, bn: bool = False, scale: bool = 
     return epilogue_spec(y, ann, activation, lower_dense)
 
 
-def _const_operand(m: Match, name: str):
-    """The constant operand of the binary op annotated `name` (either operand order)."""
-    call = m.value(name)
-    return next(a for a in call.args if _tvm.is_constant(a))
-
-
 def _feature_vector(expr, out_shape) -> np.ndarray | None:
     """A constant that is one value per output feature (the last axis) of the match's output shape
     `out_shape` under NumPy broadcasting: (n,), (1, n), ... or size 1. A constant of a higher rank than the
@@ -76,7 +70,7 @@ def dense_checks(m: Match):
         return decline(symbolic_reason("matmul output", m["root"]))
     for name in ("bias_add", "bn_scale", "bn_shift", "layer_scale"):
         if name in m:
-            const = _const_operand(m, name)
+            const = m.const_operand(name)
             if _feature_vector(const, out_shape) is None:
                 return decline(f"{name} constant has shape {static_shape(const)}; expected one value per output "
                                f"feature ({n},) broadcast over the last axis")
@@ -89,13 +83,13 @@ def lower_dense(m: Match, activation, activation_params=None) -> Lowering:
     w = _tvm.constant_value(matmul.args[1]).astype(np.float64)
     n = w.shape[1]
     out_shape = m.shape("root")
-    b = _feature_vector(_const_operand(m, "bias_add"), out_shape) if "bias_add" in m else np.zeros(n)
+    b = _feature_vector(m.const_operand("bias_add"), out_shape) if "bias_add" in m else np.zeros(n)
     if "bn_scale" in m:
-        s = _feature_vector(_const_operand(m, "bn_scale"), out_shape)
-        t = _feature_vector(_const_operand(m, "bn_shift"), out_shape)
+        s = _feature_vector(m.const_operand("bn_scale"), out_shape)
+        t = _feature_vector(m.const_operand("bn_shift"), out_shape)
         w, b = w * s[None, :], b * s + t
     if "layer_scale" in m:
-        s = _feature_vector(_const_operand(m, "layer_scale"), out_shape)
+        s = _feature_vector(m.const_operand("layer_scale"), out_shape)
         w, b = w * s[None, :], b * s
     dtype = m.dtype("matmul")
     x_shape = batch_shape(x)

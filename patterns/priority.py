@@ -4,6 +4,7 @@ Convention (one, everywhere; see tvm_fusion/rules.py): a HIGHER priority wins an
 priorities keep registration order. A built-in rule's priority is its tier plus its rank within the tier:
 
     priority(conv2d_bn_relu)        = TIERS["conv2d_bn_<act>"] + ACTIVATION_RANK["relu"]   = 300
+    priority(conv2d_silu_add)       = TIERS["conv2d_<act>_add"] + ACTIVATION_RANK["silu"]  = 358
     priority(conv2d_bn)             = TIERS["conv2d_bn"]                                   = 200
     priority(elementwise_chain_4)   = TIERS["elementwise_chain_<n>"] + 4                   = 64
 
@@ -24,11 +25,18 @@ ACTIVATION_RANK = {"hardswish": 9, "silu": 8, "gelu_tanh": 7, "gelu_erf": 6, "ha
 
 #: tier -> base priority, highest first; `<act>`: + ACTIVATION_RANK (0-9), `<n>`: + the chain length (3-6)
 TIERS = {
+    "attention": 600,
+    "squeeze_excite_<act>_hardsigmoid": 520,  # above every conv rule, which would take its two 1x1 convs
+    "squeeze_excite_<act>_sigmoid": 510,
+    "conv2d_bn_<act>_add": 450,
     "conv2d_bn_add_<act>": 400,
+    "conv2d_<act>_add": 350,
     "conv2d_bn_<act>": 300,
+    "conv2d_bn_add": 299,
     "conv2d_add_<act>": 250,
     "conv2d_bn": 200,
-    "conv2d_bias_<act>": 150,
+    "conv2d_bias_<act>": 160,
+    "conv2d_add": 155,
     "conv2d_<act>": 140,
     "dense_bn_<act>": 130,
     "dense_bn": 129,

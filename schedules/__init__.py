@@ -20,6 +20,12 @@ MODULES = (
     "tvm_fusion.schedules.cuda.elementwise",
     "tvm_fusion.schedules.llvm.layer_norm",
     "tvm_fusion.schedules.cuda.layer_norm",
+    "tvm_fusion.schedules.squeeze_excite",
+    "tvm_fusion.schedules.llvm.squeeze_excite",
+    "tvm_fusion.schedules.cuda.squeeze_excite",
+    "tvm_fusion.schedules.attention",
+    "tvm_fusion.schedules.llvm.attention",
+    "tvm_fusion.schedules.cuda.attention",
 )
 
 

@@ -2,6 +2,7 @@
 
     out[n, o, h, w] = act( sum_{c, r, s} pad(x)[n, g*C/G + c, h*sh + r*dh, w*sw + s*dw] * W'[o, c, r, s]
                            + b'[o] (+ residual[n, o, h, w]) )
+    (or act(...) + residual[n, o, h, w] with residual_after_activation, YOLO's bottleneck)
 
 Registered under the family name; every conv rule without a compute of its own lowers to it.
 The stages are named for the schedules: `pad`, `conv`, `epilogue`.
@@ -26,7 +27,7 @@ def conv2d_out_size(size, k, stride, pad_lo, pad_hi, dilation):
 
 @register_compute(CONV_FAMILY)
 def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
-                  activation=None, activation_params=None, **_):
+                  activation=None, activation_params=None, residual_after_activation=False, **_):
     n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
     cout, cpg, kh, kw = (int(d) for d in w.shape)
     sh, sw = strides
@@ -66,9 +67,12 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
 
     def epilogue(i, o, h, ww):
         v = conv[i, o, h, ww] + b[o]
-        if residual is not None:
+        if residual is not None and not residual_after_activation:
             v = v + residual[i, o, h, ww]
-        return apply_activation(v, activation, activation_params)
+        v = apply_activation(v, activation, activation_params)
+        if residual is not None and residual_after_activation:  # YOLO's bottleneck: act(conv) + skip
+            v = v + residual[i, o, h, ww]
+        return v
 
     return te.compute((n, cout, hout, wout), epilogue, name="epilogue")
 

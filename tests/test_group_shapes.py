@@ -80,7 +80,24 @@ MODELS = {
     "layer_norm_row_gamma": lambda: _layer_norm((2, 4, 4), op=False, residual=False, gamma_shape=(4, 1)),
     "elementwise_broadcast": lambda: _elementwise((2, 1, 4), (3, 4), (1, 1, 1, 4)),
     "add_relu_broadcast": lambda: _elementwise((1, 8, 4, 4), (4,), (8, 1, 1)),
+    "squeeze_excite": lambda: _squeeze_excite(),
+    "attention_rank3": lambda: _attention(),
 }
+
+
+def _attention():
+    from tvm_fusion.patterns.attention_test import attention_block
+
+    g = GraphBuilder(6)
+    return g.model([attention_block(g, shape=(4, 7, 16), mask=(4, 1, None))], opset=17)
+
+
+def _squeeze_excite():
+    from tvm_fusion.patterns.se_test import se_block
+
+    g = GraphBuilder(5)
+    x = g.input("x", [2, 8, 3, 5])
+    return g.model([se_block(g, x, 8, 2, gate_first=True)], opset=18)
 
 
 def _type(expr) -> tuple:

@@ -52,9 +52,12 @@ def test_builtin_priorities_come_from_the_one_table():
     def expected(name: str) -> int:
         if name in TIERS:
             return priority(name)
-        for act in ACTIVATION_RANK:
-            if name.endswith("_" + act) and name[: -len(act) - 1] + "_<act>" in TIERS:
-                return priority(name[: -len(act) - 1] + "_<act>", act)
+        for act in ACTIVATION_RANK:  # the activation at the end (conv2d_bn_relu) or inside (conv2d_silu_add)
+            parts = name.split("_")
+            for i in range(len(parts)):
+                tier = "_".join([*parts[:i], "<act>", *parts[i + len(act.split("_")):]])
+                if "_".join(parts[i:i + len(act.split("_"))]) == act and tier in TIERS:
+                    return priority(tier, act)
         prefix, _, n = name.rpartition("_")
         return priority(prefix + "_<n>", int(n))
 

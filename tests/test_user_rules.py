@@ -2,6 +2,7 @@
 
 import textwrap
 
+import numpy as np
 import pytest
 
 from tvm_fusion import FusionError, load_rules
@@ -10,30 +11,41 @@ from tvm_fusion.testing import GraphBuilder, check_fused
 
 USER_RULE = textwrap.dedent('''
     from tvm_fusion import rule
-    from tvm_fusion.patterns.conv_epilogue import conv_checks, conv_epilogue
+    from tvm_fusion._tvm import dpl
+    from tvm_fusion.patterns.activations import clip_bounds
+    from tvm_fusion.patterns.conv_epilogue import conv_checks, conv_epilogue, lower_conv
+    from tvm_fusion.rules import Spec
 
-    @rule("conv2d_bn_add", priority=350, check=conv_checks)
-    def conv2d_bn_add():
-        """conv2d -> [add bias] -> batch_norm -> add(., other)  ==>  conv2d_bn_add(x, other, W', b')"""
-        return conv_epilogue(bn=True, residual=True)
+    @rule("conv2d_bn_clip", priority=350, check=conv_checks)
+    def conv2d_bn_clip():
+        """conv2d -> [add bias] -> batch_norm -> clip(lo, hi)  ==>  conv2d_bn_clip(x, W', b'; lo, hi)"""
+        conv_bn = conv_epilogue(bn=True)
+        clip = dpl.is_op("relax.clip")(conv_bn.pattern, dpl.wildcard(), dpl.wildcard())
+
+        def lower(match):
+            lo, hi = clip_bounds(match.value("clip"))
+            return lower_conv(match, "clip", {"min": lo, "max": hi})
+
+        return Spec(clip, {**conv_bn.annotations, "clip": clip, "root": clip}, lower)
 ''')
 
 
-def _conv_bn_add():
-    """A pre-activation residual end: no activation after the add."""
+def _conv_bn_clip():
+    """A ReLU-N: Clip(-1, 4) after conv -> BN, bounds the built-in relu6 declines."""
     g = GraphBuilder(4)
     x = g.input("x", [2, 6, 9, 9])
-    return g.model([g.op("Add", [g.bn(g.conv(x, 6, 6), 6), x])])
+    lo, hi = g.const(np.float32(-1)), g.const(np.float32(4))
+    return g.model([g.op("Clip", [g.bn(g.conv(x, 6, 6), 6), lo, hi])])
 
 
 def test_readme_rule_from_a_file(tmp_path):
     path = tmp_path / "my_rules.py"
     path.write_text(USER_RULE)
     rules = load_rules_for([path])
-    assert rules["conv2d_bn_add"].source == str(path)
-    check_fused(_conv_bn_add(), rules, expect={"conv2d_bn_add": 1})
+    assert rules["conv2d_bn_clip"].source == str(path)
+    check_fused(_conv_bn_clip(), rules, expect={"conv2d_bn_clip": 1})
     without = load_rules_for()
-    check_fused(_conv_bn_add(), without, expect={"conv2d_bn": 1})
+    check_fused(_conv_bn_clip(), without, expect={"conv2d_bn": 1})
 
 
 def test_rule_file_errors_name_the_file(tmp_path):
@@ -49,7 +61,7 @@ def test_rule_file_errors_name_the_file(tmp_path):
 
 def test_duplicate_of_builtin_refused(tmp_path):
     path = tmp_path / "dup.py"
-    path.write_text(USER_RULE.replace('"conv2d_bn_add"', '"conv2d_bn_relu"'))
+    path.write_text(USER_RULE.replace('"conv2d_bn_clip"', '"conv2d_bn_relu"'))
     with pytest.raises(FusionError, match="duplicate rule 'conv2d_bn_relu'"):
         load_rules_for([path])
 
@@ -66,5 +78,5 @@ def test_plugin_entry_point(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.metadata, "entry_points",
                         lambda group=None, **kw: [ep] if group == "tvm_fusion.rules" else real(group=group, **kw))
     rules = load_rules_for()
-    assert "conv2d_bn_add" in rules
+    assert "conv2d_bn_clip" in rules
     sys.modules.pop("fancy_rules", None)

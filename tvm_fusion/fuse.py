@@ -389,8 +389,8 @@ def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
     active = rules.for_target(target.kind.name)
     trace = _Trace(names)
     patterns = [
-        _tvm.FusionPattern(r.name, r.spec.pattern, r.spec.annotations, _make_check(r, trace, target))
-        for r in active.ordered()
+        _tvm.FusionPattern(r.name, pattern, annotations, _make_check(r, trace, target))
+        for r in active.ordered() for pattern, annotations in r.spec.patterns()
     ]
     mod = normalize_batch_norm(mod, names)
     matched = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=False)(mod)

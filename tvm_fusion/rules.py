@@ -72,6 +72,15 @@ class Spec:
     annotations: dict[str, Any]
     lower: Callable[["Match"], Lowering]
     check: Callable[["Match"], "Decline | None"] | None = None
+    #: more (pattern, annotations) pairs, matched after `pattern` on what it left: a commuted operand order.
+    #: The matcher binds the first operand order (and the first alternative of an `a | b`) that fits the
+    #: graph and never tries another when the check declines it, so add(y, skip) on add(conv_a, conv_b)
+    #: binds y to conv_a only; a variant written add(skip, y) is tried in that order first and gives conv_b
+    #: its turn. `pattern` must match every variant's subgraph (lowering re-matches with it).
+    variants: tuple = ()
+
+    def patterns(self) -> list[tuple[Any, dict[str, Any]]]:
+        return [(self.pattern, self.annotations), *self.variants]
 
 
 class Match:
@@ -110,6 +119,15 @@ class Match:
     def shape(self, name: str) -> tuple | None:
         """batch_shape: ints, except that the outermost dim may be a TIR variable (a symbolic batch)."""
         return batch_shape(self[name])
+
+    def const_operand(self, name: str):
+        """The constant operand of the binary op annotated `name`, in either operand order (dpl matches
+        add and multiply commuted, so `b + y` fills a pattern written `y + b`)."""
+        call = self.value(name)
+        found = [a for a in call.args if _tvm.is_constant(a)]
+        if len(found) != 1:
+            raise ValueError(f"{name} has {len(found)} constant operands; expected one")
+        return found[0]
 
     def dtype(self, name: str) -> str:
         return str(_tvm.expr_type(self[name]).dtype)
@@ -199,7 +217,9 @@ def axis_vector_shapes(out_shape, axis: int) -> str:
 
 
 def commutative(op: str, a, b):
-    """`op(a, b) | op(b, a)`: operand order of a commutative op, handled once."""
+    """`op(a, b) | op(b, a)`: operand order of a commutative op, handled once. (dpl's `is_op` already
+    matches relax.add and relax.multiply in either order, written order first: tests/test_commuted_operands.py
+    checks it; this spells the intent out and keeps working if a TVM release stops doing so.)"""
     return dpl.is_op(op)(a, b) | dpl.is_op(op)(b, a)
 
 

@@ -44,8 +44,34 @@ def _conv_act_model():
     return g.model([y]), {"conv2d_bn_hardswish": 1, "conv2d_bias_silu": 1}
 
 
-@pytest.mark.parametrize("make", [_layer_norm_model, _ffn_model, _chain_model, _conv_act_model],
-                         ids=["layer_norm", "ffn_gelu", "elementwise", "conv_activations"])
+def _conv_act_add_model():
+    """YOLO's bottleneck: x + silu(conv(x)), the residual added after the activation in the epilogue."""
+    g = GraphBuilder(8)
+    x = g.input("x", [1, 32, 20, 20])
+    y = apply_activation_onnx(g, g.conv(x, 32, 32), "x*Sigmoid")
+    return g.model([g.op("Add", [x, y])]), {"conv2d_silu_add": 1}
+
+
+def _squeeze_excite_model():
+    from tvm_fusion.patterns.se_test import se_block
+
+    g = GraphBuilder(4)
+    x = g.input("x", [2, 96, 14, 14])
+    return g.model([se_block(g, x, 96, 24, act="x*Sigmoid", gate="Sigmoid")], opset=18), {
+        "squeeze_excite_silu_sigmoid": 1}
+
+
+def _attention_model():
+    from tvm_fusion.patterns.attention_test import attention_block
+
+    g = GraphBuilder(6)
+    return g.model([attention_block(g, shape=(2, 12, 128, 64))], opset=17), {"attention": 1}
+
+
+@pytest.mark.parametrize("make", [_layer_norm_model, _ffn_model, _chain_model, _conv_act_model,
+                                  _conv_act_add_model, _squeeze_excite_model, _attention_model],
+                         ids=["layer_norm", "ffn_gelu", "elementwise", "conv_activations", "conv_act_add",
+                              "squeeze_excite", "attention"])
 def test_family_builds_for_cuda(make):
     model, expect = make()
     target = resolve_target("cuda")
@@ -81,3 +107,39 @@ def test_each_arch_builds_within_its_limits(arch):
             checked += 1
     assert checked == 2
     assert compile_cuda_source(cuda_source(built.executable), arch)[:4] == b"\x50\xed\x55\xba"
+
+
+def test_squeeze_excite_over_a_large_map_declines_on_cuda_only():
+    """One block per sample: a 112x112x32 map (EfficientNet-B0's first SE) is left to the unfused kernels on
+    CUDA, with the reason; the CPU schedule takes it."""
+    from tvm_fusion.fuse import fuse
+    from tvm_fusion.loader import load_rules_for
+    from tvm_fusion.patterns.se_test import se_block
+
+    g = GraphBuilder(5)
+    x = g.input("x", [1, 32, 112, 112])
+    mod = import_onnx(g.model([se_block(g, x, 32, 8, act="x*Sigmoid", gate="Sigmoid")], opset=18))
+    rules = load_rules_for()
+    cuda = fuse(mod, resolve_target("cuda"), rules)
+    assert cuda.counts["squeeze_excite_silu_sigmoid"] == 0
+    reasons = [d.reason for d in cuda.decisions if d.rule == "squeeze_excite_silu_sigmoid"]
+    assert reasons == ["the CUDA squeeze-excite kernel runs one thread block per sample; C*H*W = 401408 is over "
+                       "65536, where the unfused ops spread over the GPU"]
+    assert fuse(mod, resolve_target("llvm"), rules).counts["squeeze_excite_silu_sigmoid"] == 1
+
+
+def test_attention_over_too_many_keys_declines_on_cuda_only():
+    """A row of 5000 keys (3 x 20 KB of scores in shared memory) does not fit the CUDA kernel; the CPU takes it."""
+    from tvm_fusion.fuse import fuse
+    from tvm_fusion.loader import load_rules_for
+    from tvm_fusion.patterns.attention_test import attention_block
+
+    g = GraphBuilder(7)
+    mod = import_onnx(g.model([attention_block(g, shape=(1, 1, 2, 8), keys=5000, mask=None)], opset=17))
+    rules = load_rules_for()
+    cuda = fuse(mod, resolve_target("cuda"), rules)
+    assert cuda.counts["attention"] == 0
+    assert [d.reason for d in cuda.decisions if d.rule == "attention"] == [
+        "the CUDA attention kernel keeps a row of 5000 keys in shared memory; at most 4096 fit in the 48 KB static "
+        "limit"]
+    assert fuse(mod, resolve_target("llvm"), rules).counts["attention"] == 1

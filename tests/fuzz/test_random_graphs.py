@@ -31,7 +31,8 @@ REGRESSIONS = Path(__file__).resolve().parent / "regressions"
 EXAMPLES = 10 * settings.default.max_examples
 COVERAGE_EXAMPLES = 40  # fuse only, no builds
 FAMILIES = {"conv": ("conv2d",), "dense": ("dense_",), "layer_norm": ("layer_norm", "add_layer_norm"),
-            "elementwise": ("elementwise_chain_", "add_relu")}
+            "elementwise": ("elementwise_chain_", "add_relu"), "squeeze_excite": ("squeeze_excite_",),
+            "attention": ("attention",)}
 ESCAPE = "has another consumer"  # the event of a match declined by an intermediate used outside it
 
 
@@ -133,11 +134,12 @@ KNOWN = {
         ("elementwise", dict(steps=(("Mul", "scalar", False), ("Add", "channel", True), ("Tanh", None, False)))),
     )), {"elementwise_chain_3": 1}, set()),
     # the residual is the conv's own (biased) output (found by the property, regressions/c659d6fbc6): the
-    # conv rules decline, BN + add + relu become one elementwise kernel and the conv is one alone
+    # conv rules decline, BN + add + relu become one elementwise kernel and the conv is one alone (conv2d_add,
+    # the residual add without activation, declines too: the biased conv output is the BN's input as well)
     "residual_is_the_convs_own_output": (Plan("image", (1, 2, 5, 5), 0, (
         ("block", dict(layers=(("conv", dict(CONV3, cout=4, bias=True)), ("bn", {})))),
         ("skip_add", dict(other="conv3", op="Add", other_first=False)), ("act", RELU),
-    )), {"conv2d": 1, "elementwise_chain_5": 1}, {"conv2d_add_relu", "conv2d_bn"}),
+    )), {"conv2d": 1, "elementwise_chain_5": 1}, {"conv2d_add_relu", "conv2d_add", "conv2d_bn"}),
 }
 
 

@@ -1,0 +1,46 @@
+"""CUDA schedule for attention: one thread block per (batch, head, query) row. The threads compute the
+row's scores (one key each, serial over the head dim), the row max and sum as cross-thread reductions, the
+probabilities, all in shared memory, then one output feature each (serial over the keys)."""
+
+from __future__ import annotations
+
+from tvm_fusion.registry import register_schedule
+from tvm_fusion.schedules.attention import ATTENTION_FAMILY
+
+MAX_THREADS = 256
+#: the row's scores, exponentials and probabilities live in shared memory: 3 x keys x 4 bytes within 48 KB
+MAX_KEYS = 4096
+
+
+def _threads(n: int) -> int:
+    t = 32
+    while t < MAX_THREADS and t < n:
+        t *= 2
+    return t
+
+
+def _supports(attrs, shapes, target):
+    keys = shapes[1][-1]
+    if keys > MAX_KEYS:
+        return (f"the CUDA attention kernel keeps a row of {keys} keys in shared memory; at most {MAX_KEYS} fit "
+                "in the 48 KB static limit")
+    return None
+
+
+@register_schedule(ATTENTION_FAMILY, target="cuda", supports=_supports)
+def schedule_attention_cuda(sch, attrs, target):
+    out = sch.get_sblock("out")
+    n, m, i, f, _ = sch.get_loops(out)
+    row = sch.fuse(n, m, i)
+    keys = int(sch.get(sch.get_loops(sch.get_sblock("probs"))[-1]).extent)
+    threads = _threads(max(keys, int(sch.get(f).extent)))
+    sch.bind(row, "blockIdx.x")
+    _, tx = sch.split(f, [None, threads])
+    sch.bind(tx, "threadIdx.x")
+    for name in ("probs", "row_sum", "exp", "row_max", "qk"):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, row)
+        sch.set_scope(block, 0, "shared")
+        loop = sch.get_loops(block)[1]  # the key loop: spatial, or the reduction of row_max / row_sum
+        _, tx = sch.split(loop, [None, threads])
+        sch.bind(tx, "threadIdx.x")
