@@ -349,7 +349,7 @@ def conv_chains(draw):
                bias=structure != "plain")
     if structure.startswith("bn"):
         y = g.bn(y, cout)
-    act_first = STRUCTURES[structure][2].get("act_first", False)  # the skip joins after the activation
+    act_first = STRUCTURES[structure][1].get("act_first", False)  # the skip joins after the activation
     skip_first = draw(st.booleans())
 
     def add_skip(v):
