@@ -88,6 +88,8 @@ def test_depthwise_and_grouped_plans():
     dw = conv_plan(1, 60, 28, 28, 1, 3, 3, 60, FACTS)
     assert dw.kernel == "depthwise" and dw.tile.lanes == LANES and dw.padding.cols % LANES == 0
     assert 1 < dw.tile.accumulators <= max_accumulators(FACTS)
+    strided = conv_plan(1, 120, 14, 14, 1, 3, 3, 120, FACTS, strided=True)
+    assert strided.kernel == "depthwise" and strided.tile.rows == 1, "gathers leave no registers for more rows"
     grouped = conv_plan(1, 256, 27, 27, 48, 5, 5, 2, FACTS)  # AlexNet conv2: the oc block inside a group
     assert grouped.kernel == "tiled" and 128 % grouped.tile.channels == 0 and grouped.padding.group_channels == 128
     shuffle = conv_plan(1, 60, 28, 28, 80, 1, 1, 3, FACTS)  # 20 channels per group, padded per group
@@ -238,3 +240,19 @@ def test_avx2_kernels_match_numpy(case):
     arrays = [rng.standard_normal(s).astype("float32") for s in shapes[:-1]]
     got = _run(_build(func, schedule_conv2d_llvm, attrs, target), arrays, shapes[-1])
     assert_close(got, conv_reference(arrays[0], arrays[1], arrays[2], None, attrs).astype("float32"), _id(case))
+
+
+def test_odd_depthwise_and_grouped_convs_fused_match_onnxruntime():
+    """A net of the shapes above through the whole fusion build (the llvm compute under the target): odd
+    output channels, depthwise stride 2, grouped with 5 channels per group, a 37-class 1x1 head; fused vs
+    unfused and onnxruntime element-wise, every conv in a kernel of ours."""
+    from tvm_fusion.testing import GraphBuilder, check_fused
+
+    g = GraphBuilder(seed=3)
+    x = g.input("x", [1, 3, 23, 23])
+    y = g.op("Relu", [g.conv(x, 3, 13, k=3)])
+    y = g.op("Relu", [g.conv(y, 13, 13, k=3, stride=2, groups=13)])
+    y = g.op("Relu", [g.conv(y, 13, 26, k=1, pads=[0, 0, 0, 0])])
+    y = g.op("Relu", [g.conv(y, 26, 10, k=3, groups=2)])
+    y = g.conv(y, 10, 37, k=1, pads=[0, 0, 0, 0])
+    check_fused(g.model([y]), expect={"conv2d_bias_relu": 4, "conv2d_bias": 1})
