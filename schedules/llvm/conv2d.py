@@ -54,6 +54,9 @@ PANEL_BYTES = 160 * 1024
 # channels, 1000 padded to 1008) than with 2 x 7 padded columns, and 7x7 3x3 convs 10% faster with 1 x 7
 # pixels than with 4 x 7 (rows padded to 8): real outputs per slot decide, not the accumulator count.
 MIN_CHAINS = 6
+# depthwise rows may use half (quarter) vectors down to this many fp32 lanes: measured on Zen 4, a 7x7
+# depthwise conv ran 1.12x slower padded to 16 columns than TVM's generic 7-lane schedule
+MIN_DEPTHWISE_LANES = 4
 LOADS_PER_FMA = 2
 
 
@@ -154,21 +157,29 @@ def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, thr
 
 def choose_row_tile(hout: int, wout: int, facts: CpuFacts, strided: bool = False) -> RowTile:
     """Depthwise: rows x vectors of columns with the most real outputs per FMA slot (the output rows and
-    columns padded to the tile; a step loads each accumulator's input vector and one weight), ties to more
-    accumulators, then to wider tiles. A strided conv reads each input vector as a gather whose
+    columns padded to the tile, a narrower vector counted as a part-filled one; a step loads each
+    accumulator's input vector and one weight), ties to more accumulators, then to fewer padded columns, then
+    to wider tiles. A strided conv reads each input vector as a gather whose
     temporaries take registers: one row per tile (measured on Zen 4: stride 2, 14 x 14 outputs, one row
     ran 1.13x faster than 2 and 7 rows)."""
-    lanes, budget = facts.float32_lanes, max_accumulators(facts)
+    full, budget = facts.float32_lanes, max_accumulators(facts)
     best, best_key = None, None
-    for vectors in range(1, min(budget, -(-wout // lanes)) + 1):
-        for rows in range(1, (1 if strided else min(hout, budget // vectors)) + 1):
-            tile = RowTile(rows, vectors, lanes)
-            eff = _efficiency(tile.accumulators, tile.accumulators + 1, (hout, wout),
-                              (_ceil_to(hout, rows), _ceil_to(wout, tile.cols)))
-            key = (eff, tile.accumulators, vectors)
-            if best_key is None or key > best_key:
-                best, best_key = tile, key
+    for lanes in _vector_lanes(full):
+        for vectors in range(1, min(budget, -(-wout // lanes)) + 1):
+            for rows in range(1, (1 if strided else min(hout, budget // vectors)) + 1):
+                tile = RowTile(rows, vectors, lanes)
+                eff = _efficiency(tile.accumulators, tile.accumulators + 1, (hout, wout, lanes),
+                                  (_ceil_to(hout, rows), _ceil_to(wout, tile.cols), full))
+                key = (eff, tile.accumulators, -_ceil_to(wout, tile.cols), vectors)
+                if best_key is None or key > best_key:
+                    best, best_key = tile, key
     return best
+
+
+def _vector_lanes(full: int) -> list[int]:
+    """The target's vector and its halves down to MIN_DEPTHWISE_LANES: a narrow output row (7 columns)
+    pads to the narrower vector, its input copy and column gathers half as long."""
+    return [full >> i for i in range(full.bit_length()) if full >> i >= min(full, MIN_DEPTHWISE_LANES)]
 
 
 def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: int, groups: int,
