@@ -4,8 +4,10 @@
                            + b'[o] (+ residual[n, o, h, w]) )
     (or act(...) + residual[n, o, h, w] with residual_after_activation, YOLO's bottleneck)
 
-Registered under the family name; every conv rule without a compute of its own lowers to it.
-The stages are named for the schedules: `pad`, `conv`, `epilogue`.
+Registered under the family name; every conv rule without a compute of its own lowers to it. The stages are named for the schedules: `pad`, `weight` (only when a
+target pads the output channels), `conv`, `epilogue`. `conv2d_padded` is the same compute over an output
+padded to a target's tile (more output channels per group, rows and columns); the epilogue reads back
+only the real outputs, so the result is unchanged.
 """
 
 from __future__ import annotations
@@ -25,9 +27,27 @@ def conv2d_out_size(size, k, stride, pad_lo, pad_hi, dilation):
     return (size + pad_lo + pad_hi - dilation * (k - 1) - 1) // stride + 1
 
 
+@dataclass(frozen=True)
+class ConvPadding:
+    """The padded output a schedule computes: per-group output channels, rows and columns (each at least
+    the real size), and `channel_block`, the output channels one tile computes (a divisor of
+    `group_channels`): the input-group index is written per block so a vectorized block reads one group."""
+    group_channels: int
+    rows: int
+    cols: int
+    channel_block: int = 1
+
+
 @register_compute(CONV_FAMILY)
 def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
                   activation=None, activation_params=None, residual_after_activation=False, **_):
+    return conv2d_padded(x, w, b, residual, strides=strides, padding=padding, dilation=dilation, groups=groups,
+                         activation=activation, activation_params=activation_params,
+                         residual_after_activation=residual_after_activation)
+
+
+def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups, activation=None,
+                  activation_params=None, residual_after_activation=False, out_padding: ConvPadding | None = None):
     n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
     cout, cpg, kh, kw = (int(d) for d in w.shape)
     sh, sw = strides
@@ -36,9 +56,13 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
     hout = conv2d_out_size(hin, kh, sh, pt, pb, dh)
     wout = conv2d_out_size(win, kw, sw, pl, pr, dw)
     opg = cout // groups
-    if any((pt, pl, pb, pr)):
+    p = out_padding or ConvPadding(opg, hout, wout)
+    # input rows / columns the padded output reads (the real ones, the padding, then zeros)
+    hpad = max(hin + pt + pb, (p.rows - 1) * sh + (kh - 1) * dh + 1)
+    wpad = max(win + pl + pr, (p.cols - 1) * sw + (kw - 1) * dw + 1)
+    if (hpad, wpad) != (hin, win):
         pad = te.compute(
-            (n, cin, hin + pt + pb, win + pl + pr),
+            (n, cin, hpad, wpad),
             lambda i, c, h, ww: tirx.if_then_else(
                 tirx.all(h >= pt, h < hin + pt, ww >= pl, ww < win + pl),
                 x[i, c, h - pt, ww - pl], tirx.const(0, x.dtype)),
@@ -46,27 +70,39 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
         )
     else:
         pad = x
+    gp = p.group_channels  # padded output channels per group
+    if gp != opg:
+        weight = te.compute(
+            (groups * gp, cpg, kh, kw),
+            lambda o, c, r, s: tirx.if_then_else(o % gp < opg, w[o // gp * opg + o % gp, c, r, s],
+                                                 tirx.const(0, w.dtype)),
+            name="weight",
+        )
+    else:
+        weight = w
     rc = te.reduce_axis((0, cpg), name="rc")
     rh = te.reduce_axis((0, kh), name="rh")
     rw = te.reduce_axis((0, kw), name="rw")
     if groups == 1:
-        conv = te.compute(
-            (n, cout, hout, wout),
-            lambda i, o, h, ww: te.sum(pad[i, rc, h * sh + rh * dh, ww * sw + rw * dw] * w[o, rc, rh, rw],
-                                       axis=[rc, rh, rw]),
-            name="conv",
-        )
+        channel = lambda o: rc  # noqa: E731
+    elif p.channel_block == 1:
+        channel = lambda o: (o // gp) * cpg + rc  # noqa: E731
     else:
-        conv = te.compute(
-            (n, cout, hout, wout),
-            lambda i, o, h, ww: te.sum(
-                pad[i, (o // opg) * cpg + rc, h * sh + rh * dh, ww * sw + rw * dw] * w[o, rc, rh, rw],
-                axis=[rc, rh, rw]),
-            name="conv",
-        )
+        blk = p.channel_block  # o // gp == (o // blk * blk) // gp: constant over a block of blk channels
+        channel = lambda o: (o // blk * blk) // gp * cpg + rc  # noqa: E731
+    conv = te.compute(
+        (n, groups * gp, p.rows, p.cols),
+        lambda i, o, h, ww: te.sum(
+            pad[i, channel(o), h * sh + rh * dh, ww * sw + rw * dw] * weight[o, rc, rh, rw],
+            axis=[rc, rh, rw]),
+        name="conv",
+    )
+
+    def conv_at(o):  # the padded channel of real channel o
+        return o if gp == opg or groups == 1 else o // opg * gp + o % opg
 
     def epilogue(i, o, h, ww):
-        v = conv[i, o, h, ww] + b[o]
+        v = conv[i, conv_at(o), h, ww] + b[o]
         if residual is not None and not residual_after_activation:
             v = v + residual[i, o, h, ww]
         v = apply_activation(v, activation, activation_params)

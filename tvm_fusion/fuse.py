@@ -261,7 +261,8 @@ def _build_primfunc(lowering: Lowering, target, scheduled: bool = True):
     consts = [te.placeholder(c.shape, str(c.dtype), name=f"c{i}") for i, c in enumerate(lowering.constants)]
     # the calling convention of every compute: (first input, *constants, *other inputs)
     args = [tensors[0], *consts, *tensors[1:]]
-    out = compute(*args, **lowering.attrs)
+    with target:  # a target's compute may pad to the target's tile (llvm conv2d)
+        out = compute(*args, **lowering.attrs)
     func = te.create_prim_func([*tensors, *consts, out])
     func = func.without_attr("global_symbol").with_attr("op_pattern", _tvm.OPAQUE)
     if dims.vars:

@@ -232,8 +232,10 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=False, activation="relu"):
-    """The fused conv PrimFunc as tvm_fusion.fuse builds it: (func, attrs, input shapes) for the schedule tests."""
+def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=False, activation="relu",
+                  target=None):
+    """The fused conv PrimFunc as tvm_fusion.fuse builds it for `target` (its kind's compute, built under
+    it; None: the generic compute): (func, attrs, input shapes) for the schedule tests."""
     (kh, kw), strides, dilation = _pair(k), _pair(stride), _pair(dil)
     padding = (pad,) * 4 if isinstance(pad, int) else tuple(pad)
     attrs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups, activation=activation)
@@ -247,7 +249,16 @@ def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=
     oh = _conv_out(h, kh, strides[0], padding[0], padding[2], dilation[0])
     ow = _conv_out(w, kw, strides[1], padding[1], padding[3], dilation[1])
     inputs = [x] + ([te.placeholder((n, oc, oh, ow), "float32", name="r")] if residual else [])
-    out = conv2d_affine(x, wt, b, *inputs[1:], **attrs)
+    if target is None:
+        out = conv2d_affine(x, wt, b, *inputs[1:], **attrs)
+    else:
+        from .registry import get_compute
+        from .schedules import load
+        from .schedules.conv2d import CONV_FAMILY
+
+        load()
+        with target:
+            out = get_compute(CONV_FAMILY, target.kind.name)(x, wt, b, *inputs[1:], **attrs)
     func = te.create_prim_func([*inputs, wt, b, out]).without_attr("global_symbol")
     shapes = [tuple(int(d) for d in t.shape) for t in (*inputs, wt, b)]
     return func, attrs, shapes

@@ -1,30 +1,45 @@
-"""CPU (llvm) schedule for `conv2d_affine`: output channels in vectors of L fp32 lanes (16 with AVX-512,
-8 with AVX2, 4 with NEON: `hardware.cpu_facts`), a register tile of output pixels x output channels, the
-epilogue applied to each tile while it is in registers.
+"""CPU (llvm) conv2d: `conv2d(x, W) + epilogue  ==>  padded register-tiled kernel`, vector width and register
+budget from the target (16 fp32 lanes / 32 zmm with AVX-512, 8 / 16 ymm with AVX2, 4 / 32 with NEON:
+`hardware.cpu_facts`). The llvm compute pads the output to the tile (`ConvPadding`: output channels per
+group, rows, columns; zero weights and zero input rows feed the padding), and the epilogue reads back the
+real outputs only, so every shape gets a full tile and no shape takes an untiled schedule.
 
-    parallel for (n, oc block of OC = L * v channels):
-        panel[rc, rh, rw, OC] = W[oc block, rc, rh, rw]            # oc innermost: one vector load each
+Dense and grouped convs (`tiled`): output channels in vectors of L lanes, a register tile of output pixels x
+output channels, the epilogue applied to each tile while it is in registers.
+
+    parallel for (n, oc block of OC = L * v channels, inside one group):
+        panel[rc, rh, rw, OC] = W[oc block, rc, rh, rw] (0 for padded channels)   # oc innermost
         for (row tile, column tile):                             # rows * cols output pixels
             acc[rows, cols, OC] = 0                              # rows * cols * v vector registers
             for rh, rw, rc:
-                acc[i, j, :] += x[rc, y + i + rh, x + j + rw] * panel[rc, rh, rw, :]   # broadcast * vector
-            out[n, oc block, row tile, column tile] = epilogue(acc)
+                acc[i, j, :] += x[group's rc, y + i + rh, x + j + rw] * panel[rc, rh, rw, :]  # broadcast * vector
+            out[n, real channels of the block, real pixels of the tile] = epilogue(acc)
+
+Depthwise convs (one input channel per output channel, `depthwise`): output columns in vectors.
+
+    parallel for (n, channel):
+        for (row tile, column tile of L * k columns):
+            acc[rows, k * L] = 0
+            for rh, rw: acc[i, :] += x[c, y + i + rh, x + rw : + k * L] * W[c, 0, rh, rw]   # vector * broadcast
+            out[n, c, real pixels] = epilogue(acc)
 
 Padding is materialised by its own parallel loop nest first (inlining it into the reduction is ~10x
-slower on 3x3). Shapes the tile does not fit (grouped convs, output channels not a multiple of L) take
-`_schedule_generic`, which vectorizes along the output row.
+slower on 3x3).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm_fusion._tvm import tirx
+from tvm_fusion._tvm import tirx, tvm
+from tvm_fusion.errors import FusionError
 from tvm_fusion.hardware import CpuFacts, cpu_facts
-from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.conv2d import CONV_FAMILY
+from tvm_fusion.registry import register_compute, register_schedule
+from tvm_fusion.schedules import dims
+from tvm_fusion.schedules.conv2d import CONV_FAMILY, ConvPadding, conv2d_out_size, conv2d_padded
 
-__all__ = ["ConvTile", "choose_tile", "max_accumulators", "schedule_conv2d_llvm"]
+__all__ = ["ConvTile", "RowTile", "ConvPlan", "choose_tile", "choose_row_tile", "conv_plan", "max_accumulators",
+           "conv2d_llvm", "schedule_conv2d_llvm"]
 
 FLOAT_BYTES = 4
 # vector registers a tile leaves to the panel vectors and the broadcast temporary (28 of 32 zmm accumulate)
@@ -34,7 +49,16 @@ OC_VECTOR_CHOICES = (4, 2, 1)  # output-channel vectors per tile
 # inside ~1/6 of the 1 MiB per-core L2 of Zen 4, next to the input rows: measured on ResNet-50,
 # 1x1 1024->2048 ran 1.45 ms with a 256 KiB panel and 1.25 ms with 128 KiB.
 PANEL_BYTES = 160 * 1024
-GENERIC_OC_BLOCK = 8  # generic schedule: output channels unrolled per tile
+# Tile cost per reduction step, in FMA slots: max(accumulators, loads / LOADS_PER_FMA, MIN_CHAINS). Fewer
+# than MIN_CHAINS independent accumulators leave the FMA pipes waiting on latency; loads issue two per FMA.
+# Measured on Zen 4 (one thread, CPU time): 13x13 outputs ran 12% faster with 13 columns (1 vector of
+# channels, 1000 padded to 1008) than with 2 x 7 padded columns, and 7x7 3x3 convs 10% faster with 1 x 7
+# pixels than with 4 x 7 (rows padded to 8): real outputs per slot decide, not the accumulator count.
+MIN_CHAINS = 6
+# depthwise rows may use half (quarter) vectors down to this many fp32 lanes: measured on Zen 4, a 7x7
+# depthwise conv ran 1.12x slower padded to 16 columns than TVM's generic 7-lane schedule
+MIN_DEPTHWISE_LANES = 4
+LOADS_PER_FMA = 2
 
 
 def max_accumulators(facts: CpuFacts) -> int:
@@ -42,8 +66,13 @@ def max_accumulators(facts: CpuFacts) -> int:
     return facts.vector_registers - RESERVED_REGISTERS
 
 
+def _ceil_to(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
 @dataclass(frozen=True)
 class ConvTile:
+    """Tiled kernel: `oc_vectors` vectors of output channels x `rows` x `cols` output pixels."""
     oc_vectors: int  # v: the tile holds lanes * v output channels
     rows: int  # output rows per tile
     cols: int  # output columns per tile
@@ -63,49 +92,137 @@ class ConvTile:
         return self.oc_vectors + self.rows * self.cols
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@dataclass(frozen=True)
+class RowTile:
+    """Depthwise kernel: `rows` output rows x `vectors` vectors of output columns of one channel."""
+    rows: int
+    vectors: int
+    lanes: int
+
+    @property
+    def cols(self) -> int:
+        return self.lanes * self.vectors
+
+    @property
+    def accumulators(self) -> int:
+        return self.rows * self.vectors
 
 
-def _factor(extent: int, want: int) -> int:
-    """The largest divisor of extent that is at most want."""
-    return max(d for d in _divisors(extent) if d <= want)
+@dataclass(frozen=True)
+class ConvPlan:
+    kernel: str  # "tiled" or "depthwise"
+    tile: ConvTile | RowTile
+    padding: ConvPadding
 
 
-def _oc_vector_options(cout: int, reduction: int, tasks_wanted: int, lanes: int) -> list[int]:
-    """Channel widths (in vectors) that divide cout; wider than one vector only while the oc blocks
-    still feed every thread and the panel fits PANEL_BYTES."""
+def _efficiency(accumulators: int, loads: int, real: tuple[int, ...], padded: tuple[int, ...]) -> float:
+    """Real outputs per FMA slot of a reduction step (1.0: the tile divides the output and is FMA bound)."""
+    useful = accumulators
+    for r, p in zip(real, padded):
+        useful *= r / p
+    return round(useful / max(accumulators, loads / LOADS_PER_FMA, MIN_CHAINS), 6)
+
+
+def _oc_vector_options(opg: int, groups: int, reduction: int, tasks_wanted: int, lanes: int) -> list[int]:
+    """Channel widths (in vectors); wider than one vector only while the oc blocks (of the channels padded
+    to the width, per group) still feed every thread and the panel fits PANEL_BYTES."""
     options = []
     for v in OC_VECTOR_CHOICES:
-        if cout % (lanes * v):
-            continue
-        blocks = cout // (lanes * v)
+        blocks = groups * _ceil_to(opg, lanes * v) // (lanes * v)
         panel = reduction * lanes * v * FLOAT_BYTES
         if v == 1 or (blocks >= tasks_wanted and panel <= PANEL_BYTES):
             options.append(v)
     return options
 
 
-def _tile_candidates(cout: int, hout: int, wout: int, reduction: int, tasks_wanted: int, facts: CpuFacts):
-    lanes = facts.float32_lanes
-    for v in _oc_vector_options(cout, reduction, tasks_wanted, lanes):
-        for cols in _divisors(wout):
-            # several rows per tile only when a tile covers whole rows (narrow outputs)
-            for rows in _divisors(hout) if cols == wout else [1]:
-                tile = ConvTile(v, rows, cols, lanes)
-                if tile.accumulators <= max_accumulators(facts):
-                    yield tile
-
-
 def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, threads: int,
-                facts: CpuFacts) -> ConvTile | None:
-    """The register tile with the most accumulators, ties to fewer loads per step; None when the
-    output channels are not a multiple of one vector of `facts` (the target's)."""
+                facts: CpuFacts, groups: int = 1) -> ConvTile:
+    """The register tile with the most real outputs per FMA slot (`_efficiency`; the output padded to the
+    tile: channels per group, rows, columns), ties to more accumulators, then to fewer loads per step.
+    Several rows per tile only when a tile covers whole rows (narrow outputs)."""
+    lanes, budget, opg = facts.float32_lanes, max_accumulators(facts), cout // groups
     tasks_wanted = max(1, -(-threads // batch))
-    candidates = list(_tile_candidates(cout, hout, wout, reduction, tasks_wanted, facts))
-    if not candidates:
-        return None
-    return max(candidates, key=lambda t: (t.accumulators, -t.loads_per_step))
+    best, best_key = None, None
+    for v in _oc_vector_options(opg, groups, reduction, tasks_wanted, lanes):
+        gp = _ceil_to(opg, lanes * v)
+        for cols in range(1, min(wout, budget // v) + 1):
+            for rows in range(1, min(hout, budget // (v * cols)) + 1) if cols == wout else [1]:
+                tile = ConvTile(v, rows, cols, lanes)
+                eff = _efficiency(tile.accumulators, tile.loads_per_step, (opg, hout, wout),
+                                  (gp, _ceil_to(hout, rows), _ceil_to(wout, cols)))
+                key = (eff, tile.accumulators, -tile.loads_per_step)
+                if best_key is None or key > best_key:
+                    best, best_key = tile, key
+    return best
+
+
+def choose_row_tile(hout: int, wout: int, facts: CpuFacts, strided: bool = False) -> RowTile:
+    """Depthwise: rows x vectors of columns with the most real outputs per FMA slot (the output rows and
+    columns padded to the tile, a narrower vector counted as a part-filled one; a step loads each
+    accumulator's input vector and one weight), ties to more accumulators, then to fewer padded columns, then
+    to wider tiles. A strided conv reads each input vector as a gather whose
+    temporaries take registers: one row per tile (measured on Zen 4: stride 2, 14 x 14 outputs, one row
+    ran 1.13x faster than 2 and 7 rows)."""
+    full, budget = facts.float32_lanes, max_accumulators(facts)
+    best, best_key = None, None
+    for lanes in _vector_lanes(full):
+        for vectors in range(1, min(budget, -(-wout // lanes)) + 1):
+            for rows in range(1, (1 if strided else min(hout, budget // vectors)) + 1):
+                tile = RowTile(rows, vectors, lanes)
+                eff = _efficiency(tile.accumulators, tile.accumulators + 1, (hout, wout, lanes),
+                                  (_ceil_to(hout, rows), _ceil_to(wout, tile.cols), full))
+                key = (eff, tile.accumulators, -_ceil_to(wout, tile.cols), vectors)
+                if best_key is None or key > best_key:
+                    best, best_key = tile, key
+    return best
+
+
+def _vector_lanes(full: int) -> list[int]:
+    """The target's vector and its halves down to MIN_DEPTHWISE_LANES: a narrow output row (7 columns)
+    pads to the narrower vector, its input copy and column gathers half as long."""
+    return [full >> i for i in range(full.bit_length()) if full >> i >= min(full, MIN_DEPTHWISE_LANES)]
+
+
+def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: int, groups: int,
+              facts: CpuFacts, strided: bool = False) -> ConvPlan:
+    """The kernel, tile and padded output of a conv for a target (`facts`); a pure function of the shape,
+    so the compute and the schedule agree."""
+    if cpg == 1 and groups > 1:  # depthwise (any channel multiplier): one input channel per output
+        tile = choose_row_tile(hout, wout, facts, strided=strided)
+        padding = ConvPadding(cout // groups, _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols))
+        return ConvPlan("depthwise", tile, padding)
+    tile = choose_tile(cout, hout, wout, cpg * kh * kw, n, facts.threads, facts, groups)
+    padding = ConvPadding(_ceil_to(cout // groups, tile.channels), _ceil_to(hout, tile.rows),
+                          _ceil_to(wout, tile.cols), tile.channels)
+    return ConvPlan("tiled", tile, padding)
+
+
+def _current_facts() -> CpuFacts:
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or target.kind.name != "llvm":
+        raise FusionError("the llvm conv2d compute pads to the target's tile: build it inside `with target:` "
+                          f"of an llvm target (got {target})")
+    return cpu_facts(target)
+
+
+@register_compute(CONV_FAMILY, target="llvm")
+def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, **attrs):
+    """The conv2d_affine compute over the output padded to `conv_plan`'s tile for the current target."""
+    n, _, hin, win = dims(x.shape)  # n may be a symbolic batch, planned for as 1
+    cout, cpg, kh, kw = (int(d) for d in w.shape)
+    hout = conv2d_out_size(hin, kh, strides[0], padding[0], padding[2], dilation[0])
+    wout = conv2d_out_size(win, kw, strides[1], padding[1], padding[3], dilation[1])
+    plan = conv_plan(_planned_batch(n), cout, hout, wout, cpg, kh, kw, groups, _current_facts(),
+                     strided=strides[1] > 1)
+    return conv2d_padded(x, w, b, residual, strides=strides, padding=padding, dilation=dilation, groups=groups,
+                         activation=attrs.get("activation"), activation_params=attrs.get("activation_params"),
+                         residual_after_activation=attrs.get("residual_after_activation", False),
+                         out_padding=plan.padding)
+
+
+def _planned_batch(n) -> int:
+    """The batch a tile is chosen for: a symbolic batch as 1, so the tile must feed every thread then."""
+    return int(n) if isinstance(n, (int, tirx.IntImm)) else 1
 
 
 def _optional_block(sch, name: str):
@@ -119,8 +236,34 @@ def _extent(sch, loop) -> int:
     return int(sch.get(loop).extent)
 
 
-def _static(extent) -> bool:
-    return isinstance(extent, (int, tirx.IntImm))
+def _factor(extent: int, want: int) -> int:
+    """The largest divisor of extent that is at most want."""
+    return max(d for d in range(1, min(extent, want) + 1) if extent % d == 0)
+
+
+def _vectorize_own_inner_loop(sch, block, outer_block):
+    """Vectorize the innermost loop of `block` that `outer_block` does not share (none: a unit region)."""
+    shared = [sch.get(loop) for loop in sch.get_loops(outer_block)]
+    own = [loop for loop in sch.get_loops(block) if not any(sch.get(loop).same_as(s) for s in shared)]
+    if own:
+        sch.vectorize(own[-1])
+
+
+def _epilogue_by_channel_vectors(sch, epi, conv):
+    """The epilogue of a tile whose last columns are padding, or whose columns are fewer than a vector:
+    pixels unrolled (the predicate on padded columns stays scalar), channels vectorized, so the accumulators
+    stay in registers. A vectorized column loop under the predicate is scalarized with a variable index,
+    which moves the whole tile to the stack (measured on Zen 4, one thread: a 3 -> 64 channel 3x3 stride-2
+    conv with 111 output columns ran 1.66 ms with 14 padded columns that way, 0.68 ms this way; with
+    3 exact columns 0.84 ms vectorized along the columns, 0.60 ms this way)."""
+    shared = [sch.get(loop) for loop in sch.get_loops(conv)]
+    own = [loop for loop in sch.get_loops(epi) if not any(sch.get(loop).same_as(s) for s in shared)]
+    channels, *pixels = own  # the epilogue's loops are (channel, row, column), unit ones gone
+    if pixels:
+        sch.reorder(*pixels, channels)
+    for loop in pixels:
+        sch.unroll(loop)
+    sch.vectorize(channels)
 
 
 def _schedule_pad(sch, pad):
@@ -129,10 +272,13 @@ def _schedule_pad(sch, pad):
 
 
 def _pack_weights(sch, conv, at_loop, reduction: int, lanes: int):
-    """Copy the oc block's weights W[oc, rc, rh, rw] to a panel [rc, rh, rw, oc] at `at_loop`: the
-    copy reads W rows contiguously (vectorized) and writes each element to its oc column."""
-    weight_index = len(sch.get(conv).reads) - 1  # reads are (input, weight)
-    panel = sch.cache_read(conv, weight_index, "global")
+    """Copy the oc block's weights W[oc, rc, rh, rw] (the `weight` stage when the channels are padded) to a
+    panel [rc, rh, rw, oc] at `at_loop`: the copy reads W rows contiguously (vectorized) and writes each
+    element to its oc column."""
+    panel = _optional_block(sch, "weight")
+    if panel is None:
+        weight_index = len(sch.get(conv).reads) - 1  # reads are (input, weight)
+        panel = sch.cache_read(conv, weight_index, "global")
     sch.compute_at(panel, at_loop)
     sch.transform_layout(panel, ("write", 0), lambda o, c, r, s: (c, r, s, o))
     oc, *taps = sch.get_loops(panel)[1:]  # unit loops (1x1 kernel, one input channel) are gone
@@ -144,7 +290,13 @@ def _pack_weights(sch, conv, at_loop, reduction: int, lanes: int):
     sch.vectorize(ki)
 
 
-def _schedule_tiled(sch, conv, epi, tile: ConvTile):
+def _schedule_tiled(sch, conv, epi, tile: ConvTile, regrouped: bool, padded_columns: bool):
+    """`regrouped`: the epilogue reads the padded channels of several groups (not an affine map of the
+    block's channels), so the tile stores its accumulators and the epilogue runs as its own loop nest."""
+    if regrouped:
+        store, later = sch.cache_write(conv, 0, "global"), epi
+        sch.set_scope(conv, 0, "local")
+        epi = store
     n, o, h, w, rc, rh, rw = sch.get_loops(conv)
     reduction = _extent(sch, rc) * _extent(sch, rh) * _extent(sch, rw)
     oo, oi = sch.split(o, [None, tile.channels])
@@ -164,20 +316,29 @@ def _schedule_tiled(sch, conv, epi, tile: ConvTile):
     sch.unroll(wi)
     sch.unroll(hi)
     sch.decompose_reduction(conv, rh)  # after vectorize: the other order is "not compact dataflow"
-    sch.vectorize(sch.get_loops(epi)[-1])
+    if (padded_columns or tile.cols < tile.lanes) and not regrouped:
+        _epilogue_by_channel_vectors(sch, epi, conv)
+    else:
+        _vectorize_own_inner_loop(sch, epi, conv)
+    if regrouped:
+        n, o, h, w = sch.get_loops(later)
+        sch.parallel(sch.fuse(n, o))
+        sch.vectorize(w)
 
 
-def _schedule_generic(sch, conv, epi, lanes: int):
-    """Any shape: output channels unrolled, the output row vectorized (with a predicated tail)."""
+def _schedule_depthwise(sch, conv, epi, tile: RowTile):
     n, o, h, w, rc, rh, rw = sch.get_loops(conv)
-    oo, oi = sch.split(o, [None, _factor(_extent(sch, o), GENERIC_OC_BLOCK)])
-    wo, wi = sch.split(w, [None, min(lanes, _extent(sch, w))])
-    sch.reorder(n, oo, h, wo, rc, rh, rw, oi, wi)
-    sch.parallel(sch.fuse(n, oo))
+    ho, hi = sch.split(h, [None, tile.rows])
+    wo, wv, wl = sch.split(w, [None, tile.vectors, tile.lanes])
+    sch.reorder(n, o, ho, wo, rc, rh, rw, hi, wv, wl)
+    sch.parallel(sch.fuse(n, o))
     sch.reverse_compute_at(epi, wo)
-    sch.vectorize(wi)
-    sch.unroll(oi)
+    sch.set_scope(conv, 0, "local")
+    sch.vectorize(wl)
+    sch.unroll(wv)
+    sch.unroll(hi)
     sch.decompose_reduction(conv, rc)
+    _vectorize_own_inner_loop(sch, epi, conv)
 
 
 @register_schedule(CONV_FAMILY, target="llvm")
@@ -188,13 +349,19 @@ def schedule_conv2d_llvm(sch, attrs, target):
     if pad is not None:
         _schedule_pad(sch, pad)
     batch, *loops = sch.get_loops(conv)
-    cout, hout, wout, rc, rh, rw = (_extent(sch, loop) for loop in loops)
-    n = sch.get(batch).extent
-    facts = cpu_facts(target)
-    tile = None
-    if attrs.get("groups", 1) == 1:  # a symbolic batch is sized for as 1: the tile must feed every thread then
-        tile = choose_tile(cout, hout, wout, rc * rh * rw, int(n) if _static(n) else 1, facts.threads, facts)
-    if tile is None:
-        _schedule_generic(sch, conv, epi, facts.float32_lanes)
+    cp, hp, wp, rc, rh, rw = (_extent(sch, loop) for loop in loops)
+    cout, hout, wout = (_extent(sch, loop) for loop in sch.get_loops(epi)[1:])
+    n = _planned_batch(sch.get(batch).extent)
+    groups = attrs.get("groups", 1)
+    plan = conv_plan(n, cout, hout, wout, rc, rh, rw, groups, cpu_facts(target),
+                     strided=attrs["strides"][1] > 1)
+    p = plan.padding
+    if (cp, hp, wp) != (groups * p.group_channels, p.rows, p.cols):
+        raise FusionError(f"conv2d llvm schedule: the conv stage computes {cp}x{hp}x{wp} outputs per image, "
+                          f"the plan for {target} pads {cout}x{hout}x{wout} to "
+                          f"{groups * p.group_channels}x{p.rows}x{p.cols}: build the PrimFunc with the llvm "
+                          "compute (registry.get_compute(name, 'llvm')) under the same target")
+    if plan.kernel == "depthwise":
+        _schedule_depthwise(sch, conv, epi, plan.tile)
     else:
-        _schedule_tiled(sch, conv, epi, tile)
+        _schedule_tiled(sch, conv, epi, plan.tile, regrouped=groups > 1 and cp != cout, padded_columns=wp != wout)
