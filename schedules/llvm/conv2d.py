@@ -258,6 +258,8 @@ def _epilogue_by_channel_vectors(sch, epi, conv):
     3 exact columns 0.84 ms vectorized along the columns, 0.60 ms this way)."""
     shared = [sch.get(loop) for loop in sch.get_loops(conv)]
     own = [loop for loop in sch.get_loops(epi) if not any(sch.get(loop).same_as(s) for s in shared)]
+    if not own:  # a unit region (one channel, one pixel): nothing to vectorize
+        return
     channels, *pixels = own  # the epilogue's loops are (channel, row, column), unit ones gone
     if pixels:
         sch.reorder(*pixels, channels)
