@@ -16,9 +16,10 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import ACTIVATIONS, epilogue_spec
+from tvm_fusion.precision import accumulator_dtype, numpy_dtype
 from tvm_fusion.rules import Lowering, Match, Spec, axis_vector, commutative, decline, rule, static_shape
 
-SUPPORTED_DTYPES = ("float32",)
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")  # half: summed in float32, bias kept in float32
 DENSE_FAMILY = "dense_affine"  # schedules/dense.py registers it; rules without their own compute use it
 
 
@@ -94,7 +95,7 @@ def lower_dense(m: Match, activation, activation_params=None) -> Lowering:
     return Lowering(
         compute=m.rule if registry.has_compute(m.rule) else DENSE_FAMILY,
         inputs=[x],
-        constants=[w.astype(dtype), b.astype(dtype)],
+        constants=[w.astype(numpy_dtype(dtype)), b.astype(accumulator_dtype(dtype))],
         attrs=dict(activation=activation, activation_params=dict(activation_params or {})),
         input_shapes={0: (rows, x_shape[-1])} if len(x_shape) != 2 else {},
         out_shape=out_shape if out_shape != (rows, n) else None,

@@ -16,7 +16,7 @@ from tvm_fusion.patterns.activations import clip_bounds
 from tvm_fusion.rules import Lowering, Match, Spec, decline, rule, static_shape
 from tvm_fusion.schedules.elementwise import BINARY, ELEMENTWISE_FAMILY, UNARY
 
-SUPPORTED_DTYPES = ("float32", "float16")
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")  # half: computed in float32, rounded once
 LONGEST_CHAIN = 6
 
 

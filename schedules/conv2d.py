@@ -3,12 +3,15 @@
     out[n, o, h, w] = act( sum_{c, r, s} pad(x)[n, g*C/G + c, h*sh + r*dh, w*sw + s*dw] * W'[o, c, r, s]
                            + b'[o] (+ residual[n, o, h, w]) )
 
-Registered under every conv rule name. The stages are named for the schedules: `pad`, `conv`, `epilogue`.
+Half tensors (float16, bfloat16) are widened to float32 before the products are summed; the epilogue runs in
+float32 on a float32 bias and the output is rounded once (tvm_fusion.precision). Registered under every
+conv rule name. The stages are named for the schedules: `pad`, `conv`, `epilogue`.
 """
 
 from __future__ import annotations
 
 from tvm_fusion._tvm import te, tirx
+from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.registry import register_compute
 
 from .activations import apply_activation
@@ -40,6 +43,10 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
     hout = conv2d_out_size(hin, kh, sh, pt, pb, dh)
     wout = conv2d_out_size(win, kw, sw, pl, pr, dw)
     opg = cout // groups
+    acc = accumulator_dtype(x.dtype)
+
+    def wide(v):
+        return cast_to(v, acc)
     if any((pt, pl, pb, pr)):
         pad = te.compute(
             (n, cin, hin + pt + pb, win + pl + pr),
@@ -56,7 +63,7 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
     if groups == 1:
         conv = te.compute(
             (n, cout, hout, wout),
-            lambda i, o, h, ww: te.sum(pad[i, rc, h * sh + rh * dh, ww * sw + rw * dw] * w[o, rc, rh, rw],
+            lambda i, o, h, ww: te.sum(wide(pad[i, rc, h * sh + rh * dh, ww * sw + rw * dw]) * wide(w[o, rc, rh, rw]),
                                        axis=[rc, rh, rw]),
             name="conv",
         )
@@ -64,15 +71,16 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
         conv = te.compute(
             (n, cout, hout, wout),
             lambda i, o, h, ww: te.sum(
-                pad[i, (o // opg) * cpg + rc, h * sh + rh * dh, ww * sw + rw * dw] * w[o, rc, rh, rw],
+                wide(pad[i, (o // opg) * cpg + rc, h * sh + rh * dh, ww * sw + rw * dw]) * wide(w[o, rc, rh, rw]),
                 axis=[rc, rh, rw]),
             name="conv",
         )
 
     def epilogue(i, o, h, ww):
-        v = conv[i, o, h, ww] + b[o]
+        v = conv[i, o, h, ww] + wide(b[o])
         if residual is not None:
-            v = v + residual[i, o, h, ww]
-        return apply_activation(v, activation, activation_params)
+            v = v + wide(residual[i, o, h, ww])
+        v = apply_activation(v, activation, activation_params)
+        return cast_to(v, x.dtype)
 
     return te.compute((n, cout, hout, wout), epilogue, name="epilogue")

@@ -12,7 +12,8 @@ from .errors import ToleranceExceeded
 from .numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder",
-           "check_fused", "conv_bn_relu", "residual_block", "run_build", "RESNET50_CONVS", "conv_primfunc"]
+           "check_fused", "conv_bn_relu", "residual_block", "run_build", "RESNET50_CONVS", "conv_primfunc",
+           "as_float16"]
 
 OPSET = 17
 
@@ -80,6 +81,22 @@ class GraphBuilder:
         model = onnx.shape_inference.infer_shapes(model)
         onnx.checker.check_model(model)
         return model
+
+
+def as_float16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same graph in float16: float32 initializers rounded, float32 inputs, outputs and value infos
+    declared float16 (what an exporter's `model.half()` writes)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for i, t in enumerate(out.graph.initializer):
+        a = numpy_helper.to_array(t)
+        if a.dtype == np.float32:
+            out.graph.initializer[i].CopyFrom(numpy_helper.from_array(a.astype(np.float16), t.name))
+    for v in [*out.graph.input, *out.graph.output, *out.graph.value_info]:
+        if v.type.tensor_type.elem_type == TensorProto.FLOAT:
+            v.type.tensor_type.elem_type = TensorProto.FLOAT16
+    onnx.checker.check_model(out)
+    return out
 
 
 def conv_bn_relu(n=1, cin=8, cout=16, hw=(12, 12), seed=0, bn=True, relu=True, bias=True, **conv) -> onnx.ModelProto:
