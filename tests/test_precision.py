@@ -6,16 +6,21 @@ dtype's tolerance; the half kernels build for CUDA within the launch limits."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
+from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build import build, resolve_target
+from tvm_fusion.cli import main
+from tvm_fusion.compare import compare
 from tvm_fusion.frontend import import_onnx
 from tvm_fusion.precision import convert, numpy_dtype
 from tvm_fusion.schedules.cuda.families_test import _chain_model, _conv_act_model, _ffn_model, _layer_norm_model
 from tvm_fusion.compare import random_inputs, run_onnxruntime
-from tvm_fusion.testing import as_float16, assert_close, check_fused, conv_bn_relu, residual_block, run_build
+from tvm_fusion.testing import (GraphBuilder, as_float16, assert_close, check_fused, conv_bn_relu, residual_block,
+                                run_build)
 
 FAMILIES = {
     "conv_bn_relu": lambda: (conv_bn_relu(), {"conv2d_bn_relu": 1}),
@@ -48,3 +53,100 @@ def test_float16_model_fuses_like_float32_and_matches_onnxruntime(family):
         assert g.dtype == np.float16
         assert_close(g, r16, f"{family} output {i}: fused float16 vs onnxruntime float16")
         assert_close(g, r32, f"{family} output {i}: fused float16 vs float32 reference", dtype="float16")
+
+
+# ---------------------------------------------------------------- --precision: a float32 model converted
+#: the float32 groups, except where noted: in residual_block the residual is the float32 graph input, so
+#: ToMixedPrecision adds in float32 after a cast and the add joins add_relu instead of the conv's epilogue
+CONVERTED = {
+    "residual_block": {"conv2d_bn_relu": 1, "conv2d_bn": 1, "add_relu": 1},
+}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_precision_converts_fuses_and_matches_the_float32_model(family, precision):
+    model, expect = FAMILIES[family]()
+    dtype = {"fp16": "float16", "bf16": "bfloat16"}[precision]
+    mod = convert(import_onnx(model), precision)
+    built = build(mod, "llvm", "fused")
+    assert {k: v for k, v in built.counts.items() if v} == CONVERTED.get(family, expect)
+    kernels = [f for f in built.fused.mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    # ToMixedPrecision keeps layer norm in float32 (statistics and all), and elementwise ops follow their
+    # inputs: with no conv or matmul before them they stay float32
+    if family not in ("layer_norm", "elementwise"):
+        assert any(str(p.dtype) == dtype for f in kernels for p in f.params), f"no {dtype} kernel"
+    inputs = random_inputs(model)
+    got = run_build(built, [inputs[i.name] for i in model.graph.input if i.name in inputs])
+    for i, (g, r) in enumerate(zip(got, _onnxruntime(model, inputs))):
+        assert g.dtype == np.float32  # the signature stays float32: inputs cast in, outputs cast out
+        assert_close(g, r, f"{family} --precision {precision} output {i} vs the float32 model", dtype=dtype)
+
+
+def test_softmax_and_layer_norm_stay_float32():
+    """ToMixedPrecision's "never" list: the dense runs in float16, softmax and the LayerNorm read float32."""
+    g = GraphBuilder(4)
+    x = g.input("x", [4, 32])
+    y = g.op("MatMul", [x, g.const(g.rng.normal(0, 0.2, (32, 16)).astype(np.float32))])
+    y = g.op("Softmax", [g.op("Relu", [g.op("Add", [y, g.const(np.full(16, 0.1, np.float32))])])], axis=-1)
+    y = g.op("LayerNormalization", [y, g.const(np.ones(16, np.float32)), g.const(np.zeros(16, np.float32))],
+             axis=-1, epsilon=1e-5)
+    model = g.model([y], opset=18)
+    mod = convert(import_onnx(model), "fp16")
+    ops = {}
+    relax.analysis.post_order_visit(mod["main"], lambda e: ops.setdefault(getattr(e.op, "name", ""), []).append(
+        str(e.ty.dtype)) if isinstance(e, relax.Call) else None)
+    assert ops["relax.matmul"] == ["float16"] and ops["relax.nn.softmax"] == ["float32"]
+    assert ops["relax.nn.layer_norm"] == ["float32"]
+    built = build(mod, "llvm", "fused")
+    assert {k: v for k, v in built.counts.items() if v} == {"dense_bias_relu": 1, "layer_norm": 1}
+    inputs = random_inputs(model)
+    assert_close(run_build(built, [inputs["x"]])[0], _onnxruntime(model, inputs)[0], dtype="float16")
+
+
+def test_half_computes_sum_in_float32():
+    """The conv and dense kernels of a float16 model: half buffers in and out, a float32 accumulator."""
+    model, _ = _ffn_model()
+    built = build(import_onnx(as_float16(model)), "llvm", "fused")
+    (func,) = [f for f in built.fused.mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    script = func.script()
+    assert [str(p.dtype) for p in func.params] == ["float16", "float16", "float32", "float16"]  # x, W, b, out
+    assert "dense = T.sblock_alloc_buffer((18, 256))" in script  # the accumulator: float32 (the default dtype)
+    assert 'dense[v_i, v_j] + T.Cast("float32", in0[v_i, v_rk]) * T.Cast("float32", c0[v_rk, v_j])' in script
+    assert re.search(r'epilogue\[v_i, v_j\] = T\.Cast\("float16", \(dense\[v_i, v_j\] \+ c1\[v_j\]\)', script)
+
+
+def test_compare_api_judges_with_the_half_tolerance():
+    model, _ = _ffn_model()
+    report = compare(model, "llvm", precision="bf16", repeat=0, modes="fused")
+    assert report.ok and report.precision == "bf16"
+    assert [s.dtype for s in report.errors["fused vs onnxruntime"]] == ["bfloat16"]
+    assert "precision bf16: converted from float32" in str(report)
+
+
+def test_cli_compile_records_the_precision(tmp_path, capsys):
+    from onnx import save
+
+    model, _ = _conv_act_model()
+    path = tmp_path / "m.onnx"
+    save(model, path)
+    out = tmp_path / "m.so"
+    assert main(["compile", str(path), "--target", "llvm", "--precision", "fp16", "--no-counts", "-o", str(out)]) == 0
+    manifest = json.loads((tmp_path / "m.so.json").read_text())
+    assert manifest["precision"]["name"] == "fp16" and manifest["precision"]["dtype"] == "float16"
+    assert manifest["rule_counts"]["conv2d_bn_hardswish"] == 1 and manifest["rule_counts"]["conv2d_bias_silu"] == 1
+    (verified,) = manifest["verification"]["outputs"].values()
+    assert verified["ok"] and verified["rule"].startswith("float16:")
+
+
+def test_precision_bad_input(tmp_path, capsys):
+    from onnx import save
+
+    path = tmp_path / "m.onnx"
+    save(as_float16(conv_bn_relu()), path)
+    assert main(["compare", str(path), "--precision", "fp16", "--repeat", "0"]) == 2
+    assert "input x is already float16; --precision converts a float32 model" in capsys.readouterr().err
+    assert main(["compare", str(path), "--precision", "fp8"]) == 2
+    assert "--precision: invalid choice: 'fp8'" in capsys.readouterr().err
+    assert main(["compare", str(path), "--precision", "bf16", "--per-group"]) == 2
+    assert "does not combine with --per-group" in capsys.readouterr().err

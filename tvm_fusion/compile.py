@@ -20,6 +20,7 @@ from .compare import check_inputs, load_inputs
 from .errors import FusionError
 from .export import export_library
 from .hardware import cuda_facts
+from .precision import PRECISIONS, check_precision, convert
 from .rules import RuleSet
 from .simplify import record_of as simplify_record
 from .verify import skipped, verify_fused
@@ -173,6 +174,15 @@ def cpu_linker(target, cc: str | None = None) -> str | None:
     return cross
 
 
+def _precision_record(precision: str | None) -> dict:
+    """The compute precision: fp32 (the model's own dtypes) or the half dtype a float32 model was converted to."""
+    if check_precision(precision) is None:
+        return {"name": "fp32", "converted": False}
+    return {"name": precision, "dtype": PRECISIONS[precision], "converted": True, "accumulator": "float32",
+            "method": "BatchNorm as x * s + t, then Relax ToMixedPrecision (softmax, layer-norm statistics and "
+                      "reductions kept in float32)"}
+
+
 def _target_record(target) -> dict:
     """What the manifest says about the target: its exact JSON, and for a CPU target the triple and
     every feature the code may use (tvm_fusion.runtime.load checks them against the host)."""
@@ -186,13 +196,16 @@ def _target_record(target) -> dict:
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
                   rules: RuleSet | None = None, counts_of_other_builds: bool = True, verify: bool = True,
                   seed: int = 0, cc: str | None = None, external_weights: bool = False,
-                  inputs=None) -> CompileResult:
+                  inputs=None, precision: str | None = None) -> CompileResult:
     """Fuse and build `model` for `target`, verify it against onnxruntime on inputs seeded with `seed`
     and the `inputs` given (a dict or an .npz path, as for compare), export the library to `output`, write
     `<output>.json` (verify.py: nothing is written when it differs).
     `cc` links a CPU library (default: the system compiler, or `<mtriple>-gcc` for another architecture);
-    with `external_weights` the weights go to `<output>.weights` instead of into the library (weights.py)."""
+    with `external_weights` the weights go to `<output>.weights` instead of into the library (weights.py).
+    `precision` "fp16" / "bf16" converts the float32 model first (tvm_fusion.precision); the verify step then
+    judges it against the float32 model with the half dtype's tolerance."""
     start = time.perf_counter()
+    check_precision(precision)
     output = Path(output)
     check_output(output, model)
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
@@ -207,12 +220,12 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         proto = frontend.load_onnx(model)
         given = load_inputs(inputs)
         shapes = check_inputs(proto, given, shapes)  # given arrays bind symbolic dims, as in compare
-        mod = frontend.import_onnx(proto, shapes)
+        mod = convert(frontend.import_onnx(proto, shapes), precision)
         bar.update()
         built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights)
         bar.update()
-        verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given) if verify
-                        else skipped())
+        verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given,
+                                     precision=precision) if verify else skipped())
         bar.update()
         try:
             if linker:
@@ -246,6 +259,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         "arch": arch if tgt.kind.name == "cuda" else None,
         "tvm_version": _tvm.TVM_VERSION,
         "inputs": _inputs(built),
+        "precision": _precision_record(precision),
         "rule_counts": built.counts,
         "groups": groups,
         "builds": builds,

@@ -259,7 +259,8 @@ def _scalar(expr) -> float | None:
     if not _tvm.is_constant(expr):
         return None
     value = _tvm.constant_value(expr)
-    return float(value.reshape(())) if value.size == 1 and value.dtype.kind == "f" else None
+    floating = value.dtype.kind == "f" or value.dtype.name == "bfloat16"  # ml_dtypes' bfloat16 has kind "V"
+    return float(value.reshape(())) if value.size == 1 and floating else None
 
 
 def _as_scalar_if_uniform(const, other, out_shape):

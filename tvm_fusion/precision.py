@@ -77,17 +77,75 @@ def convert(mod, precision: str | None):
     dtype = check_precision(precision)
     if dtype is None:
         return mod
-    from ._tvm import relax
+    from ._tvm import expr_type, relax
+    from .errors import FusionError
     from .frontend import onnx_node_names
     from .fuse import normalize_batch_norm
 
-    names = onnx_node_names(mod)
-    mod = normalize_batch_norm(mod, names)
+    for p in mod["main"].params:
+        have = str(getattr(expr_type(p), "dtype", ""))
+        if have in HALF_DTYPES:
+            raise FusionError(f"--precision {precision}: input {p.name} is already {have}; --precision converts "
+                              "a float32 model (run a half model without it: it fuses in its own dtype)")
+    mod = normalize_batch_norm(mod, onnx_node_names(mod))
+    mod = _rewrite(mod, *_clip_to_min_max())  # ToMixedPrecision fails on clip's PrimValue bounds
     mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
     if dtype != "float16":
         mod = _retype_half(mod, dtype)
-    mod = relax.transform.FoldConstant()(mod)
+    mod = _rewrite(mod, *_cast_constants())  # the weights' and scalars' casts (FoldConstant keeps scalars)
+    mod = _rewrite(mod, *_min_of_max_to_clip())
     return relax.transform.DeadCodeElimination()(mod)
+
+
+def _rewrite(mod, pattern, rewriter):
+    from ._tvm import dpl, relax, tvm
+
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            out[gv] = dpl.rewrite_call(pattern, rewriter, func)
+    return out
+
+
+def _clip_to_min_max():
+    """clip(x, lo, hi)  ->  minimum(maximum(x, lo), hi) with tensor constants of x's dtype (undone after the
+    conversion by the frontend's min_of_max_to_clip)."""
+    import numpy as np
+
+    from ._tvm import dpl, relax
+    from .patterns.activations import clip_bounds
+
+    x = dpl.wildcard()
+    root = dpl.is_op("relax.clip")(x, dpl.wildcard(), dpl.wildcard())
+
+    def rewriter(expr, matches):
+        from ._tvm import expr_type, make_constant
+
+        lo, hi = clip_bounds(expr)
+        dtype = numpy_dtype(expr_type(matches[x]).dtype)
+        return relax.op.minimum(relax.op.maximum(matches[x], make_constant(np.array(lo, dtype))),
+                                make_constant(np.array(hi, dtype)))
+
+    return root, rewriter
+
+
+def _cast_constants():
+    """astype(constant, dtype)  ->  the constant rounded to dtype by NumPy (round to nearest even, as TVM)."""
+    from ._tvm import constant_value, dpl, make_constant
+
+    const = dpl.is_const()
+    root = dpl.is_op("relax.astype")(const)
+
+    def rewriter(expr, matches):
+        return make_constant(constant_value(matches[const]).astype(numpy_dtype(expr.attrs.dtype)))
+
+    return root, rewriter
+
+
+def _min_of_max_to_clip():
+    from .frontend import _min_of_max_to_clip as build
+
+    return build()
 
 
 def _retype_half(mod, dtype: str):
