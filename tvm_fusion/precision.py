@@ -21,7 +21,7 @@ float32 model and the verdict uses the half dtype's tolerance (numerics.TOLERANC
 from __future__ import annotations
 
 __all__ = ["HALF_DTYPES", "PRECISIONS", "accumulator_dtype", "check_precision", "convert", "numpy_dtype",
-           "cast_to", "verdict_dtype"]
+           "cast_to", "half_sums_in_float32", "verdict_dtype"]
 
 #: --precision values and the tensor dtype each gives
 PRECISIONS = {"fp16": "float16", "bf16": "bfloat16"}
@@ -146,6 +146,42 @@ def _min_of_max_to_clip():
     from .frontend import _min_of_max_to_clip as build
 
     return build()
+
+
+def half_sums_in_float32():
+    """A module pass for the ops no rule took: conv2d / matmul with half inputs and no wider out_dtype
+    ==> astype(op(..., out_dtype=float32), half). TVM legalizes them summing in the half dtype otherwise,
+    and the unfused build is an oracle of the fused one (and onnxruntime sums float16 in float32 too)."""
+    from ._tvm import relax, tvm
+
+    @relax.expr_functor.mutator
+    class Widen(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            op = getattr(call.op, "name", "")
+            if op not in ("relax.nn.conv2d", "relax.matmul"):
+                return call
+            dtype = str(call.args[0].ty.dtype) if hasattr(call.args[0].ty, "dtype") else ""
+            out = str(call.attrs.out_dtype)
+            if dtype not in HALF_DTYPES or out not in ("None", "", "void", dtype):
+                return call
+            if op == "relax.matmul":
+                return relax.op.astype(relax.op.matmul(call.args[0], call.args[1], out_dtype=ACCUMULATOR), dtype)
+            a = call.attrs
+            wide = relax.op.nn.conv2d(call.args[0], call.args[1], strides=a.strides, padding=a.padding,
+                                      dilation=a.dilation, groups=a.groups, data_layout=a.data_layout,
+                                      kernel_layout=a.kernel_layout, out_layout=a.out_layout, out_dtype=ACCUMULATOR)
+            return relax.op.astype(wide, dtype)
+
+    @tvm.transform.module_pass(opt_level=0, name="HalfSumsInFloat32")
+    def widen(mod, ctx):
+        out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+        for gv, func in mod.functions.items():
+            if isinstance(func, relax.Function):
+                out[gv] = Widen(out).visit_expr(func)
+        return out
+
+    return widen
 
 
 def _retype_half(mod, dtype: str):

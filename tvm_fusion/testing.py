@@ -252,8 +252,10 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=False, activation="relu"):
-    """The fused conv PrimFunc as tvm_fusion.fuse builds it: (func, attrs, input shapes) for the schedule tests."""
+def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=False, activation="relu",
+                  dtype="float32"):
+    """The fused conv PrimFunc as tvm_fusion.fuse builds it: (func, attrs, input shapes) for the schedule tests.
+    `dtype`: of x, W, the residual and the output; the bias is in the accumulator dtype (float32 for half)."""
     (kh, kw), strides, dilation = _pair(k), _pair(stride), _pair(dil)
     padding = (pad,) * 4 if isinstance(pad, int) else tuple(pad)
     attrs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups, activation=activation)
@@ -261,12 +263,14 @@ def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=
     from .schedules.conv2d import conv2d_affine
     from .schedules.conv2d import conv2d_out_size as _conv_out
 
-    x = te.placeholder((n, c, h, w), "float32", name="x")
-    wt = te.placeholder((oc, c // groups, kh, kw), "float32", name="w")
-    b = te.placeholder((oc,), "float32", name="b")
+    from .precision import accumulator_dtype
+
+    x = te.placeholder((n, c, h, w), dtype, name="x")
+    wt = te.placeholder((oc, c // groups, kh, kw), dtype, name="w")
+    b = te.placeholder((oc,), accumulator_dtype(dtype), name="b")
     oh = _conv_out(h, kh, strides[0], padding[0], padding[2], dilation[0])
     ow = _conv_out(w, kw, strides[1], padding[1], padding[3], dilation[1])
-    inputs = [x] + ([te.placeholder((n, oc, oh, ow), "float32", name="r")] if residual else [])
+    inputs = [x] + ([te.placeholder((n, oc, oh, ow), dtype, name="r")] if residual else [])
     out = conv2d_affine(x, wt, b, *inputs[1:], **attrs)
     func = te.create_prim_func([*inputs, wt, b, out]).without_attr("global_symbol")
     shapes = [tuple(int(d) for d in t.shape) for t in (*inputs, wt, b)]
