@@ -219,3 +219,27 @@ def test_cuda_conv_schedule_keeps_half_numerics(case, dtype):
     tvm.compile(tvm.IRModule({"main": scheduled}), "llvm")["main"](*map(tvm.runtime.tensor, (x, r, w, b)), out)
     want = conv_reference(*(a.astype(np.float64) for a in (x, w, b, r)), attrs)
     assert_close(out.numpy(), want, f"{dtype} {case}", dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(128, 768, 3072), (1, 2048, 1000), (256, 256, 256)], ids=str)
+def test_half_dense_schedules_for_cuda(shape, dtype):
+    """A half dense large enough for dlight's wmma path is scheduled on CUDA cores (tensorize crashes TVM
+    0.27, schedules/cuda/dense.py) with float32 accumulators, within sm_80's launch limits."""
+    from tvm_fusion._tvm import te
+    from tvm_fusion.schedules.cuda.dense import schedule_dense_cuda
+    from tvm_fusion.schedules.dense import dense_affine
+
+    m, k, n = shape
+    target = resolve_target("cuda", "sm_80")
+    x, w = te.placeholder((m, k), dtype, name="x"), te.placeholder((k, n), dtype, name="w")
+    b = te.placeholder((n,), "float32", name="b")
+    func = te.create_prim_func([x, w, b, dense_affine(x, w, b, activation="relu")]).without_attr("global_symbol")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    with target:
+        schedule_dense_cuda(sch, {}, target)
+    scheduled = sch.mod["main"]
+    check = check_gpu_limits(scheduled, target, cuda_facts(target).gpu_limits())
+    assert check.ok, f"{shape} {dtype}: {check}"
+    script = scheduled.script()
+    assert 'thread="threadIdx' in script and f'T.Cast("float32", x' in script and "wmma" not in script
