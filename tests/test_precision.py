@@ -243,3 +243,38 @@ def test_half_dense_schedules_for_cuda(shape, dtype):
     assert check.ok, f"{shape} {dtype}: {check}"
     script = scheduled.script()
     assert 'thread="threadIdx' in script and f'T.Cast("float32", x' in script and "wmma" not in script
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_precision_keeps_the_batch_norm_in_float32_for_the_fold(precision):
+    """ToMixedPrecision casts a BatchNorm's s and t to the half dtype; the conversion puts them back in
+    float32 around the conv (the form of a half model's BatchNorm), so the fold reads float32 s: the folded
+    weights are round(W_half * s) with W_half the converted model's weight (ToMixedPrecision rounds it)."""
+    model = conv_bn_relu(bias=False)
+    dtype = {"fp16": "float16", "bf16": "bfloat16"}[precision]
+    mod = convert(import_onnx(model), precision)
+    muls = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: muls.append(e) if isinstance(e, relax.Call) and getattr(
+        e.op, "name", "") == "relax.multiply" else None)
+    assert [str(m.ty.dtype) for m in muls] == ["float32"]
+    built = build(mod, "llvm", "fused")
+    assert {k: v for k, v in built.counts.items() if v} == {"conv2d_bn_relu": 1}
+    from onnx import numpy_helper
+
+    inits = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    w, gamma, beta, mean, var = (inits[n] for n in model.graph.node[0].input[1:2] + model.graph.node[1].input[1:])
+    scale = gamma / np.sqrt(var + 1e-5)
+    w_half = w.astype(numpy_dtype(dtype)).astype(np.float64)
+    want = (w_half * scale.astype(np.float32).astype(np.float64)[:, None, None, None]).astype(numpy_dtype(dtype))
+    folded = [c for c in _call_constants(built.fused.mod) if c.shape == w.shape]
+    assert len(folded) == 1 and folded[0].dtype == numpy_dtype(dtype)
+    np.testing.assert_array_equal(folded[0].astype(np.float64), want.astype(np.float64))
+
+
+def _call_constants(mod):
+    from tvm_fusion import _tvm
+
+    found = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(_tvm.constant_value(e))
+                                    if _tvm.is_constant(e) else None)
+    return found

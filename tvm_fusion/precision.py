@@ -92,6 +92,7 @@ def convert(mod, precision: str | None):
     mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
     if dtype != "float16":
         mod = _retype_half(mod, dtype)
+    mod = _rewrite(mod, *_batch_norm_in_float32())
     mod = _rewrite(mod, *_cast_constants())  # the weights' and scalars' casts (FoldConstant keeps scalars)
     mod = _rewrite(mod, *_min_of_max_to_clip())
     return relax.transform.DeadCodeElimination()(mod)
@@ -125,6 +126,28 @@ def _clip_to_min_max():
         dtype = numpy_dtype(expr_type(matches[x]).dtype)
         return relax.op.minimum(relax.op.maximum(matches[x], make_constant(np.array(lo, dtype))),
                                 make_constant(np.array(hi, dtype)))
+
+    return root, rewriter
+
+
+def _batch_norm_in_float32():
+    """conv2d [+ b] -> * astype(s) + astype(t)  ->  astype(astype(., float32) * s + t, half): the BatchNorm after
+    a conv keeps its float32 s and t (ToMixedPrecision had cast them), in the form a half model's BatchNorm
+    has after import, so the conv rules fold it from float32 and round the weights once."""
+    from ._tvm import constant_value, dpl, expr_type, relax
+
+    conv = dpl.is_op("relax.nn.conv2d")(dpl.wildcard(), dpl.wildcard())
+    y = conv | dpl.is_op("relax.add")(conv, dpl.wildcard())
+    s, t = dpl.is_const(), dpl.is_const()
+    root = dpl.is_op("relax.add")(dpl.is_op("relax.multiply")(y, dpl.is_op("relax.astype")(s)),
+                                  dpl.is_op("relax.astype")(t))
+
+    def rewriter(expr, matches):
+        half = str(expr_type(matches[y]).dtype)
+        if half not in HALF_DTYPES or any(str(constant_value(matches[c]).dtype) != ACCUMULATOR for c in (s, t)):
+            return expr
+        wide = relax.op.multiply(relax.op.astype(matches[y], ACCUMULATOR), matches[s])
+        return relax.op.astype(relax.op.add(wide, matches[t]), half)
 
     return root, rewriter
 
