@@ -20,7 +20,7 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import ACTIVATIONS, epilogue_spec
-from tvm_fusion.precision import ACCUMULATOR, HALF_DTYPES, accumulator_dtype, numpy_dtype
+from tvm_fusion.precision import accumulator_dtype, half_batch_norm_casts, numpy_dtype
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, axis_vector_shapes, commutative, decline, rule,
                               static_shape)
 
@@ -74,7 +74,7 @@ def conv_checks(m: Match):
     dtype = m.dtype("conv")
     if dtype not in SUPPORTED_DTYPES:
         return decline(f"conv2d dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
-    why = _bn_casts(m, dtype)
+    why = half_batch_norm_casts(m, dtype, "conv2d")
     if why:
         return decline(why)
     out_shape = m.shape("conv")
@@ -107,19 +107,6 @@ def conv_checks(m: Match):
                 return decline(f"residual operand is this match's own {name} output; expected a value computed "
                                "outside the match")
     return None
-
-
-def _bn_casts(m: Match, dtype: str) -> str | None:
-    """A BatchNorm computed in another dtype than the conv must be the half form: widened to float32 and
-    rounded back to the conv's dtype, so that the kernel's output has the conv's dtype."""
-    widen, narrow = "bn_widen" in m, "bn_narrow" in m
-    if not widen and not narrow:
-        return None
-    wide, out = (m.dtype("bn_widen") if widen else dtype), (m.dtype("bn_narrow") if narrow else m.dtype("bn_shift"))
-    if dtype in HALF_DTYPES and wide == ACCUMULATOR and out == dtype:
-        return None
-    return (f"batch_norm computes in {wide} and returns {out} after a {dtype} conv2d; the kernel folds a "
-            f"BatchNorm in the conv's dtype, or a half conv's BatchNorm computed in {ACCUMULATOR} and cast back")
 
 
 def lower_conv(m: Match, activation, activation_params=None) -> Lowering:

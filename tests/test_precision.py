@@ -26,8 +26,18 @@ from tvm_fusion.compare import random_inputs, run_onnxruntime
 from tvm_fusion.testing import (GraphBuilder, as_float16, assert_close, check_fused, conv_bn_relu, conv_primfunc,
                                 residual_block, run_build)
 
+def _gemm_bn_relu():
+    g = GraphBuilder(3)
+    x = g.input("x", [4, 10])
+    w = g.const(g.rng.normal(0, 0.3, (6, 10)).astype(np.float32), "w")
+    b = g.const(g.rng.normal(0, 0.1, 6).astype(np.float32), "b")
+    y = g.bn(g.op("Gemm", [x, w, b], transB=1), 6)
+    return g.model([g.op("Relu", [y])]), {"dense_bn_relu": 1}
+
+
 FAMILIES = {
     "conv_bn_relu": lambda: (conv_bn_relu(), {"conv2d_bn_relu": 1}),
+    "gemm_bn_relu": _gemm_bn_relu,
     "residual_block": lambda: (residual_block(), {"conv2d_bn_add_relu": 1, "conv2d_bn_relu": 1}),
     "conv_activations": _conv_act_model,
     "ffn_gelu": _ffn_model,

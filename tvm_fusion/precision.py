@@ -21,7 +21,7 @@ float32 model and the verdict uses the half dtype's tolerance (numerics.TOLERANC
 from __future__ import annotations
 
 __all__ = ["HALF_DTYPES", "PRECISIONS", "accumulator_dtype", "check_precision", "convert", "numpy_dtype",
-           "cast_to", "half_sums_in_float32", "verdict_dtype"]
+           "cast_to", "half_batch_norm_casts", "half_sums_in_float32", "verdict_dtype"]
 
 #: --precision values and the tensor dtype each gives
 PRECISIONS = {"fp16": "float16", "bf16": "bfloat16"}
@@ -52,6 +52,21 @@ def numpy_dtype(dtype):
 
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(str(dtype))
+
+
+def half_batch_norm_casts(m, dtype: str, op: str) -> str | None:
+    """Why a match's BatchNorm casts (annotations `bn_widen` / `bn_narrow`) do not make the half form
+    `astype(astype(y, float32) * s + t, half)` after an `op` of `dtype`; None when they do or are absent.
+    Only that form keeps the kernel's output in the op's dtype."""
+    widen, narrow = "bn_widen" in m, "bn_narrow" in m
+    if not widen and not narrow:
+        return None
+    wide = m.dtype("bn_widen") if widen else dtype
+    out = m.dtype("bn_narrow") if narrow else m.dtype("bn_shift")
+    if dtype in HALF_DTYPES and wide == ACCUMULATOR and out == dtype:
+        return None
+    return (f"batch_norm computes in {wide} and returns {out} after a {dtype} {op}; the kernel folds a "
+            f"BatchNorm in the {op}'s dtype, or a half {op}'s BatchNorm computed in {ACCUMULATOR} and cast back")
 
 
 def check_precision(precision: str | None) -> str | None:
