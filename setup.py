@@ -24,6 +24,7 @@ setup(
         "onnxruntime==1.32.0",
         "onnxslim==0.1.98",  # the front door (simplify.py); onnxsim and onnxscript are compared in benchmarks/
         "numpy>=1.26",
+        "ml_dtypes>=0.5",  # bfloat16 arrays (precision.numpy_dtype); apache-tvm needs it too
         "tqdm>=4.66",
         "graphviz>=0.20",  # profile --html: the model graph (also needs Graphviz's `dot` program)
     ],

@@ -23,8 +23,12 @@ schedules/activations.py ACTIVATIONS.
 
 from __future__ import annotations
 
+import numpy as np
+
+from tvm_fusion import _tvm
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.priority import ACTIVATION_RANK, priority
+from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.rules import Decline, Rule, Spec, commutative, rule, scalar_constant
 from tvm_fusion.schedules.activations import CANONICAL
 
@@ -32,7 +36,9 @@ __all__ = ["ACTIVATIONS", "BY_RANK", "activation_pattern", "clip_bounds", "epilo
            "scalar_constant"]
 
 #: how far a carried constant may be from the canonical one and still name the activation (relative); the
-#: compute uses the matched value, so this only decides what the rule is called, never the numbers
+#: compute uses the matched value, so this only decides what the rule is called, never the numbers. A half
+#: model's constant is the canonical value rounded to its dtype (sqrt 2 is 1.4140625 in float16): that names
+#: it too.
 _NAMES_IT = 1e-4
 
 
@@ -56,11 +62,17 @@ def _carry(name: str, m, constants: dict[str, tuple[str, str]], label: str | Non
     params = {}
     for param, (ann, what) in constants.items():
         got, want = scalar_constant(m[ann]), CANONICAL[name][param]
-        if got is None or abs(got - want) > _NAMES_IT * max(1.0, abs(want)):
+        rounded = want if got is None else _rounded(want, m[ann])
+        if got is None or min(abs(got - want), abs(got - rounded)) > _NAMES_IT * max(1.0, abs(want)):
             return Decline(f"{what} is {got if got is not None else 'not a scalar constant'}; {label or name} needs "
                            f"{want:g}")
         params[param] = got
     return params
+
+
+def _rounded(value: float, const) -> float:
+    """`value` rounded to the dtype of the relax constant `const`."""
+    return float(np.asarray(value).astype(numpy_dtype(_tvm.expr_type(const).dtype)))
 
 
 def _exact(name: str, expr, want: float, what: str):

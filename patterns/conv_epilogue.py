@@ -5,6 +5,10 @@ BatchNorm (inference) folds into the weights at compile time:
 and so does a per-channel scale layer right after it (Caffe's Scale, `* c + d`: DenseNet, Inception v2):
     W'' = W' * c;  b'' = b' * c + d
 (s and t are rounded to the tensor dtype once, by the normalize step; the fold itself runs in float64.)
+Half precision (float16 / bfloat16): the importer computes a half BatchNorm in float32 between two casts,
+`astype(astype(y, float32) * s + t, half)`; that form matches too, so s and t are the float32 values: the
+BatchNorm is folded from float32 statistics in float64, then the weights are rounded once to the half
+dtype and the bias kept in float32 (the compute accumulates and applies its epilogue in float32).
 The fuse stage first rewrites inference `batch_norm(x)[0]` as `x * s + t` (per channel), so a conv -> BN
 with nothing after it is still a single-rooted match; a training-mode batch_norm stays and is declined.
 """
@@ -19,10 +23,11 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import BY_RANK, epilogue_rule, epilogue_spec
+from tvm_fusion.precision import accumulator_dtype, half_batch_norm_casts, numpy_dtype
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, axis_vector_shapes, batch_shape, commutative,
                               decline, shape_text, static_shape, symbolic_reason)
 
-SUPPORTED_DTYPES = ("float32",)
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 CONV_FAMILY = "conv2d_affine"  # schedules/conv2d.py registers it; rules without their own compute use it
 
 
@@ -70,12 +75,14 @@ def _conv_epilogue(*, bn: bool, residual: str | None, bias: bool | None, activat
     y = {None: conv | bias_add, True: bias_add, False: conv}[bias]
     ann["bias_add"] = bias_add
     if bn:
-        scale = dpl.is_op("relax.multiply")(y, dpl.is_const())
+        widen = dpl.is_op("relax.astype")(y)  # a half BatchNorm, computed in float32 (see the docstring)
+        scale = dpl.is_op("relax.multiply")(y | widen, dpl.is_const())
         shift = dpl.is_op("relax.add")(scale, dpl.is_const())
+        narrow = dpl.is_op("relax.astype")(shift)
         stats = [dpl.is_const() for _ in range(4)]
         batch_norm = dpl.is_op("relax.nn.batch_norm")(y, *stats)
-        ann.update(bn_scale=scale, bn_shift=shift, batch_norm=batch_norm)
-        y = shift | dpl.is_tuple_get_item(batch_norm, 0)
+        ann.update(bn_scale=scale, bn_shift=shift, batch_norm=batch_norm, bn_widen=widen, bn_narrow=narrow)
+        y = narrow | shift | dpl.is_tuple_get_item(batch_norm, 0)
         # an optional per-channel scale layer after the BatchNorm (Caffe's Scale: DenseNet, Inception v2)
         post_scale = dpl.is_op("relax.multiply")(y, dpl.is_const())
         post_shift = dpl.is_op("relax.add")(post_scale, dpl.is_const())
@@ -104,6 +111,9 @@ def conv_checks(m: Match):
     dtype = m.dtype("conv")
     if dtype not in SUPPORTED_DTYPES:
         return decline(f"conv2d dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
+    why = half_batch_norm_casts(m, dtype, "conv2d")
+    if why:
+        return decline(why)
     out_shape = m.shape("conv")
     x = m.value("conv").args[0]
     if out_shape is None or batch_shape(x) is None:
@@ -169,7 +179,7 @@ def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
     return Lowering(
         compute=m.rule if registry.has_compute(m.rule) else CONV_FAMILY,
         inputs=inputs,
-        constants=[w.astype(dtype), b.astype(dtype)],
+        constants=[w.astype(numpy_dtype(dtype)), b.astype(accumulator_dtype(dtype))],
         attrs=dict(
             strides=tuple(int(v) for v in attrs.strides),
             padding=tuple(int(v) for v in attrs.padding),

@@ -386,18 +386,19 @@ def test_per_channel_checks_decline_with_reasons(rules):
     assert reasons == ["residual operand has shape (1, 1, 6, 6); expected the conv output shape (1, 4, 6, 6)"]
 
 
-def test_float16_conv_declines_with_reason(rules):
+def test_float64_conv_declines_with_reason(rules):
+    """float16 and bfloat16 fuse (tests/test_precision.py); float64 has no compute."""
     from onnx import TensorProto
 
     from tvm_fusion import explain
 
     g = GraphBuilder(13)
-    x = g.input("x", [1, 2, 5, 5], TensorProto.FLOAT16)
-    w = g.const(g.rng.normal(size=(3, 2, 3, 3)).astype(np.float16))
+    x = g.input("x", [1, 2, 5, 5], TensorProto.DOUBLE)
+    w = g.const(g.rng.normal(size=(3, 2, 3, 3)).astype(np.float64))
     y = g.op("Relu", [g.op("Conv", [x, w], kernel_shape=[3, 3], pads=[1, 1, 1, 1])])
-    reasons = [d.reason for d in explain(g.model([y], dtype=TensorProto.FLOAT16), rules=rules)
+    reasons = [d.reason for d in explain(g.model([y], dtype=TensorProto.DOUBLE), rules=rules)
                .declined("conv2d_relu")]
-    assert reasons == ["conv2d dtype is float16; the compute supports float32"]
+    assert reasons == ["conv2d dtype is float64; the compute supports float32, float16, bfloat16"]
 
 
 def _relax_conv_bn_relu(x_shape, data_layout="NCHW", bn_axis=1):

@@ -4,7 +4,8 @@ matmul(x, W) -> [add b] -> c * .                           ==>  dense_scale(x, W
 TVM imports Gemm as permute_dims(W) + matmul + add; FoldConstant turns permute_dims(W) into a constant.
 x may be batched ([..., M, K] with a bias over the last axis): the kernel sees x as [rows, K] and its
 output is viewed back as [..., N] (reshapes, no copies). BatchNorm over the features (inference, as
-x * s + t after the fuse stage's normalization) folds into the weights: W' = W * s, b' = b * s + t; a
+x * s + t after the fuse stage's normalization; in a half model between casts to float32 and back, s and
+t then float32) folds into the weights: W' = W * s, b' = b * s + t; a
 per-feature scale alone (ConvNeXt's and CaiT's layer scale `gamma * fc2(x)`, constant first or second)
 likewise: W' = W * c, b' = b * c.
 """
@@ -18,10 +19,11 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import BY_RANK, epilogue_rule, epilogue_spec
+from tvm_fusion.precision import accumulator_dtype, half_batch_norm_casts, numpy_dtype
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, batch_shape, commutative, decline, is_symbolic,
                               shape_text, static_shape, symbolic_reason)
 
-SUPPORTED_DTYPES = ("float32",)
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")  # half: summed in float32, bias kept in float32
 DENSE_FAMILY = "dense_affine"  # schedules/dense.py registers it; rules without their own compute use it
 
 
@@ -33,9 +35,12 @@ def dense_epilogue(*, bias: bool | None = True, bn: bool = False, scale: bool = 
     y = {None: matmul | bias_add, True: bias_add, False: matmul}[bias]
     ann = {"matmul": matmul, "bias_add": bias_add, "bias": bias_const}
     if bn:
-        scale = commutative("relax.multiply", y, dpl.is_const())
-        y = commutative("relax.add", scale, dpl.is_const())
-        ann.update(bn_scale=scale, bn_shift=y)
+        widen = dpl.is_op("relax.astype")(y)  # a half model's BatchNorm, computed in float32 by the importer
+        scale = commutative("relax.multiply", y | widen, dpl.is_const())
+        shift = commutative("relax.add", scale, dpl.is_const())
+        narrow = dpl.is_op("relax.astype")(shift)
+        y = narrow | shift
+        ann.update(bn_scale=scale, bn_shift=shift, bn_widen=widen, bn_narrow=narrow)
     elif scale:
         y = commutative("relax.multiply", y, dpl.is_const())
         ann.update(layer_scale=y)
@@ -64,6 +69,9 @@ def dense_checks(m: Match):
     dtype = m.dtype("matmul")
     if dtype not in SUPPORTED_DTYPES:
         return decline(f"matmul dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
+    why = half_batch_norm_casts(m, dtype, "matmul")
+    if why:
+        return decline(why)
     n = w_shape[1]
     out_shape = m.shape("root")
     if out_shape is None:
@@ -97,7 +105,7 @@ def lower_dense(m: Match, activation, activation_params=None) -> Lowering:
     return Lowering(
         compute=m.rule if registry.has_compute(m.rule) else DENSE_FAMILY,
         inputs=[x],
-        constants=[w.astype(dtype), b.astype(dtype)],
+        constants=[w.astype(numpy_dtype(dtype)), b.astype(accumulator_dtype(dtype))],
         attrs=dict(activation=activation, activation_params=dict(activation_params or {})),
         input_shapes={0: (rows, x_shape[-1])} if len(x_shape) != 2 else {},
         out_shape=out_shape if shape_text(out_shape) != shape_text((rows, n)) else None,

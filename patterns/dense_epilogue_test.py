@@ -150,18 +150,19 @@ def test_golden_ir_of_batched_dense_bias_relu(rules):
     tvm.ir.assert_structural_equal(result.mod["main"], bb.get()["main"], map_free_vars=True)
 
 
-def test_float16_declines_with_reason(rules):
+def test_float64_declines_with_reason(rules):
+    """float16 and bfloat16 fuse (tests/test_precision.py); float64 has no compute."""
     from onnx import TensorProto
 
     g = GraphBuilder(9)
-    x = g.input("x", [2, 4], TensorProto.FLOAT16)
-    w = g.const(g.rng.normal(0, 0.3, (4, 3)).astype(np.float16))
-    b = g.const(g.rng.normal(0, 0.1, 3).astype(np.float16))
-    model = g.model([g.op("Add", [g.op("MatMul", [x, w]), b])], dtype=TensorProto.FLOAT16)
+    x = g.input("x", [2, 4], TensorProto.DOUBLE)
+    w = g.const(g.rng.normal(0, 0.3, (4, 3)).astype(np.float64))
+    b = g.const(g.rng.normal(0, 0.1, 3).astype(np.float64))
+    model = g.model([g.op("Add", [g.op("MatMul", [x, w]), b])], dtype=TensorProto.DOUBLE)
     from tvm_fusion import explain
 
     reasons = [d.reason for d in explain(model, rules=rules).declined("dense_bias")]
-    assert reasons == ["matmul dtype is float16; the compute supports float32"]
+    assert reasons == ["matmul dtype is float64; the compute supports float32, float16, bfloat16"]
 
 
 @pytest.mark.parametrize("x_shape,bias_shape,out_shape", [

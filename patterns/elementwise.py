@@ -17,7 +17,7 @@ from tvm_fusion.patterns.priority import priority
 from tvm_fusion.rules import Lowering, Match, Spec, batch_shape, decline, rule, symbolic_reason
 from tvm_fusion.schedules.elementwise import BINARY, ELEMENTWISE_FAMILY, UNARY
 
-SUPPORTED_DTYPES = ("float32", "float16")
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")  # half: computed in float32, rounded once
 LONGEST_CHAIN = 6
 
 

@@ -111,7 +111,7 @@ def test_integer_chain_declines_with_reason(rules):
     y = g.op("Mul", [g.op("Sub", [g.op("Add", [a, b]), b]), a])
     reasons = [d.reason for d in explain(g.model([y], dtype=TensorProto.INT32), rules=rules)
                .declined("elementwise_chain_3")]
-    assert reasons == ["elementwise chain dtype is int32; the compute supports float32, float16"]
+    assert reasons == ["elementwise chain dtype is int32; the compute supports float32, float16, bfloat16"]
 
 
 def test_scalar_chain(rules):

@@ -17,11 +17,12 @@ from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import scalar_constant
 from tvm_fusion.patterns.priority import priority
+from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, batch_shape, commutative, decline, is_symbolic, rule,
                               shape_text, symbolic_reason)
 from tvm_fusion.schedules.layer_norm import LAYER_NORM_FAMILY
 
-SUPPORTED_DTYPES = ("float32",)
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")  # half: statistics in float32
 
 
 def _decomposed(h):
@@ -105,7 +106,7 @@ def lower_layer_norm(m: Match, residual: bool) -> Lowering:
     return Lowering(
         compute=m.rule if registry.has_compute(m.rule) else LAYER_NORM_FAMILY,
         inputs=inputs,
-        constants=[axis_vector(v, shape, -1).astype(dtype) for v in (gamma, beta)],
+        constants=[axis_vector(v, shape, -1).astype(numpy_dtype(dtype)) for v in (gamma, beta)],
         attrs={"epsilon": eps},
         input_shapes={i: (rows, c) for i, x in enumerate(inputs) if shape_text(x) != shape_text((rows, c))},
         out_shape=tuple(shape) if shape_text(shape) != shape_text((rows, c)) else None,

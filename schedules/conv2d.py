@@ -4,8 +4,10 @@
                            + b'[o] (+ residual[n, o, h, w]) )
     (or act(...) + residual[n, o, h, w] with residual_after_activation, YOLO's bottleneck)
 
-Registered under the family name; every conv rule without a compute of its own lowers to it. The stages are named for the schedules: `pad`, `weight` (only when a
-target pads the output channels), `conv`, `epilogue`. `conv2d_padded` is the same compute over an output
+Half tensors (float16, bfloat16) are widened to float32 before the products are summed; the epilogue runs in
+float32 on a float32 bias and the output is rounded once (tvm_fusion.precision). Registered under the family
+name; every conv rule without a compute of its own lowers to it. The stages are named for the schedules:
+`pad`, `weight` (only when a target pads the output channels), `conv`, `epilogue`. `conv2d_padded` is the same compute over an output
 padded to a target's tile (more output channels per group, rows and columns); the epilogue reads back
 only the real outputs, so the result is unchanged.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm_fusion._tvm import te, tirx
+from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.registry import register_compute
 
 from . import dims
@@ -60,6 +63,11 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     # input rows / columns the padded output reads (the real ones, the padding, then zeros)
     hpad = max(hin + pt + pb, (p.rows - 1) * sh + (kh - 1) * dh + 1)
     wpad = max(win + pl + pr, (p.cols - 1) * sw + (kw - 1) * dw + 1)
+    acc = accumulator_dtype(x.dtype)
+
+    def wide(v):
+        return cast_to(v, acc)
+
     if (hpad, wpad) != (hin, win):
         pad = te.compute(
             (n, cin, hpad, wpad),
@@ -93,7 +101,7 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     conv = te.compute(
         (n, groups * gp, p.rows, p.cols),
         lambda i, o, h, ww: te.sum(
-            pad[i, channel(o), h * sh + rh * dh, ww * sw + rw * dw] * weight[o, rc, rh, rw],
+            wide(pad[i, channel(o), h * sh + rh * dh, ww * sw + rw * dw]) * wide(weight[o, rc, rh, rw]),
             axis=[rc, rh, rw]),
         name="conv",
     )
@@ -102,13 +110,13 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
         return o if gp == opg or groups == 1 else o // opg * gp + o % opg
 
     def epilogue(i, o, h, ww):
-        v = conv[i, conv_at(o), h, ww] + b[o]
+        v = conv[i, conv_at(o), h, ww] + wide(b[o])
         if residual is not None and not residual_after_activation:
-            v = v + residual[i, o, h, ww]
+            v = v + wide(residual[i, o, h, ww])
         v = apply_activation(v, activation, activation_params)
         if residual is not None and residual_after_activation:  # YOLO's bottleneck: act(conv) + skip
-            v = v + residual[i, o, h, ww]
-        return v
+            v = v + wide(residual[i, o, h, ww])
+        return cast_to(v, x.dtype)
 
     return te.compute((n, cout, hout, wout), epilogue, name="epilogue")
 

@@ -1,5 +1,7 @@
 """dense with an epilogue: out[m, n] = act( sum_k x[m, k] * W[k, n] + b[n] ).
 
+Half x and W are summed in float32, the epilogue runs in float32, the output is rounded once.
+
 Stages: `dense` (reduction) and `epilogue`. W is [K, N], or packed by a schedule (`pack_columns`) into
 column tiles [N / cols, K, cols], W[k, n] = Wp[n // cols, k, n % cols]: one tile is contiguous in memory.
 """
@@ -10,6 +12,7 @@ import numpy as np
 
 from tvm_fusion._tvm import te
 
+from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.registry import register_compute
 
 from . import dims
@@ -27,6 +30,11 @@ def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:
 @register_compute(DENSE_FAMILY)
 def dense_affine(x, w, b, *, activation=None, activation_params=None, **_):
     m, k = dims(x.shape)  # m may be a symbolic batch
+    acc = accumulator_dtype(x.dtype)
+
+    def wide(v):
+        return cast_to(v, acc)
+
     rk = te.reduce_axis((0, k), name="rk")
     if len(w.shape) == 3:  # column tiles
         tiles, cols = int(w.shape[0]), int(w.shape[2])
@@ -35,6 +43,6 @@ def dense_affine(x, w, b, *, activation=None, activation_params=None, **_):
     else:
         n = int(w.shape[1])
         weight = lambda r, j: w[r, j]  # noqa: E731
-    dense = te.compute((m, n), lambda i, j: te.sum(x[i, rk] * weight(rk, j), axis=rk), name="dense")
-    return te.compute((m, n), lambda i, j: apply_activation(dense[i, j] + b[j], activation, activation_params),
-                      name="epilogue")
+    dense = te.compute((m, n), lambda i, j: te.sum(wide(x[i, rk]) * wide(weight(rk, j)), axis=rk), name="dense")
+    return te.compute((m, n), lambda i, j: cast_to(apply_activation(dense[i, j] + wide(b[j]), activation,
+                                                                    activation_params), x.dtype), name="epilogue")

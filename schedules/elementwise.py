@@ -5,13 +5,15 @@
 `recipe` is a tuple of steps (op, chain_position, operand, params): `chain_position` is the operand slot the
 running value takes (0 or 1; None for the first step, whose operands are both given), `operand` indexes the
 compute's arguments (>= 0), or an earlier step's result as -(step + 1), or is None for unary ops.
-Stages are inlined into the last one by the schedules.
+Stages are inlined into the last one by the schedules. Half tensors are widened to float32 first and the
+result is rounded once (tvm_fusion.precision).
 """
 
 from __future__ import annotations
 
 from tvm_fusion._tvm import topi
 
+from tvm_fusion.precision import HALF_DTYPES, accumulator_dtype
 from tvm_fusion.registry import register_compute
 
 ELEMENTWISE_FAMILY = "elementwise_chain"  # the compute every elementwise rule without a compute of its own lowers to
@@ -39,6 +41,9 @@ UNARY = {
 
 @register_compute(ELEMENTWISE_FAMILY)
 def elementwise_chain(*tensors, recipe, **_):
+    half = next((str(t.dtype) for t in tensors if str(t.dtype) in HALF_DTYPES), None)
+    if half is not None:
+        tensors = [topi.cast(t, accumulator_dtype(half)) if str(t.dtype) == half else t for t in tensors]
     steps = []
 
     def arg(ref):
@@ -54,4 +59,4 @@ def elementwise_chain(*tensors, recipe, **_):
         else:
             a, b = (value, arg(operand)) if chain_pos == 0 else (arg(operand), value)
         steps.append(BINARY[op](a, b))
-    return steps[-1]
+    return steps[-1] if half is None else topi.cast(steps[-1], half)

@@ -39,6 +39,12 @@ def _common(p: argparse.ArgumentParser, target: str = "llvm") -> None:
     _debug(p)
 
 
+def _precision(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="convert a float32 model to fp16 / bf16 before fusing (float32 accumulation; judged "
+                        "against the float32 model with the half dtype's tolerance)")
+
+
 def _debug(p: argparse.ArgumentParser) -> None:
     # also accepted after the subcommand; SUPPRESS keeps the global flag's value when absent here
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -52,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="fuse and build a model into a loadable library + JSON manifest")
     _common(c, target="cuda")
     c.add_argument("-o", "--output", required=True, help="library path to write (e.g. model.so)")
+    _precision(c)
     c.add_argument("--no-counts", action="store_true", help="skip counting the unfused/tvm builds' kernels")
     c.add_argument("--no-verify", action="store_true",
                    help="write the library without first checking the fused build against onnxruntime")
@@ -80,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
                      "by run.py where the target has no numpy)")
     m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report")
     _common(m)
+    _precision(m)
     m.add_argument("--repeat", type=int, default=10, help="timed runs per build (interleaved; 0: no timing)")
     m.add_argument("--modes", default="unfused,tvm,fused",
                    help="builds to make (comma separated); each is compared with onnxruntime, fused also with unfused")
@@ -189,19 +197,22 @@ def _run(args) -> int:
         result = compile_model(model, args.output, args.target, arch=args.arch, shapes=shapes, rules=rules,
                                counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
                                seed=args.seed, external_weights=args.external_weights, inputs=args.inputs,
-                               cuda_graph=args.cuda_graph)
+                               cuda_graph=args.cuda_graph, precision=args.precision)
         print(result)
         print(_profile_hint(args))
         return 0
     from .compare import check_modes
 
     modes = check_modes(args.modes)
+    if (args.per_group or args.bisect) and args.precision != "fp32":
+        raise FusionError(f"--precision {args.precision} does not combine with --per-group / --bisect (they check "
+                          "the model in its own dtypes); run them without --precision")
     if args.per_group or args.bisect:
         return _differential(args, model, shapes, rules)
     from .compare import compare
 
     report = compare(model, args.target, shapes=shapes, rules=rules, repeat=args.repeat, seed=args.seed,
-                     arch=args.arch, modes=modes, inputs=args.inputs)
+                     arch=args.arch, modes=modes, inputs=args.inputs, precision=args.precision)
     print(report)
     print(_profile_hint(args))
     if report.executed and not report.ok:

@@ -21,6 +21,7 @@ from .io import (INPUTS_SYNTAX, as_arrays, available_memory, check_inputs, check
 from .pipeline import MODES
 from .rules import RuleSet
 from .numerics import ErrorStats, error_stats
+from .precision import check_precision, convert, verdict_dtype
 
 __all__ = ["CompareReport", "compare", "random_inputs", "load_inputs", "check_inputs", "check_modes", "run_onnxruntime",
            "gpu_available"]
@@ -61,6 +62,7 @@ class CompareReport:
     executed: bool
     skipped_reason: str = ""
     ort_latencies: list[float] = field(default_factory=list)
+    precision: str | None = None  # --precision fp16 / bf16: the model was converted from float32
 
     @property
     def ok(self) -> bool:
@@ -85,6 +87,9 @@ class CompareReport:
 
     def __str__(self) -> str:
         lines = [f"model {self.model}  target {self.target}"]
+        if self.precision:
+            lines.append(f"precision {self.precision}: converted from float32 (ToMixedPrecision); every build is "
+                         f"judged against the float32 model with {check_precision(self.precision)}'s tolerance")
         fired = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v) or "none"
         lines.append(f"rules fired: {fired} (total {sum(self.counts.values())})" if "fused" in self.builds
                      else "rules fired: - (no fused build)")
@@ -126,12 +131,17 @@ def _lat(values: list[float]) -> list[str]:
 
 
 def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
-            repeat: int = 10, seed: int = 0, arch: str = "sm_90", modes=MODES, inputs=None) -> CompareReport:
+            repeat: int = 10, seed: int = 0, arch: str = "sm_90", modes=MODES, inputs=None,
+            precision: str | None = None) -> CompareReport:
     """Build `model` in `modes`, run them and onnxruntime on the same inputs, return the report.
+
+    `precision` "fp16" / "bf16": convert the float32 model first (tvm_fusion.precision); onnxruntime runs the
+    float32 model and every output is judged with the half dtype's tolerance.
 
     `inputs`: a dict name -> array or the path of an .npz file, for some or all of the graph inputs (the
     rest are seeded random values: give token ids and masks yourself)."""
     modes = check_modes(modes)
+    precision = precision if check_precision(precision) else None
     if repeat < 0:
         raise FusionError(f"repeat {repeat} is negative; use 0 (no timing) or more")
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
@@ -140,7 +150,7 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
         raise FusionError(f"{name}: the graph has no outputs; nothing to compare")
     given = load_inputs(inputs)
     shapes = check_inputs(proto, given, shapes)
-    mod = frontend.import_onnx(proto, shapes)
+    mod = convert(frontend.import_onnx(proto, shapes), precision)
     tgt = resolve_target(target, arch)
     if tgt.kind.name != "cuda" or gpu_available()[0]:  # before building: refuse what cannot run
         check_memory(mod, len(modes) + 1, name)
@@ -158,7 +168,7 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
                 t0 = time.perf_counter()
                 compile_cuda_source(cuda_source(b.executable), arch)
                 stats[m].nvcc_seconds = time.perf_counter() - t0
-            return CompareReport(name, str(tgt), outputs, stats, {}, counts, False, why)
+            return CompareReport(name, str(tgt), outputs, stats, {}, counts, False, why, precision=precision)
     dev = device(tgt)
     vms = {m: relax.VirtualMachine(b.executable, dev) for m, b in builds.items()}
     errors = {}
@@ -166,7 +176,7 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
         inputs, tensors = input_tensors(proto, frontend.concrete_shapes(shapes, size), seed, dev, given)
         sess, ref = _reference(proto, inputs, name)  # first: inputs onnxruntime refuses must not reach our kernels
         results = {m: as_arrays(vm["main"](*tensors)) for m, vm in vms.items()}
-        errors.update(_judge_all(results, ref, outputs, f" at {frontend.sizes_text(size)}" if size else ""))
+        errors.update(_judge_all(results, ref, outputs, f" at {frontend.sizes_text(size)}" if size else "", precision))
     ort_lat = []
     for _ in progress(range(repeat), "timing"):  # interleaved: one run of each per round
         for m, vm in vms.items():
@@ -175,13 +185,16 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
         t0 = time.perf_counter()
         sess.run(None, inputs)
         ort_lat.append(time.perf_counter() - t0)
-    return CompareReport(name, str(tgt), outputs, stats, errors, counts, True, "", ort_lat)
+    return CompareReport(name, str(tgt), outputs, stats, errors, counts, True, "", ort_lat, precision)
 
 
-def _judge_all(results: dict, ref: list, outputs: list[str], suffix: str = "") -> dict[str, list[ErrorStats]]:
-    """Fused vs unfused and each build vs onnxruntime; `suffix` names the sizes of symbolic dims (" at N=3")."""
+def _judge_all(results: dict, ref: list, outputs: list[str], suffix: str = "",
+               precision: str | None = None) -> dict[str, list[ErrorStats]]:
+    """Fused vs unfused and each build vs onnxruntime; `suffix` names the sizes of symbolic dims (" at N=3");
+    `precision`: the half dtype a float32 model was converted to judges its outputs."""
     errors = {}
-    dtypes = [np.asarray(r).dtype for r in ref]  # the model's output dtypes choose the tolerance
+    # the model's output dtypes choose the tolerance (the half dtype for a model converted with `precision`)
+    dtypes = [verdict_dtype(np.asarray(r).dtype, precision) for r in ref]
     if "fused" in results and "unfused" in results:
         errors["fused vs unfused" + suffix] = _judge(results["fused"], results["unfused"], dtypes, outputs)
     for m in sorted(results, key=lambda m: m != "fused"):  # fused first, then the others in their order

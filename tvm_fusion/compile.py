@@ -23,6 +23,7 @@ from .export import export_library
 from .fuse import ELEMENTS_PER_BATCH_ATTR
 from .io import check_inputs, load_inputs
 from .hardware import cuda_facts
+from .precision import PRECISIONS, check_precision, convert
 from .rules import RuleSet
 from .simplify import record_of as simplify_record
 from .verify import skipped, verify_fused
@@ -196,6 +197,15 @@ def _graph_record(built, kernels: list[str], launches: int | None) -> dict:
             "captured_kernels": count["captured"], "graphs": count["graphs"]}
 
 
+def _precision_record(precision: str | None) -> dict:
+    """The compute precision: fp32 (the model's own dtypes) or the half dtype a float32 model was converted to."""
+    if check_precision(precision) is None:
+        return {"name": "fp32", "converted": False}
+    return {"name": precision, "dtype": PRECISIONS[precision], "converted": True, "accumulator": "float32",
+            "method": "BatchNorm as x * s + t, then Relax ToMixedPrecision (softmax, layer-norm statistics and "
+                      "reductions kept in float32)"}
+
+
 def _target_record(target) -> dict:
     """What the manifest says about the target: its exact JSON, and for a CPU target the triple and
     every feature the code may use (tvm_fusion.runtime.load checks them against the host)."""
@@ -209,7 +219,7 @@ def _target_record(target) -> dict:
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
                   rules: RuleSet | None = None, counts_of_other_builds: bool = True, verify: bool = True,
                   seed: int = 0, cc: str | None = None, external_weights: bool = False,
-                  inputs=None, cuda_graph: bool | None = None) -> CompileResult:
+                  inputs=None, cuda_graph: bool | None = None, precision: str | None = None) -> CompileResult:
     """Fuse and build `model` for `target`, verify it against onnxruntime on inputs seeded with `seed`
     and the `inputs` given (a dict or an .npz path, as for compare), export the library to `output`, write
     `<output>.json` (verify.py: nothing is written when it differs).
@@ -217,8 +227,11 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     with `external_weights` the weights go to `<output>.weights` instead of into the library (weights.py);
     `cuda_graph=False` keeps every kernel a launch of its own (default for CUDA with the weights inside the
     library: captured in a CUDA graph, cuda_graph.py; with external weights only when True, and then every
-    call must pass the same weight tensors, which the graph keeps from the first call)."""
+    call must pass the same weight tensors, which the graph keeps from the first call).
+    `precision` "fp16" / "bf16" converts the float32 model first (tvm_fusion.precision); the verify step then
+    judges it against the float32 model with the half dtype's tolerance."""
     start = time.perf_counter()
+    check_precision(precision)
     output = Path(output)
     check_output(output, model)
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
@@ -233,13 +246,13 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         proto = frontend.load_onnx(model)
         given = load_inputs(inputs)
         shapes = check_inputs(proto, given, shapes)  # given arrays bind symbolic dims, as in compare
-        mod = frontend.import_onnx(proto, shapes)
+        mod = convert(frontend.import_onnx(proto, shapes), precision)
         bar.update()
         built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights, cuda_graph=cuda_graph)
         symbolic = symbolic_record(built, shapes)  # a bound past int32 indexing: refused before any work
         bar.update()
-        verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given) if verify
-                        else skipped())
+        verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given,
+                                     precision=precision) if verify else skipped())
         bar.update()
         try:
             if linker:
@@ -274,6 +287,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         "tvm_version": _tvm.TVM_VERSION,
         "inputs": _inputs(built),
         "symbolic_dims": symbolic,
+        "precision": _precision_record(precision),
         "rule_counts": built.counts,
         "groups": groups,
         "builds": builds,

@@ -40,7 +40,8 @@ class Tolerance:
 #: atol (times the output's rms): the rounding noise at the output's scale, see the module docstring. float16 /
 #: bfloat16: atol = rtol (~10 and ~6 ulps): a K-term sum accumulated in fp16 (TVM) against one accumulated
 #: in float32 (onnxruntime) differs by ~sqrt(K) half-ulps of the partial sums; at atol 1e-3 a 72-term fp16
-#: conv failed on elements 40x below the output's rms.
+#: conv failed on elements 40x below the output's rms. bfloat16 keeps 8 significant bits (float16 11): one ulp
+#: is 2^-7 = 0.8% relative against float16's 0.1%, so its row is 5x float16's (~6 of its ulps).
 TOLERANCES = {
     "float32": Tolerance(rtol=1e-4, atol=3e-4),
     "float16": Tolerance(rtol=1e-2, atol=1e-2),
@@ -119,9 +120,12 @@ def error_stats(actual, reference, dtype=None) -> ErrorStats:
     `dtype`: whose tolerance applies (default: the reference's), e.g. the model's output dtype when the
     reference is another build that computed in a wider type. Mixed dtypes are compared in float64."""
     actual, reference = np.asarray(actual), np.asarray(reference)
+    if dtype is None and reference.dtype.name == "bfloat16":
+        dtype = "bfloat16"
+    actual, reference = _widen_bfloat16(actual), _widen_bfloat16(reference)
     if actual.shape != reference.shape:
         return _shape_failure(actual, reference)
-    dtype = str(np.dtype(dtype if dtype is not None else reference.dtype))
+    dtype = dtype if isinstance(dtype, str) else str(np.dtype(dtype if dtype is not None else reference.dtype))
     tol = tolerance(dtype)
     if reference.size == 0:
         return ErrorStats(True, 0, 0, 0.0, 0.0, dtype, tol, tol.atol)
@@ -153,6 +157,11 @@ def error_stats(actual, reference, dtype=None) -> ErrorStats:
     worst = _worst(a, r, diff, allowed, bad, finite)
     return ErrorStats(n_bad == 0, int(r.size), n_bad, max_abs, max_abs / peak if peak else max_abs, dtype, tol,
                       atol_eff, worst)
+
+
+def _widen_bfloat16(x: np.ndarray) -> np.ndarray:
+    """ml_dtypes' bfloat16 (NumPy kind "V", which the float arithmetic below does not take) as float32: exact."""
+    return x.astype(np.float32) if x.dtype.name == "bfloat16" else x
 
 
 def _isnan(x: np.ndarray) -> np.ndarray:

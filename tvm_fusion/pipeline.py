@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ._tvm import BACKEND_PIPELINES, tvm
 from .errors import FusionError
+from .precision import half_sums_in_float32
 
 __all__ = ["MODES", "legalize_passes", "lower_passes"]
 
@@ -26,11 +27,12 @@ def _backend(target):
 
 
 def legalize_passes(mode: str, target) -> list:
-    """Library dispatch + legalization (+ TVM's fusion unless unfused) + the target's default schedules."""
+    """Half conv / matmul summed in float32, library dispatch + legalization (+ TVM's fusion unless unfused)
+    + the target's default schedules."""
     if mode not in MODES:
         raise FusionError(f"unknown build mode {mode!r}; use one of {', '.join(MODES)}")
     backend = _backend(target)
-    passes = backend.library_dispatch_passes(target) + backend.legalize_passes(target)
+    passes = [half_sums_in_float32()] + backend.library_dispatch_passes(target) + backend.legalize_passes(target)
     if mode == "unfused":
         passes = [p for p in passes if p.info.name not in _AUTO_FUSION]
     return passes

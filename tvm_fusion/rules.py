@@ -186,7 +186,8 @@ def scalar_constant(expr, float_only: bool = False) -> float | None:
     """The value of a size-1 relax constant (with `float_only`, only of a float dtype), else None."""
     if _tvm.is_constant(expr):
         value = _tvm.constant_value(expr)
-        if value.size == 1 and (value.dtype.kind == "f" or not float_only):
+        floating = value.dtype.kind == "f" or value.dtype.name == "bfloat16"  # ml_dtypes' bfloat16 has kind "V"
+        if value.size == 1 and (floating or not float_only):
             return float(value.reshape(()))
     return None
 

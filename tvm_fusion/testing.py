@@ -13,7 +13,7 @@ from .numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
            "check_fused", "check_rule_property", "conv_bn_relu", "residual_block", "run_build", "ACTIVATION_FORMS",
-           "GELU_OPSET", "apply_activation_onnx", "RESNET50_CONVS", "conv_primfunc"]
+           "GELU_OPSET", "apply_activation_onnx", "RESNET50_CONVS", "conv_primfunc", "as_float16"]
 
 OPSET = 17
 
@@ -81,6 +81,22 @@ class GraphBuilder:
         model = onnx.shape_inference.infer_shapes(model)
         onnx.checker.check_model(model)
         return model
+
+
+def as_float16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same graph in float16: float32 initializers rounded, float32 inputs, outputs and value infos
+    declared float16 (what an exporter's `model.half()` writes)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for i, t in enumerate(out.graph.initializer):
+        a = numpy_helper.to_array(t)
+        if a.dtype == np.float32:
+            out.graph.initializer[i].CopyFrom(numpy_helper.from_array(a.astype(np.float16), t.name))
+    for v in [*out.graph.input, *out.graph.output, *out.graph.value_info]:
+        if v.type.tensor_type.elem_type == TensorProto.FLOAT:
+            v.type.tensor_type.elem_type = TensorProto.FLOAT16
+    onnx.checker.check_model(out)
+    return out
 
 
 def conv_bn_relu(n=1, cin=8, cout=16, hw=(12, 12), seed=0, bn=True, relu=True, bias=True, **conv) -> onnx.ModelProto:
@@ -233,9 +249,10 @@ def _pair(v):
 
 
 def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=False, activation="relu",
-                  target=None):
+                  target=None, dtype="float32"):
     """The fused conv PrimFunc as tvm_fusion.fuse builds it for `target` (its kind's compute, built under
-    it; None: the generic compute): (func, attrs, input shapes) for the schedule tests."""
+    it; None: the generic compute): (func, attrs, input shapes) for the schedule tests.
+    `dtype`: of x, W, the residual and the output; the bias is in the accumulator dtype (float32 for half)."""
     (kh, kw), strides, dilation = _pair(k), _pair(stride), _pair(dil)
     padding = (pad,) * 4 if isinstance(pad, int) else tuple(pad)
     attrs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups, activation=activation)
@@ -243,12 +260,14 @@ def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=
     from .schedules.conv2d import conv2d_affine
     from .schedules.conv2d import conv2d_out_size as _conv_out
 
-    x = te.placeholder((n, c, h, w), "float32", name="x")
-    wt = te.placeholder((oc, c // groups, kh, kw), "float32", name="w")
-    b = te.placeholder((oc,), "float32", name="b")
+    from .precision import accumulator_dtype
+
+    x = te.placeholder((n, c, h, w), dtype, name="x")
+    wt = te.placeholder((oc, c // groups, kh, kw), dtype, name="w")
+    b = te.placeholder((oc,), accumulator_dtype(dtype), name="b")
     oh = _conv_out(h, kh, strides[0], padding[0], padding[2], dilation[0])
     ow = _conv_out(w, kw, strides[1], padding[1], padding[3], dilation[1])
-    inputs = [x] + ([te.placeholder((n, oc, oh, ow), "float32", name="r")] if residual else [])
+    inputs = [x] + ([te.placeholder((n, oc, oh, ow), dtype, name="r")] if residual else [])
     if target is None:
         out = conv2d_affine(x, wt, b, *inputs[1:], **attrs)
     else:

@@ -30,6 +30,7 @@ from .fuse import lower
 from .rules import RuleSet
 from .runtime import check_host
 from .numerics import ErrorStats, error_stats
+from .precision import verdict_dtype
 
 __all__ = ["Verification", "verify_fused"]
 
@@ -73,10 +74,12 @@ def skipped(reason: str = "skipped with --no-verify") -> Verification:
 
 
 def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = None,
-                 rules: RuleSet | None = None, seed: int = 0, inputs: dict | None = None) -> Verification:
+                 rules: RuleSet | None = None, seed: int = 0, inputs: dict | None = None,
+                 precision: str | None = None) -> Verification:
     """Run `built` (or, for a non-CPU target, the same fused graph built for the host CPU) on the given
     `inputs` (checked with io.check_inputs) and seeded values for the rest, and compare every output
-    with onnxruntime; raise ToleranceExceeded naming the group to blame."""
+    with onnxruntime; raise ToleranceExceeded naming the group to blame. With `precision` (a float32 model
+    converted to fp16 / bf16) the outputs are judged with the half dtype's tolerance."""
     start = time.perf_counter()
     on_cpu = _runs_here(built.target)
     cpu = built.target if on_cpu else _quick_cpu()
@@ -96,9 +99,15 @@ def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = 
         got = as_arrays(vm["main"](*tensors, *weights))
         sess, names = run_onnxruntime(proto, values, optimize=False)
         at = f" at {sizes_text(size)}" if size else ""
-        found = {n + at: error_stats(g, r) for n, g, r in zip(names, got, sess.run(None, values))}
+        found = {n + at: error_stats(g, r, verdict_dtype(r.dtype, precision))
+                 for n, g, r in zip(names, got, sess.run(None, values))}
         stats.update(found)
         bad = [n for n, s in found.items() if not s.ok]
+        if bad and precision not in (None, "fp32"):  # the per-group check knows only the model's own dtypes
+            raise ToleranceExceeded(f"verify: the {precision} fused build differs from the float32 model on output(s) "
+                                    + ", ".join(f"{n} ({found[n].describe()})" for n in bad)
+                                    + f"; no library written. `tvm-fusion compare --precision {precision} --modes "
+                                    "unfused,fused` shows whether the conversion or fusion causes it")
         if bad:
             raise ToleranceExceeded(_blame(proto, cpu, run_shapes, rules, seed, inputs, bad, found))
     return Verification(True, METHOD_CPU if on_cpu else METHOD_CUDA, seed, str(cpu), stats,

@@ -10,6 +10,11 @@ CUDA pipeline (so the fused kernel is scheduled at least as well as the unfused 
 
 The epilogue (bias + activation) is computed from the accumulators by every rule. The winning rule
 schedules its own copy of the function; its trace is replayed on the schedule we are given.
+
+Half inputs take the same CUDA-core schedules (float32 accumulators). dlight's Matmul would tensorize a
+float16 matmul with M, N, K > 64 onto wmma, but `Schedule.tensorize` segfaults in apache-tvm 0.27.0.post1
+(inside tvm::s_tir::Tensorize -> ffi::ToJSONGraph, for any tensor intrinsic, even a 4-lane add), which
+would kill the process: the function is marked `dlight.do_not_tensorize` so that path is never taken.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from tvm_fusion.errors import FusionError
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.dense import DENSE_FAMILY
 
-SUPPORTED_DTYPES = ("float32",)
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")  # half: float32 accumulators
+NO_TENSORIZE = "dlight.do_not_tensorize"  # see the module docstring
 
 #: dlight's default GPU rule order (tvm.relax.backend.cuda pipeline)
 RULES = (
@@ -40,7 +46,7 @@ def supports(attrs: dict, shapes, target) -> str | None:
 
 @register_schedule(DENSE_FAMILY, target="cuda", supports=supports)
 def schedule_dense_cuda(sch, attrs, target):
-    func = sch.mod["main"]
+    func = sch.mod["main"].with_attr(NO_TENSORIZE, True)
     for rule in RULES:
         scheduled = rule().apply(func, target, False)
         if isinstance(scheduled, list):

@@ -1,0 +1,290 @@
+"""Half precision (tvm_fusion.precision): float16 ONNX models fuse exactly like their float32 originals and
+match onnxruntime; every compute sums in float32 for float16 and bfloat16 (checked against float64 NumPy);
+`--precision fp16|bf16` converts a float32 model and is judged against the float32 reference with the half
+dtype's tolerance; the half kernels build for CUDA within the launch limits."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from tvm_fusion._tvm import relax, tvm
+from tvm_fusion.build import build, resolve_target
+from tvm_fusion.cli import main
+from tvm_fusion.compare import compare
+from tvm_fusion.export import compile_cuda_source, cuda_source
+from tvm_fusion.hardware import cuda_facts
+from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
+from tvm_fusion.frontend import import_onnx
+from tvm_fusion.precision import convert, half_sums_in_float32, numpy_dtype
+from tvm_fusion.schedules.cuda.families_test import _chain_model, _conv_act_model, _ffn_model, _layer_norm_model
+from tvm_fusion.compare import random_inputs, run_onnxruntime
+from tvm_fusion.testing import (GraphBuilder, as_float16, assert_close, check_fused, conv_bn_relu, conv_primfunc,
+                                residual_block, run_build)
+
+def _gemm_bn_relu():
+    g = GraphBuilder(3)
+    x = g.input("x", [4, 10])
+    w = g.const(g.rng.normal(0, 0.3, (6, 10)).astype(np.float32), "w")
+    b = g.const(g.rng.normal(0, 0.1, 6).astype(np.float32), "b")
+    y = g.bn(g.op("Gemm", [x, w, b], transB=1), 6)
+    return g.model([g.op("Relu", [y])]), {"dense_bn_relu": 1}
+
+
+FAMILIES = {
+    "conv_bn_relu": lambda: (conv_bn_relu(), {"conv2d_bn_relu": 1}),
+    "gemm_bn_relu": _gemm_bn_relu,
+    "residual_block": lambda: (residual_block(), {"conv2d_bn_add_relu": 1, "conv2d_bn_relu": 1}),
+    "conv_activations": _conv_act_model,
+    "ffn_gelu": _ffn_model,
+    "layer_norm": _layer_norm_model,
+    "elementwise": _chain_model,
+}
+
+
+def _onnxruntime(model, inputs):
+    return run_onnxruntime(model, inputs)[0].run(None, inputs)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float16_model_fuses_like_float32_and_matches_onnxruntime(family):
+    """Same groups as the float32 model; the float16 fused build matches the unfused build and onnxruntime's
+    float16 run (check_fused), and the float32 model on the same (rounded) inputs, element by element with
+    float16's tolerance. The unfused build sums half conv / matmul in float32 too (pipeline.py)."""
+    model, expect = FAMILIES[family]()
+    assert {k: v for k, v in check_fused(model).counts.items() if v} == expect
+    half = as_float16(model)
+    built = check_fused(half, expect=expect)
+    inputs = random_inputs(half)
+    got = run_build(built, [inputs[i.name] for i in half.graph.input if i.name in inputs])
+    wide = {k: v.astype(np.float32) for k, v in inputs.items()}
+    for i, (g, r32) in enumerate(zip(got, _onnxruntime(model, wide))):
+        assert g.dtype == np.float16
+        assert_close(g, r32, f"{family} output {i}: fused float16 vs float32 reference", dtype="float16")
+
+
+def test_unfused_half_conv_sums_in_float32():
+    """TVM legalizes a float16 conv2d summing in float16; the builds' first pass widens it."""
+    mod = import_onnx(as_float16(conv_bn_relu()))
+    convs = []
+    relax.analysis.post_order_visit(half_sums_in_float32()(mod)["main"], lambda e: convs.append(e) if isinstance(
+        e, relax.Call) and getattr(e.op, "name", "") == "relax.nn.conv2d" else None)
+    assert [(str(c.attrs.out_dtype), str(c.ty.dtype)) for c in convs] == [("float32", "float32")]
+
+
+# ---------------------------------------------------------------- --precision: a float32 model converted
+#: the float32 groups, except where noted: in residual_block the residual is the float32 graph input, so
+#: ToMixedPrecision adds in float32 after a cast and the add joins add_relu instead of the conv's epilogue
+CONVERTED = {
+    "residual_block": {"conv2d_bn_relu": 1, "conv2d_bn": 1, "add_relu": 1},
+}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_precision_converts_fuses_and_matches_the_float32_model(family, precision):
+    model, expect = FAMILIES[family]()
+    dtype = {"fp16": "float16", "bf16": "bfloat16"}[precision]
+    mod = convert(import_onnx(model), precision)
+    built = build(mod, "llvm", "fused")
+    assert {k: v for k, v in built.counts.items() if v} == CONVERTED.get(family, expect)
+    kernels = [f for f in built.fused.mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    # ToMixedPrecision keeps layer norm in float32 (statistics and all), and elementwise ops follow their
+    # inputs: with no conv or matmul before them they stay float32
+    if family not in ("layer_norm", "elementwise"):
+        assert any(str(p.dtype) == dtype for f in kernels for p in f.params), f"no {dtype} kernel"
+    inputs = random_inputs(model)
+    got = run_build(built, [inputs[i.name] for i in model.graph.input if i.name in inputs])
+    for i, (g, r) in enumerate(zip(got, _onnxruntime(model, inputs))):
+        assert g.dtype == np.float32  # the signature stays float32: inputs cast in, outputs cast out
+        assert_close(g, r, f"{family} --precision {precision} output {i} vs the float32 model", dtype=dtype)
+
+
+def test_softmax_and_layer_norm_stay_float32():
+    """ToMixedPrecision's "never" list: the dense runs in float16, softmax and the LayerNorm read float32."""
+    g = GraphBuilder(4)
+    x = g.input("x", [4, 32])
+    y = g.op("MatMul", [x, g.const(g.rng.normal(0, 0.2, (32, 16)).astype(np.float32))])
+    y = g.op("Softmax", [g.op("Relu", [g.op("Add", [y, g.const(np.full(16, 0.1, np.float32))])])], axis=-1)
+    y = g.op("LayerNormalization", [y, g.const(np.ones(16, np.float32)), g.const(np.zeros(16, np.float32))],
+             axis=-1, epsilon=1e-5)
+    model = g.model([y], opset=18)
+    mod = convert(import_onnx(model), "fp16")
+    ops = {}
+    relax.analysis.post_order_visit(mod["main"], lambda e: ops.setdefault(getattr(e.op, "name", ""), []).append(
+        str(e.ty.dtype)) if isinstance(e, relax.Call) else None)
+    assert ops["relax.matmul"] == ["float16"] and ops["relax.nn.softmax"] == ["float32"]
+    assert ops["relax.nn.layer_norm"] == ["float32"]
+    built = build(mod, "llvm", "fused")
+    assert {k: v for k, v in built.counts.items() if v} == {"dense_bias_relu": 1, "layer_norm": 1}
+    inputs = random_inputs(model)
+    assert_close(run_build(built, [inputs["x"]])[0], _onnxruntime(model, inputs)[0], dtype="float16")
+
+
+def test_half_computes_sum_in_float32():
+    """The conv and dense kernels of a float16 model: half buffers in and out, a float32 accumulator."""
+    model, _ = _ffn_model()
+    built = build(import_onnx(as_float16(model)), "llvm", "fused")
+    (func,) = [f for f in built.fused.mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    script = func.script()
+    assert [str(p.dtype) for p in func.params] == ["float16", "float16", "float32", "float16"]  # x, W, b, out
+    assert "dense = T.sblock_alloc_buffer((18, 256))" in script  # the accumulator: float32 (the default dtype)
+    assert 'dense[v_i, v_j] + T.Cast("float32", in0[v_i, v_rk]) * T.Cast("float32", c0[v_rk, v_j])' in script
+    assert re.search(r'epilogue\[v_i, v_j\] = T\.Cast\("float16", \(dense\[v_i, v_j\] \+ c1\[v_j\]\)', script)
+
+
+def test_compare_api_judges_with_the_half_tolerance():
+    model, _ = _ffn_model()
+    report = compare(model, "llvm", precision="bf16", repeat=0, modes="fused")
+    assert report.ok and report.precision == "bf16"
+    assert [s.dtype for s in report.errors["fused vs onnxruntime"]] == ["bfloat16"]
+    assert "precision bf16: converted from float32" in str(report)
+
+
+def test_cli_compile_records_the_precision(tmp_path, capsys):
+    from onnx import save
+
+    model, _ = _conv_act_model()
+    path = tmp_path / "m.onnx"
+    save(model, path)
+    out = tmp_path / "m.so"
+    assert main(["compile", str(path), "--target", "llvm", "--precision", "fp16", "--no-counts", "-o", str(out)]) == 0
+    manifest = json.loads((tmp_path / "m.so.json").read_text())
+    assert manifest["precision"]["name"] == "fp16" and manifest["precision"]["dtype"] == "float16"
+    assert manifest["rule_counts"]["conv2d_bn_hardswish"] == 1 and manifest["rule_counts"]["conv2d_bias_silu"] == 1
+    (verified,) = manifest["verification"]["outputs"].values()
+    assert verified["ok"] and verified["rule"].startswith("float16:")
+
+
+def test_precision_bad_input(tmp_path, capsys):
+    from onnx import save
+
+    path = tmp_path / "m.onnx"
+    save(as_float16(conv_bn_relu()), path)
+    assert main(["compare", str(path), "--precision", "fp16", "--repeat", "0"]) == 2
+    assert "input x is already float16; --precision converts a float32 model" in capsys.readouterr().err
+    assert main(["compare", str(path), "--precision", "fp8"]) == 2
+    assert "--precision: invalid choice: 'fp8'" in capsys.readouterr().err
+    assert main(["compare", str(path), "--precision", "bf16", "--per-group"]) == 2
+    assert "does not combine with --per-group" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- CUDA, without a GPU
+def _half_module(family, precision):
+    model, expect = FAMILIES[family]()
+    if precision == "fp16":
+        return import_onnx(as_float16(model)), expect
+    return convert(import_onnx(model), precision), expect
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("precision,arch", [("fp16", "sm_80"), ("bf16", "sm_90")])
+def test_half_families_build_for_cuda(precision, arch):
+    """float16 models and bf16 conversions: the same groups as float32, every kernel within the arch's
+    launch limits (verify_gpu_code), and nvcc compiles the generated CUDA for the arch."""
+    target = resolve_target("cuda", arch)
+    facts = cuda_facts(target)
+    for family in ("conv_activations", "ffn_gelu", "layer_norm", "elementwise"):
+        mod, expect = _half_module(family, precision)
+        built = build(mod, target, "fused")
+        assert {k: v for k, v in built.counts.items() if v} == expect, family
+        for gv, func in built.fused.mod.functions.items():
+            if isinstance(func, tvm.tirx.PrimFunc):
+                check = check_gpu_limits(func, target, facts.gpu_limits())
+                assert check.ok, f"{family} {gv.name_hint}: {check}"
+        source = cuda_source(built.executable)
+        if precision == "fp16" or family in ("conv_activations", "ffn_gelu"):  # bf16 keeps LN / chains float32
+            assert re.search(r"(half|nv_bfloat16)\* __restrict__", source), family
+        assert compile_cuda_source(source, arch)[:4] == b"\x50\xed\x55\xba", family
+
+
+HALF_CONVS = [
+    dict(n=1, c=16, h=9, w=11, oc=24, k=3, stride=1, pad=1),
+    dict(n=1, c=17, h=15, w=15, oc=33, k=3, stride=1, pad=2, dil=2),
+    dict(n=1, c=64, h=7, w=7, oc=40, k=1),
+    dict(n=1, c=8, h=12, w=12, oc=16, k=3, pad=1, groups=8),  # depthwise
+]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", HALF_CONVS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_cuda_conv_schedule_keeps_half_numerics(case, dtype):
+    """The CUDA conv schedule of a half conv, thread bindings left out, run on the CPU: its float32 sums
+    match a float64 NumPy conv of the same half inputs within the half dtype's tolerance."""
+    from tvm_fusion.schedules.cuda.conv2d_test import _Serial, schedule
+    from tvm_fusion.schedules.llvm.conv2d_test import conv_reference
+
+    func, attrs, shapes = conv_primfunc(**case, residual=True, dtype=dtype)
+    rng = np.random.default_rng(0)
+    half = numpy_dtype(dtype)
+    x, r, w = (rng.standard_normal(s).astype(half) for s in shapes[:3])
+    b = rng.standard_normal(shapes[3]).astype(np.float32)
+    out_shape = [int(d) for d in func.params[-1].shape]
+    out = tvm.runtime.tensor(np.zeros(out_shape, half))
+    scheduled = schedule(func, attrs, _Serial).with_attr("global_symbol", "main")
+    tvm.compile(tvm.IRModule({"main": scheduled}), "llvm")["main"](*map(tvm.runtime.tensor, (x, r, w, b)), out)
+    want = conv_reference(*(a.astype(np.float64) for a in (x, w, b, r)), attrs)
+    assert_close(out.numpy(), want, f"{dtype} {case}", dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(128, 768, 3072), (1, 2048, 1000), (256, 256, 256)], ids=str)
+def test_half_dense_schedules_for_cuda(shape, dtype):
+    """A half dense large enough for dlight's wmma path is scheduled on CUDA cores (tensorize crashes TVM
+    0.27, schedules/cuda/dense.py) with float32 accumulators, within sm_80's launch limits."""
+    from tvm_fusion._tvm import te
+    from tvm_fusion.schedules.cuda.dense import schedule_dense_cuda
+    from tvm_fusion.schedules.dense import dense_affine
+
+    m, k, n = shape
+    target = resolve_target("cuda", "sm_80")
+    x, w = te.placeholder((m, k), dtype, name="x"), te.placeholder((k, n), dtype, name="w")
+    b = te.placeholder((n,), "float32", name="b")
+    func = te.create_prim_func([x, w, b, dense_affine(x, w, b, activation="relu")]).without_attr("global_symbol")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    with target:
+        schedule_dense_cuda(sch, {}, target)
+    scheduled = sch.mod["main"]
+    check = check_gpu_limits(scheduled, target, cuda_facts(target).gpu_limits())
+    assert check.ok, f"{shape} {dtype}: {check}"
+    script = scheduled.script()
+    assert 'thread="threadIdx' in script and f'T.Cast("float32", x' in script and "wmma" not in script
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_precision_keeps_the_batch_norm_in_float32_for_the_fold(precision):
+    """ToMixedPrecision casts a BatchNorm's s and t to the half dtype; the conversion puts them back in
+    float32 around the conv (the form of a half model's BatchNorm), so the fold reads float32 s: the folded
+    weights are round(W_half * s) with W_half the converted model's weight (ToMixedPrecision rounds it)."""
+    model = conv_bn_relu(bias=False)
+    dtype = {"fp16": "float16", "bf16": "bfloat16"}[precision]
+    mod = convert(import_onnx(model), precision)
+    muls = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: muls.append(e) if isinstance(e, relax.Call) and getattr(
+        e.op, "name", "") == "relax.multiply" else None)
+    assert [str(m.ty.dtype) for m in muls] == ["float32"]
+    built = build(mod, "llvm", "fused")
+    assert {k: v for k, v in built.counts.items() if v} == {"conv2d_bn_relu": 1}
+    from onnx import numpy_helper
+
+    inits = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    w, gamma, beta, mean, var = (inits[n] for n in model.graph.node[0].input[1:2] + model.graph.node[1].input[1:])
+    scale = gamma / np.sqrt(var + 1e-5)
+    w_half = w.astype(numpy_dtype(dtype)).astype(np.float64)
+    want = (w_half * scale.astype(np.float32).astype(np.float64)[:, None, None, None]).astype(numpy_dtype(dtype))
+    folded = [c for c in _call_constants(built.fused.mod) if c.shape == w.shape]
+    assert len(folded) == 1 and folded[0].dtype == numpy_dtype(dtype)
+    np.testing.assert_array_equal(folded[0].astype(np.float64), want.astype(np.float64))
+
+
+def _call_constants(mod):
+    from tvm_fusion import _tvm
+
+    found = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(_tvm.constant_value(e))
+                                    if _tvm.is_constant(e) else None)
+    return found

@@ -1,0 +1,250 @@
+"""Half precision: the accumulator of every compute, and `--precision` (an fp32 model converted to fp16 / bf16).
+
+    compute(x: half, W: half)  ==>  sum in float32, epilogue in float32, one cast to half at the store
+    --precision fp16 | bf16:   fp32 model  ==>  BatchNorm as x * s + t  ==>  ToMixedPrecision  ==>  fuse
+
+Every family (conv, dense, layer norm, elementwise chains) takes float16 and bfloat16 tensors: products are
+widened to float32 before they are summed, the epilogue (bias, BatchNorm shift, residual, activation) runs in
+float32 and the result is rounded once. Folded constants are computed in float64 and rounded once: the
+weights to the tensor dtype, the bias to float32.
+
+`convert` turns a float32 Relax module into a mixed-precision one with Relax's `ToMixedPrecision`: conv2d
+and matmul read half inputs, elementwise ops follow their inputs, and softmax, layer-norm statistics and
+reductions stay in float32 (the pass's "never" list). BatchNorm is rewritten as `x * s + t` first (s and t
+per channel, from the float32 statistics) so that it follows the conv into half precision and fuses exactly
+as in the float32 model. ToMixedPrecision only knows float16: for bfloat16 every float16 it produced is
+retyped to bfloat16 (the casts it inserted and the conv / matmul output dtypes), then types are inferred again.
+The function signature stays float32 (inputs are cast inside, outputs cast back), so the reference is the
+float32 model and the verdict uses the half dtype's tolerance (numerics.TOLERANCES).
+"""
+
+from __future__ import annotations
+
+__all__ = ["HALF_DTYPES", "PRECISIONS", "accumulator_dtype", "check_precision", "convert", "numpy_dtype",
+           "cast_to", "half_batch_norm_casts", "half_sums_in_float32", "verdict_dtype"]
+
+#: --precision values and the tensor dtype each gives
+PRECISIONS = {"fp16": "float16", "bf16": "bfloat16"}
+HALF_DTYPES = ("float16", "bfloat16")
+ACCUMULATOR = "float32"
+
+
+def accumulator_dtype(dtype) -> str:
+    """The dtype a compute sums and applies its epilogue in: float32 for half tensors, else the dtype."""
+    dtype = str(dtype)
+    return ACCUMULATOR if dtype in HALF_DTYPES else dtype
+
+
+def cast_to(value, dtype):
+    """The TIR expression `value` cast to `dtype`, or `value` itself when it already has that dtype (so a
+    float32 compute stays exactly as it was written)."""
+    from ._tvm import prim_dtype
+
+    return value if prim_dtype(value) == str(dtype) else value.astype(str(dtype))
+
+
+def numpy_dtype(dtype):
+    """The NumPy dtype of a TVM dtype name; bfloat16 is ml_dtypes' (NumPy has none)."""
+    import numpy as np
+
+    if str(dtype) == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(str(dtype))
+
+
+def half_batch_norm_casts(m, dtype: str, op: str) -> str | None:
+    """Why a match's BatchNorm casts (annotations `bn_widen` / `bn_narrow`) do not make the half form
+    `astype(astype(y, float32) * s + t, half)` after an `op` of `dtype`; None when they do or are absent.
+    Only that form keeps the kernel's output in the op's dtype."""
+    widen, narrow = "bn_widen" in m, "bn_narrow" in m
+    if not widen and not narrow:
+        return None
+    wide = m.dtype("bn_widen") if widen else dtype
+    out = m.dtype("bn_narrow") if narrow else m.dtype("bn_shift")
+    if dtype in HALF_DTYPES and wide == ACCUMULATOR and out == dtype:
+        return None
+    return (f"batch_norm computes in {wide} and returns {out} after a {dtype} {op}; the kernel folds a "
+            f"BatchNorm in the {op}'s dtype, or a half {op}'s BatchNorm computed in {ACCUMULATOR} and cast back")
+
+
+def check_precision(precision: str | None) -> str | None:
+    """The tensor dtype of `precision` (None for None / "fp32"); FusionError for anything else."""
+    from .errors import FusionError
+
+    if precision in (None, "", "fp32"):
+        return None
+    if precision not in PRECISIONS:
+        raise FusionError(f"--precision {precision!r}: expected one of fp32, {', '.join(PRECISIONS)}")
+    return PRECISIONS[precision]
+
+
+def verdict_dtype(reference_dtype, precision: str | None):
+    """The dtype whose tolerance judges an output: the half dtype for a float32 output of a converted model."""
+    half = check_precision(precision)
+    return half if half is not None and str(reference_dtype) == "float32" else reference_dtype
+
+
+def convert(mod, precision: str | None):
+    """`mod` (float32) with conv / matmul and what follows them in `precision` (see the module docstring);
+    `mod` itself for None / "fp32"."""
+    dtype = check_precision(precision)
+    if dtype is None:
+        return mod
+    from ._tvm import expr_type, relax
+    from .errors import FusionError
+    from .frontend import onnx_node_names
+    from .fuse import normalize_batch_norm
+
+    for p in mod["main"].params:
+        have = str(getattr(expr_type(p), "dtype", ""))
+        if have in HALF_DTYPES:
+            raise FusionError(f"--precision {precision}: input {p.name} is already {have}; --precision converts "
+                              "a float32 model (run a half model without it: it fuses in its own dtype)")
+    mod = normalize_batch_norm(mod, onnx_node_names(mod))
+    mod = _rewrite(mod, *_clip_to_min_max())  # ToMixedPrecision fails on clip's PrimValue bounds
+    mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
+    if dtype != "float16":
+        mod = _retype_half(mod, dtype)
+    mod = _rewrite(mod, *_batch_norm_in_float32())
+    mod = _rewrite(mod, *_cast_constants())  # the weights' and scalars' casts (FoldConstant keeps scalars)
+    mod = _rewrite(mod, *_min_of_max_to_clip())
+    return relax.transform.DeadCodeElimination()(mod)
+
+
+def _rewrite(mod, pattern, rewriter):
+    from ._tvm import dpl, relax, tvm
+
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            out[gv] = dpl.rewrite_call(pattern, rewriter, func)
+    return out
+
+
+def _clip_to_min_max():
+    """clip(x, lo, hi)  ->  minimum(maximum(x, lo), hi) with tensor constants of x's dtype (undone after the
+    conversion by the frontend's min_of_max_to_clip)."""
+    import numpy as np
+
+    from ._tvm import dpl, relax
+    from .patterns.activations import clip_bounds
+
+    x = dpl.wildcard()
+    root = dpl.is_op("relax.clip")(x, dpl.wildcard(), dpl.wildcard())
+
+    def rewriter(expr, matches):
+        from ._tvm import expr_type, make_constant
+
+        lo, hi = clip_bounds(expr)
+        dtype = numpy_dtype(expr_type(matches[x]).dtype)
+        return relax.op.minimum(relax.op.maximum(matches[x], make_constant(np.array(lo, dtype))),
+                                make_constant(np.array(hi, dtype)))
+
+    return root, rewriter
+
+
+def _batch_norm_in_float32():
+    """conv2d [+ b] -> * astype(s) + astype(t)  ->  astype(astype(., float32) * s + t, half): the BatchNorm after
+    a conv keeps its float32 s and t (ToMixedPrecision had cast them), in the form a half model's BatchNorm
+    has after import, so the conv rules fold it from float32 and round the weights once."""
+    from ._tvm import constant_value, dpl, expr_type, relax
+
+    conv = dpl.is_op("relax.nn.conv2d")(dpl.wildcard(), dpl.wildcard())
+    y = conv | dpl.is_op("relax.add")(conv, dpl.wildcard())
+    s, t = dpl.is_const(), dpl.is_const()
+    root = dpl.is_op("relax.add")(dpl.is_op("relax.multiply")(y, dpl.is_op("relax.astype")(s)),
+                                  dpl.is_op("relax.astype")(t))
+
+    def rewriter(expr, matches):
+        half = str(expr_type(matches[y]).dtype)
+        if half not in HALF_DTYPES or any(str(constant_value(matches[c]).dtype) != ACCUMULATOR for c in (s, t)):
+            return expr
+        wide = relax.op.multiply(relax.op.astype(matches[y], ACCUMULATOR), matches[s])
+        return relax.op.astype(relax.op.add(wide, matches[t]), half)
+
+    return root, rewriter
+
+
+def _cast_constants():
+    """astype(constant, dtype)  ->  the constant rounded to dtype by NumPy (round to nearest even, as TVM)."""
+    from ._tvm import constant_value, dpl, make_constant
+
+    const = dpl.is_const()
+    root = dpl.is_op("relax.astype")(const)
+
+    def rewriter(expr, matches):
+        return make_constant(constant_value(matches[const]).astype(numpy_dtype(expr.attrs.dtype)))
+
+    return root, rewriter
+
+
+def _min_of_max_to_clip():
+    from .frontend import _min_of_max_to_clip as build
+
+    return build()
+
+
+def half_sums_in_float32():
+    """A module pass for the ops no rule took: conv2d / matmul with half inputs and no wider out_dtype
+    ==> astype(op(..., out_dtype=float32), half). TVM legalizes them summing in the half dtype otherwise,
+    and the unfused build is an oracle of the fused one (and onnxruntime sums float16 in float32 too)."""
+    from ._tvm import relax, tvm
+
+    @relax.expr_functor.mutator
+    class Widen(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            op = getattr(call.op, "name", "")
+            if op not in ("relax.nn.conv2d", "relax.matmul"):
+                return call
+            dtype = str(call.args[0].ty.dtype) if hasattr(call.args[0].ty, "dtype") else ""
+            out = str(call.attrs.out_dtype)
+            if dtype not in HALF_DTYPES or out not in ("None", "", "void", dtype):
+                return call
+            if op == "relax.matmul":
+                return relax.op.astype(relax.op.matmul(call.args[0], call.args[1], out_dtype=ACCUMULATOR), dtype)
+            a = call.attrs
+            wide = relax.op.nn.conv2d(call.args[0], call.args[1], strides=a.strides, padding=a.padding,
+                                      dilation=a.dilation, groups=a.groups, data_layout=a.data_layout,
+                                      kernel_layout=a.kernel_layout, out_layout=a.out_layout, out_dtype=ACCUMULATOR)
+            return relax.op.astype(wide, dtype)
+
+    @tvm.transform.module_pass(opt_level=0, name="HalfSumsInFloat32")
+    def widen(mod, ctx):
+        out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+        for gv, func in mod.functions.items():
+            if isinstance(func, relax.Function):
+                out[gv] = Widen(out).visit_expr(func)
+        return out
+
+    return widen
+
+
+def _retype_half(mod, dtype: str):
+    """Every float16 that ToMixedPrecision introduced, as `dtype`: the astype targets and the out_dtype of
+    conv2d / matmul; the types downstream are inferred again by the block builder."""
+    from ._tvm import relax, tvm
+
+    @relax.expr_functor.mutator
+    class Retype(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            op = getattr(call.op, "name", "")
+            if op == "relax.astype" and str(call.attrs.dtype) == "float16":
+                return relax.op.astype(call.args[0], dtype)
+            if op == "relax.nn.conv2d" and str(call.attrs.out_dtype) == "float16":
+                a = call.attrs
+                return relax.op.nn.conv2d(call.args[0], call.args[1], strides=a.strides, padding=a.padding,
+                                          dilation=a.dilation, groups=a.groups, data_layout=a.data_layout,
+                                          kernel_layout=a.kernel_layout, out_layout=a.out_layout, out_dtype=dtype)
+            if op == "relax.matmul" and str(call.attrs.out_dtype) == "float16":
+                return relax.op.matmul(call.args[0], call.args[1], out_dtype=dtype)
+            return call
+
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            out[gv] = Retype(out).visit_expr(func)
+    return out
