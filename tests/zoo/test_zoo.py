@@ -39,28 +39,19 @@ EXPECTED_COUNTS = {
                       "conv2d_bias": 3},
     "convnext_dynamo18": {"dense_scale": 2, "dense_bias_gelu_erf": 2, "dense_bias": 1, "layer_norm": 4,
                           "conv2d_bias": 3},
-<<<<<<< HEAD
-    "bert_ts14": {"dense_bias_gelu_erf": 2, "dense_bias_tanh": 1, "dense_bias": 10, "add_layer_norm": 5},
-    "bert_dynamo18": {"dense_bias_gelu_erf": 2, "dense_bias_tanh": 1, "dense_bias": 10, "add_layer_norm": 5},
-    "yolo_ts17": {"conv2d_bias_silu": 14, "conv2d_bias": 1},
-    "yolo_constants_ts13": {"conv2d_bias_silu": 14, "conv2d_bias": 1},
-    # the wheels' pretrained models, recorded 2026-12-01
-    "ppocr_det": {"conv2d_bn_relu": 1, "conv2d_add_hardsigmoid": 10, "conv2d_add_relu": 10, "conv2d_bn": 1,
-                  "elementwise_chain_6": 24, "elementwise_chain_4": 1, "elementwise_chain_3": 31, "conv2d_bias": 4,
-                  "conv2d": 36},
-    "ppocr_rec": {"conv2d_bn_silu": 5, "conv2d_add_hardsigmoid": 2, "conv2d_add_relu": 2, "conv2d_bn": 1,
-                  "dense_bias_silu": 2, "dense_bias": 7, "add_layer_norm": 1, "layer_norm": 4,
-                  "elementwise_chain_6": 28, "elementwise_chain_3": 28, "conv2d": 28},
-    "ppocr_cls": {"conv2d_bn_hardswish": 18, "conv2d_bn_relu": 6, "conv2d_add_hardsigmoid": 9, "conv2d_add_relu": 9,
-                  "conv2d_bn": 11, "dense_bias": 1},
-    "nudenet_yolov8n": {"conv2d_bias_silu": 57, "conv2d_bias": 6, "conv2d": 1},
-    "magika_v3_3": {"dense_bias": 2, "elementwise_chain_6": 4, "elementwise_chain_3": 3, "conv2d": 1},
-=======
     "bert_ts14": {"attention": 2, "dense_bias_gelu_erf": 2, "dense_bias_tanh": 1, "dense_bias": 10, "add_layer_norm": 5},
     "bert_dynamo18": {"attention": 2, "dense_bias_gelu_erf": 2, "dense_bias_tanh": 1, "dense_bias": 10, "add_layer_norm": 5},
     "yolo_ts17": {"conv2d_silu_add": 3, "conv2d_bias_silu": 11, "conv2d_bias": 1},
     "yolo_constants_ts13": {"conv2d_silu_add": 3, "conv2d_bias_silu": 11, "conv2d_bias": 1},
->>>>>>> h-pat11
+    # the wheels' pretrained models, recorded 2026-12-01 (with the squeeze-excite, residual and commuted rules)
+    "ppocr_det": {"squeeze_excite_relu_hardsigmoid": 10, "conv2d_bn_hardswish": 24, "conv2d_bn_relu": 1, "conv2d_bn": 5,
+                  "elementwise_chain_4": 1, "conv2d_bias": 4, "conv2d": 8},
+    "ppocr_rec": {"squeeze_excite_relu_hardsigmoid": 2, "conv2d_bn_hardswish": 28, "conv2d_bn_silu": 5, "conv2d_bn": 1,
+                  "dense_bias_silu": 2, "dense_bias": 7, "add_layer_norm": 1, "layer_norm": 4},
+    "ppocr_cls": {"squeeze_excite_relu_hardsigmoid": 9, "conv2d_bn_hardswish": 18, "conv2d_bn_relu": 6,
+                  "conv2d_bn_add": 7, "conv2d_bn": 4, "dense_bias": 1},
+    "nudenet_yolov8n": {"conv2d_silu_add": 6, "conv2d_bias_silu": 51, "conv2d_bias": 6, "conv2d": 1},
+    "magika_v3_3": {"dense_bias": 2, "elementwise_chain_6": 4, "elementwise_chain_3": 3, "conv2d": 1},
 }
 #: the CUDA build of these runs by default; the others are marked slow
 CUDA_DEFAULT = ("convnext_ts17",)
