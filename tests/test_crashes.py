@@ -98,6 +98,11 @@ def test_duplicate_node_names_distinguishable_in_explain_groups_and_declines():
                                             "dup (node 3)); fusing would hide it from dup (node 3)",
         ("dup (node 3)", "conv2d_bn_sigmoid"): "intermediate dup (node 1) has 2 consumers (dup (node 2), "
                                             "dup (node 3)); fusing would hide it from dup (node 2)",
+        # the add after the activation (YOLO's bottleneck rules) sees the same shared intermediate
+        ("dup (node 4)", "conv2d_bn_relu_add"): "intermediate dup (node 1) has 2 consumers (dup (node 2), "
+                                                "dup (node 3)); fusing would hide it from dup (node 3)",
+        ("dup (node 4)", "conv2d_bn_sigmoid_add"): "intermediate dup (node 1) has 2 consumers (dup (node 2), "
+                                                   "dup (node 3)); fusing would hide it from dup (node 2)",
     }
     text = str(explanation)
     assert "conv2d_bn              <- dup (node 0), dup (node 1)" in text
