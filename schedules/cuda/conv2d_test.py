@@ -15,7 +15,7 @@ from tvm_fusion.schedules.conv2d import conv2d_out_size
 from tvm_fusion.schedules.cuda.conv2d import conv_shape, pick_tiles, schedule_conv2d_cuda, supports
 from tvm_fusion.schedules.cuda.gpu_limits import SM90_LIMITS, check_gpu_limits
 from tvm_fusion.testing import RESNET50_CONVS as RESNET50
-from tvm_fusion.testing import conv_primfunc
+from tvm_fusion.testing import assert_close, conv_primfunc
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
@@ -128,7 +128,7 @@ def test_schedule_keeps_the_numerics(case):
     got = _run_cpu(schedule(func, attrs, _Serial), shapes, out_shape)
     want = _run_cpu(func, shapes, out_shape)
     assert not np.isnan(got).any(), "an output was never written"
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    assert_close(got, want, f"{_id(case)} scheduled vs unscheduled")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
