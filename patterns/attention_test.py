@@ -117,10 +117,9 @@ def test_probabilities_returned_too_decline(rules):
 
 
 # ---------------------------------------------------------------- property: over the family's domain
-from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tvm_fusion.testing import check_rule_property  # noqa: E402
+from tvm_fusion.testing import check_family_property  # noqa: E402
 
 
 @st.composite
@@ -143,6 +142,8 @@ def attentions(draw):
     return g.model([y], opset=OPSET)
 
 
-@given(model=attentions())
-def test_property_attention(model, rules):
-    check_rule_property(model, rules, "attention")
+def test_property_attention(rules):
+    """Each generated attention fuses with matching numbers or declines leaving the module unchanged; at least a
+    quarter fire (4 of the 12 derandomized examples), the out-of-domain masks and softmax axes decline."""
+    fired, examples = check_family_property(attentions().map(lambda m: (m, "attention")), rules, min_share=0.25)
+    assert fired < examples, "no generated near miss declined"

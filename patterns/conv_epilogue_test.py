@@ -321,10 +321,9 @@ def test_gelu_with_wrong_constant_declines_with_reason(rules):
 
 
 # ---------------------------------------------------------------- property: over the family's domain
-from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tvm_fusion.testing import check_rule_property  # noqa: E402
+from tvm_fusion.testing import check_family_property  # noqa: E402
 
 
 @st.composite
@@ -368,10 +367,12 @@ def conv_chains(draw):
     return g.model([y, pre] if leak else [y], opset=GELU_OPSET), name
 
 
-@given(case=conv_chains())
-def test_property_conv_family(case, rules):
-    model, rule_name = case
-    check_rule_property(model, rules, rule_name)
+def test_property_conv_family(rules):
+    """Each generated chain fuses to the fused == unfused == onnxruntime numbers or declines leaving the module
+    unchanged; at least half fire (8 of the 12 derandomized examples), the near misses (the pre-activation
+    value escaping) decline."""
+    fired, examples = check_family_property(conv_chains(), rules, min_share=0.5)
+    assert fired < examples, "no generated near miss declined"
 
 
 def test_per_channel_checks_decline_with_reasons(rules):

@@ -120,10 +120,9 @@ def test_pooled_value_used_elsewhere_declines(rules):
 
 
 # ---------------------------------------------------------------- property: over the family's domain
-from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tvm_fusion.testing import check_rule_property  # noqa: E402
+from tvm_fusion.testing import check_family_property  # noqa: E402
 
 
 @st.composite
@@ -143,7 +142,8 @@ def squeeze_excites(draw):
         "squeeze_excite_relu6_hardsigmoid" if gate == "HardSigmoid" else "squeeze_excite_relu6_sigmoid"
 
 
-@given(case=squeeze_excites())
-def test_property_squeeze_excite(case, rules):
-    model, rule_name = case
-    check_rule_property(model, rules, rule_name)
+def test_property_squeeze_excite(rules):
+    """Each generated SE block fuses with matching numbers or declines leaving the module unchanged; at least
+    40% fire (6 of the 12 derandomized examples), the near misses decline."""
+    fired, examples = check_family_property(squeeze_excites(), rules, min_share=0.4)
+    assert fired < examples, "no generated near miss declined"

@@ -12,7 +12,8 @@ from .errors import ToleranceExceeded
 from .numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
-           "check_fused", "check_rule_property", "conv_bn_relu", "residual_block", "run_build", "ACTIVATION_FORMS",
+           "check_fused", "check_rule_property", "check_family_property",
+           "conv_bn_relu", "residual_block", "run_build", "ACTIVATION_FORMS",
            "GELU_OPSET", "apply_activation_onnx", "RESNET50_CONVS", "conv_primfunc", "as_float16"]
 
 OPSET = 17
@@ -229,6 +230,27 @@ def check_rule_property(model, rules, rule_name: str, seed: int = 0) -> bool:
 
     tvm.ir.assert_structural_equal(result.mod["main"], fuse(mod, target, RuleSet()).mod["main"])
     return False
+
+
+def check_family_property(cases, rules, min_share: float) -> tuple[int, int]:
+    """check_rule_property over every example the hypothesis strategy `cases` generates (each a
+    (model, rule_name) pair), under the active settings profile: each fired rule matches unfused and
+    onnxruntime, each declined one leaves the module unchanged, and the rules fired on at least `min_share`
+    of the examples (a rule that never fires fails). Returns (fired, examples)."""
+    from hypothesis import given
+
+    fired = []
+
+    @given(case=cases)
+    def each(case):
+        model, rule_name = case
+        fired.append(check_rule_property(model, rules, rule_name))
+
+    each()
+    n, hits = len(fired), sum(fired)
+    assert n and hits >= min_share * n, \
+        f"the rules fired on {hits} of {n} generated examples; at least {min_share:.0%} expected"
+    return hits, n
 
 
 #: (n, c, h, w, oc, k, stride, pad): the 23 distinct convs of ResNet-50 at batch 1
