@@ -40,7 +40,8 @@ def _check(schedule, compute, shapes, attrs):
 
 
 SE = [((2, 16, 5, 7), 4, "relu", "hardsigmoid"), ((1, 300, 3, 3), 75, "silu", "sigmoid"),
-      ((1, 8, 1, 1), 2, "hardswish", "hardsigmoid")]
+      ((1, 8, 1, 1), 2, "hardswish", "hardsigmoid"),
+      ((1, 384, 3, 6), 96, "relu", "hardsigmoid")]  # PP-OCRv4 det: more channels than 256 threads
 
 
 @pytest.mark.parametrize("x,r,act,gate", SE, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
@@ -48,6 +49,19 @@ def test_squeeze_excite_schedule_keeps_the_numerics(x, r, act, gate):
     c = x[1]
     _check(schedule_squeeze_excite_cuda, squeeze_excite, [x, (r, c), (r,), (c, r), (c,)],
            dict(activation=act, gate=gate))
+
+
+@pytest.mark.parametrize("x,r", [(s[0], s[1]) for s in SE], ids=lambda v: "x".join(map(str, v))
+                         if isinstance(v, tuple) else str(v))
+def test_squeeze_excite_kernel_compiles_for_cuda(x, r):
+    """Through tvm.compile's lowering (barriers included): a channel stage that loops with a predicate
+    around its shared write made TVM fail with "Cannot insert syncs inside condition"."""
+    c = x[1]
+    func, _ = _func(squeeze_excite, [x, (r, c), (r,), (c, r), (c,)], activation="relu", gate="hardsigmoid")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    with TARGET:
+        schedule_squeeze_excite_cuda(sch, {}, TARGET)
+    tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=TARGET)
 
 
 ATTENTION = [((2, 3, 5, 8), (2, 3, 8, 5), (2, 3, 5, 8), (2, 1, 1, 5)),  # padding mask

@@ -11,14 +11,28 @@ from __future__ import annotations
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.squeeze_excite import SE_FAMILY
 
-THREADS = 256  # threads per block: a multiple of the warp; SE blocks have 16-1000 channels
+THREADS = 256  # threads per block when every channel stage fits in it; SE blocks have 16-1000 channels
+MAX_THREADS = 1024  # CUDA's limit per block
+WARP = 32
 #: C * H * W per sample above which one block per sample leaves the GPU idle; an estimate (no GPU here to
 #: measure): 256 threads x 256 elements each, i.e. one SM streaming 256 KB in and out
 MAX_ELEMENTS = 256 * 256
 
 
+def threads_for(channels: int) -> int:
+    """Threads per block: every channel stage (pool, fc1, fc2, gate: C or hidden units) in one pass of the
+    block. A stage with more channels than threads would loop with a predicate around its shared-memory
+    write, and TVM cannot put the barrier the next stage needs inside that condition
+    ("Cannot insert syncs inside condition": PP-OCRv4's 384-channel SE at 256 threads)."""
+    return max(THREADS, -(-channels // WARP) * WARP)
+
+
 def _supports(attrs, shapes, target):
     n, c, h, w = shapes[0]
+    hidden = shapes[1][0]  # fc1's weight: (hidden, C)
+    if max(c, hidden) > MAX_THREADS:
+        return (f"the CUDA squeeze-excite kernel gives each of the {max(c, hidden)} channels a thread of one block; "
+                f"a block has at most {MAX_THREADS}")
     if c * h * w > MAX_ELEMENTS:
         return (f"the CUDA squeeze-excite kernel runs one thread block per sample; C*H*W = {c * h * w} is over "
                 f"{MAX_ELEMENTS}, where the unfused ops spread over the GPU")
@@ -29,12 +43,13 @@ def _supports(attrs, shapes, target):
 def schedule_squeeze_excite_cuda(sch, attrs, target):
     out = sch.get_sblock("out")
     i, j, y, z = sch.get_loops(out)
+    threads = threads_for(max(int(sch.get(sch.get_loops(sch.get_sblock(name))[1]).extent) for name in ("fc1", "gate")))
     sch.bind(i, "blockIdx.x")
-    _, tx = sch.split(sch.fuse(j, y, z), [None, THREADS])
+    _, tx = sch.split(sch.fuse(j, y, z), [None, threads])
     sch.bind(tx, "threadIdx.x")
     for name in ("gate", "fc2", "hidden", "fc1", "pool"):  # consumers first: each lands under the sample loop
         block = sch.get_sblock(name)
         sch.compute_at(block, i)
         sch.set_scope(block, 0, "shared")
-        _, tx = sch.split(sch.get_loops(block)[1], [None, THREADS])
+        _, tx = sch.split(sch.get_loops(block)[1], [None, threads])
         sch.bind(tx, "threadIdx.x")
