@@ -22,7 +22,7 @@ from . import _tvm
 from . import simplify as _simplify
 from ._tvm import dpl, relax, tirx, tvm
 from .errors import FusionError
-from .rules import scalar_constant, static_shape as _static_shape
+from .rules import scalar_constant, shape_dims, static_shape as _static_shape
 
 __all__ = ["SymDim", "import_onnx", "load_onnx", "parse_shape", "onnx_node_names", "concrete_shapes",
            "check_sizes", "sizes_text", "symbolic_dims", "format_shape", "UPPER_BOUND_ATTR"]
@@ -447,10 +447,8 @@ NORMALIZATIONS = [
 def _shape_key(expr):
     """The shape as a tuple of ints and, for symbolic dims that are plain variables (N), their names; None
     when unknown or when a dim is an expression: two values with equal keys have the same shape."""
-    shape = getattr(_tvm.expr_type(expr), "shape", None)
-    try:
-        dims = list(shape)
-    except TypeError:  # no shape, or an unknown rank
+    dims = shape_dims(expr)
+    if dims is None:
         return None
     key = []
     for d in dims:

@@ -141,14 +141,21 @@ def static_shape(expr) -> tuple[int, ...] | None:
         return None
 
 
+def shape_dims(expr) -> list | None:
+    """The dims of a value's shape as TIR expressions (IntImm, Var, ...); None when its shape or rank is unknown."""
+    shape = getattr(_tvm.expr_type(expr), "shape", None)
+    try:
+        return list(shape)
+    except TypeError:  # no shape, or an unknown rank
+        return None
+
+
 def batch_shape(expr) -> tuple | None:
     """The shape as ints, except that the outermost dim may be a TIR variable (`--shape x=Nx3x224x224`): what
     the computes take, with the batch left symbolic. None when the shape is unknown or any other dim is
     symbolic (see symbolic_reason)."""
-    shape = getattr(_tvm.expr_type(expr), "shape", None)
-    try:
-        dims = list(shape)
-    except TypeError:  # no shape, or an unknown rank
+    dims = shape_dims(expr)
+    if dims is None:
         return None
     out = []
     for i, d in enumerate(dims):
