@@ -19,6 +19,10 @@ schedules/activations.py ACTIVATIONS.
     hardswish   y * (clip(y + a, 0, 6) / d)   |   y * hardsigmoid(y)   |   y * clip(y + a, 0, 6) / d
     gelu_erf    gelu(y)   |   y * (erf(y / sqrt2) + 1) * 0.5, the 0.5 also inside or on y
     gelu_tanh   gelu_tanh(y)   |   y * (tanh(sqrt(2/pi) * (y + 0.044715 * y^3)) + 1) * 0.5
+
+`register_activation(name, pattern, compute)` adds one more, from a rules file too: its pattern here and its
+TE expression in schedules/activations.py, which every epilogue compute and schedule then takes, so
+`conv_epilogue(bn=True, activation=name)` is a rule with a new kernel in one file (patterns/README.md).
 """
 
 from __future__ import annotations
@@ -28,12 +32,15 @@ import numpy as np
 from tvm_fusion import _tvm
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.priority import ACTIVATION_RANK, priority
+from tvm_fusion.errors import FusionError
 from tvm_fusion.precision import numpy_dtype
+from tvm_fusion.registry import same_definition
 from tvm_fusion.rules import Decline, Rule, Spec, commutative, rule, scalar_constant
+from tvm_fusion.schedules import activations as computes
 from tvm_fusion.schedules.activations import CANONICAL
 
 __all__ = ["ACTIVATIONS", "BY_RANK", "activation_pattern", "clip_bounds", "epilogue_rule", "epilogue_spec",
-           "scalar_constant"]
+           "register_activation", "scalar_constant"]
 
 #: how far a carried constant may be from the canonical one and still name the activation (relative); the
 #: compute uses the matched value, so this only decides what the rule is called, never the numbers. A half
@@ -220,6 +227,17 @@ ACTIVATIONS = {
     "gelu_erf": _gelu_erf,
     "gelu_tanh": _gelu_tanh,
 }
+
+
+def register_activation(name: str, pattern, compute) -> None:
+    """A new epilogue activation for every epilogue family: `pattern(y) -> (pattern, annotations, params)`
+    like the builders of ACTIVATIONS (params(match) -> the constants the compute needs, or a Decline when the
+    matched constants do not make the activation), and `compute(v, params) -> TE scalar`
+    (schedules/activations.py `register_activation`). A name taken by another definition is refused."""
+    if name in ACTIVATIONS and not same_definition(ACTIVATIONS[name], pattern):
+        raise FusionError(f"duplicate activation {name!r}: the epilogue patterns already have one by that name")
+    computes.register_activation(name, compute)
+    ACTIVATIONS[name] = pattern
 
 
 def activation_pattern(name: str, y):

@@ -1,32 +1,39 @@
-"""Epilogue activations as TE expressions, shared by every compute: act(v) for one scalar."""
+"""Epilogue activations as TE expressions, shared by every compute: act(v) for one scalar.
+
+Every compute with an epilogue (conv, dense, squeeze-excite, ...) applies `ACTIVATIONS[name](v, params)`, so
+an activation registered here (`register_activation`, from a rules file too) is taken by all of them and by
+their CPU and CUDA schedules, which schedule the epilogue whatever it computes."""
 
 from __future__ import annotations
 
 import math
 
 from tvm_fusion._tvm import prim_dtype, te, tirx
+from tvm_fusion.errors import FusionError
+from tvm_fusion.registry import same_definition
 
-__all__ = ["ACTIVATIONS", "CANONICAL", "apply_activation"]
+__all__ = ["ACTIVATIONS", "CANONICAL", "apply_activation", "const", "register_activation"]
 
 
-def _const(v, like):
+def const(v, like):
+    """The number `v` as a TIR constant of `like`'s dtype (`like`: a PrimExpr or a dtype name)."""
     return tirx.const(v, like if isinstance(like, str) else prim_dtype(like))
 
 
 def _relu(v, p):
-    return te.max(v, _const(0, v))
+    return te.max(v, const(0, v))
 
 
 def _relu6(v, p):
-    return te.min(te.max(v, _const(0, v)), _const(6, v))
+    return te.min(te.max(v, const(0, v)), const(6, v))
 
 
 def _clip(v, p):
-    return te.min(te.max(v, _const(p["min"], v)), _const(p["max"], v))
+    return te.min(te.max(v, const(p["min"], v)), const(p["max"], v))
 
 
 def _leaky_relu(v, p):
-    return tirx.Select(v > _const(0, v), v, v * _const(p["alpha"], v))
+    return tirx.Select(v > const(0, v), v, v * const(p["alpha"], v))
 
 
 def _sigmoid(v, p):
@@ -59,7 +66,7 @@ def _params(name, p):
 
 def _hardsigmoid(v, p):
     p = _params("hardsigmoid", p)
-    return te.min(te.max(v * _const(p["alpha"], v) + _const(p["beta"], v), _const(0, v)), _const(1, v))
+    return te.min(te.max(v * const(p["alpha"], v) + const(p["beta"], v), const(0, v)), const(1, v))
 
 
 def _hardswish(v, p):
@@ -68,18 +75,18 @@ def _hardswish(v, p):
     if "alpha" in p:
         return v * _hardsigmoid(v, {"alpha": p["alpha"], "beta": p["beta"]})
     p = _params("hardswish", p)
-    return v * te.min(te.max(v + _const(p["shift"], v), _const(0, v)), _const(6, v)) / _const(p["divisor"], v)
+    return v * te.min(te.max(v + const(p["shift"], v), const(0, v)), const(6, v)) / const(p["divisor"], v)
 
 
 def _gelu_erf(v, p):
     p = _params("gelu_erf", p)
-    return v * (te.erf(v / _const(p["divisor"], v)) + _const(p["one"], v)) * _const(p["half"], v)
+    return v * (te.erf(v / const(p["divisor"], v)) + const(p["one"], v)) * const(p["half"], v)
 
 
 def _gelu_tanh(v, p):
     p = _params("gelu_tanh", p)
-    inner = (v + v * v * v * _const(p["k"], v)) * _const(p["c"], v)
-    return v * (te.tanh(inner) + _const(p["one"], v)) * _const(p["half"], v)
+    inner = (v + v * v * v * const(p["k"], v)) * const(p["c"], v)
+    return v * (te.tanh(inner) + const(p["one"], v)) * const(p["half"], v)
 
 
 ACTIVATIONS = {
@@ -96,6 +103,14 @@ ACTIVATIONS = {
     "gelu_erf": _gelu_erf,
     "gelu_tanh": _gelu_tanh,
 }
+
+
+def register_activation(name: str, fn) -> None:
+    """Adds epilogue activation `name`: fn(v, params) -> the activated TE scalar (v is in the accumulator
+    dtype; params: the constants the rule's match carries). A name taken by another definition is refused."""
+    if name in ACTIVATIONS and not same_definition(ACTIVATIONS[name], fn):
+        raise FusionError(f"duplicate activation {name!r}: the epilogue computes already have one by that name")
+    ACTIVATIONS[name] = fn
 
 
 def apply_activation(v, name, params=None):

@@ -81,3 +81,19 @@ def test_builtin_rules_come_with_their_computes_and_schedules():
             "    print(target, {k: v for k, v in counts.items() if v})\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["llvm {'conv2d_bn_relu': 1}", "cuda {'conv2d_bn_relu': 1}"]
+
+
+def test_a_definition_loaded_again_is_not_a_duplicate():
+    """A rules file loaded twice runs its registrations twice: the same definition is accepted, another
+    definition under a taken name is refused (computes, schedules and epilogue activations alike)."""
+    from tvm_fusion.patterns.activations import register_activation
+    from tvm_fusion.registry import same_definition
+
+    source = "def square(v, params):\n    return v * v\n"
+    first, again, other = {"__name__": "user_rules_x"}, {"__name__": "user_rules_x"}, {"__name__": "user_rules_y"}
+    for namespace in (first, again, other):
+        exec(compile(source, "/tmp/user_rules_x.py", "exec"), namespace)  # noqa: S102 - a fixed string
+    assert same_definition(first["square"], again["square"])
+    assert not same_definition(first["square"], other["square"])
+    with pytest.raises(FusionError, match="duplicate activation 'relu'"):
+        register_activation("relu", lambda y: None, first["square"])

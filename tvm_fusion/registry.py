@@ -8,7 +8,9 @@ cannot handle a case, and the rule then declines with that reason (the match fal
 It may also carry `pack(constants, attrs, target) -> list | None`: the group's constants (numpy arrays)
 re-laid out at compile time into the tile layout its kernel reads (None: keep them as they are); the
 compute then receives the packed constants.
-Duplicates are refused; unknown names are answered with close candidates.
+Duplicates are refused; unknown names are answered with close candidates. The same definition registered
+again is not a duplicate: a rules file that registers its kernel runs again each time it is loaded
+(`--rules FILE` in two commands of one process) and replaces its own entries (`same_definition`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .errors import FusionError
 from .rules import close_names
 
 __all__ = ["Schedule", "get_compute", "get_schedule", "register_compute", "register_schedule",
-           "computes", "has_compute", "schedules"]
+           "computes", "has_compute", "same_definition", "schedules"]
 
 GENERIC = "generic"
 
@@ -45,11 +47,22 @@ class Schedule:
         return self.supports(attrs, shapes, target) if self.supports else None
 
 
+def same_definition(old: Callable, new: Callable) -> bool:
+    """Whether `new` is `old`, or the same function defined again: same module, qualified name, file and line
+    (a rules file loaded twice runs its registrations twice; its module name comes from its path)."""
+    def where(fn):
+        code = getattr(fn, "__code__", None)
+        return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None),
+                code and code.co_filename, code and code.co_firstlineno)
+
+    return old is new or where(old) == where(new)
+
+
 def register_compute(*names: str, target: str = GENERIC):
     def wrap(fn):
         for name in names:
             key = (name, target)
-            if key in _COMPUTES and _COMPUTES[key] is not fn:
+            if key in _COMPUTES and not same_definition(_COMPUTES[key], fn):
                 raise FusionError(f"duplicate compute {name!r} for target {target!r}")
             _COMPUTES[key] = fn
         return fn
@@ -61,7 +74,7 @@ def register_schedule(*names: str, target: str, supports: Callable | None = None
     def wrap(fn):
         for name in names:
             key = (name, target)
-            if key in _SCHEDULES and _SCHEDULES[key].apply is not fn:
+            if key in _SCHEDULES and not same_definition(_SCHEDULES[key].apply, fn):
                 raise FusionError(f"duplicate schedule {name!r} for target {target!r}")
             _SCHEDULES[key] = Schedule(name, target, fn, supports, pack)
         return fn

@@ -12,7 +12,7 @@ from .errors import ToleranceExceeded
 from .numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
-           "check_fused", "check_rule_property", "check_family_property",
+           "check_fused", "check_cuda_build", "check_rule_property", "check_family_property",
            "conv_bn_relu", "residual_block", "run_build", "ACTIVATION_FORMS",
            "GELU_OPSET", "apply_activation_onnx", "RESNET50_CONVS", "conv_primfunc", "as_float16"]
 
@@ -146,10 +146,40 @@ def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
     for i, (f, u, r) in enumerate(zip(got_f, got_u, ref)):
         assert_close(f, u, f"output {i}: fused vs unfused", dtype=r.dtype)  # the model's dtype decides
         assert_close(f, r, f"output {i}: fused vs onnxruntime")
-    if expect is not None:
-        fired = {k: v for k, v in fused.counts.items() if v}
-        assert fired == expect, f"rules fired {fired}; expected {expect}"
+    _assert_fired(fused, expect)
     return fused
+
+
+def _assert_fired(built, expect: dict | None) -> None:
+    if expect is not None:
+        fired = {k: v for k, v in built.counts.items() if v}
+        assert fired == expect, f"rules fired {fired}; expected {expect}"
+
+
+#: the first bytes of what compile_cuda_source returns: a fatbin (nvcc) or an ELF cubin (NVRTC)
+_CUDA_BINARY = (b"\x50\xed\x55\xba", b"\x7fELF")
+
+
+def check_cuda_build(model, rules=None, expect: dict | None = None, arch: str = "sm_90"):
+    """Build fused for CUDA `arch` with no GPU: exact counts (`expect`), every kernel within the arch's launch
+    limits (verify_gpu_code, hardware.cuda_facts) and the generated CUDA C compiled by nvcc (or NVRTC); nothing
+    runs. Returns the build."""
+    from ._tvm import tvm
+    from .build import build, resolve_target
+    from .export import compile_cuda_source, cuda_source
+    from .frontend import import_onnx
+    from .schedules.cuda.gpu_limits import check_gpu_limits
+
+    target = resolve_target("cuda", arch)
+    built = build(import_onnx(model), target, "fused", rules=rules)
+    _assert_fired(built, expect)
+    for gv, func in built.fused.mod.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            check = check_gpu_limits(func, target)
+            assert check.ok, f"{gv.name_hint}: {check}"
+    binary = compile_cuda_source(cuda_source(built.executable), arch)
+    assert binary[:4] in _CUDA_BINARY, f"the CUDA compiler returned {binary[:8]!r}..., not a fatbin or cubin"
+    return built
 
 
 

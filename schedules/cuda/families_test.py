@@ -9,7 +9,7 @@ from tvm_fusion.build import build, resolve_target
 from tvm_fusion.export import compile_cuda_source, cuda_source
 from tvm_fusion.frontend import import_onnx
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
-from tvm_fusion.testing import GELU_OPSET, GraphBuilder, apply_activation_onnx
+from tvm_fusion.testing import GELU_OPSET, GraphBuilder, apply_activation_onnx, check_cuda_build
 
 
 def _layer_norm_model():
@@ -74,14 +74,7 @@ def _attention_model():
                               "squeeze_excite", "attention"])
 def test_family_builds_for_cuda(make):
     model, expect = make()
-    target = resolve_target("cuda")
-    built = build(import_onnx(model), target, "fused")
-    assert {k: v for k, v in built.counts.items() if v} == expect
-    for gv, func in built.fused.mod.functions.items():
-        if isinstance(func, tvm.tirx.PrimFunc):
-            check = check_gpu_limits(func, target)
-            assert check.ok, f"{gv.name_hint}: {check}"
-    assert compile_cuda_source(cuda_source(built.executable), "sm_90")[:4] == b"\x50\xed\x55\xba"
+    check_cuda_build(model, expect=expect)
 
 
 ARCHS = ["sm_80", "sm_89", "sm_90", "sm_100"]
