@@ -20,7 +20,7 @@ from tvm.ir import GenericConst  # relax constants in 0.27
 from tvm.relax import dpl  # noqa: F401
 from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
-from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
 from tvm.relax.transform import FusionPattern, PatternCheckContext  # noqa: F401
 from tvm.runtime import _ffi_api as runtime_ffi
 from tvm.s_tir import Schedule  # noqa: F401
@@ -113,6 +113,33 @@ def import_onnx_graph(model, shape_dict, opset, dtype_dict):
     except Exception as err:
         err.onnx_node = importer.current_node  # (node name, op) being converted, None before the first
         raise
+
+
+def onnx_importer_ops() -> frozenset[str]:
+    """The ONNX op types TVM's importer converts (its private convert map), plus the two it handles itself
+    (Constant, If)."""
+    return frozenset(_get_convert_map()) | {"Constant", "If"}
+
+
+def device_lowering_passes() -> list:
+    """TVM 0.27's default s_tir pipeline (tvm/s_tir/pipeline.py, a closure that cannot be cut) up to
+    MergeSharedMemoryAllocations, without its passes for options off by default: a kernel's buffers flat,
+    its thread extents and allocations final, as `verify_gpu_code` reads them."""
+    s_tir = tvm.s_tir
+    return [
+        s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerCrossThreadReduction(),
+        s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+        s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.LiftThreadBinding(),
+        s_tir.transform.ManifestSharedMemoryLocalStage(), s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.LowerAutoCopy(), s_tir.transform.UnifyThreadBinding(),
+        s_tir.transform.LowerMatchBuffer(), s_tir.transform.StmtSimplify(),
+        s_tir.transform.InjectSoftwarePipeline(), s_tir.transform.LowerOpaqueBlock(),
+        tirx.transform.FlattenBuffer(), tirx.transform.NarrowDataType(32), s_tir.transform.LoopPartition(),
+        tirx.transform.VectorizeLoop(True), s_tir.transform.InjectVirtualThread(),
+        s_tir.transform.InjectDoubleBuffer(), tirx.transform.StorageRewrite(), tirx.transform.UnrollLoop(),
+        tirx.transform.StmtSimplify(), tirx.transform.RemoveNoOp(), s_tir.transform.ThreadSync("shared"),
+        s_tir.transform.MergeSharedMemoryAllocations(),
+    ]
 
 
 def pack_imports_to_bytes(module) -> bytes:

@@ -263,9 +263,7 @@ def _sanitize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str], 
 
 
 def _check_ops(model: onnx.ModelProto, where: str) -> None:
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
-
-    known = set(_get_convert_map()) | {"Constant", "If"}
+    known = _tvm.onnx_importer_ops()
     for (_, node, _), label in zip(_walk(model.graph), node_labels(model)):
         if node.domain not in ("", "ai.onnx"):
             raise FusionError(

@@ -2,14 +2,15 @@
 
 `tvm.compile` does not check the 48 KB static shared-memory limit (a 56 KB kernel builds and then fails at
 launch), so the tests lower each schedule through TVM's own s_tir pipeline, up to the point where the
-kernel's allocations and thread extents are final, and run `verify_gpu_code` on the result.
+kernel's allocations and thread extents are final (`_tvm.device_lowering_passes`), and run `verify_gpu_code`
+on the result.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm_fusion._tvm import tvm, verify_gpu_code
+from tvm_fusion._tvm import device_lowering_passes, tvm, verify_gpu_code
 from tvm_fusion.hardware import cuda_facts
 
 #: the launch limits of sm_90 (H100 / H200) that a kernel without dynamic shared memory must meet
@@ -25,30 +26,11 @@ class GpuCheck:
         return f"verify_gpu_code={'ok' if self.ok else 'FAILED'}, shared={self.shared_bytes} B"
 
 
-def _lowering_passes():
-    """The default s_tir pipeline (tvm/s_tir/pipeline.py) up to MergeSharedMemoryAllocations."""
-    s_tir, tirx = tvm.s_tir, tvm.tirx
-    return [
-        s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerCrossThreadReduction(),
-        s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-        s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.LiftThreadBinding(),
-        s_tir.transform.ManifestSharedMemoryLocalStage(), s_tir.transform.CompactBufferAllocation(),
-        s_tir.transform.LowerAutoCopy(), s_tir.transform.UnifyThreadBinding(),
-        s_tir.transform.LowerMatchBuffer(), s_tir.transform.StmtSimplify(),
-        s_tir.transform.InjectSoftwarePipeline(), s_tir.transform.LowerOpaqueBlock(),
-        tirx.transform.FlattenBuffer(), tirx.transform.NarrowDataType(32), s_tir.transform.LoopPartition(),
-        tirx.transform.VectorizeLoop(True), s_tir.transform.InjectVirtualThread(),
-        s_tir.transform.InjectDoubleBuffer(), tirx.transform.StorageRewrite(), tirx.transform.UnrollLoop(),
-        tirx.transform.StmtSimplify(), tirx.transform.RemoveNoOp(), s_tir.transform.ThreadSync("shared"),
-        s_tir.transform.MergeSharedMemoryAllocations(),
-    ]
-
-
 def lower_for_device(func, target):
     """`func` lowered to flat buffers with thread extents and allocations as the kernel will have them."""
     func = func.with_attr("global_symbol", "main").with_attr("target", target)
     with target, tvm.transform.PassContext(opt_level=3):
-        return tvm.ir.transform.Sequential(_lowering_passes())(tvm.IRModule({"main": func}))["main"]
+        return tvm.ir.transform.Sequential(device_lowering_passes())(tvm.IRModule({"main": func}))["main"]
 
 
 def at_batch(func, size: int = 1):
