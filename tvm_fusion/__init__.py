@@ -21,30 +21,27 @@ import types
 # Names load on first use (PEP 562), so `import tvm_fusion.runtime` on a deployment machine pulls in
 # nothing of the compiler side.
 _LAZY = {
-    "Built": "build", "build": "build", "resolve_target": "build",
-    "CompareReport": "compare", "compare": "compare",
-    "CompileResult": "compile", "compile_model": "compile",
     "BisectReport": "differential", "GroupReport": "differential", "bisect": "differential",
     "check_groups": "differential",
+    "Built": "build", "CompareReport": "compare", "CompileResult": "compile", "Explanation": "explain",
+    "FuseResult": "fuse", "ProfileReport": "profile",
     "FusionError": "errors", "ToleranceExceeded": "errors",
     "example_model": "examples", "example_path": "examples",
-    "Explanation": "explain", "explain": "explain",
     "import_onnx": "frontend", "SymDim": "frontend",
-    "FuseResult": "fuse",
-    "load_rules": "loader", "load_rules_for": "loader",
+    "load_rules": "loader",
     "register_compute": "registry", "register_schedule": "registry",
     "Decline": "rules", "Lowering": "rules", "Match": "rules", "Rule": "rules", "RuleSet": "rules",
     "Spec": "rules", "commutative": "rules", "decline": "rules", "rule": "rules",
     "load": "runtime",
-    "ProfileReport": "profile", "profile": "profile",
 }
 
-__all__ = [
-    "BisectReport", "Built", "CompareReport", "GroupReport", "bisect", "check_groups", "CompileResult", "Decline", "FuseResult", "FusionError", "Lowering", "Match",
-    "Rule", "RuleSet", "Spec", "ToleranceExceeded", "build", "commutative", "compare", "compile", "decline",
-    "Explanation", "example_model", "example_path", "explain", "fuse", "import_onnx", "load_rules", "ProfileReport",
-    "profile", "register_compute", "register_schedule", "rule", "rules", "load", "SymDim",
-]
+#: functions of the API named like a submodule: `tvm_fusion.<name>` is that submodule (`import tvm_fusion.rules
+#: as r` gives the module), and calling it calls the function: the facade's below, or (None) the module's own
+#: function of that name (`tf.build(...)` is `tvm_fusion.build.build(...)`)
+_CALLABLE = {"build": None, "compare": None, "explain": None, "profile": None,
+             "compile": "_compile", "fuse": "_fuse", "rules": "_rules"}
+
+__all__ = sorted([*_LAZY, *_CALLABLE])
 
 
 def __getattr__(name: str):
@@ -53,24 +50,43 @@ def __getattr__(name: str):
     else:
         try:
             value = importlib.import_module(f".{name}", __name__)  # a submodule, e.g. tvm_fusion.frontend
-        except ModuleNotFoundError:
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     globals()[name] = value
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_CALLABLE))
+
+
+class _CallableModule(types.ModuleType):
+    """A submodule named like a function of the API, callable as that function (see _CALLABLE)."""
+
+    def _function(self):
+        name = self.__name__.rpartition(".")[2]
+        facade = _CALLABLE[name]
+        return globals()[facade] if facade else getattr(self, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._function()(*args, **kwargs)
+
+    @property
+    def __signature__(self):
+        import inspect
+
+        return inspect.signature(self._function())
 
 
 class _Package(types.ModuleType):
-    """Importing a submodule named like a function of the API (`build`, `compare`, `compile`, `explain`,
-    `fuse`, `rules`) must not replace that function: the import system sets a package attribute per
-    submodule. The submodule stays in sys.modules."""
+    """The import system sets a package attribute per submodule it loads: a submodule of _CALLABLE becomes
+    callable as it is set, so `tvm_fusion.rules` is one object whichever way it was reached."""
 
     def __setattr__(self, name, value):
-        if isinstance(value, types.ModuleType) and (name in _LAZY or name in ("compile", "fuse", "rules")):
-            return
+        if isinstance(value, types.ModuleType) and name in _CALLABLE and value.__name__ == f"{__name__}.{name}":
+            value.__class__ = _CallableModule
         super().__setattr__(name, value)
 
 
@@ -79,14 +95,14 @@ sys.modules[__name__].__class__ = _Package
 __version__ = "0.1.0"
 
 
-def rules(files=(), only=None, disable=None) -> RuleSet:
+def _rules(files=(), only=None, disable=None) -> RuleSet:
     """The active rule set: built-in tables (fixed order), installed plugins, then `files`."""
     from .loader import load_rules_for
 
     return load_rules_for(files, only=only, disable=disable)
 
 
-def fuse(mod, target="llvm", rules: RuleSet | None = None, *, only=None, disable=None) -> FuseResult:
+def _fuse(mod, target="llvm", rules: RuleSet | None = None, *, only=None, disable=None) -> FuseResult:
     """Run the fuse stage: returns the rewritten module and per-rule counts (`.counts`)."""
     from .build import resolve_target
     from .fuse import fuse as fuse_stage
@@ -96,7 +112,7 @@ def fuse(mod, target="llvm", rules: RuleSet | None = None, *, only=None, disable
     return fuse_stage(mod, resolve_target(target), rules)
 
 
-def compile(model, output, target="cuda", **kwargs) -> CompileResult:  # noqa: A001 - mirrors the CLI verb
+def _compile(model, output, target="cuda", **kwargs) -> CompileResult:
     """ONNX model -> library at `output` plus `<output>.json` manifest (see compile_model)."""
     from .compile import compile_model
 
