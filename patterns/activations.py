@@ -27,20 +27,21 @@ TE expression in schedules/activations.py, which every epilogue compute and sche
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from tvm_fusion import _tvm
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.priority import ACTIVATION_RANK, priority
-from tvm_fusion.errors import FusionError
 from tvm_fusion.precision import numpy_dtype
-from tvm_fusion.registry import same_definition
+from tvm_fusion.registry import refuse_another
 from tvm_fusion.rules import Decline, Rule, Spec, commutative, rule, scalar_constant
 from tvm_fusion.schedules import activations as computes
 from tvm_fusion.schedules.activations import CANONICAL
 
-__all__ = ["ACTIVATIONS", "BY_RANK", "activation_pattern", "clip_bounds", "epilogue_rule", "epilogue_spec",
-           "register_activation", "scalar_constant"]
+__all__ = ["ACTIVATIONS", "BY_RANK", "activation_pattern", "clip_bounds", "epilogue_rule", "epilogue_rules",
+           "epilogue_spec", "register_activation", "scalar_constant"]
 
 #: how far a carried constant may be from the canonical one and still name the activation (relative); the
 #: compute uses the matched value, so this only decides what the rule is called, never the numbers. A half
@@ -234,8 +235,8 @@ def register_activation(name: str, pattern, compute) -> None:
     like the builders of ACTIVATIONS (params(match) -> the constants the compute needs, or a Decline when the
     matched constants do not make the activation), and `compute(v, params) -> TE scalar`
     (schedules/activations.py `register_activation`). A name taken by another definition is refused."""
-    if name in ACTIVATIONS and not same_definition(ACTIVATIONS[name], pattern):
-        raise FusionError(f"duplicate activation {name!r}: the epilogue patterns already have one by that name")
+    refuse_another(ACTIVATIONS.get(name), pattern, f"duplicate activation {name!r}: the epilogue patterns "
+                                                   "already have one by that name")
     computes.register_activation(name, compute)
     ACTIVATIONS[name] = pattern
 
@@ -294,3 +295,15 @@ def epilogue_rule(prefix: str, activation: str | None, formula: str, make_spec, 
     made = rule(name, priority=priority(tier, activation), check=check)(build)
     made.source = source
     return made
+
+
+def epilogue_rules(structures: dict, members, make_spec, check, source: str) -> list[Rule]:
+    """An epilogue family's table: for each (structure, activation) of `members`, in that order,
+    `epilogue_rule` with the structure's (name prefix, pattern options, formula) from `structures` and the
+    pattern `make_spec(**options, activation=activation)`."""
+    rules = []
+    for structure, activation in members:
+        prefix, options, formula = structures[structure]
+        rules.append(epilogue_rule(prefix, activation, formula, functools.partial(make_spec, **options), check,
+                                   source))
+    return rules

@@ -15,14 +15,13 @@ with nothing after it is still a single-rooted match; a training-mode batch_norm
 
 from __future__ import annotations
 
-import functools
 import dataclasses
 
 import numpy as np
 
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
-from tvm_fusion.patterns.activations import BY_RANK, epilogue_rule, epilogue_spec
+from tvm_fusion.patterns.activations import BY_RANK, epilogue_rules, epilogue_spec
 from tvm_fusion.precision import accumulator_dtype, half_batch_norm_casts, numpy_dtype
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, axis_vector_shapes, batch_shape, commutative,
                               decline, shape_text, static_shape, symbolic_reason)
@@ -216,15 +215,12 @@ STRUCTURES = {
 }
 
 
-def _make_rule(structure: str, activation: str | None):
-    prefix, options, formula = STRUCTURES[structure]
-    return epilogue_rule(prefix, activation, formula, functools.partial(conv_epilogue, **options), conv_checks,
-                         __file__)
 
 
 #: the table: every structure with every activation; then, without an activation, conv2d_bn_add and
 #: conv2d_add (residual blocks that end in the add: MobileNetV2/V3 and EfficientNet's inverted residuals),
 #: conv2d_bn (projection shortcuts) and, at the lowest priorities, conv2d_bias and the bare conv2d, so that a
 #: conv with no epilogue to fuse (DenseNet's convs feeding a Concat) still runs our scheduled kernel
-RULES = [_make_rule(st, act) for st in STRUCTURES for act in BY_RANK]
-RULES += [_make_rule(st, None) for st in ("bn_add", "bn", "add", "bias", "plain")]
+RULES = epilogue_rules(STRUCTURES, [(st, act) for st in STRUCTURES for act in BY_RANK]
+                       + [(st, None) for st in ("bn_add", "bn", "add", "bias", "plain")],
+                       conv_epilogue, conv_checks, __file__)

@@ -12,13 +12,12 @@ likewise: W' = W * c, b' = b * c.
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
-from tvm_fusion.patterns.activations import BY_RANK, epilogue_rule, epilogue_spec
+from tvm_fusion.patterns.activations import BY_RANK, epilogue_rules, epilogue_spec
 from tvm_fusion.precision import accumulator_dtype, half_batch_norm_casts, numpy_dtype
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, batch_shape, commutative, decline, is_symbolic,
                               shape_text, static_shape, symbolic_reason)
@@ -122,12 +121,8 @@ STRUCTURES = {
 }
 
 
-def _make_rule(structure: str, activation: str | None):
-    prefix, options, formula = STRUCTURES[structure]
-    return epilogue_rule(prefix, activation, formula, functools.partial(dense_epilogue, **options), dense_checks,
-                         __file__)
 
 
 #: the layer scale comes without an activation (ConvNeXt, CaiT); below dense_bn, which also has the `* c`
-RULES = [_make_rule(st, act) for st in ("bn", "bias")
-         for act in [*BY_RANK, None]] + [_make_rule("scale", None)]
+RULES = epilogue_rules(STRUCTURES, [(st, act) for st in ("bn", "bias") for act in [*BY_RANK, None]] + [("scale", None)],
+                       dense_epilogue, dense_checks, __file__)

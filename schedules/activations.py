@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 
 from tvm_fusion._tvm import prim_dtype, te, tirx
-from tvm_fusion.errors import FusionError
-from tvm_fusion.registry import same_definition
+from tvm_fusion.registry import refuse_another
 
 __all__ = ["ACTIVATIONS", "CANONICAL", "apply_activation", "const", "register_activation"]
 
@@ -108,8 +107,8 @@ ACTIVATIONS = {
 def register_activation(name: str, fn) -> None:
     """Adds epilogue activation `name`: fn(v, params) -> the activated TE scalar (v is in the accumulator
     dtype; params: the constants the rule's match carries). A name taken by another definition is refused."""
-    if name in ACTIVATIONS and not same_definition(ACTIVATIONS[name], fn):
-        raise FusionError(f"duplicate activation {name!r}: the epilogue computes already have one by that name")
+    refuse_another(ACTIVATIONS.get(name), fn, f"duplicate activation {name!r}: the epilogue computes already "
+                                               "have one by that name")
     ACTIVATIONS[name] = fn
 
 

@@ -22,7 +22,7 @@ from .errors import FusionError
 from .rules import close_names
 
 __all__ = ["Schedule", "get_compute", "get_schedule", "register_compute", "register_schedule",
-           "computes", "has_compute", "same_definition", "schedules"]
+           "computes", "has_compute", "refuse_another", "same_definition", "schedules"]
 
 GENERIC = "generic"
 
@@ -58,12 +58,17 @@ def same_definition(old: Callable, new: Callable) -> bool:
     return old is new or where(old) == where(new)
 
 
+def refuse_another(registered: Callable | None, new: Callable, message: str) -> None:
+    """Raise FusionError(message) when a name already has a definition (`registered`) other than `new`."""
+    if registered is not None and not same_definition(registered, new):
+        raise FusionError(message)
+
+
 def register_compute(*names: str, target: str = GENERIC):
     def wrap(fn):
         for name in names:
             key = (name, target)
-            if key in _COMPUTES and not same_definition(_COMPUTES[key], fn):
-                raise FusionError(f"duplicate compute {name!r} for target {target!r}")
+            refuse_another(_COMPUTES.get(key), fn, f"duplicate compute {name!r} for target {target!r}")
             _COMPUTES[key] = fn
         return fn
 
@@ -74,8 +79,8 @@ def register_schedule(*names: str, target: str, supports: Callable | None = None
     def wrap(fn):
         for name in names:
             key = (name, target)
-            if key in _SCHEDULES and not same_definition(_SCHEDULES[key].apply, fn):
-                raise FusionError(f"duplicate schedule {name!r} for target {target!r}")
+            old = _SCHEDULES.get(key)
+            refuse_another(old and old.apply, fn, f"duplicate schedule {name!r} for target {target!r}")
             _SCHEDULES[key] = Schedule(name, target, fn, supports, pack)
         return fn
 
