@@ -25,9 +25,9 @@ from tvm_fusion.patterns.activations import BY_RANK, epilogue_rules, epilogue_sp
 from tvm_fusion.precision import accumulator_dtype, half_batch_norm_casts, numpy_dtype
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, axis_vector_shapes, batch_shape, commutative,
                               decline, shape_text, static_shape, symbolic_reason)
+from tvm_fusion.schedules.conv2d import CONV_FAMILY  # the family compute: rules without their own lower to it
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
-CONV_FAMILY = "conv2d_affine"  # schedules/conv2d.py registers it; rules without their own compute use it
 
 
 def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None, activation=None,
@@ -213,8 +213,6 @@ STRUCTURES = {
     "plain": ("conv2d", dict(bn=False, bias=False),
               "conv2d -> {act}  ==>  {name}(x, W, 0)"),
 }
-
-
 
 
 #: the table: every structure with every activation; then, without an activation, conv2d_bn_add and

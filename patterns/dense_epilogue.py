@@ -12,7 +12,6 @@ likewise: W' = W * c, b' = b * c.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from tvm_fusion import _tvm, registry
@@ -21,9 +20,9 @@ from tvm_fusion.patterns.activations import BY_RANK, epilogue_rules, epilogue_sp
 from tvm_fusion.precision import accumulator_dtype, half_batch_norm_casts, numpy_dtype
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, batch_shape, commutative, decline, is_symbolic,
                               shape_text, static_shape, symbolic_reason)
+from tvm_fusion.schedules.dense import DENSE_FAMILY  # the family compute: rules without their own lower to it
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")  # half: summed in float32, bias kept in float32
-DENSE_FAMILY = "dense_affine"  # schedules/dense.py registers it; rules without their own compute use it
 
 
 def dense_epilogue(*, bias: bool | None = True, bn: bool = False, scale: bool = False, activation=None) -> Spec:
@@ -119,8 +118,6 @@ STRUCTURES = {
     "scale": ("dense_scale", dict(bias=None, scale=True),
               "matmul(x, W) -> [add b] -> * c -> {act}  ==>  {name}(x, W', b')"),
 }
-
-
 
 
 #: the layer scale comes without an activation (ConvNeXt, CaiT); below dense_bn, which also has the `* c`
