@@ -136,3 +136,18 @@ def test_attention_over_too_many_keys_declines_on_cuda_only():
         "the CUDA attention kernel keeps a row of 5000 keys in shared memory; at most 4096 fit in the 48 KB static "
         "limit"]
     assert fuse(mod, resolve_target("llvm"), rules).counts["attention"] == 1
+
+
+def test_squeeze_excite_declines_more_channels_than_a_block_has_threads():
+    """The launch limit comes from the target (hardware.cuda_facts): 1280 channels need 1280 threads."""
+    from tvm_fusion.registry import get_schedule
+    from tvm_fusion.schedules import load
+    from tvm_fusion.schedules.squeeze_excite import SE_FAMILY
+
+    load()
+    target = resolve_target("cuda")
+    sched = get_schedule(SE_FAMILY, "cuda")
+    shapes = [(1, 1280, 7, 7), (320, 1280), (320,), (1280, 320), (1280,)]
+    assert sched.why_not({}, shapes, target) == ("the CUDA squeeze-excite kernel gives each of the 1280 channels a "
+                                                 "thread of one block; a block has at most 1024")
+    assert sched.why_not({}, [(1, 960, 7, 7), (240, 960), (240,), (960, 240), (960,)], target) is None

@@ -8,11 +8,11 @@ which spread the gating over the whole GPU, run instead."""
 
 from __future__ import annotations
 
+from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.squeeze_excite import SE_FAMILY
 
 THREADS = 256  # threads per block when every channel stage fits in it; SE blocks have 16-1000 channels
-MAX_THREADS = 1024  # CUDA's limit per block
 WARP = 32
 #: C * H * W per sample above which one block per sample leaves the GPU idle; an estimate (no GPU here to
 #: measure): 256 threads x 256 elements each, i.e. one SM streaming 256 KB in and out
@@ -28,11 +28,11 @@ def threads_for(channels: int) -> int:
 
 
 def _supports(attrs, shapes, target):
-    n, c, h, w = shapes[0]
-    hidden = shapes[1][0]  # fc1's weight: (hidden, C)
-    if max(c, hidden) > MAX_THREADS:
+    (n, c, h, w), (hidden, _) = shapes[0], shapes[1]  # x, then fc1's weight (hidden, C)
+    max_threads = cuda_facts(target).max_threads_per_block
+    if max(c, hidden) > max_threads:
         return (f"the CUDA squeeze-excite kernel gives each of the {max(c, hidden)} channels a thread of one block; "
-                f"a block has at most {MAX_THREADS}")
+                f"a block has at most {max_threads}")
     if c * h * w > MAX_ELEMENTS:
         return (f"the CUDA squeeze-excite kernel runs one thread block per sample; C*H*W = {c * h * w} is over "
                 f"{MAX_ELEMENTS}, where the unfused ops spread over the GPU")
