@@ -22,7 +22,7 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import BY_RANK, epilogue_rules, epilogue_spec
-from tvm_fusion.precision import accumulator_dtype, half_batch_norm_casts, numpy_dtype
+from tvm_fusion.precision import accumulator_dtype, dtype_reason, numpy_dtype
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, axis_vector_shapes, batch_shape, commutative,
                               decline, shape_text, static_shape, symbolic_reason)
 from tvm_fusion.schedules.conv2d import CONV_FAMILY  # the family compute: rules without their own lower to it
@@ -108,9 +108,7 @@ def conv_checks(m: Match):
     if str(attrs.out_layout) not in ("NCHW", ""):
         return decline(f"conv2d out_layout is {attrs.out_layout}; expected NCHW")
     dtype = m.dtype("conv")
-    if dtype not in SUPPORTED_DTYPES:
-        return decline(f"conv2d dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
-    why = half_batch_norm_casts(m, dtype, "conv2d")
+    why = dtype_reason(m, dtype, "conv2d", SUPPORTED_DTYPES)
     if why:
         return decline(why)
     out_shape = m.shape("conv")

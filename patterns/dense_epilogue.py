@@ -17,7 +17,7 @@ import numpy as np
 from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import BY_RANK, epilogue_rules, epilogue_spec
-from tvm_fusion.precision import accumulator_dtype, half_batch_norm_casts, numpy_dtype
+from tvm_fusion.precision import accumulator_dtype, dtype_reason, numpy_dtype
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, batch_shape, commutative, decline, is_symbolic,
                               shape_text, static_shape, symbolic_reason)
 from tvm_fusion.schedules.dense import DENSE_FAMILY  # the family compute: rules without their own lower to it
@@ -65,9 +65,7 @@ def dense_checks(m: Match):
         return decline(f"matmul operands have ranks {len(x_shape)} and {len(w_shape)}; dense takes x of rank "
                        ">= 2 and a 2-D constant W")
     dtype = m.dtype("matmul")
-    if dtype not in SUPPORTED_DTYPES:
-        return decline(f"matmul dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
-    why = half_batch_norm_casts(m, dtype, "matmul")
+    why = dtype_reason(m, dtype, "matmul", SUPPORTED_DTYPES)
     if why:
         return decline(why)
     n = w_shape[1]

@@ -21,7 +21,7 @@ float32 model and the verdict uses the half dtype's tolerance (numerics.TOLERANC
 from __future__ import annotations
 
 __all__ = ["HALF_DTYPES", "PRECISIONS", "accumulator_dtype", "check_precision", "convert", "numpy_dtype",
-           "cast_to", "half_batch_norm_casts", "half_sums_in_float32", "verdict_dtype"]
+           "cast_to", "dtype_reason", "half_batch_norm_casts", "half_sums_in_float32", "verdict_dtype"]
 
 #: --precision values and the tensor dtype each gives
 PRECISIONS = {"fp16": "float16", "bf16": "bfloat16"}
@@ -67,6 +67,14 @@ def half_batch_norm_casts(m, dtype: str, op: str) -> str | None:
         return None
     return (f"batch_norm computes in {wide} and returns {out} after a {dtype} {op}; the kernel folds a "
             f"BatchNorm in the {op}'s dtype, or a half {op}'s BatchNorm computed in {ACCUMULATOR} and cast back")
+
+
+def dtype_reason(m, dtype: str, op: str, supported) -> str | None:
+    """Why an epilogue family's compute cannot take the match's `op` of `dtype`: not one of `supported`, or
+    BatchNorm casts that are not the half form (half_batch_norm_casts); None when it can."""
+    if dtype not in supported:
+        return f"{op} dtype is {dtype}; the compute supports {', '.join(supported)}"
+    return half_batch_norm_casts(m, dtype, op)
 
 
 def check_precision(precision: str | None) -> str | None:
