@@ -121,7 +121,7 @@ def test_property_dense_family(rules):
 
 def test_golden_ir_of_batched_dense_bias_relu(rules):
     """main: x viewed as [rows, K], one call_tir of dense_bias_relu with W and b as constants, viewed back."""
-    import tvm
+    from tvm_fusion._tvm import tvm
 
     from tvm_fusion import _tvm
     from tvm_fusion._tvm import relax

@@ -77,7 +77,7 @@ def test_property_elementwise_family(rules):
 
 
 def test_golden_ir_of_add_relu(rules):
-    import tvm
+    from tvm_fusion._tvm import tvm
 
     from tvm_fusion import _tvm
     from tvm_fusion._tvm import relax

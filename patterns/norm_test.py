@@ -92,7 +92,7 @@ def test_property_norm_family(rules):
 
 def test_golden_ir_of_add_layer_norm(rules):
     """main: one call_tir of add_layer_norm over both residual operands, gamma and beta as constants."""
-    import tvm
+    from tvm_fusion._tvm import tvm
 
     from tvm_fusion import _tvm
     from tvm_fusion._tvm import relax
