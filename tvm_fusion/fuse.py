@@ -19,7 +19,7 @@ from .errors import FusionError, LoweringError
 from .frontend import onnx_node_names
 from .rules import Decline, Lowering, Match, Rule, RuleSet, batch_shape, shape_text
 
-__all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm"]
+__all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm", "unchanged"]
 
 #: PrimFunc attribute of a kernel with a symbolic batch: its largest stage's elements per unit of the batch
 ELEMENTS_PER_BATCH_ATTR = "tvm_fusion.elements_per_batch"
@@ -417,3 +417,13 @@ def fuse(mod: tvm.IRModule, target, rules: RuleSet) -> FuseResult:
     for g in groups:
         counts[g.rule] += 1
     return FuseResult(out, counts, groups, matched.decisions, matched)
+
+
+def unchanged(result: FuseResult, mod: tvm.IRModule) -> bool:
+    """Whether fuse() left `mod` as it was: no rule fired and no BatchNorm was rewritten, so its module is
+    structurally equal to `mod` up to the binding canonicalization and dead-code elimination it ends with
+    (which change no value). A fused build of an unchanged module computes what the unfused build does."""
+    if result.total:
+        return False
+    plain = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
+    return _tvm.structural_equal(result.mod, plain)
