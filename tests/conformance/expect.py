@@ -1,7 +1,9 @@
 """The conformance suite's two rules: every fused run is checked against the unfused build (FusedBackend,
 SimplifiedFusedBackend), and an expected failure must fail for its reason, never with a FusionMismatch."""
 
+import atexit
 import functools
+import os
 
 import pytest
 
@@ -11,11 +13,33 @@ from tvm_fusion.errors import FusionMismatch
 from .expected_failures import EXPECTED_FAILURES, SIMPLIFIER_BREAKS, SIMPLIFIER_FIXES
 
 
-class FusedBackend(TVMFusionBackend):
+#: TVM_FUSION_CONFORMANCE_LOG=path: each process appends, per prepared model, "backend<TAB>graph<TAB>runs
+#: checked against an unfused build<TAB>runs" (how often the unfused build was needed)
+_LOG = os.environ.get("TVM_FUSION_CONFORMANCE_LOG")
+_CHECKED: list[tuple[str, str, dict]] = []
+
+
+class _Logged:
+    @classmethod
+    def prepare(cls, model, device: str = "CPU", **kwargs):
+        rep = super().prepare(model, device, **kwargs)
+        if _LOG:
+            _CHECKED.append((cls.__name__, model.graph.name, rep.checked_against_unfused))
+        return rep
+
+
+@atexit.register
+def _write_log() -> None:
+    if _LOG and _CHECKED:
+        with open(_LOG, "a") as f:
+            f.writelines(f"{b}\t{g}\t{sum(c.values())}\t{len(c)}\n" for b, g, c in _CHECKED)
+
+
+class FusedBackend(_Logged, TVMFusionBackend):
     AGAINST_UNFUSED = True
 
 
-class SimplifiedFusedBackend(SimplifiedBackend):
+class SimplifiedFusedBackend(_Logged, SimplifiedBackend):
     AGAINST_UNFUSED = True
 
 
