@@ -48,12 +48,10 @@ def rules():
 
 @pytest.fixture(scope="session")
 def matches_onnxruntime():
-    """assert(model, fused build): fused equals onnxruntime element by element, |a - b| <= atol + rtol * |ref|
-    (float32: rtol 1e-4, atol 1e-5 scaled to the output's magnitude), on check_fused's seeded inputs."""
-    import numpy as np
-
+    """assert(model, fused build): fused equals onnxruntime element by element with numerics' tolerance table
+    (testing.assert_close), on check_fused's seeded inputs."""
     from tvm_fusion.compare import random_inputs, run_onnxruntime
-    from tvm_fusion.testing import run_build
+    from tvm_fusion.testing import assert_close, run_build
 
     def check(model, fused, seed: int = 0):
         inputs = random_inputs(model, seed=seed)
@@ -61,7 +59,7 @@ def matches_onnxruntime():
         got = run_build(fused, [inputs[i.name] for i in model.graph.input if i.name in inputs])
         for out, ref in zip(got, sess.run(None, inputs)):
             assert out.shape == ref.shape, f"fused output shape {out.shape}; onnxruntime {ref.shape}"
-            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+            assert_close(out, ref, "fused vs onnxruntime")
 
     return check
 

@@ -15,7 +15,7 @@ from tvm_fusion.compare import random_inputs, run_onnxruntime
 from tvm_fusion.explain import op_counts
 from tvm_fusion.frontend import import_onnx, onnx_node_names
 from tvm_fusion.fuse import normalize_batch_norm
-from tvm_fusion.testing import GraphBuilder, conv_bn_relu, run_build
+from tvm_fusion.testing import GraphBuilder, assert_close, conv_bn_relu, run_build
 
 
 def _bn_with_if():
@@ -65,7 +65,7 @@ def test_batch_norm_folds_outside_dataflow_blocks():
     assert "relax.nn.batch_norm" not in op_counts(folded["main"])
     arr = rng.normal(size=(1, 3, 4, 4)).astype("float32")
     got, want = (run_build(tf.build(m, "llvm", "unfused"), [arr])[0] for m in (folded, mod))
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert_close(got, want, "BatchNorm as x * s + t vs batch_norm")
 
 
 def test_node_named_main():
@@ -118,7 +118,7 @@ def test_duplicate_node_names_numerics():
     ref = run_onnxruntime(unique, inputs)[0].run(None, inputs)
     for mode in ("unfused", "fused"):
         got = run_build(tf.build(import_onnx(model), "llvm", mode), [inputs["x"]])
-        np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(ref[0]).max())))
+        assert_close(got[0], ref[0], f"{mode} vs onnxruntime")
 
 
 def test_if_branches_with_unusual_and_duplicate_names():
@@ -140,7 +140,7 @@ def test_if_branches_with_unusual_and_duplicate_names():
     assert set(onnx_node_names(mod).values()) >= {"dup (node 0)", "dup (node 1)", "main", "if"}
     for mode in ("unfused", "fused"):
         got = run_build(tf.build(mod, "llvm", mode), [inputs["x"]])
-        np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5)
+        assert_close(got[0], ref[0], f"{mode} vs onnxruntime")
 
 
 @pytest.mark.parametrize("model", ["bn_with_if", "node_named_main"])

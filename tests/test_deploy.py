@@ -44,7 +44,7 @@ def _assert_matches_onnxruntime(model, outputs, inputs, reference=None):
         sess, names = run_onnxruntime(model, inputs)
         reference = sess.run(names, inputs)
     for got, want in zip(outputs, reference, strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+        assert_close(got, want, "deployed library vs onnxruntime")
 
 
 def _zmm_lines(library) -> list[str]:

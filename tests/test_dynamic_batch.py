@@ -20,7 +20,7 @@ from tvm_fusion.fuse import fuse
 from tvm_fusion.build import default_rules
 from tvm_fusion.runtime import load
 from tvm_fusion.rules import shape_text
-from tvm_fusion.testing import GraphBuilder, assert_close
+from tvm_fusion.testing import GraphBuilder, assert_close, run_build
 
 #: every rule family, batch first: conv + BN + ReLU, conv + BN + residual + ReLU, a depthwise conv + ReLU,
 #: an elementwise chain, global pool, a dense + bias + ReLU on [N, 16] and a LayerNorm over its features
@@ -163,6 +163,65 @@ def test_rank3_dense_with_symbolic_batch_declines_with_reason():
     assert reasons == {"matmul input has shape (N, 5, 16); with a symbolic batch the kernel takes a 2-D x only "
                        "(it would view x as [rows, K] with rows a product of dims)"}
     assert result.counts["dense_bias_relu"] == 0
+
+
+def _hann_window() -> onnx.ModelProto:
+    """The ONNX suite's HannWindow body as the simplifier leaves it (test_hannwindow_expanded): a Range whose
+    length is the input's value, times a scalar computed from the same input."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Cast", ["x"], ["n"], to=TensorProto.FLOAT),
+             helper.make_node("Sub", ["n", "one"], ["n1"]),
+             helper.make_node("Mul", ["n1", "zero"], ["symmetric"]),
+             helper.make_node("Add", ["n", "symmetric"], ["size"]),
+             helper.make_node("Div", ["two_pi", "size"], ["step"]),
+             helper.make_node("Range", ["zero", "n", "one"], ["k"]),
+             helper.make_node("Mul", ["k", "step"], ["angle"]),
+             helper.make_node("Cos", ["angle"], ["cos"]),
+             helper.make_node("Mul", ["half", "cos"], ["half_cos"]),
+             helper.make_node("Sub", ["half", "half_cos"], ["y"])]
+    inits = [helper.make_tensor(name, TensorProto.FLOAT, [], [v])
+             for name, v in (("one", 1.0), ("zero", 0.0), ("two_pi", 2 * np.pi), ("half", 0.5))]
+    graph = helper.make_graph(nodes, "hann", [helper.make_tensor_value_info("x", TensorProto.INT32, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["L"])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_dim_computed_inside_the_graph_is_not_a_batch():
+    """Range's length (range_len_0, bound by a match_cast inside the graph) was taken for a symbolic batch:
+    the window's chain fused across it, the fused call landed before the match_cast and the VM's shape
+    lowering failed ("range_len_0 ... has not been computed"). Only the scalar part fuses now, and every
+    chain over the Range declines naming the dim."""
+    model = _hann_window()
+    mod = import_onnx(model, simplify=False)
+    assert not [p for p in mod["main"].params if shape_text(p) != "()"]  # nothing declared symbolic
+    fused = build(mod, "llvm", "fused")
+    assert {k: v for k, v in fused.counts.items() if v} == {"elementwise_chain_4": 1}  # size and step, scalars
+    reasons = {d.reason for d in fused.fused.decisions if d.reason}
+    assert reasons and all("its dim range_len_0 is computed inside the graph (by a data-dependent op such as "
+                           "Range), not a batch dim declared with --shape (none declared)" in r for r in reasons)
+    x = np.array(10, np.int32)
+    got, unfused = (run_build(b, [x])[0] for b in (fused, build(mod, "llvm", "unfused")))
+    assert got.shape == (10,)
+    assert_close(got, unfused, "fused vs unfused")
+    sess, _ = run_onnxruntime(model, {"x": x})
+    assert_close(got, sess.run(None, {"x": x})[0], "fused vs onnxruntime")
+
+
+def test_declared_batch_dims_are_the_inputs_symbolic_dims():
+    """batch_shape with Match.batch_dims keeps a declared N outermost, refuses any other variable there."""
+    from tvm_fusion._tvm import tirx
+    from tvm_fusion.rules import batch_shape, declared_batch_dims, symbolic_reason
+
+    n, k = tirx.Var("N", "int64"), tirx.Var("range_len_0", "int64")
+    x = relax.Var("x", relax.TensorType((n, 4), "float32"))
+    assert declared_batch_dims(relax.Function([x], x)) == {"N"}
+    inner = relax.Var("r", relax.TensorType((k, 4), "float32"))
+    assert batch_shape(x, {"N"}) == (n, 4) and batch_shape(inner, {"N"}) is None
+    assert symbolic_reason("Range (node 5)", inner, {"N"}) == (
+        "Range (node 5) has shape (range_len_0, 4); its dim range_len_0 is computed inside the graph (by a "
+        "data-dependent op such as Range), not a batch dim declared with --shape (N); only a declared batch may "
+        "stay symbolic")
 
 
 def test_families_build_for_cuda_with_a_symbolic_grid(symbolic_model):

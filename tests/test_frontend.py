@@ -6,7 +6,7 @@ from onnx import TensorProto, helper
 from tvm_fusion import FusionError
 from tvm_fusion._tvm import relax
 from tvm_fusion.frontend import import_onnx, onnx_node_names, parse_shape
-from tvm_fusion.testing import GraphBuilder, conv_bn_relu
+from tvm_fusion.testing import GraphBuilder, assert_close, conv_bn_relu
 
 
 def _ops(mod):
@@ -110,10 +110,6 @@ def test_unsupported_op_named():
 
 
 # ---------------------------------------------------------------- every normalisation keeps shape and dtype
-#: (rtol, atol at |ref| ~ 1), per element; integers exactly
-_TOL = {"float32": (1e-4, 1e-5), "float16": (1e-2, 1e-3), "int32": (0, 0), "int64": (0, 0)}
-
-
 def _output_types(mod):
     ty = mod["main"].body.ty
     fields = ty.fields if isinstance(ty, relax.TupleType) else [ty]
@@ -122,7 +118,7 @@ def _output_types(mod):
 
 def _assert_matches_onnxruntime(model, seed=0):
     """Imported output types == onnxruntime's outputs; fused and unfused llvm builds == onnxruntime,
-    element by element. Returns the imported module."""
+    element by element (numerics' table; integers exactly). Returns the imported module."""
     import numpy as np
 
     from tvm_fusion.build import build
@@ -137,10 +133,8 @@ def _assert_matches_onnxruntime(model, seed=0):
     for mode in ("unfused", "fused"):
         got = run_build(build(mod, "llvm", mode), arrays)
         for g, r in zip(got, ref):
-            rtol, atol = _TOL[str(r.dtype)]
             assert g.shape == r.shape and g.dtype == r.dtype, (mode, g.shape, g.dtype, r.shape, r.dtype)
-            np.testing.assert_allclose(g.astype("float64"), r.astype("float64"), rtol=rtol,
-                                       atol=atol * max(1.0, float(np.abs(r).max())), err_msg=mode)
+            assert_close(g, r, f"{mode} vs onnxruntime")
     return mod
 
 

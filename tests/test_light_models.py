@@ -1,7 +1,8 @@
 """The nine architectures the onnx wheel ships (tvm_fusion.examples, seeded random weights): exact rule
 counts, kernel calls per inference of the three builds, fused vs unfused vs onnxruntime on the logits.
 
-One build of each kind per model, shared by the tests (module-scoped fixture, parametrized over models).
+One build of each kind per model, shared by that model's tests: one test class per model (TestResnet50,
+...) with a class-scoped fixture, so `--dist loadscope` hands each model to its own worker.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ KERNEL_CALLS = {
 
 #: the unfused CPU build runs TVM's unscheduled kernels: one inference takes 10-25 s on these
 SLOW = {"densenet121", "vgg19"}
-MODELS = [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in EXAMPLES]
 
 
 @dataclass
@@ -68,14 +68,6 @@ def _tvm_kernel_calls(mod) -> int:
     return count_kernel_calls(legalize(mod, "llvm", "tvm"))[1]
 
 
-@pytest.fixture(scope="module", params=MODELS)
-def light(request, rules):
-    model = onnx.load(str(example_path(request.param)))
-    mod = import_onnx(model)
-    builds = {mode: build(mod, "llvm", mode, rules=rules) for mode in ("unfused", "fused")}
-    return Light(request.param, model, builds, _tvm_kernel_calls(mod))
-
-
 def _fired(counts):
     return {k: v for k, v in counts.items() if v}
 
@@ -84,39 +76,58 @@ def _ops(model, op_type):
     return sum(n.op_type == op_type for n in model.graph.node)
 
 
-def test_rule_counts(light):
-    counts = light.builds["fused"].counts
-    assert _fired(counts) == LIGHT_COUNTS[light.name]
-    convs = sum(v for k, v in counts.items() if k.startswith("conv2d"))
-    assert convs == _ops(light.model, "Conv")  # every conv runs a kernel of ours
-    assert sum(v for k, v in counts.items() if k.startswith("dense")) == _ops(light.model, "Gemm")
-    assert all(g.onnx_nodes for g in light.builds["fused"].fused.groups)
+class LightModel:
+    """The tests of one light model (MODEL); a subclass per model below, each its own xdist scope."""
+
+    MODEL: str
+
+    @pytest.fixture(scope="class")
+    def light(self, rules):
+        model = onnx.load(str(example_path(self.MODEL)))
+        mod = import_onnx(model)
+        builds = {mode: build(mod, "llvm", mode, rules=rules) for mode in ("unfused", "fused")}
+        return Light(self.MODEL, model, builds, _tvm_kernel_calls(mod))
+
+    def test_rule_counts(self, light):
+        counts = light.builds["fused"].counts
+        assert _fired(counts) == LIGHT_COUNTS[light.name]
+        convs = sum(v for k, v in counts.items() if k.startswith("conv2d"))
+        assert convs == _ops(light.model, "Conv")  # every conv runs a kernel of ours
+        assert sum(v for k, v in counts.items() if k.startswith("dense")) == _ops(light.model, "Gemm")
+        assert all(g.onnx_nodes for g in light.builds["fused"].fused.groups)
+
+    def test_kernel_calls(self, light):
+        b = light.builds
+        calls = (b["unfused"].kernel_calls, light.tvm_kernel_calls, b["fused"].kernel_calls)
+        assert calls == KERNEL_CALLS[light.name]
+
+    def test_fused_matches_unfused_and_onnxruntime(self, light):
+        model = light.model
+        inputs = random_inputs(model, seed=1)
+        x = [inputs[i.name] for i in model.graph.input if i.name in inputs]
+        got_fused, got_unfused = run_build(light.builds["fused"], x), run_build(light.builds["unfused"], x)
+        sess, names = run_onnxruntime(model, inputs)
+        ref = sess.run(None, inputs)
+        assert names[-1] == logits_name(model)
+        logits = ref[-1]
+        assert np.isfinite(logits).all() and 0.1 < float(logits.std()) < 10, "example weights should give O(1) logits"
+        for f, u, r, name in zip(got_fused, got_unfused, ref, names):
+            assert_close(f, u, f"{light.name} {name}: fused vs unfused")
+            assert_close(f, r, f"{light.name} {name}: fused vs onnxruntime")
 
 
-def test_kernel_calls(light):
-    b = light.builds
-    calls = (b["unfused"].kernel_calls, light.tvm_kernel_calls, b["fused"].kernel_calls)
-    assert calls == KERNEL_CALLS[light.name]
+def _model_class(name: str) -> type:
+    cls = type(f"Test{name.title().replace('_', '')}", (LightModel,), {"MODEL": name})
+    return pytest.mark.slow(cls) if name in SLOW else cls
 
 
-def test_fused_matches_unfused_and_onnxruntime(light):
-    model = light.model
-    inputs = random_inputs(model, seed=1)
-    x = [inputs[i.name] for i in model.graph.input if i.name in inputs]
-    got_fused, got_unfused = run_build(light.builds["fused"], x), run_build(light.builds["unfused"], x)
-    sess, names = run_onnxruntime(model, inputs)
-    ref = sess.run(None, inputs)
-    assert names[-1] == logits_name(model)
-    logits = ref[-1]
-    assert np.isfinite(logits).all() and 0.1 < float(logits.std()) < 10, "example weights should give O(1) logits"
-    for f, u, r, name in zip(got_fused, got_unfused, ref, names):
-        assert_close(f, u, f"{light.name} {name}: fused vs unfused")
-        assert_close(f, r, f"{light.name} {name}: fused vs onnxruntime")
+MODEL_CLASSES = [_model_class(m) for m in EXAMPLES]
+globals().update({cls.__name__: cls for cls in MODEL_CLASSES})
 
 
 def test_examples_cover_the_light_models():
-    assert set(EXAMPLES) == set(LIGHT_COUNTS) == set(KERNEL_CALLS)
-    assert len(EXAMPLES) == 9
+    assert set(EXAMPLES) == set(LIGHT_COUNTS) == set(KERNEL_CALLS) == {c.MODEL for c in MODEL_CLASSES}
+    assert len(EXAMPLES) == 9 and len({c.__name__ for c in MODEL_CLASSES}) == 9
 
 
 def test_placeholder_without_generator_is_refused(tmp_path):

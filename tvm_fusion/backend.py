@@ -8,6 +8,13 @@ The graph goes to TVM's importer as written (`simplify=False`: the suite tests T
 `prepare(..., simplify=True)` or `SimplifiedBackend` first runs the ONNX simplifier, as `import_onnx` does.
 
 Builds are made per input-shape signature on first use (a model with symbolic dims runs at any shape).
+
+With `against_unfused=True` (or a backend class with AGAINST_UNFUSED) every fused run is checked against
+the unfused build of the same imported module, element by element with numerics' tolerance table, and a
+disagreement raises FusionMismatch: an output off, or one build failing where the other ran. Where fuse()
+left the module unchanged (no rule fired, no BatchNorm rewritten: fuse.unchanged, a structural comparison)
+the two builds compute the same thing and the unfused one is not made. The conformance suite runs this way,
+so a fusion regression shows even inside a test that is expected to fail against the ONNX reference.
 """
 
 from __future__ import annotations
@@ -18,8 +25,11 @@ from onnx.backend.base import Backend, BackendRep
 
 from ._tvm import relax, tvm
 from .build import build, resolve_target
+from .errors import FusionMismatch
 from .frontend import import_onnx
+from .fuse import unchanged
 from .io import as_arrays, device, gpu_available
+from .numerics import error_stats
 from .rules import RuleSet
 
 __all__ = ["SimplifiedBackend", "TVMFusionBackend", "TVMFusionRep", "UnfusedBackend", "prepare", "run_model",
@@ -37,22 +47,47 @@ def _device(device: str):
 
 class TVMFusionRep(BackendRep):
     def __init__(self, model: onnx.ModelProto, device: str, mode: str, rules: RuleSet | None,
-                 simplify: bool = False):
+                 simplify: bool = False, against_unfused: bool = False):
         self.model, self.kind, self.mode, self.rules = model, _device(device), mode, rules
         self.simplify = simplify
+        self.against_unfused = against_unfused and mode == "fused"
         inits = {t.name for t in model.graph.initializer}
         self.input_names = [i.name for i in model.graph.input if i.name not in inits]
         self._vms: dict = {}
+        #: per input signature: did the fused run need the unfused one (a rule fired or the module changed)?
+        self.checked_against_unfused: dict = {}
 
     def _vm(self, arrays):
         key = tuple((a.shape, str(a.dtype)) for a in arrays)
         if key not in self._vms:
             shapes = {n: a.shape for n, a in zip(self.input_names, arrays)}
             mod = import_onnx(self.model, shapes, simplify=self.simplify)
-            built = build(mod, resolve_target(_TARGETS[self.kind]), self.mode, rules=self.rules)
-            dev = device(_TARGETS[self.kind])
-            self._vms[key] = (relax.VirtualMachine(built.executable, dev), dev)
+            target, dev = resolve_target(_TARGETS[self.kind]), device(_TARGETS[self.kind])
+            try:
+                built = build(mod, target, self.mode, rules=self.rules)
+            except Exception as err:
+                if self.against_unfused:
+                    self._unfused_runs_where_fused_failed(mod, target, dev, arrays, "build", err)
+                raise
+            unfused = None
+            if self.against_unfused and not unchanged(built.fused, mod):
+                try:
+                    unfused = relax.VirtualMachine(build(mod, target, "unfused").executable, dev)
+                except Exception as err:
+                    raise FusionMismatch(f"the unfused build failed ({type(err).__name__}: {_first_line(err)}); "
+                                         "the fused build of the same module built") from err
+            self._vms[key] = (relax.VirtualMachine(built.executable, dev), dev, mod, target, unfused)
+            self.checked_against_unfused[key] = unfused is not None
         return self._vms[key]
+
+    def _unfused_runs_where_fused_failed(self, mod, target, dev, arrays, stage: str, err: Exception) -> None:
+        """FusionMismatch if the unfused build of `mod` runs on `arrays` (the fused one failed to `stage`)."""
+        try:
+            _outputs(relax.VirtualMachine(build(mod, target, "unfused").executable, dev), dev, arrays)
+        except Exception:  # noqa: BLE001 - both fail: not a fusion problem
+            return
+        raise FusionMismatch(f"the fused build failed to {stage} ({type(err).__name__}: {_first_line(err)}); "
+                             "the unfused build of the same module ran") from err
 
     def run(self, inputs, **kwargs):
         if isinstance(inputs, dict):
@@ -61,8 +96,34 @@ class TVMFusionRep(BackendRep):
             arrays = [np.asarray(a) for a in (inputs if isinstance(inputs, (list, tuple)) else [inputs])]
         if len(arrays) != len(self.input_names):
             raise ValueError(f"model has inputs {self.input_names}, got {len(arrays)} arrays")
-        vm, dev = self._vm(arrays)
-        return tuple(as_arrays(vm["main"](*[tvm.runtime.tensor(a, dev) for a in arrays])))
+        vm, dev, mod, target, unfused = self._vm(arrays)
+        try:
+            got = _outputs(vm, dev, arrays)
+        except Exception as err:
+            if self.against_unfused:
+                self._unfused_runs_where_fused_failed(mod, target, dev, arrays, "run", err)
+            raise
+        if unfused is not None:
+            _same_as_unfused(got, _outputs(unfused, dev, arrays))
+        return got
+
+
+def _outputs(vm, dev, arrays) -> tuple:
+    return tuple(as_arrays(vm["main"](*[tvm.runtime.tensor(a, dev) for a in arrays])))
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [""])[0]
+
+
+def _same_as_unfused(fused, unfused) -> None:
+    """FusionMismatch unless every fused output equals the unfused one element by element (numerics)."""
+    if len(fused) != len(unfused):
+        raise FusionMismatch(f"the fused build returned {len(fused)} outputs; the unfused build {len(unfused)}")
+    for i, (f, u) in enumerate(zip(fused, unfused)):
+        stats = error_stats(f, u)
+        if not stats.ok:
+            raise FusionMismatch(f"output {i}: fused vs unfused: {stats.describe()}")
 
 
 class TVMFusionBackend(Backend):
@@ -70,6 +131,7 @@ class TVMFusionBackend(Backend):
 
     MODE = "fused"
     SIMPLIFY = False
+    AGAINST_UNFUSED = False  # check every fused run against the unfused build (see the module docstring)
 
     @classmethod
     def is_compatible(cls, model, device: str = "CPU", **kwargs) -> bool:
@@ -77,9 +139,10 @@ class TVMFusionBackend(Backend):
 
     @classmethod
     def prepare(cls, model, device: str = "CPU", mode: str | None = None, rules: RuleSet | None = None,
-                simplify: bool | None = None, **kwargs) -> TVMFusionRep:
+                simplify: bool | None = None, against_unfused: bool | None = None, **kwargs) -> TVMFusionRep:
         super().prepare(model, device, **kwargs)
-        return TVMFusionRep(model, device, mode or cls.MODE, rules, cls.SIMPLIFY if simplify is None else simplify)
+        return TVMFusionRep(model, device, mode or cls.MODE, rules, cls.SIMPLIFY if simplify is None else simplify,
+                            cls.AGAINST_UNFUSED if against_unfused is None else against_unfused)
 
     @classmethod
     def run_model(cls, model, inputs, device: str = "CPU", **kwargs):

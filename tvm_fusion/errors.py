@@ -16,3 +16,8 @@ class InternalError(Exception):
 
 class LoweringError(InternalError):
     """An internal error: a rule's lowering does not compute the type (shape, dtype) of the match it replaces."""
+
+
+class FusionMismatch(InternalError):
+    """The fused build disagrees with the unfused build of the same module (an output element beyond the
+    dtype tolerance, or one build failing where the other ran): a bug in a rule, its compute or schedule."""

@@ -17,9 +17,10 @@ from . import _tvm, registry
 from ._tvm import relax, te, tirx, tvm
 from .errors import FusionError, LoweringError
 from .frontend import onnx_node_names
-from .rules import Decline, Lowering, Match, Rule, RuleSet, batch_shape, shape_text
+from .rules import (Decline, Lowering, Match, Rule, RuleSet, batch_shape, declared_batch_dims, shape_text,
+                    symbolic_reason, undeclared_dims)
 
-__all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm"]
+__all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm", "unchanged"]
 
 #: PrimFunc attribute of a kernel with a symbolic batch: its largest stage's elements per unit of the batch
 ELEMENTS_PER_BATCH_ATTR = "tvm_fusion.elements_per_batch"
@@ -161,18 +162,31 @@ def _leak(ctx, names: dict[str, str]) -> str | None:
     return None
 
 
+def _undeclared(ctx, batch_dims: frozenset[str], names: dict[str, str]) -> str | None:
+    """A value of the match (an intermediate, or an input of one of its ops) whose shape has a symbolic dim
+    the model's inputs do not declare: computed inside the graph (Range's length), it is bound by a match_cast
+    that FuseOpsByPattern may order after the fused call, which then cannot be shape-lowered."""
+    for var, value in ctx.matched_bindings.items():
+        for expr in [var, *getattr(value, "args", [])]:
+            if isinstance(expr, relax.Expr) and undeclared_dims(expr, batch_dims):
+                what = _label(expr, names) if isinstance(expr, relax.Var) else "an operand"
+                return symbolic_reason(what, expr, batch_dims)
+    return None
+
+
 def _lowering_shapes(lowering: Lowering) -> list[tuple]:
     return [lowering.shape_of_input(i) for i in range(len(lowering.inputs))] + \
         [tuple(c.shape) for c in lowering.constants]
 
 
-def _make_check(rule: Rule, trace: _Trace, target):
+def _make_check(rule: Rule, trace: _Trace, target, batch_dims: frozenset[str]):
     def check(ctx) -> bool:
         root = ctx.value_to_bound_var.get(ctx.matched_expr)
         root_name = _tvm.var_name(root) if root is not None else "?"
         try:
-            match = Match(rule.name, dict(ctx.annotated_expr.items()), dict(ctx.matched_bindings.items()))
-            reason = _leak(ctx, trace.names) or rule.run_check(match)
+            match = Match(rule.name, dict(ctx.annotated_expr.items()), dict(ctx.matched_bindings.items()),
+                          batch_dims)
+            reason = _leak(ctx, trace.names) or _undeclared(ctx, batch_dims, trace.names) or rule.run_check(match)
             if reason is None:
                 lowering = rule.spec.lower(match)
                 sched = registry.get_schedule(lowering.compute, target.kind.name)
@@ -206,12 +220,18 @@ def _make_check(rule: Rule, trace: _Trace, target):
 class _KernelDims:
     """A symbolic (Relax, int64) dim as an int32 variable of the kernel, as every static dim is, so each buffer
     access keeps one index dtype (the schedules' layout transforms refuse a mix); translated back to the
-    Relax variable for the call's output type. The VM binds it from the tensor's shape at every call."""
+    Relax variable for the call's output type. The VM binds it from the tensor's shape at every call. Only
+    the batch dims the model's inputs declare are taken (the checks declined every other, see _undeclared)."""
 
-    def __init__(self):
+    def __init__(self, batch_dims: frozenset[str] | None = None):
         self.vars: dict[str, tuple] = {}  # name -> (kernel var, relax var)
+        self.batch_dims = batch_dims
 
     def kernel(self, shape) -> list:
+        for d in shape:
+            if not isinstance(d, int) and self.batch_dims is not None and str(d) not in self.batch_dims:
+                raise LoweringError(f"internal error: a kernel input dim {d} is not a batch dim the model's inputs "
+                                    f"declare ({', '.join(sorted(self.batch_dims)) or 'none'})")
         return [d if isinstance(d, int) else self.vars.setdefault(str(d), (tirx.Var(str(d), "int32"), d))[0]
                 for d in shape]
 
@@ -252,10 +272,10 @@ def _scheduled(lowering: Lowering, target, any_target: bool) -> tuple[Lowering, 
     return dataclasses.replace(lowering, constants=sched.packed(lowering.constants, lowering.attrs, target)), True
 
 
-def _build_primfunc(lowering: Lowering, target, scheduled: bool = True):
+def _build_primfunc(lowering: Lowering, target, scheduled: bool = True, batch_dims: frozenset[str] | None = None):
     """(scheduled PrimFunc, the Relax type of its output); `scheduled=False`: the plain compute."""
     compute = registry.get_compute(lowering.compute, target.kind.name)
-    dims = _KernelDims()
+    dims = _KernelDims(batch_dims)
     tensors = [te.placeholder(dims.kernel(lowering.shape_of_input(i)), str(_tvm.expr_type(e).dtype), name=f"in{i}")
                for i, e in enumerate(lowering.inputs)]
     consts = [te.placeholder(c.shape, str(c.dtype), name=f"c{i}") for i, c in enumerate(lowering.constants)]
@@ -310,8 +330,10 @@ def _in_caller(out_ty, params, args):
 
 @relax.expr_functor.mutator
 class _LowerComposites(relax.PyExprMutator):
-    def __init__(self, mod, rules: RuleSet, target, members, any_target: bool = False):
+    def __init__(self, mod, rules: RuleSet, target, members, any_target: bool = False,
+                 batch_dims: frozenset[str] | None = None):
         super().__init__(mod)
+        self.batch_dims = batch_dims
         self.any_target = any_target
         self.mod_ = mod
         self.rules = rules
@@ -338,7 +360,8 @@ class _LowerComposites(relax.PyExprMutator):
         if matched is None:
             raise FusionError(f"rule {rule.name}: composite function no longer matches its pattern")
         exprs = {n: matched[p] for n, p in spec.annotations.items() if p in matched}
-        lowering, scheduled = _scheduled(spec.lower(Match(rule.name, exprs, var2val)), self.target, self.any_target)
+        lowering, scheduled = _scheduled(spec.lower(Match(rule.name, exprs, var2val, self.batch_dims)), self.target,
+                                         self.any_target)
         params = {p: a for p, a in zip(func.params, call.args)}
         inputs = [params.get(e, e) for e in lowering.inputs]
         inputs = [relax.op.reshape(e, lowering.input_shapes[i]) if i in lowering.input_shapes else e
@@ -346,7 +369,7 @@ class _LowerComposites(relax.PyExprMutator):
         # one PrimFunc per rule (named after it) and shapes and attributes, even where rules share a compute
         key = (rule.name, lowering.compute, repr(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
         if key not in self.cache:
-            prim, out_ty = _build_primfunc(lowering, self.target, scheduled)
+            prim, out_ty = _build_primfunc(lowering, self.target, scheduled, self.batch_dims)
             gv = self.builder_.add_func(prim, rule.name)
             self.cache[key] = (gv, out_ty)
         gv, out_ty = self.cache[key]
@@ -382,6 +405,7 @@ class Matched:
     rules: RuleSet
     members: dict
     decisions: list[Decision]
+    batch_dims: frozenset[str] | None = None  # the symbolic dims the inputs declare (rules.declared_batch_dims)
 
 
 def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
@@ -389,21 +413,23 @@ def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
     names = onnx_node_names(mod)
     active = rules.for_target(target.kind.name)
     trace = _Trace(names)
+    batch_dims = frozenset().union(*(declared_batch_dims(f) for f in mod.functions.values()
+                                     if isinstance(f, relax.Function) and "Composite" not in (f.attrs or {})))
     patterns = [
-        _tvm.FusionPattern(r.name, pattern, annotations, _make_check(r, trace, target))
+        _tvm.FusionPattern(r.name, pattern, annotations, _make_check(r, trace, target, batch_dims))
         for r in active.ordered() for pattern, annotations in r.spec.patterns()
     ]
     mod = normalize_batch_norm(mod, names)
     matched = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=False)(mod)
     if trace.errors:
         raise FusionError(trace.errors[0])
-    return Matched(matched, active, trace.members, list(trace.decisions.values()))
+    return Matched(matched, active, trace.members, list(trace.decisions.values()), batch_dims)
 
 
 def lower(matched: Matched, target, *, any_target: bool = False) -> tuple[tvm.IRModule, list[Group]]:
     """Replace each composite call by a call_tir of its rule's scheduled PrimFunc. `any_target`: the matches
     were made for another target, so a group this target's schedule cannot take keeps its plain compute."""
-    lowering = _LowerComposites(matched.mod, matched.rules, target, matched.members, any_target)
+    lowering = _LowerComposites(matched.mod, matched.rules, target, matched.members, any_target, matched.batch_dims)
     out = lowering.run()
     out = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(out))
     return out, lowering.groups
@@ -417,3 +443,13 @@ def fuse(mod: tvm.IRModule, target, rules: RuleSet) -> FuseResult:
     for g in groups:
         counts[g.rule] += 1
     return FuseResult(out, counts, groups, matched.decisions, matched)
+
+
+def unchanged(result: FuseResult, mod: tvm.IRModule) -> bool:
+    """Whether fuse() left `mod` as it was: no rule fired and no BatchNorm was rewritten, so its module is
+    structurally equal to `mod` up to the binding canonicalization and dead-code elimination it ends with
+    (which change no value). A fused build of an unchanged module computes what the unfused build does."""
+    if result.total:
+        return False
+    plain = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
+    return _tvm.structural_equal(result.mod, plain)

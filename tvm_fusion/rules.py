@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +27,8 @@ from .errors import FusionError
 
 __all__ = [
     "Decline", "Lowering", "Match", "Rule", "RuleSet", "Spec", "axis_vector", "axis_vector_shapes", "batch_shape",
-    "commutative", "decline", "is_symbolic", "rule", "scalar_constant", "shape_text", "static_shape",
-    "symbolic_reason",
+    "commutative", "decline", "declared_batch_dims", "is_symbolic", "rule", "scalar_constant", "shape_text",
+    "static_shape", "symbolic_reason", "undeclared_dims",
 ]
 
 DEFAULT_TARGETS = ("cuda", "llvm")
@@ -86,10 +86,13 @@ class Spec:
 class Match:
     """A matched subgraph seen through the rule's annotation names."""
 
-    def __init__(self, rule_name: str, exprs: dict[str, Any], var2val: dict | None = None):
+    def __init__(self, rule_name: str, exprs: dict[str, Any], var2val: dict | None = None,
+                 batch_dims: Collection[str] | None = None):
         self.rule = rule_name
         self._exprs = exprs
         self._var2val = var2val or {}
+        #: the symbolic dims the model's inputs declare (declared_batch_dims); None: any outer variable
+        self.batch_dims = None if batch_dims is None else frozenset(batch_dims)
 
     def __contains__(self, name: str) -> bool:
         return name in self._exprs
@@ -117,8 +120,8 @@ class Match:
         return _tvm.constant_value(expr)
 
     def shape(self, name: str) -> tuple | None:
-        """batch_shape: ints, except that the outermost dim may be a TIR variable (a symbolic batch)."""
-        return batch_shape(self[name])
+        """batch_shape: ints, except that the outermost dim may be a TIR variable (a declared symbolic batch)."""
+        return batch_shape(self[name], self.batch_dims)
 
     def const_operand(self, name: str):
         """The constant operand of the binary op annotated `name`, in either operand order (dpl matches
@@ -150,10 +153,12 @@ def shape_dims(expr) -> list | None:
         return None
 
 
-def batch_shape(expr) -> tuple | None:
+def batch_shape(expr, batch_dims: Collection[str] | None = None) -> tuple | None:
     """The shape as ints, except that the outermost dim may be a TIR variable (`--shape x=Nx3x224x224`): what
     the computes take, with the batch left symbolic. None when the shape is unknown or any other dim is
-    symbolic (see symbolic_reason)."""
+    symbolic (see symbolic_reason). With `batch_dims` (Match.batch_dims: the names of the symbolic dims the
+    model's inputs declare), an outer variable not among them is refused too: a length computed inside the
+    graph (Range's, a Shape-to-tensor cast) is bound where it is computed, not where the kernel runs."""
     dims = shape_dims(expr)
     if dims is None:
         return None
@@ -161,11 +166,28 @@ def batch_shape(expr) -> tuple | None:
     for i, d in enumerate(dims):
         if isinstance(d, tirx.IntImm):
             out.append(int(d))
-        elif i == 0 and isinstance(d, tirx.Var):
+        elif i == 0 and isinstance(d, tirx.Var) and (batch_dims is None or str(d.name) in batch_dims):
             out.append(d)
         else:
             return None
     return tuple(out)
+
+
+def undeclared_dims(expr, batch_dims: Collection[str]) -> list[str]:
+    """The names of the variables in a value's shape that are not among `batch_dims` (in dim order)."""
+    names = dict.fromkeys(str(v.name) for v in _dim_vars(expr))
+    return [n for n in names if n not in batch_dims]
+
+
+def _dim_vars(expr) -> list:
+    """The TIR variables in a value's shape (a dim N, or N inside a dim N * 3), in dim order."""
+    return [v for d in shape_dims(expr) or [] if not isinstance(d, tirx.IntImm) for v in tirx.analysis.undefined_vars(d)]
+
+
+def declared_batch_dims(func) -> frozenset[str]:
+    """The names of the symbolic dims a Relax function's parameters declare (the model's inputs bound with
+    `--shape x=Nx...`): the only ones a kernel may keep symbolic."""
+    return frozenset(str(v.name) for p in func.params for v in _dim_vars(p))
 
 
 def is_symbolic(shape) -> bool:
@@ -183,8 +205,14 @@ def shape_text(value) -> str:
     return str(tuple(dims)).replace("'", "")
 
 
-def symbolic_reason(what: str, expr) -> str:
-    """Why a rule declines a value batch_shape refuses: its shape and what may stay symbolic."""
+def symbolic_reason(what: str, expr, batch_dims: Collection[str] | None = None) -> str:
+    """Why a rule declines a value batch_shape refuses: its shape and what may stay symbolic, naming a dim
+    computed inside the graph (not among `batch_dims`) when there is one."""
+    inner = undeclared_dims(expr, batch_dims) if batch_dims is not None else []
+    if inner:
+        return (f"{what} has shape {shape_text(expr)}; its dim {inner[0]} is computed inside the graph (by a "
+                f"data-dependent op such as Range), not a batch dim declared with --shape "
+                f"({', '.join(sorted(batch_dims)) or 'none declared'}); only a declared batch may stay symbolic")
     return (f"{what} has shape {shape_text(expr)}; only the outermost (batch) dim may stay symbolic: bind the "
             "others with --shape (e.g. NAME=Nx3x224x224)")
 

@@ -14,6 +14,7 @@ from tvm_fusion.schedules.cuda.conv2d_test import _run_cpu, _Serial
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
 from tvm_fusion.schedules.cuda.squeeze_excite import schedule_squeeze_excite_cuda
 from tvm_fusion.schedules.squeeze_excite import squeeze_excite
+from tvm_fusion.testing import assert_close
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
@@ -36,7 +37,7 @@ def _check(schedule, compute, shapes, attrs):
         schedule(_Serial(serial), attrs, TARGET)
     got, want = _run_cpu(serial.mod["main"], shapes, out_shape), _run_cpu(func, shapes, out_shape)
     assert not np.isnan(got).any(), "an output was never written"
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    assert_close(got, want, "scheduled vs unscheduled")
 
 
 SE = [((2, 16, 5, 7), 4, "relu", "hardsigmoid"), ((1, 300, 3, 3), 75, "silu", "sigmoid"),

@@ -1385,13 +1385,4 @@ SIMPLIFIER_FIXES: list[str] = [
 
 #: tests that pass as written but fail through the ONNX simplifier, by reason
 SIMPLIFIER_BREAKS: dict[str, list[str]] = {
-    # the simplifier makes these importable (SIMPLIFIER_FIXES); the fused build then stops with an internal
-    # error: a group over the 1-D window whose length comes from Range (a data-dependent symbolic outer dim)
-    # passes as a symbolic batch, and TVM's VM shape lowering finds `4 * range_len_0` not computed. An
-    # internal error (exit 3), never a wrong result; the fix is to keep only --shape's symbolic dims.
-    "fused build: a data-dependent outer dim taken for a symbolic batch (VM shape lowering)": [
-        'test_blackmanwindow_expanded',
-        'test_hammingwindow_expanded',
-        'test_hannwindow_expanded',
-    ],
 }

@@ -1,11 +1,13 @@
-"""Regenerate expected_failures.py from a JUnit XML of the suite (the Unfused half is the reference):
+"""Regenerate expected_failures.py from a JUnit XML of the suite (the Fused half is the reference):
 
     .venv/bin/python -m pytest tests/conformance --junitxml=/tmp/conformance.xml
     .venv/bin/python tests/conformance/update_expected.py /tmp/conformance.xml
 
-It refuses to write when a test fails fused but not unfused: that is a bug in our rules or schedules.
-The Simplified half (fused, through the ONNX simplifier) gives SIMPLIFIER_FIXES (fail unfused, pass there)
-and SIMPLIFIER_BREAKS (pass unfused, fail there, by reason); without it in the XML the lists are kept.
+It refuses to write when a test failed with a FusionMismatch (the fused build disagreed with the unfused
+one, which every run checks): that is a bug in our rules or schedules, never an expected failure.
+The Simplified half (fused, through the ONNX simplifier) gives SIMPLIFIER_FIXES (fail as written, pass
+there) and SIMPLIFIER_BREAKS (pass as written, fail there, by reason); without it in the XML the lists
+are kept.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def outcomes(xml_path: str) -> dict[str, dict[str, tuple[str, str]]]:
     out: dict[str, dict[str, tuple[str, str]]] = defaultdict(dict)
     for case in ET.parse(xml_path).getroot().iter("testcase"):
         classname = case.get("classname")
-        mode = next((m for m in ("Unfused", "Simplified") if classname.endswith(m)), "Fused")
+        mode = "Simplified" if classname.endswith("Simplified") else "Fused"
         failure = case.find("failure")
         if failure is None:
             failure = case.find("error")
@@ -58,13 +60,12 @@ def _reason(message: str) -> str:
     return next(label for label, pattern in REASONS if re.search(pattern, message))
 
 
-def unfused_failures(results: dict, known: dict[str, list[str]]) -> dict[str, list[str]] | None:
-    """EXPECTED_FAILURES from the Unfused (else Fused) half, by reason; None when the XML has neither.
-    A test that failed as expected (xfail, no message in the XML) keeps its reason in `known`."""
+def fused_failures(results: dict, known: dict[str, list[str]]) -> dict[str, list[str]] | None:
+    """EXPECTED_FAILURES from the Fused half, by reason; None when the XML does not have it.
+    A test that failed as expected (xfail) keeps its reason in `known`."""
     reason_of = {n: reason for reason, names in known.items() for n in names}
     grouped: dict[str, list[str]] = defaultdict(list)
-    runs = {n: r.get("Unfused", r.get("Fused")) for n, r in sorted(results.items())}
-    runs = {n: outcome for n, outcome in runs.items() if outcome is not None}
+    runs = {n: r["Fused"] for n, r in sorted(results.items()) if "Fused" in r}
     if not runs:
         return None
     for name, (status, message) in runs.items():
@@ -77,7 +78,7 @@ def unfused_failures(results: dict, known: dict[str, list[str]]) -> dict[str, li
 
 
 def simplifier_lists(results: dict, expected: set[str]) -> tuple[list[str], dict[str, list[str]]] | None:
-    """(fixes, breaks by reason) of the Simplified half against the Unfused one (or, when the XML has only
+    """(fixes, breaks by reason) of the Simplified half against the Fused one (or, when the XML has only
     the Simplified half, against `expected`, the current expected failures); None without it."""
     fixes, breaks = [], defaultdict(list)
     simplified = {n: r for n, r in sorted(results.items()) if "Simplified" in r}
@@ -85,7 +86,7 @@ def simplifier_lists(results: dict, expected: set[str]) -> tuple[list[str], dict
         return None
     for name, r in simplified.items():
         short = name.removesuffix("_cpu")
-        before = failed(*r["Unfused"]) if "Unfused" in r else short in expected
+        before = failed(*r["Fused"]) if "Fused" in r else short in expected
         after = failed(*r["Simplified"])
         if before and not after:
             fixes.append(short)
@@ -107,15 +108,15 @@ def main(xml_path: str) -> None:
     import expected_failures as current
 
     results = outcomes(xml_path)
-    differ = [n for n, r in results.items() if r.get("Fused", ("?",))[0] != r.get("Unfused", ("?",))[0]
-              and "xpass" not in str(r) and "Fused" in r and "Unfused" in r]
+    differ = sorted({n for n, r in results.items() for status, message in r.values()
+                     if status == "fail" and "FusionMismatch" in message})
     if differ:
         raise SystemExit(f"fused and unfused differ on {differ}: fix the rule or schedule, do not list it")
-    expected = unfused_failures(results, current.EXPECTED_FAILURES) or current.EXPECTED_FAILURES
+    expected = fused_failures(results, current.EXPECTED_FAILURES) or current.EXPECTED_FAILURES
     fixes, breaks = (simplifier_lists(results, {n for names in expected.values() for n in names})
                      or (current.SIMPLIFIER_FIXES, current.SIMPLIFIER_BREAKS))
     doc = Path(__file__).with_name("expected_failures.py").read_text().split(chr(34) * 3)[1]
-    lines = [f'"""{doc}"""', "", *_lines("EXPECTED_FAILURES", "by reason, from the Unfused half", expected)[1:],
+    lines = [f'"""{doc}"""', "", *_lines("EXPECTED_FAILURES", "by reason, from the Fused half", expected)[1:],
              "", *_lines("SIMPLIFIER_FIXES", "tests that fail as the exporter wrote them but pass through the "
                          "ONNX simplifier (SimplifiedBackend)", fixes),
              "", *_lines("SIMPLIFIER_BREAKS", "tests that pass as written but fail through the ONNX simplifier, "

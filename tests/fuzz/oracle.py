@@ -2,11 +2,11 @@
 
     check_against_onnxruntime(model, rules)  ->  the fused Built, or raises GraphMismatch / InvalidGraph
 
-Every output of both builds must have onnxruntime's shape and dtype, and every element must satisfy
-`|got - ort| <= atol + rtol * |ort|` (`numpy.allclose` style) with rtol and atol from `TOLERANCES` for the
-output's dtype, atol scaled by max(1, max |ort|). Positions where onnxruntime gives NaN or +/-inf count as equal
-when the build gives the same value. A crash in import, fuse or build is a failure too (the graph is valid:
-onnxruntime ran it); a graph onnxruntime refuses is the strategy's bug (InvalidGraph).
+Every output of both builds must have onnxruntime's shape and dtype, and every element must hold
+numerics' verdict (`error_stats`: `|got - ort| <= atol * rms(ort) + rtol * |ort|` with rtol and atol from
+`TOLERANCES` for the output's dtype, integers exactly; NaN and +/-inf only where onnxruntime has the same).
+A crash in import, fuse or build is a failure too (the graph is valid: onnxruntime ran it); a graph
+onnxruntime refuses is the strategy's bug (InvalidGraph).
 
 The unfused build shares import_onnx (our normalisations) with the fused one: "unfused" failing too points at the
 import or at TVM, "fused" alone at a rule, its compute or its schedule.
@@ -19,7 +19,7 @@ import numpy as np
 from tvm_fusion.build import build
 from tvm_fusion.compare import random_inputs
 from tvm_fusion.frontend import import_onnx
-from tvm_fusion.testing import TOLERANCES, run_build
+from tvm_fusion.testing import error_stats, run_build
 
 __all__ = ["GraphMismatch", "InvalidGraph", "check_against_onnxruntime", "elementwise_mismatch"]
 
@@ -37,23 +37,8 @@ def elementwise_mismatch(got, ref) -> str | None:
     got, ref = np.asarray(got), np.asarray(ref)
     if got.shape != ref.shape or got.dtype != ref.dtype:
         return f"shape {list(got.shape)} {got.dtype}, onnxruntime {list(ref.shape)} {ref.dtype}"
-    tol = TOLERANCES.get(str(ref.dtype))
-    if tol is None:  # integers and bools: exact
-        bad = got != ref
-    else:
-        r, g = ref.astype(np.float64), got.astype(np.float64)
-        finite = np.isfinite(r)
-        scale = max(1.0, float(np.abs(r[finite]).max()) if finite.any() else 0.0)
-        with np.errstate(invalid="ignore"):
-            close = np.abs(g - r) <= tol.atol * scale + tol.rtol * np.abs(r)
-        same_special = ~finite & ((np.isnan(r) & np.isnan(g)) | (r == g))
-        bad = ~np.where(finite, close, same_special)
-    if not bad.any():
-        return None
-    excess = np.where(bad, np.nan_to_num(np.abs(got.astype(np.float64) - ref), nan=np.inf), -1.0)
-    worst = np.unravel_index(int(np.argmax(excess)), ref.shape) if ref.ndim else ()
-    return (f"{int(bad.sum())} of {ref.size} elements off; worst at {list(map(int, worst))}: "
-            f"{got[worst]!r} vs onnxruntime {ref[worst]!r}")
+    stats = error_stats(got, ref)
+    return None if stats.ok else stats.describe()
 
 
 def _unique_node_names(model):
