@@ -150,6 +150,13 @@ def markdown(d: dict) -> str:
              f"**Verdict: {'PASS' if d['ok'] else 'FAIL'}** (numerics"
              + (f" of what ran; {len(d['skipped'])} steps skipped, listed below)" if d["skipped"] else ")")
              + f"; bars: {n_ok} of {measured} measured pass ({len(d['bars']) - measured} not measured)", ""]
+    per = {}
+    for n in d["numerics"]:
+        per.setdefault(n["config"], []).append(n)
+    if per:  # which configurations fail: an fp16 model may be over float16's tolerance while fp32 passes
+        lines += _table(["config", "comparisons (one per output)", "failed"],
+                        [[k, len(rows), ", ".join(sorted({r["comparison"] for r in rows if not r["ok"]})) or "none"]
+                         for k, rows in per.items()])
     if d.get("errors"):
         lines += ["## Errors", ""] + [f"- {e['step']}: {e['error']}" for e in d["errors"]] + [""]
     lines += ["## Bars (issue 14)", ""]

@@ -144,6 +144,17 @@ def test_bars_pass_fail_and_not_measured():
         "not measured: the model's batch dim is fixed (x: 8)"] * 3
 
 
+#: exit 1: the fp16 builds are over float16's tolerance against the float32 model. The conversion of this
+#: synthetic example causes it, not fusion (README, Half precision: TVM's unfused fp16 build is further off)
+RESNET50_CODE = 1
+RESNET50_LAUNCHES = {"fp32": 57, "fp16": 60}  # fp16: the casts of the input and of the two outputs
+RESNET50_GRAPH = {"fp32": {"with_graph": 4, "without_graph": 57}, "fp16": {"with_graph": 4, "without_graph": 60}}
+RESNET50_CPU_VERDICTS = {(f"{p} batch {b}", out): p == "fp32" for p in ("fp32", "fp16") for b in (1, 8)
+                         for out in ("gpu_0/softmax_1", "r174")}
+RESNET50_FUSED_STEPS = {"fp32": {"scale_rows": 53, "stored": 53, "transpose": 1, "draw": 1},
+                        "fp16": {"scale_rows": 53, "stored": 53, "transpose": 1, "cast": 1}}
+
+
 @pytest.mark.slow
 def test_resnet50_matrix_cpu_parts_and_the_gpu_machines_bundle(tmp_path):
     """ResNet-50's matrix without a GPU, and the bundle a GPU machine without TVM runs: the 16 CUDA libraries,
@@ -151,7 +162,11 @@ def test_resnet50_matrix_cpu_parts_and_the_gpu_machines_bundle(tmp_path):
     share one recipe), the TVM runtime and numpy's wheel for Python 3.12, within the 64 MiB a lent GPU machine
     takes per call."""
     bundle = tmp_path / "bundle"
-    report, md, _ = _run(tmp_path / "out", "--bundle", str(bundle), code=RESNET50_CODE)
+    report, _, _ = _run(tmp_path / "out", "--bundle", str(bundle), code=RESNET50_CODE)
+    check_resnet50_matrix(report, bundle)
+
+
+def check_resnet50_matrix(report: dict, bundle: Path) -> None:
     assert report["model"] == "resnet50-seed0.onnx" and list(report["configs"]) == CONFIGS
     for key, cfg in report["configs"].items():
         assert cfg["builds"]["fused"]["kernel_launches"] == RESNET50_LAUNCHES[cfg["precision"]], key
@@ -166,7 +181,7 @@ def test_resnet50_matrix_cpu_parts_and_the_gpu_machines_bundle(tmp_path):
     for key, cfg in report["configs"].items():
         for mode, lib in cfg["libraries"].items():
             weights = json.loads((bundle / f"{lib}.json").read_text())["weights"]
-            assert weights["recipe_bytes"] < 1 << 20 and weights["bytes"] > 45 << 20
+            assert weights["recipe_bytes"] < 1 << 20 and weights["bytes"] > (45 << 20 if "fp16" in key else 90 << 20)
             recipes.setdefault(weights["recipe"], set()).add((key, mode))
             if mode == "fused":
                 assert weights["recipe_steps"] == RESNET50_FUSED_STEPS[cfg["precision"]], key
@@ -175,11 +190,3 @@ def test_resnet50_matrix_cpu_parts_and_the_gpu_machines_bundle(tmp_path):
     shared = {frozenset(v) for v in recipes.values()}
     assert frozenset({("fp16 batch 1", "fused"), ("fp16 batch 1", "fused (no CUDA graph)"), ("fp16 batch 8", "fused"),
                       ("fp16 batch 8", "fused (no CUDA graph)")}) in shared
-
-
-RESNET50_CODE = 0
-RESNET50_LAUNCHES = {"fp32": 57, "fp16": 59}
-RESNET50_GRAPH = {"fp32": {"with_graph": 4, "without_graph": 57}, "fp16": {"with_graph": 4, "without_graph": 59}}
-RESNET50_CPU_VERDICTS = {}
-RESNET50_FUSED_STEPS = {"fp32": {"scale_rows": 53, "stored": 53, "transpose": 1, "draw": 1},
-                        "fp16": {"scale_rows": 53, "stored": 53, "transpose": 1, "cast": 1}}
