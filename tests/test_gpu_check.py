@@ -76,14 +76,17 @@ def test_the_matrix_without_a_gpu_and_its_bundle(tmp_path, block_n):
     assert rows == [(k, "fused CPU vs onnxruntime", "float16" if "fp16" in k else "float32", True) for k in CONFIGS]
     assert [b["bar"] for b in report["bars"]] == BARS
     assert {b["status"] for b in report["bars"]} == {"not measured: no GPU (--cpu-only given)"}
-    assert "## Bars (issue 14)" in md and all(f"| {b} | - | not measured: no GPU (--cpu-only given) |" in md for b in BARS)
-    assert {k["kernel"] for k in report["configs"]["fp32 batch 1"]["kernels"]} == {"conv2d_bn_relu", "conv2d_bn_add_relu"}
+    assert "## Bars (issue 14)" in md
+    assert all(f"| {b} | - | not measured: no GPU (--cpu-only given) |" in md for b in BARS)
+    kernels = {k["kernel"] for k in report["configs"]["fp32 batch 1"]["kernels"]}
+    assert kernels == {"conv2d_bn_relu", "conv2d_bn_add_relu"}
 
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
     assert report["bundle"]["bytes"] <= size <= 64 << 20
     host = json.loads((bundle / "gpu_check_host.json").read_text())
     libs = [lib for cfg in host["configs"].values() for lib in cfg["libraries"].values()]
-    assert len(set(libs)) == 16 and all((bundle / lib).exists() and (bundle / f"{lib}.weights").exists() for lib in libs)
+    assert len(set(libs)) == 16
+    assert all((bundle / lib).exists() and (bundle / f"{lib}.weights").exists() for lib in libs)
     refs = np.load(bundle / "references.npz")
     assert sorted(refs.files) == sorted(f"{k}|{w}0" for k in CONFIGS for w in ("cpu", "ort"))  # inputs: a seed
     from tvm_fusion.io import random_inputs
@@ -139,6 +142,8 @@ def test_bars_pass_fail_and_not_measured():
                     BARS[3]: (0.6667, "pass"), BARS[4]: (0.4, "pass")}
     data["gpu"]["name"] = "NVIDIA A100"
     assert gc.bars(data)[4]["status"] == "pass (measured on NVIDIA A100, not an H200)"
+    data["configs"]["fp32 batch 1"]["latency_ms"]["unfused"]["median"] = 0.0  # nothing ran (the stub driver)
+    assert gc.bars(data)[0]["status"] == "not measured: a median of 0 ms (no kernel ran: a stub driver?)"
     data["configs"] = {"fp16 batch 1": {"skipped": "the model's batch dim is fixed (x: 8)"}}
     assert [b["status"] for b in gc.bars(data)] == ["not measured: fp32 batch 1 is not in this run's matrix"] * 2 + [
         "not measured: the model's batch dim is fixed (x: 8)"] * 3

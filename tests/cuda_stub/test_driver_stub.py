@@ -185,6 +185,7 @@ GPU_STEPS = ["load the libraries on the GPU", "GPU numerics (fused vs unfused vs
              "GPU latency (fused / fused without graph / unfused / tvm, interleaved medians)",
              "GPU per-kernel timing (fused without graph)"]
 BUILDS = {"fused", "fused (no CUDA graph)", "unfused", "tvm"}
+ZERO = "not measured: a median of 0 ms (no kernel ran: a stub driver?)"
 #: the fused block's PrimFuncs: in fp16 the residual (the float32 input) joins add_relu, and the casts in and out
 KERNELS = {"fp32": {"conv2d_bn_relu", "conv2d_bn_add_relu"},
            "fp16": {"conv2d_bn_relu", "conv2d_bn", "add_relu", "cast", "cast1"}}
@@ -192,8 +193,8 @@ KERNELS = {"fp32": {"conv2d_bn_relu", "conv2d_bn_add_relu"},
 
 def test_gpu_check_runs_its_gpu_steps_under_the_stub(stub, tmp_path):
     """benchmarks/gpu_check.py's GPU path end to end on the stub, for fp16 at batch 1 and 8: every GPU step
-    runs (none skipped), the latency rounds stop at the minimum when the time budget is spent, the bars are
-    computed from the medians, and the verdict is FAIL, since the stub runs no kernel: the check can fail."""
+    runs (none skipped), the latency rounds stop at the minimum when the time budget is spent, no bar is
+    judged on the stub's 0 ms, and the verdict is FAIL, since the stub runs no kernel: the check can fail."""
     from pathlib import Path
 
     script = Path(__file__).parents[2] / "benchmarks" / "gpu_check.py"
@@ -214,10 +215,11 @@ def test_gpu_check_runs_its_gpu_steps_under_the_stub(stub, tmp_path):
     failed = {(n["config"], n["comparison"]) for n in report["numerics"] if not n["ok"]}
     assert ("fp16 batch 8", "fused GPU vs onnxruntime") in failed and report["ok"] is False
     bars = {b["bar"]: b for b in report["bars"]}
-    assert bars["fp32 batch 1: fused / tvm <= 0.8"]["status"] == "not measured: fp32 batch 1 is not in this run's matrix"
-    h200 = bars["fp16 batch 1: fused ms <= 0.5 on an H200"]
-    assert h200["measured"] == round(report["configs"]["fp16 batch 1"]["latency_ms"]["fused"]["median"], 4)
-    assert h200["status"].endswith("(measured on stub GPU, not an H200)")
+    absent = "not measured: fp32 batch 1 is not in this run's matrix"
+    assert bars["fp32 batch 1: fused / tvm <= 0.8"]["status"] == absent
+    # the stub's cudaEventElapsedTime says 0 ms: no bar is judged on that
+    assert {b["status"] for b in report["bars"] if b["config"] == "fp16 batch 1"} == {ZERO}
+    assert {v["median"] for v in report["configs"]["fp16 batch 1"]["latency_ms"].values()} == {0.0}
     md = (tmp_path / "out" / "gpu_check.md").read_text()
     assert "**Verdict: FAIL**" in md and "## Latency (interleaved rounds, ms)" in md
 
@@ -272,7 +274,8 @@ def test_gpu_check_bundle_runs_its_gpu_steps_under_the_stub_without_tvm(stub, tm
     assert host["bundle"]["bytes"] <= 64 << 20 and not list(bundle.rglob("libtvm_compiler.so"))
     keys = ["fp32 batch 1", "fp16 batch 1", "fp32 batch 8", "fp16 batch 8"]
     assert list(host["configs"]) == keys and all(set(c["libraries"]) == BUILDS for c in host["configs"].values())
-    assert list(bundle.glob("wheels/numpy-*.whl")) and (bundle / "blockN_fp16_b8_fused.so.weights").exists()  # no example
+    assert list(bundle.glob("wheels/numpy-*.whl"))
+    assert (bundle / "blockN_fp16_b8_fused.so.weights").exists()  # no example: weights files, not recipes
     base = getattr(sys, "_base_executable", sys.executable)  # no venv: neither TVM nor tvm_fusion importable
     run = subprocess.run([base, "-s", str(bundle / "gpu_check_device.py"), "--out", str(tmp_path / "gpu"),
                           "--rounds", "2"], env=stub_env(stub, tmp_path / "calls.log"), capture_output=True,
@@ -294,7 +297,7 @@ def test_gpu_check_bundle_runs_its_gpu_steps_under_the_stub_without_tvm(stub, tm
     verdicts = {(n["config"], n["comparison"]): n["ok"] for n in report["numerics"]}
     assert all(verdicts[(k, "fused CPU vs onnxruntime")] for k in keys)
     assert not any(verdicts[(k, "fused GPU vs onnxruntime")] for k in keys)
-    assert [b["status"].split(" ")[0] in ("pass", "fail") for b in report["bars"]] == [True] * 5
+    assert [b["status"] for b in report["bars"]] == [ZERO] * 5  # the stub's events say 0 ms
 
 
 def test_cuda_graph_captured_then_replayed_under_the_stub(stub, tmp_path):
