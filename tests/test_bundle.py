@@ -63,3 +63,31 @@ def test_bundle_of_a_missing_library_is_one_line(tmp_path, capsys):
     assert main(["bundle", str(tmp_path / "nope.so"), "-o", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "run tvm-fusion compile first" in err
+
+
+def test_libraries_with_the_same_weights_share_one_recipe(tmp_path):
+    """A batch-1 and a batch-2 library of one example (the second from its dynamic-batch variant bound to 2)
+    lift the same weights: the bundle writes one recipe, both manifests name it, and it regenerates the
+    weights of each library bit for bit."""
+    from tvm_fusion import recipe_replay
+    from tvm_fusion.bundle import bundle
+    from tvm_fusion.compile import compile_model
+    from tvm_fusion.examples import example_path
+
+    libs = [tmp_path / "sq_b1.so", tmp_path / "sq_b2.so"]
+    compile_model(example_path("squeezenet", 0), libs[0], "llvm", verify=False, counts_of_other_builds=False,
+                  external_weights=True)
+    compile_model(example_path("squeezenet", 0, dynamic_batch=True), libs[1], "llvm", verify=False,
+                  counts_of_other_builds=False, external_weights=True, shapes={"data_0": (2, 3, 224, 224)})
+    result = bundle(libs[0], tmp_path / "deploy", recipe=True, others=[libs[1]])
+    deploy = result.path
+    assert sorted(p.name for p in deploy.glob("*.recipe.json")) == ["sq_b1.so.recipe.json"]
+    assert not list(deploy.glob("*.weights"))
+    for lib in libs:
+        entry = json.loads((deploy / f"{lib.name}.json").read_text())["weights"]
+        assert entry["recipe"] == "sq_b1.so.recipe.json", lib.name
+        values = recipe_replay.regenerate(deploy / entry["recipe"])
+        lifted = load_weights(lib, tvm.cpu(0))
+        assert len(lifted) == len(entry["params"])
+        for name, value in zip(entry["params"], lifted):
+            np.testing.assert_array_equal(values[name], value.numpy(), err_msg=f"{lib.name} {name}")

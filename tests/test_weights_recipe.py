@@ -67,6 +67,54 @@ def test_a_weight_the_recipe_does_not_reproduce_is_named(tmp_path):
         recipe_replay.regenerate(path)
 
 
+def test_a_cast_step_makes_float16_weights(tmp_path):
+    """cast(draw) and scale_rows over it: the BatchNorm fold of a float16 weight, in float64, rounded once to
+    float16; a cast to a dtype numpy alone cannot make is refused by name."""
+    a = np.random.default_rng(3).normal(0.0, 1.0, [4, 3]).astype(np.float32)
+    s = np.array([0.5, 2.0, 3.0, -1.0], np.float32)
+    half = {"op": "cast", "of": {"op": "draw", "name": "a"}, "dtype": "float16"}
+    w1 = (a.astype(np.float16).astype(np.float64) * s.astype(np.float64)[:, None]).astype(np.float16)
+    recipe = {"format": recipe_replay.FORMAT, "seed": 3, "numpy": np.__version__,
+              "draws": [{"name": "a", "call": "normal", "args": [0.0, 1.0], "shape": [4, 3]}],
+              "params": {"w0": half, "w1": {"op": "scale_rows", "of": half, "by": {"op": "stored", "key": "s"}}},
+              "sha256": {"w0": recipe_replay.digest(a.astype(np.float16)), "w1": recipe_replay.digest(w1)}}
+    write_recipe(tmp_path / "m.so.recipe.json", recipe, {"s": s})
+    out = recipe_replay.regenerate(tmp_path / "m.so.recipe.json")
+    assert out["w0"].dtype == out["w1"].dtype == np.float16
+    np.testing.assert_array_equal(out["w1"].view(np.uint16), w1.view(np.uint16))
+    with pytest.raises(ValueError, match="recipe cast to 'bfloat16' is not supported; supported: float16, float32"):
+        recipe_replay.evaluate({**half, "dtype": "bfloat16"}, {"draws": {"a": a}, "stored": {}})
+
+
+def test_fp16_weights_are_casts_of_the_float32_recipe(tmp_path):
+    """The weights lifted from a `--precision fp16` fused CUDA build of an example (ShuffleNet: 49 conv +
+    BatchNorm, a Gemm) are float16 casts of its draws, with BatchNorm folded into them or transposed, and the
+    recipe regenerates them bit for bit (write_recipe replays it and checks every sha256): only the float32
+    biases are stored (the Gemm's: its float16 cast widened again)."""
+    from tvm_fusion.build import default_rules, legalize, resolve_target
+    from tvm_fusion.examples import example_path
+    from tvm_fusion.frontend import import_onnx
+    from tvm_fusion.fuse import fuse
+    from tvm_fusion.precision import convert
+    from tvm_fusion.weights import lift_weights
+
+    path = example_path("shufflenet", 0)
+    target = resolve_target("cuda", "sm_90")  # scheduled, not compiled: the weights are those of the library
+    _, lifted = lift_weights(legalize(fuse(convert(import_onnx(str(path)), "fp16"), target, default_rules()).mod,
+                                      target, "fused"))
+    recipe, stored = make_recipe(path, {k: v.numpy() for k, v in lifted.items()})
+    assert step_counts(recipe) == {"scale_rows": 49, "stored": 49, "transpose": 1, "cast": 1}
+    assert all(s["of"] == {"op": "cast", "of": s["of"]["of"], "dtype": "float16"}
+               for s in recipe["params"].values() if s["op"] in ("scale_rows", "transpose"))
+    assert {str(v.dtype) for v in stored.values()} == {"float32"}
+    write_recipe(tmp_path / "s.so.recipe.json", recipe, stored)
+    again = recipe_replay.regenerate(tmp_path / "s.so.recipe.json")
+    for name, value in lifted.items():
+        value = value.numpy()
+        assert again[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(again[name].view(np.uint8), value.view(np.uint8), err_msg=name)
+
+
 def test_recipe_replay_needs_numpy_alone(tmp_path):
     """The file a bundle carries to the target imports numpy and the standard library only."""
     path, _, _ = _recipe(tmp_path)
@@ -81,6 +129,7 @@ def test_recipe_replay_needs_numpy_alone(tmp_path):
 
 def test_a_model_that_is_no_example_has_no_recipe(tmp_path):
     assert example_of("/x/resnet50-seed7.onnx") == ("resnet50", 7) and example_of("/x/model.onnx") is None
+    assert example_of("/x/resnet50-seed7-batchN.onnx") == ("resnet50", 7)  # the same draws, a symbolic batch
     with pytest.raises(FusionError, match=r"compiled from .*model.onnx: bundle it with its .weights file"):
         make_recipe(tmp_path / "model.onnx", {})
 

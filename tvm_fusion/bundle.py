@@ -111,8 +111,10 @@ def _cudart() -> Path | None:
     return Path(m.group(1)) if m and Path(m.group(1)).exists() else None
 
 
-def _add_library(library: Path, out: Path, recipe: bool) -> dict:
-    """Copy `library`, its manifest and its weights (the file, or a recipe of them) into `out`."""
+def _add_library(library: Path, out: Path, recipe: bool, recipes: dict) -> dict:
+    """Copy `library`, its manifest and its weights (the file, or a recipe of them) into `out`. `recipes`:
+    the recipes written so far, by the sha256 of every weight in order; a library whose weights are the same
+    as an earlier one's (a batch-8 build of the same model, a build without its CUDA graph) names that recipe."""
     manifest_path = library.with_name(library.name + ".json")
     if not library.exists() or not manifest_path.exists():
         raise FusionError(f"{library}: library or its manifest {manifest_path.name} missing; "
@@ -123,12 +125,18 @@ def _add_library(library: Path, out: Path, recipe: bool) -> dict:
     if entry and recipe:
         import tvm.runtime
 
+        from .recipe_replay import digest
         from .weights_recipe import make_recipe, step_counts, write_recipe
 
         values = tvm.runtime.load_param_dict(library.with_name(entry["file"]).read_bytes())
-        made, stored = make_recipe(manifest["model"], {n: values[n].numpy() for n in entry["params"]})
-        name = library.name + ".recipe.json"
-        entry.update(recipe=name, recipe_bytes=write_recipe(out / name, made, stored), recipe_steps=step_counts(made))
+        lifted = {n: values[n].numpy() for n in entry["params"]}
+        key = tuple((n, digest(v)) for n, v in lifted.items())
+        if key not in recipes:
+            made, stored = make_recipe(manifest["model"], lifted)
+            name = library.name + ".recipe.json"
+            recipes[key] = dict(recipe=name, recipe_bytes=write_recipe(out / name, made, stored),
+                                recipe_steps=step_counts(made))
+        entry.update(recipes[key])
     elif entry:
         shutil.copy2(library.with_name(entry["file"]), out / entry["file"])
     elif recipe:
@@ -140,16 +148,18 @@ def _add_library(library: Path, out: Path, recipe: bool) -> dict:
 def bundle(library, out_dir, python: str | None = None, *, recipe: bool = False, numpy_wheel: bool = False,
            others=()) -> BundleResult:
     """Write a runtime-only bundle of an exported `library` (with its `<library>.json`) to `out_dir`;
-    `others`: more libraries to carry beside it (the GPU check's unfused and tvm builds)."""
+    `others`: more libraries to carry beside it (the GPU check's unfused and tvm builds); libraries with the
+    same weights share one recipe."""
     library, out = Path(library), Path(out_dir)
     python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
     if out.exists():
         shutil.rmtree(out)
     site = out / "site"
     site.mkdir(parents=True)
-    manifest = _add_library(library, out, recipe)
+    recipes: dict = {}
+    manifest = _add_library(library, out, recipe, recipes)
     for other in others:
-        _add_library(Path(other), out, recipe)
+        _add_library(Path(other), out, recipe, recipes)
     _copy_tvm(site)
     _tvm_ffi(site, python)
     import typing_extensions  # tvm-ffi's one pure-Python dependency; numpy is the target's own or the wheel

@@ -162,10 +162,11 @@ def draw_plan(name: str, seed: int) -> list[dict]:
 
 
 def example_of(path) -> tuple[str, int] | None:
-    """(name, seed) when `path` is an example model file (`<name>-seed<N>.onnx`), else None."""
+    """(name, seed) when `path` is an example model file (`<name>-seed<N>.onnx`, or its dynamic-batch variant
+    `<name>-seed<N>-batchN.onnx`: the same draws), else None."""
     import re
 
-    m = re.fullmatch(r"(\w+)-seed(\d+)\.onnx", Path(path).name)
+    m = re.fullmatch(r"(\w+)-seed(\d+)(?:-batchN)?\.onnx", Path(path).name)
     return (m.group(1), int(m.group(2))) if m and m.group(1) in LIGHT_FILES else None
 
 

@@ -1,6 +1,6 @@
 """Weights regenerated from a recipe with numpy alone: seeded draws, then the steps that made each weight.
 
-    weights = regenerate("model.so.recipe.json")   # {param: float32 array}, each checked against its sha256
+    weights = regenerate("model.so.recipe.json")   # {param: array}, each checked against its sha256
 
 A recipe (written at bundle time by tvm_fusion.weights_recipe) is JSON beside an .npz of stored tensors:
     {"format": FORMAT, "seed": 0, "draws": [{"name", "call", "args", "shape"}, ...],   # examples.draw_plan
@@ -9,8 +9,10 @@ A recipe (written at bundle time by tvm_fusion.weights_recipe) is JSON beside an
                         "by": {"op": "stored", "key": "w0.by"}}, ...},
      "sha256": {"w0": "...", ...}}
 Steps (STEPS): draw (an initializer replayed from the seed: the example's He-normal / uniform draws),
-stored (kept as it is: biases, BatchNorm statistics), transpose (2-D), and scale_rows, the BatchNorm fold
-of patterns/conv_epilogue.py:  W' = float32(float64(W) * float64(s)[:, None, ...]),  s per output channel.
+stored (kept as it is: biases, BatchNorm statistics), transpose (2-D), cast (to another float dtype: the
+float16 weights of a `--precision fp16` build, `{"op": "cast", "of": ..., "dtype": "float16"}`), and
+scale_rows, the BatchNorm fold of patterns/conv_epilogue.py, rounded once to W's own dtype:
+W' = dtype(W)(float64(W) * float64(s)[:, None, ...]),  s per output channel (float32 for a float16 W too).
 Every regenerated weight is checked against the sha256 of the weight the compiler lifted, so a numpy whose
 Generator draws differently fails here, naming the weight, instead of running wrong weights.
 Imports numpy and the standard library only: a bundle carries this file to a machine without TVM.
@@ -48,7 +50,17 @@ def draws(recipe: dict) -> dict[str, np.ndarray]:
 
 
 def _scale_rows(w: np.ndarray, s: np.ndarray) -> np.ndarray:
-    return (w.astype(np.float64) * s.astype(np.float64).reshape((-1,) + (1,) * (w.ndim - 1))).astype(np.float32)
+    return (w.astype(np.float64) * s.astype(np.float64).reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+
+
+#: the dtypes a cast step may produce (numpy's own names; bfloat16 would need ml_dtypes on the target)
+CAST_DTYPES = ("float16", "float32")
+
+
+def _cast(value: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype not in CAST_DTYPES:
+        raise ValueError(f"recipe cast to {dtype!r} is not supported; supported: {', '.join(CAST_DTYPES)}")
+    return value.astype(dtype)
 
 
 #: op -> fn(step, evaluate an operand step, env)
@@ -56,6 +68,7 @@ STEPS = {
     "draw": lambda step, ev, env: env["draws"][step["name"]],
     "stored": lambda step, ev, env: env["stored"][step["key"]],
     "transpose": lambda step, ev, env: np.ascontiguousarray(ev(step["of"]).T),
+    "cast": lambda step, ev, env: _cast(ev(step["of"]), step["dtype"]),
     "scale_rows": lambda step, ev, env: _scale_rows(ev(step["of"]), ev(step["by"])),
 }
 

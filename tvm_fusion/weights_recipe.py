@@ -9,6 +9,10 @@ lifted weight is matched, bit for bit, with a candidate derivation from the mode
     transpose(draw(X))               a Gemm weight after TVM's folded permute_dims
     scale_rows(draw(X), s)           a conv weight with its BatchNorm folded (patterns/conv_epilogue.py):
                                      s = float32(gamma / sqrt(var + eps)) from the model's BatchNorm
+    ...(cast(draw(X), float16))      each of them over the float16 cast of the draw, for a library built with
+                                     `--precision fp16`: ToMixedPrecision casts each conv / matmul weight,
+                                     FoldConstant folds the cast, the conv rule folds BatchNorm into the cast
+                                     weight (and a float16 dense's bias is that cast widened to float32 again)
 and anything else (biases, calibrated statistics, a weight no candidate reproduces) is stored as it is.
 The recipe is then replayed with recipe_replay (numpy only, what the target machine runs) and every weight
 is checked against the lifted one; ResNet-50's 102 MB of weights become about 0.2 MB.
@@ -55,18 +59,22 @@ def _bn_scales(model, inits) -> dict[str, np.ndarray]:
 
 
 def _candidates(drawn: dict, inits: dict, scales: dict) -> dict[tuple, list]:
-    """shape -> [make(param) -> (step, stored)] for every initializer the draws reproduce exactly."""
+    """(shape, dtype) -> [make(param) -> (step, stored)] for every initializer the draws reproduce exactly."""
     out: dict[tuple, list] = {}
     for name, value in drawn.items():
         if name not in inits or not _same(value, inits[name]):
             continue  # calibrated after the draw (BatchNorm statistics, LSUV-rescaled weights)
         draw = {"op": "draw", "name": name}
-        out.setdefault(value.shape, []).append(lambda p, d=draw: (d, {}))
-        if value.ndim == 2:
-            out.setdefault(value.T.shape, []).append(lambda p, d=draw: ({"op": "transpose", "of": d}, {}))
-        if name in scales:
-            out.setdefault(value.shape, []).append(lambda p, d=draw, s=scales[name]: (
-                {"op": "scale_rows", "of": d, "by": {"op": "stored", "key": f"{p}.by"}}, {f"{p}.by": s}))
+        half = {"op": "cast", "of": draw, "dtype": "float16"}
+        # the draw; its float16 cast; and that cast widened again (the float32 bias of a float16 dense)
+        for dtype, base in (("float32", draw), ("float16", half), ("float32", {"op": "cast", "of": half,
+                                                                               "dtype": "float32"})):
+            out.setdefault((value.shape, dtype), []).append(lambda p, d=base: (d, {}))
+            if value.ndim == 2:
+                out.setdefault((value.T.shape, dtype), []).append(lambda p, d=base: ({"op": "transpose", "of": d}, {}))
+            if name in scales:
+                out.setdefault((value.shape, dtype), []).append(lambda p, d=base, s=scales[name]: (
+                    {"op": "scale_rows", "of": d, "by": {"op": "stored", "key": f"{p}.by"}}, {f"{p}.by": s}))
     return out
 
 
@@ -98,7 +106,7 @@ def make_recipe(model_path, lifted: dict) -> tuple[dict, dict]:
     for param, tensor in lifted.items():
         target = tensor.numpy() if hasattr(tensor, "numpy") else np.asarray(tensor)
         step, keep = {"op": "stored", "key": param}, {param: target}
-        for make in candidates.get(target.shape, []):
+        for make in candidates.get((target.shape, str(target.dtype)), []):
             s, k = make(param)
             if id(make) not in values:
                 values[id(make)] = recipe_replay.evaluate(s, {"draws": drawn, "stored": k})

@@ -174,26 +174,54 @@ def _resnet50_bundle_with_a_weights_recipe(stub, lib, tmp_path):
     assert len(read_log(tmp_path / "bundle.log")[1]) == 57
 
 
+def _block_n(tmp_path):
+    """A ResNet basic block whose batch is the symbolic dim N (the check builds it at batch 1 and 8)."""
+    model = tmp_path / "blockN.onnx"
+    onnx.save(residual_block(n="N"), str(model))
+    return model
+
+
+GPU_STEPS = ["load the libraries on the GPU", "GPU numerics (fused vs unfused vs CPU vs onnxruntime)",
+             "GPU latency (fused / fused without graph / unfused / tvm, interleaved medians)",
+             "GPU per-kernel timing (fused without graph)"]
+BUILDS = {"fused", "fused (no CUDA graph)", "unfused", "tvm"}
+ZERO = "not measured: a median of 0 ms (no kernel ran: a stub driver?)"
+#: the fused block's PrimFuncs: in fp16 the residual (the float32 input) joins add_relu, and the casts in and out
+KERNELS = {"fp32": {"conv2d_bn_relu", "conv2d_bn_add_relu"},
+           "fp16": {"conv2d_bn_relu", "conv2d_bn", "add_relu", "cast", "cast1"}}
+
+
 def test_gpu_check_runs_its_gpu_steps_under_the_stub(stub, tmp_path):
-    """benchmarks/gpu_check.py's GPU path end to end on the stub: every GPU step runs (none skipped), and
-    the verdict is FAIL, since the stub runs no kernel: the check can fail."""
+    """benchmarks/gpu_check.py's GPU path end to end on the stub, for fp16 at batch 1 and 8: every GPU step
+    runs (none skipped), the latency rounds stop at the minimum when the time budget is spent, no bar is
+    judged on the stub's 0 ms, and the verdict is FAIL, since the stub runs no kernel: the check can fail."""
     from pathlib import Path
 
-    model = tmp_path / "block.onnx"
-    onnx.save(residual_block(), str(model))
     script = Path(__file__).parents[2] / "benchmarks" / "gpu_check.py"
-    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "out"), "--model", str(model),
-                           "--rounds", "2"], env=stub_env(stub, tmp_path / "calls.log"), capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "out"), "--model",
+                           str(_block_n(tmp_path)), "--precisions", "fp16", "--rounds", "20", "--budget-s", "0"],
+                          env=stub_env(stub, tmp_path / "calls.log"), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert report["gpu"]["name"] == "stub GPU" and report["gpu"]["arch"] == "sm_90" and report["skipped"] == []
-    assert {s["step"] for s in report["steps"]} >= {"load the library on the GPU", "GPU per-kernel timing (fused)"}
-    assert set(report["latency_ms"]) == {"fused", "fused (no CUDA graph)", "unfused", "tvm"}
-    assert {k["kernel"] for k in report["kernels"]} == {"conv2d_bn_relu", "conv2d_bn_add_relu"}
-    failed = {n["comparison"] for n in report["numerics"] if not n["ok"]}
-    assert "fused GPU vs onnxruntime" in failed and report["ok"] is False
-    assert "**Verdict: FAIL**" in (tmp_path / "out" / "gpu_check.md").read_text()
+    keys = ["fp16 batch 1", "fp16 batch 8"]
+    assert list(report["configs"]) == keys and "errors" not in report
+    assert [s["step"] for s in report["steps"] if ": GPU" in s["step"] or ": load" in s["step"]] == [
+        f"{k}: {s}" for k in keys for s in GPU_STEPS]
+    for key in keys:
+        cfg = report["configs"][key]
+        assert set(cfg["latency_ms"]) == BUILDS and {v["rounds"] for v in cfg["latency_ms"].values()} == {3}
+        assert {k["kernel"] for k in cfg["kernels"]} == KERNELS[cfg["precision"]], key
+    failed = {(n["config"], n["comparison"]) for n in report["numerics"] if not n["ok"]}
+    assert ("fp16 batch 8", "fused GPU vs onnxruntime") in failed and report["ok"] is False
+    bars = {b["bar"]: b for b in report["bars"]}
+    absent = "not measured: fp32 batch 1 is not in this run's matrix"
+    assert bars["fp32 batch 1: fused / tvm <= 0.8"]["status"] == absent
+    # the stub's cudaEventElapsedTime says 0 ms: no bar is judged on that
+    assert {b["status"] for b in report["bars"] if b["config"] == "fp16 batch 1"} == {ZERO}
+    assert {v["median"] for v in report["configs"]["fp16 batch 1"]["latency_ms"].values()} == {0.0}
+    md = (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "**Verdict: FAIL**" in md and "## Latency (interleaved rounds, ms)" in md
 
 
 def test_cuda_bundle_runs_under_the_stub_without_the_compiler(stub, tmp_path):
@@ -228,43 +256,48 @@ def test_cuda_bundle_runs_under_the_stub_without_the_compiler(stub, tmp_path):
 
 def test_gpu_check_bundle_runs_its_gpu_steps_under_the_stub_without_tvm(stub, tmp_path):
     """gpu_check.py --bundle writes what a GPU machine without TVM runs: there gpu_check_device.py (the TVM
-    runtime alone; numpy unpacked from the bundled wheel, as this Python has none) runs every GPU step on the
-    stub; the verdict is FAIL, since the stub runs no kernel."""
+    runtime alone; numpy unpacked from the bundled wheel, as this Python has none) runs every GPU step of the
+    whole matrix on the stub, with the inputs drawn again from their seed; the verdict is FAIL, since the
+    stub runs no kernel."""
     from pathlib import Path
 
-    model = tmp_path / "block.onnx"
-    onnx.save(residual_block(), str(model))
     script = Path(__file__).parents[2] / "benchmarks" / "gpu_check.py"
     bundle = tmp_path / "bundle"
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "host"), "--model", str(model),
-                           "--bundle", str(bundle), "--python", here, "--cpu-only"],
+    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "host"), "--model",
+                           str(_block_n(tmp_path)), "--bundle", str(bundle), "--python", here, "--cpu-only"],
                           capture_output=True, text=True, timeout=900)
     if "could not download numpy" in proc.stderr:
         pytest.skip("numpy's wheel could not be fetched (no package index)")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     host = json.loads((bundle / "gpu_check_host.json").read_text())
     assert host["bundle"]["bytes"] <= 64 << 20 and not list(bundle.rglob("libtvm_compiler.so"))
-    assert sorted(host["bundle"]["libraries"]) == ["fused", "fused (no CUDA graph)", "tvm", "unfused"]
-    assert list(bundle.glob("wheels/numpy-*.whl")) and (bundle / "block_fused.so.weights").exists()  # no example
+    keys = ["fp32 batch 1", "fp16 batch 1", "fp32 batch 8", "fp16 batch 8"]
+    assert list(host["configs"]) == keys and all(set(c["libraries"]) == BUILDS for c in host["configs"].values())
+    assert list(bundle.glob("wheels/numpy-*.whl"))
+    assert (bundle / "blockN_fp16_b8_fused.so.weights").exists()  # no example: weights files, not recipes
     base = getattr(sys, "_base_executable", sys.executable)  # no venv: neither TVM nor tvm_fusion importable
     run = subprocess.run([base, "-s", str(bundle / "gpu_check_device.py"), "--out", str(tmp_path / "gpu"),
                           "--rounds", "2"], env=stub_env(stub, tmp_path / "calls.log"), capture_output=True,
                          text=True, cwd=tmp_path, timeout=600)
     assert run.returncode == 1, run.stdout + run.stderr
     report = json.loads((tmp_path / "gpu" / "gpu_check.json").read_text())
-    assert report["gpu"]["name"] == "stub GPU" and report["skipped"] == []
+    assert report["gpu"]["name"] == "stub GPU" and report["skipped"] == [] and "errors" not in report
     assert report["runtime"]["compiler_loaded"] is False and Path(report["runtime"]["tvm"]).is_relative_to(bundle)
     steps = [s["step"] for s in report["steps"]]
-    assert steps[:2] == ["build + export the fused CUDA library", "build + export it without the CUDA graph"]
-    assert steps[-4:] == [
-        "load the library on the GPU", "GPU numerics (fused vs unfused vs CPU vs onnxruntime)",
-        "GPU latency (fused / unfused / tvm, interleaved medians)", "GPU per-kernel timing (fused)"]
-    assert set(report["latency_ms"]) == {"fused", "fused (no CUDA graph)", "unfused", "tvm"}
-    assert {k["kernel"] for k in report["kernels"]} == {"conv2d_bn_relu", "conv2d_bn_add_relu"}
-    assert report["cuda_graph"]["enabled"] is False  # two kernels: a graph would not save a launch
-    verdicts = {n["comparison"]: n["ok"] for n in report["numerics"]}
-    assert verdicts["fused CPU vs onnxruntime"] is True and verdicts["fused GPU vs onnxruntime"] is False
+    assert steps[:2] == ["fp32 batch 1: build + export fused for CUDA",
+                         "fp32 batch 1: build + export fused (no CUDA graph) for CUDA"]
+    assert steps[-16:] == [f"{k}: {s}" for k in keys for s in GPU_STEPS]
+    for key in keys:
+        cfg = report["configs"][key]
+        assert set(cfg["latency_ms"]) == BUILDS and {v["rounds"] for v in cfg["latency_ms"].values()} == {2}
+        assert {k["kernel"] for k in cfg["kernels"]} == KERNELS[cfg["precision"]], key
+    assert report["configs"]["fp32 batch 1"]["cuda_graph"]["enabled"] is False  # two kernels: no launch saved
+    assert len(report["weights_seconds"]) == 16  # no example: a weights file per library
+    verdicts = {(n["config"], n["comparison"]): n["ok"] for n in report["numerics"]}
+    assert all(verdicts[(k, "fused CPU vs onnxruntime")] for k in keys)
+    assert not any(verdicts[(k, "fused GPU vs onnxruntime")] for k in keys)
+    assert [b["status"] for b in report["bars"]] == [ZERO] * 5  # the stub's events say 0 ms
 
 
 def test_cuda_graph_captured_then_replayed_under_the_stub(stub, tmp_path):
