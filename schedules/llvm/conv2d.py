@@ -36,10 +36,11 @@ from tvm_fusion.errors import FusionError
 from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
-from tvm_fusion.schedules.conv2d import CONV_FAMILY, ConvPadding, conv2d_out_size, conv2d_padded
+from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvPadding, conv2d_out_size, conv2d_padded,
+                                         pack_channel_blocks)
 
 __all__ = ["ConvTile", "RowTile", "ConvPlan", "choose_tile", "choose_row_tile", "conv_plan", "max_accumulators",
-           "conv2d_llvm", "schedule_conv2d_llvm"]
+           "conv2d_llvm", "pack_conv", "schedule_conv2d_llvm"]
 
 FLOAT_BYTES = 4
 # vector registers a tile leaves to the panel vectors and the broadcast temporary (28 of 32 zmm accumulate)
@@ -208,16 +209,36 @@ def _current_facts() -> CpuFacts:
 @register_compute(CONV_FAMILY, target="llvm")
 def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, **attrs):
     """The conv2d_affine compute over the output padded to `conv_plan`'s tile for the current target."""
-    n, _, hin, win = dims(x.shape)  # n may be a symbolic batch, planned for as 1
-    cout, cpg, kh, kw = (int(d) for d in w.shape)
-    hout = conv2d_out_size(hin, kh, strides[0], padding[0], padding[2], dilation[0])
-    wout = conv2d_out_size(win, kw, strides[1], padding[1], padding[3], dilation[1])
-    plan = conv_plan(_planned_batch(n), cout, hout, wout, cpg, kh, kw, groups, _current_facts(),
-                     strided=strides[1] > 1)
+    cout = int(b.shape[0])  # W may be packed (pack_conv)
+    plan = _plan(dims(x.shape), cout, [int(d) for d in w.shape[1:4]], strides, padding, dilation, groups,
+                 _current_facts())
     return conv2d_padded(x, w, b, residual, strides=strides, padding=padding, dilation=dilation, groups=groups,
                          activation=attrs.get("activation"), activation_params=attrs.get("activation_params"),
                          residual_after_activation=attrs.get("residual_after_activation", False),
                          out_padding=plan.padding)
+
+
+def _plan(x_shape, cout: int, w_taps, strides, padding, dilation, groups: int, facts: CpuFacts) -> ConvPlan:
+    """conv_plan of a conv with input `x_shape` (NCHW, the batch planned for as 1 when symbolic) and W
+    [cout, *w_taps]."""
+    n, _, hin, win = x_shape
+    cpg, kh, kw = w_taps
+    hout = conv2d_out_size(int(hin), kh, strides[0], padding[0], padding[2], dilation[0])
+    wout = conv2d_out_size(int(win), kw, strides[1], padding[1], padding[3], dilation[1])
+    return conv_plan(_planned_batch(n), cout, hout, wout, cpg, kh, kw, groups, facts, strided=strides[1] > 1)
+
+
+def pack_conv(constants, attrs, shapes, target):
+    """W [O, C/G, KH, KW]  ==>  Wp [O' / B, C/G, KH, KW, B] (`pack_channel_blocks`; B: the tile's output
+    channels, O': the channels padded per group to the tile), packed once at compile time so the kernel
+    reads each reduction step's weights as one vector per `lanes` channels; None for depthwise (its
+    weights are broadcast, one per tap)."""
+    w, b = constants
+    plan = _plan(shapes[0], int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"], attrs["dilation"],
+                 attrs.get("groups", 1), cpu_facts(target))
+    if plan.kernel != "tiled":
+        return None
+    return [pack_channel_blocks(w, attrs.get("groups", 1), plan.padding.group_channels, plan.tile.channels), b]
 
 
 def _planned_batch(n) -> int:
@@ -278,8 +299,10 @@ def _pack_weights(sch, conv, at_loop, reduction: int, lanes: int):
     panel [rc, rh, rw, oc] at `at_loop`: the copy reads W rows contiguously (vectorized) and writes each
     element to its oc column."""
     panel = _optional_block(sch, "weight")
+    weight_index = len(sch.get(conv).reads) - 1  # reads are (input, weight)
+    if panel is None and len(sch.get(conv).reads[weight_index].region) == 5:
+        return  # packed at compile time (pack_conv): already [oc block, rc, rh, rw, oc]
     if panel is None:
-        weight_index = len(sch.get(conv).reads) - 1  # reads are (input, weight)
         panel = sch.cache_read(conv, weight_index, "global")
     sch.compute_at(panel, at_loop)
     sch.transform_layout(panel, ("write", 0), lambda o, c, r, s: (c, r, s, o))
@@ -343,7 +366,7 @@ def _schedule_depthwise(sch, conv, epi, tile: RowTile):
     _vectorize_own_inner_loop(sch, epi, conv)
 
 
-@register_schedule(CONV_FAMILY, target="llvm")
+@register_schedule(CONV_FAMILY, target="llvm", pack=pack_conv)
 def schedule_conv2d_llvm(sch, attrs, target):
     conv = sch.get_sblock("conv")
     epi = sch.get_sblock("epilogue")
