@@ -62,6 +62,22 @@ MIN_DEPTHWISE_LANES = 4
 LOADS_PER_FMA = 2
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """What one reduction step of a tile costs, in FMA slots: loads issued per FMA slot, and the independent
+    accumulators the FMA pipes need to hide their latency."""
+    loads_per_fma: float = LOADS_PER_FMA
+    min_chains: int = MIN_CHAINS
+
+
+#: per vector ISA (`hardware.cpu_facts`), the tiled kernel's step cost; others: StepCost(). With AVX2 a core
+#: issues two 256-bit FMAs and two loads a cycle, so a load costs a whole FMA slot and 2 pipes x 4 cycles of
+#: latency want 8 chains (AVX-512 on Zen 4: one double-pumped zmm FMA a cycle, two loads). Measured on Zen 4
+#: built for x86-64-v3, one thread, CPU time: 3x3 256 -> 256 on 14x14 3.8 -> 2.8 ms (2 x 5 pixels instead of
+#: 1 x 7), 1x1 2048 -> 512 on 7x7 1.8 -> 1.3 ms (2 x 4 instead of 1 x 7).
+TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=8)}
+
+
 def max_accumulators(facts: CpuFacts) -> int:
     """Accumulator registers of one tile: the target's vector registers minus RESERVED_REGISTERS."""
     return facts.vector_registers - RESERVED_REGISTERS
@@ -116,12 +132,13 @@ class ConvPlan:
     padding: ConvPadding
 
 
-def _efficiency(accumulators: int, loads: int, real: tuple[int, ...], padded: tuple[int, ...]) -> float:
+def _efficiency(accumulators: int, loads: int, real: tuple[int, ...], padded: tuple[int, ...],
+                cost: StepCost = StepCost()) -> float:
     """Real outputs per FMA slot of a reduction step (1.0: the tile divides the output and is FMA bound)."""
     useful = accumulators
     for r, p in zip(real, padded):
         useful *= r / p
-    return round(useful / max(accumulators, loads / LOADS_PER_FMA, MIN_CHAINS), 6)
+    return round(useful / max(accumulators, loads / cost.loads_per_fma, cost.min_chains), 6)
 
 
 def _oc_vector_options(opg: int, groups: int, reduction: int, tasks_wanted: int, lanes: int) -> list[int]:
@@ -138,10 +155,11 @@ def _oc_vector_options(opg: int, groups: int, reduction: int, tasks_wanted: int,
 
 def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, threads: int,
                 facts: CpuFacts, groups: int = 1) -> ConvTile:
-    """The register tile with the most real outputs per FMA slot (`_efficiency`; the output padded to the
-    tile: channels per group, rows, columns), ties to more accumulators, then to fewer loads per step.
+    """The register tile with the most real outputs per FMA slot (`_efficiency` at the ISA's
+    TILED_STEP_COSTS; the output padded to the tile: channels per group, rows, columns), ties to more accumulators, then to fewer loads per step.
     Several rows per tile only when a tile covers whole rows (narrow outputs)."""
     lanes, budget, opg = facts.float32_lanes, max_accumulators(facts), cout // groups
+    cost = TILED_STEP_COSTS.get(facts.isa, StepCost())
     tasks_wanted = max(1, -(-threads // batch))
     best, best_key = None, None
     for v in _oc_vector_options(opg, groups, reduction, tasks_wanted, lanes):
@@ -150,7 +168,7 @@ def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, thr
             for rows in range(1, min(hout, budget // (v * cols)) + 1) if cols == wout else [1]:
                 tile = ConvTile(v, rows, cols, lanes)
                 eff = _efficiency(tile.accumulators, tile.loads_per_step, (opg, hout, wout),
-                                  (gp, _ceil_to(hout, rows), _ceil_to(wout, cols)))
+                                  (gp, _ceil_to(hout, rows), _ceil_to(wout, cols)), cost)
                 key = (eff, tile.accumulators, -tile.loads_per_step)
                 if best_key is None or key > best_key:
                     best, best_key = tile, key
