@@ -5,10 +5,12 @@ group, rows, columns; zero weights and zero input rows feed the padding), and th
 real outputs only, so every shape gets a full tile and no shape takes an untiled schedule.
 
 Dense and grouped convs (`tiled`): output channels in vectors of L lanes, a register tile of output pixels x
-output channels, the epilogue applied to each tile while it is in registers.
+output channels, the epilogue applied to each tile while it is in registers. W is packed at compile time
+(`pack_conv`, the schedule's pack hook) into Wp[oc block, rc, rh, rw, OC]: each block's panel is contiguous,
+oc innermost (a W left unpacked, e.g. by a caller of the compute alone, is copied into that panel per task).
 
     parallel for (n, oc block of OC = L * v channels, inside one group):
-        panel[rc, rh, rw, OC] = W[oc block, rc, rh, rw] (0 for padded channels)   # oc innermost
+        panel[rc, rh, rw, OC] = Wp[oc block]                     # packed once (0 for padded channels)
         for (row tile, column tile):                             # rows * cols output pixels
             acc[rows, cols, OC] = 0                              # rows * cols * v vector registers
             for rh, rw, rc:
