@@ -14,6 +14,8 @@ from tvm_fusion.frontend import import_onnx
 from tvm_fusion.fuse import fuse
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.patterns.conv_epilogue import STRUCTURES
+from tvm_fusion.schedules.conv2d import pack_channel_blocks
+from tvm_fusion.schedules.llvm.conv2d import pack_conv
 from onnx.numpy_helper import to_array as onnx_array
 
 from tvm_fusion.testing import (ACTIVATION_FORMS, GELU_OPSET, GraphBuilder, apply_activation_onnx, check_fused,
@@ -168,7 +170,8 @@ def test_higher_priority_wins_overlap(rules):
 
 
 def test_golden_ir_of_conv_bn_relu(rules):
-    """main becomes one call_tir of the conv2d_bn_relu PrimFunc with W' and b' folded as constants."""
+    """main becomes one call_tir of the conv2d_bn_relu PrimFunc with W' and b' folded as constants (W' packed
+    at compile time into the llvm kernel's channel blocks: pack_conv)."""
     g = GraphBuilder(3)
     x = g.input("x", [1, 3, 8, 8])
     model = g.model([g.op("Relu", [g.bn(g.conv(x, 3, 4), 4)])])
@@ -184,12 +187,15 @@ def test_golden_ir_of_conv_bn_relu(rules):
     shift = (beta - mean * exact).astype("float32").astype(np.float64)
     w_folded = (w * scale[:, None, None, None]).astype("float32")
     b_folded = (b * scale + shift).astype("float32")
+    w_packed, b_packed = pack_conv([w_folded, b_folded], result.groups[0].attrs,
+                                   [(1, 3, 8, 8), w_folded.shape, b_folded.shape], resolve_target("llvm"))
+    assert w_packed.ndim == 5, "a tiled conv's W is packed in channel blocks"
     gv = result.mod.get_global_var("conv2d_bn_relu")
     bb = relax.BlockBuilder()
     xv = relax.Var("x", _tvm.tensor_type((1, 3, 8, 8), "float32"))
     with bb.function("main", [xv], {"num_input": 1}):
         with bb.dataflow():
-            out = bb.emit_output(relax.call_tir(gv, [xv, relax.const(w_folded), relax.const(b_folded)],
+            out = bb.emit_output(relax.call_tir(gv, [xv, relax.const(w_packed), relax.const(b_packed)],
                                                 _tvm.tensor_type((1, 4, 8, 8), "float32")))
         bb.emit_func_output(out)
     expected = bb.get()["main"]
@@ -276,7 +282,8 @@ def test_residual_add_after_the_activation(bn, act, skip_first, rules):
 
 
 def test_golden_ir_of_conv_add_without_activation(rules):
-    """conv2d -> bias -> add(skip): main becomes one call_tir of conv2d_add(x, skip, W, b)."""
+    """conv2d -> bias -> add(skip): main becomes one call_tir of conv2d_add(x, skip, W, b), W packed in the llvm
+    kernel's channel blocks (pack_channel_blocks: 4 channels padded to one block of the tile)."""
     g = GraphBuilder(9)
     x = g.input("x", [1, 4, 5, 5])
     model = g.model([g.op("Add", [g.conv(x, 4, 4, k=1), x])])
@@ -291,7 +298,9 @@ def test_golden_ir_of_conv_add_without_activation(rules):
     w, b = (_tvm.constant_value(a) for a in list(args)[2:])
     init = {i.name: i for i in model.graph.initializer}
     conv = next(n for n in model.graph.node if n.op_type == "Conv")
-    np.testing.assert_array_equal(w, onnx_array(init[conv.input[1]]))
+    w_onnx = onnx_array(init[conv.input[1]])
+    np.testing.assert_array_equal(w, pack_channel_blocks(w_onnx, 1, w.shape[-1], w.shape[-1]))
+    np.testing.assert_array_equal(w[..., :4].transpose(0, 4, 1, 2, 3).reshape(4, 4, 1, 1), w_onnx)
     np.testing.assert_array_equal(b, onnx_array(init[conv.input[2]]))
 
 

@@ -9,12 +9,16 @@ float32 on a float32 bias and the output is rounded once (tvm_fusion.precision).
 name; every conv rule without a compute of its own lowers to it. The stages are named for the schedules:
 `pad`, `weight` (only when a target pads the output channels), `conv`, `epilogue`. `conv2d_padded` is the same compute over an output
 padded to a target's tile (more output channels per group, rows and columns); the epilogue reads back
-only the real outputs, so the result is unchanged.
+only the real outputs, so the result is unchanged. It also reads W packed at compile time into blocks of
+output channels (`pack_channel_blocks`: Wp[o // B, c, r, s, o % B] = W[o, c, r, s], B the tile's channels,
+each group's channels padded with zero weights), then it has no `weight` stage.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion.precision import accumulator_dtype, cast_to
@@ -24,6 +28,18 @@ from . import dims
 from .activations import apply_activation
 
 CONV_FAMILY = "conv2d_affine"  # the compute every conv rule without a compute of its own lowers to
+
+
+def pack_channel_blocks(w: np.ndarray, groups: int, group_channels: int, block: int) -> np.ndarray:
+    """W [O, C/G, KH, KW]  ==>  Wp [G * group_channels / block, C/G, KH, KW, block]: each group's output
+    channels padded with zeros to `group_channels` (a multiple of `block`), then blocks of `block` channels
+    innermost, so one tile's weights for a reduction step are one contiguous vector load."""
+    cout, cpg, kh, kw = w.shape
+    opg = cout // groups
+    padded = np.zeros((groups, group_channels, cpg, kh, kw), w.dtype)
+    padded[:, :opg] = w.reshape(groups, opg, cpg, kh, kw)
+    blocks = padded.reshape(groups * group_channels // block, block, cpg, kh, kw)
+    return np.ascontiguousarray(blocks.transpose(0, 2, 3, 4, 1))
 
 
 def conv2d_out_size(size, k, stride, pad_lo, pad_hi, dilation):
@@ -52,7 +68,9 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
 def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups, activation=None,
                   activation_params=None, residual_after_activation=False, out_padding: ConvPadding | None = None):
     n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
-    cout, cpg, kh, kw = (int(d) for d in w.shape)
+    packed = len(w.shape) == 5  # channel blocks (pack_channel_blocks)
+    cout, (cpg, kh, kw) = (int(b.shape[0]), (int(d) for d in w.shape[1:4])) if packed else \
+        (int(w.shape[0]), (int(d) for d in w.shape[1:]))
     sh, sw = strides
     pt, pl, pb, pr = padding
     dh, dw = dilation
@@ -79,15 +97,22 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     else:
         pad = x
     gp = p.group_channels  # padded output channels per group
-    if gp != opg:
+    if packed:
+        wblk = int(w.shape[4])
+        if (wblk, int(w.shape[0]) * wblk) != (p.channel_block, groups * gp):
+            raise ValueError(f"conv2d: W packed in blocks of {wblk} channels ({tuple(w.shape)}) does not match "
+                             f"the output tile: {groups} groups x {gp} channels in blocks of {p.channel_block}")
+        weight_at = lambda o, c, r, s: w[o // wblk, c, r, s, o % wblk]  # noqa: E731
+    elif gp != opg:
         weight = te.compute(
             (groups * gp, cpg, kh, kw),
             lambda o, c, r, s: tirx.if_then_else(o % gp < opg, w[o // gp * opg + o % gp, c, r, s],
                                                  tirx.const(0, w.dtype)),
             name="weight",
         )
+        weight_at = lambda o, c, r, s: weight[o, c, r, s]  # noqa: E731
     else:
-        weight = w
+        weight_at = lambda o, c, r, s: w[o, c, r, s]  # noqa: E731
     rc = te.reduce_axis((0, cpg), name="rc")
     rh = te.reduce_axis((0, kh), name="rh")
     rw = te.reduce_axis((0, kw), name="rw")
@@ -101,7 +126,7 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     conv = te.compute(
         (n, groups * gp, p.rows, p.cols),
         lambda i, o, h, ww: te.sum(
-            wide(pad[i, channel(o), h * sh + rh * dh, ww * sw + rw * dw]) * wide(weight[o, rc, rh, rw]),
+            wide(pad[i, channel(o), h * sh + rh * dh, ww * sw + rw * dw]) * wide(weight_at(o, rc, rh, rw)),
             axis=[rc, rh, rw]),
         name="conv",
     )

@@ -261,7 +261,8 @@ def test_half_dense_schedules_for_cuda(shape, dtype):
 def test_precision_keeps_the_batch_norm_in_float32_for_the_fold(precision):
     """ToMixedPrecision casts a BatchNorm's s and t to the half dtype; the conversion puts them back in
     float32 around the conv (the form of a half model's BatchNorm), so the fold reads float32 s: the folded
-    weights are round(W_half * s) with W_half the converted model's weight (ToMixedPrecision rounds it)."""
+    weights are round(W_half * s) with W_half the converted model's weight (ToMixedPrecision rounds it),
+    packed for the llvm kernel in channel blocks Wp[o // B, c, r, s, o % B] (pack_conv) in the half dtype."""
     model = conv_bn_relu(bias=False)
     dtype = {"fp16": "float16", "bf16": "bfloat16"}[precision]
     mod = convert(import_onnx(model), precision)
@@ -278,9 +279,12 @@ def test_precision_keeps_the_batch_norm_in_float32_for_the_fold(precision):
     scale = gamma / np.sqrt(var + 1e-5)
     w_half = w.astype(numpy_dtype(dtype)).astype(np.float64)
     want = (w_half * scale.astype(np.float32).astype(np.float64)[:, None, None, None]).astype(numpy_dtype(dtype))
-    folded = [c for c in _call_constants(built.fused.mod) if c.shape == w.shape]
-    assert len(folded) == 1 and folded[0].dtype == numpy_dtype(dtype)
-    np.testing.assert_array_equal(folded[0].astype(np.float64), want.astype(np.float64))
+    packed = [c for c in _call_constants(built.fused.mod) if c.ndim == 5]
+    assert len(packed) == 1 and packed[0].dtype == numpy_dtype(dtype)
+    cout, cpg, kh, kw = w.shape
+    folded = packed[0].transpose(0, 4, 1, 2, 3).reshape(-1, cpg, kh, kw)  # padded channels, zero weights
+    np.testing.assert_array_equal(folded[:cout].astype(np.float64), want.astype(np.float64))
+    assert not folded[cout:].any()
 
 
 def _call_constants(mod):

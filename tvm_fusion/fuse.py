@@ -267,9 +267,10 @@ def _scheduled(lowering: Lowering, target, any_target: bool) -> tuple[Lowering, 
     """(the lowering with its constants in the layout the target's schedule reads, whether it is scheduled):
     with `any_target`, a group this target's schedule cannot take keeps its constants and plain compute."""
     sched = registry.get_schedule(lowering.compute, target.kind.name)
-    if any_target and (sched is None or sched.why_not(lowering.attrs, _lowering_shapes(lowering), target)):
+    shapes = _lowering_shapes(lowering)
+    if any_target and (sched is None or sched.why_not(lowering.attrs, shapes, target)):
         return lowering, False
-    return dataclasses.replace(lowering, constants=sched.packed(lowering.constants, lowering.attrs, target)), True
+    return dataclasses.replace(lowering, constants=sched.packed(lowering.constants, lowering.attrs, shapes, target)), True
 
 
 def _build_primfunc(lowering: Lowering, target, scheduled: bool = True, batch_dims: frozenset[str] | None = None):

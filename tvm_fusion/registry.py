@@ -5,9 +5,10 @@
 
 A schedule may carry `supports(attrs, shapes, target) -> str | None`: a returned string is the reason it
 cannot handle a case, and the rule then declines with that reason (the match falls back to TVM).
-It may also carry `pack(constants, attrs, target) -> list | None`: the group's constants (numpy arrays)
-re-laid out at compile time into the tile layout its kernel reads (None: keep them as they are); the
-compute then receives the packed constants.
+It may also carry `pack(constants, attrs, shapes, target) -> list | None`: the group's constants (numpy
+arrays) re-laid out at compile time into the tile layout its kernel reads (None: keep them as they are;
+`shapes` as `supports` gets them: the inputs', then the constants'); the compute then receives the packed
+constants.
 Duplicates are refused; unknown names are answered with close candidates. The same definition registered
 again is not a duplicate: a rules file that registers its kernel runs again each time it is loaded
 (`--rules FILE` in two commands of one process) and replaces its own entries (`same_definition`).
@@ -36,11 +37,11 @@ class Schedule:
     target: str
     apply: Callable  # (sch: tvm.s_tir.Schedule, attrs: dict, target) -> None
     supports: Callable | None = None  # (attrs, shapes, target) -> str | None
-    pack: Callable | None = None  # (constants, attrs, target) -> list[np.ndarray] | None
+    pack: Callable | None = None  # (constants, attrs, shapes, target) -> list[np.ndarray] | None
 
-    def packed(self, constants: list, attrs: dict, target) -> list:
+    def packed(self, constants: list, attrs: dict, shapes: list, target) -> list:
         """The constants in the layout this schedule's kernel reads."""
-        out = self.pack(constants, attrs, target) if self.pack else None
+        out = self.pack(constants, attrs, shapes, target) if self.pack else None
         return constants if out is None else list(out)
 
     def why_not(self, attrs: dict, shapes: dict, target) -> str | None:

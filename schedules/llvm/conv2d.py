@@ -5,10 +5,12 @@ group, rows, columns; zero weights and zero input rows feed the padding), and th
 real outputs only, so every shape gets a full tile and no shape takes an untiled schedule.
 
 Dense and grouped convs (`tiled`): output channels in vectors of L lanes, a register tile of output pixels x
-output channels, the epilogue applied to each tile while it is in registers.
+output channels, the epilogue applied to each tile while it is in registers. W is packed at compile time
+(`pack_conv`, the schedule's pack hook) into Wp[oc block, rc, rh, rw, OC]: each block's panel is contiguous,
+oc innermost (a W left unpacked, e.g. by a caller of the compute alone, is copied into that panel per task).
 
     parallel for (n, oc block of OC = L * v channels, inside one group):
-        panel[rc, rh, rw, OC] = W[oc block, rc, rh, rw] (0 for padded channels)   # oc innermost
+        panel[rc, rh, rw, OC] = Wp[oc block]                     # packed once (0 for padded channels)
         for (row tile, column tile):                             # rows * cols output pixels
             acc[rows, cols, OC] = 0                              # rows * cols * v vector registers
             for rh, rw, rc:
@@ -36,10 +38,11 @@ from tvm_fusion.errors import FusionError
 from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
-from tvm_fusion.schedules.conv2d import CONV_FAMILY, ConvPadding, conv2d_out_size, conv2d_padded
+from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvPadding, conv2d_out_size, conv2d_padded,
+                                         pack_channel_blocks)
 
 __all__ = ["ConvTile", "RowTile", "ConvPlan", "choose_tile", "choose_row_tile", "conv_plan", "max_accumulators",
-           "conv2d_llvm", "schedule_conv2d_llvm"]
+           "conv2d_llvm", "pack_conv", "schedule_conv2d_llvm"]
 
 FLOAT_BYTES = 4
 # vector registers a tile leaves to the panel vectors and the broadcast temporary (28 of 32 zmm accumulate)
@@ -59,6 +62,22 @@ MIN_CHAINS = 6
 # depthwise conv ran 1.12x slower padded to 16 columns than TVM's generic 7-lane schedule
 MIN_DEPTHWISE_LANES = 4
 LOADS_PER_FMA = 2
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What one reduction step of a tile costs, in FMA slots: loads issued per FMA slot, and the independent
+    accumulators the FMA pipes need to hide their latency."""
+    loads_per_fma: float = LOADS_PER_FMA
+    min_chains: int = MIN_CHAINS
+
+
+#: per vector ISA (`hardware.cpu_facts`), the tiled kernel's step cost; others: StepCost(). With AVX2 a core
+#: issues two 256-bit FMAs and two loads a cycle, so a load costs a whole FMA slot and 2 pipes x 4 cycles of
+#: latency want 8 chains (AVX-512 on Zen 4: one double-pumped zmm FMA a cycle, two loads). Measured on Zen 4
+#: built for x86-64-v3, one thread, CPU time: 3x3 256 -> 256 on 14x14 3.8 -> 2.8 ms (2 x 5 pixels instead of
+#: 1 x 7), 1x1 2048 -> 512 on 7x7 1.8 -> 1.3 ms (2 x 4 instead of 1 x 7).
+TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=8)}
 
 
 def max_accumulators(facts: CpuFacts) -> int:
@@ -115,12 +134,13 @@ class ConvPlan:
     padding: ConvPadding
 
 
-def _efficiency(accumulators: int, loads: int, real: tuple[int, ...], padded: tuple[int, ...]) -> float:
+def _efficiency(accumulators: int, loads: int, real: tuple[int, ...], padded: tuple[int, ...],
+                cost: StepCost = StepCost()) -> float:
     """Real outputs per FMA slot of a reduction step (1.0: the tile divides the output and is FMA bound)."""
     useful = accumulators
     for r, p in zip(real, padded):
         useful *= r / p
-    return round(useful / max(accumulators, loads / LOADS_PER_FMA, MIN_CHAINS), 6)
+    return round(useful / max(accumulators, loads / cost.loads_per_fma, cost.min_chains), 6)
 
 
 def _oc_vector_options(opg: int, groups: int, reduction: int, tasks_wanted: int, lanes: int) -> list[int]:
@@ -137,10 +157,11 @@ def _oc_vector_options(opg: int, groups: int, reduction: int, tasks_wanted: int,
 
 def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, threads: int,
                 facts: CpuFacts, groups: int = 1) -> ConvTile:
-    """The register tile with the most real outputs per FMA slot (`_efficiency`; the output padded to the
-    tile: channels per group, rows, columns), ties to more accumulators, then to fewer loads per step.
+    """The register tile with the most real outputs per FMA slot (`_efficiency` at the ISA's
+    TILED_STEP_COSTS; the output padded to the tile: channels per group, rows, columns), ties to more accumulators, then to fewer loads per step.
     Several rows per tile only when a tile covers whole rows (narrow outputs)."""
     lanes, budget, opg = facts.float32_lanes, max_accumulators(facts), cout // groups
+    cost = TILED_STEP_COSTS.get(facts.isa, StepCost())
     tasks_wanted = max(1, -(-threads // batch))
     best, best_key = None, None
     for v in _oc_vector_options(opg, groups, reduction, tasks_wanted, lanes):
@@ -149,7 +170,7 @@ def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, thr
             for rows in range(1, min(hout, budget // (v * cols)) + 1) if cols == wout else [1]:
                 tile = ConvTile(v, rows, cols, lanes)
                 eff = _efficiency(tile.accumulators, tile.loads_per_step, (opg, hout, wout),
-                                  (gp, _ceil_to(hout, rows), _ceil_to(wout, cols)))
+                                  (gp, _ceil_to(hout, rows), _ceil_to(wout, cols)), cost)
                 key = (eff, tile.accumulators, -tile.loads_per_step)
                 if best_key is None or key > best_key:
                     best, best_key = tile, key
@@ -208,16 +229,36 @@ def _current_facts() -> CpuFacts:
 @register_compute(CONV_FAMILY, target="llvm")
 def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, **attrs):
     """The conv2d_affine compute over the output padded to `conv_plan`'s tile for the current target."""
-    n, _, hin, win = dims(x.shape)  # n may be a symbolic batch, planned for as 1
-    cout, cpg, kh, kw = (int(d) for d in w.shape)
-    hout = conv2d_out_size(hin, kh, strides[0], padding[0], padding[2], dilation[0])
-    wout = conv2d_out_size(win, kw, strides[1], padding[1], padding[3], dilation[1])
-    plan = conv_plan(_planned_batch(n), cout, hout, wout, cpg, kh, kw, groups, _current_facts(),
-                     strided=strides[1] > 1)
+    cout = int(b.shape[0])  # W may be packed (pack_conv)
+    plan = _plan(dims(x.shape), cout, [int(d) for d in w.shape[1:4]], strides, padding, dilation, groups,
+                 _current_facts())
     return conv2d_padded(x, w, b, residual, strides=strides, padding=padding, dilation=dilation, groups=groups,
                          activation=attrs.get("activation"), activation_params=attrs.get("activation_params"),
                          residual_after_activation=attrs.get("residual_after_activation", False),
                          out_padding=plan.padding)
+
+
+def _plan(x_shape, cout: int, w_taps, strides, padding, dilation, groups: int, facts: CpuFacts) -> ConvPlan:
+    """conv_plan of a conv with input `x_shape` (NCHW, the batch planned for as 1 when symbolic) and W
+    [cout, *w_taps]."""
+    n, _, hin, win = x_shape
+    cpg, kh, kw = w_taps
+    hout = conv2d_out_size(int(hin), kh, strides[0], padding[0], padding[2], dilation[0])
+    wout = conv2d_out_size(int(win), kw, strides[1], padding[1], padding[3], dilation[1])
+    return conv_plan(_planned_batch(n), cout, hout, wout, cpg, kh, kw, groups, facts, strided=strides[1] > 1)
+
+
+def pack_conv(constants, attrs, shapes, target):
+    """W [O, C/G, KH, KW]  ==>  Wp [O' / B, C/G, KH, KW, B] (`pack_channel_blocks`; B: the tile's output
+    channels, O': the channels padded per group to the tile), packed once at compile time so the kernel
+    reads each reduction step's weights as one vector per `lanes` channels; None for depthwise (its
+    weights are broadcast, one per tap)."""
+    w, b = constants
+    plan = _plan(shapes[0], int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"], attrs["dilation"],
+                 attrs.get("groups", 1), cpu_facts(target))
+    if plan.kernel != "tiled":
+        return None
+    return [pack_channel_blocks(w, attrs.get("groups", 1), plan.padding.group_channels, plan.tile.channels), b]
 
 
 def _planned_batch(n) -> int:
@@ -278,8 +319,10 @@ def _pack_weights(sch, conv, at_loop, reduction: int, lanes: int):
     panel [rc, rh, rw, oc] at `at_loop`: the copy reads W rows contiguously (vectorized) and writes each
     element to its oc column."""
     panel = _optional_block(sch, "weight")
+    weight_index = len(sch.get(conv).reads) - 1  # reads are (input, weight)
+    if panel is None and len(sch.get(conv).reads[weight_index].region) == 5:
+        return  # packed at compile time (pack_conv): already [oc block, rc, rh, rw, oc]
     if panel is None:
-        weight_index = len(sch.get(conv).reads) - 1  # reads are (input, weight)
         panel = sch.cache_read(conv, weight_index, "global")
     sch.compute_at(panel, at_loop)
     sch.transform_layout(panel, ("write", 0), lambda o, c, r, s: (c, r, s, o))
@@ -343,7 +386,7 @@ def _schedule_depthwise(sch, conv, epi, tile: RowTile):
     _vectorize_own_inner_loop(sch, epi, conv)
 
 
-@register_schedule(CONV_FAMILY, target="llvm")
+@register_schedule(CONV_FAMILY, target="llvm", pack=pack_conv)
 def schedule_conv2d_llvm(sch, attrs, target):
     conv = sch.get_sblock("conv")
     epi = sch.get_sblock("epilogue")

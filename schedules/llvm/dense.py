@@ -39,7 +39,7 @@ def row_block(m: int, cols: int, facts) -> int:
     return max(r for r in range(1, min(m, most) + 1) if m % r == 0)
 
 
-def pack_dense(constants, attrs, target):
+def pack_dense(constants, attrs, shapes, target):
     """W [K, N]  ==>  Wp [N / COLS, K, COLS] (None when N has no vector-sized divisor: W stays as it is)."""
     w, b = constants
     cols = column_block(w.shape[1], cpu_facts(target).float32_lanes)
