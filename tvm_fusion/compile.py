@@ -278,6 +278,8 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
                  "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in g.attrs.items()}}
         if kernels:
             entry["kernels"] = _kernels_of(g.function, kernels)
+        if g.kernel:
+            entry["engine"] = g.kernel
         groups.append(entry)
     manifest = {
         "model": name,
@@ -290,6 +292,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         "precision": _precision_record(precision),
         "rule_counts": built.counts,
         "groups": groups,
+        "tensor_core_groups": sum(g.kernel.startswith("tensor cores") for g in built.fused.groups),
         "builds": builds,
         "declined": [asdict(d) for d in built.fused.decisions if d.reason],
         "verification": verification.manifest(),

@@ -1,0 +1,199 @@
+"""Tensor-core matmul schedule: C[i, j] = sum_k A[i, k] * B[k, j] in float16 / bfloat16 with float32
+accumulators on wmma m16n16k16 fragments, then the epilogue (bias, residual, activation, the cast) applied
+on the accumulator tile in shared memory, before the one store to global memory.
+
+The schedule is dlight's MatmulTensorization (tvm/s_tir/dlight/gpu/matmul.py) made for our kernels:
+bfloat16 as well as float16 (TVM's own wmma generators, `_tvm.wmma_intrinsics`), tiles sized against the
+target's opt-in dynamic shared memory (`hardware.cuda_facts`), and on sm_80+ the global -> shared copies
+issued as cp.async in a two-stage software pipeline (the next K tile loads while this one multiplies).
+
+    block tile    (WARPS_M * WARP_M * 16) x (WARPS_N * WARP_N * 16) outputs, K in k_chunk * 16 steps
+    warps         WARPS_M x WARPS_N per block (threadIdx.y), each WARP_M x WARP_N fragments of 16 x 16
+    shared.dyn    A and B tiles (x2 when pipelined), the per-warp float32 accumulator tile for the epilogue
+
+`plan(...)` says whether a matmul of given sizes and dtype takes tensor cores on a target, and why not;
+`schedule_tensor_core(sch, plan)` schedules the function's one reduction block (any einsum dlight's index
+analysis normalises to C[S, I, J] += A[S, I, K] * B[S, J, K]: a dense, a 1x1 conv, an implicit-GEMM conv).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm_fusion import _tvm
+from tvm_fusion.hardware import cuda_facts, cuda_sm_version
+
+__all__ = ["TensorCorePlan", "plan", "schedule_tensor_core", "HALF_DTYPES", "MIN_SM", "MIN_EXTENT"]
+
+HALF_DTYPES = ("float16", "bfloat16")
+MIN_SM = 80  # bfloat16 wmma and cp.async need sm_80; below, float16 wmma exists but we keep CUDA cores
+MIN_EXTENT = 64  # dlight's threshold: a dim at most this small pads a 128-wide tile mostly with zeros
+FRAGMENT = 16  # wmma m16n16k16
+WARP_SIZE = 32
+VECTOR = 4  # elements per thread per copy (8 bytes of half)
+#: (warps along M, fragments per warp along M, warps along N, fragments per warp along N, K fragments per
+#: step), largest first; the first whose shared memory fits the target is used
+TILES = ((4, 2, 4, 2, 4), (4, 2, 4, 2, 2), (2, 2, 2, 2, 2))
+A_PAD, C_PAD = 8, 4  # storage_align offsets (elements) against shared-memory bank conflicts
+
+
+@dataclass(frozen=True)
+class TensorCorePlan:
+    """Tensor cores or not for one matmul; `reason` says why not (None: tensor cores)."""
+
+    dtype: str
+    reason: str | None
+    tile: tuple = ()
+    pipelined: bool = False  # cp.async two-stage pipeline (sm_80+)
+    b_kn: bool = True  # B tiles kept [K, N] (W[k, n] rows are contiguous over n), else [N, K]
+    shared_bytes: int = 0  # dynamic shared memory the tile model needs
+
+    @property
+    def engine(self) -> str:
+        """One line for explain and the manifest."""
+        if self.reason:
+            return f"CUDA cores ({self.reason})"
+        wm, fm, wn, fn, fk = self.tile
+        return (f"tensor cores: wmma m16n16k16 {self.dtype} -> float32, block tile "
+                f"{wm * fm * FRAGMENT}x{wn * fn * FRAGMENT}x{fk * FRAGMENT}, {wm * wn} warps, "
+                f"{self.shared_bytes // 1024} KB dynamic shared memory"
+                + (", cp.async pipeline" if self.pipelined else ""))
+
+
+def tile_shared_bytes(tile: tuple, dtype_bytes: int, pipelined: bool) -> int:
+    """Shared memory of a tile: A and B (padded rows, x2 stages when pipelined), or the float32 accumulator
+    tiles of the warps (padded rows) where larger: they live after the K loop, and TVM's
+    MergeSharedMemoryAllocations gives them the space of A and B."""
+    wm, fm, wn, fn, fk = tile
+    k = fk * FRAGMENT
+    ab = (wm * fm + wn * fn) * FRAGMENT * (k + A_PAD) * dtype_bytes * (2 if pipelined else 1)
+    acc = wm * wn * (fm * FRAGMENT) * (fn * FRAGMENT + C_PAD) * 4
+    return max(ab, acc)
+
+
+def plan(m, n, k, dtype: str, target, *, b_kn: bool = True) -> TensorCorePlan:
+    """Tensor cores for an M x N x K matmul of `dtype` inputs on `target`, or the reason not. `b_kn`: B is
+    contiguous along N in memory (a dense's W[K, N]); else along K (a conv's W[O, C, ...]). The shared tiles
+    keep the global memory's contiguous axis innermost, so each thread's vector copy (cp.async) reads
+    contiguous bytes."""
+    if dtype not in HALF_DTYPES:
+        return TensorCorePlan(dtype, f"{dtype} inputs; tensor cores take {' or '.join(HALF_DTYPES)}")
+    if target.kind.name != "cuda":
+        return TensorCorePlan(dtype, f"target {target.kind.name} has no tensor cores")
+    sm = cuda_sm_version(target)
+    if sm < MIN_SM:
+        return TensorCorePlan(dtype, f"arch {target.attrs.get('arch', '?')} is below sm_{MIN_SM} "
+                                     "(bfloat16 wmma and cp.async need sm_80)")
+    for name, extent in (("M", m), ("N", n), ("K", k)):
+        if not isinstance(extent, int):
+            return TensorCorePlan(dtype, f"{name} = {extent} is symbolic; the tensor-core tile needs it known")
+        if extent <= MIN_EXTENT:
+            return TensorCorePlan(dtype, f"{name} = {extent} <= {MIN_EXTENT}: a tensor-core tile would be "
+                                         "mostly padding")
+    for name, extent, rows in (("K", k, "x's rows" if b_kn else "x's and W's rows"), ("N", n, "W's rows")):
+        if (name == "K" or b_kn) and extent % VECTOR:
+            return TensorCorePlan(dtype, f"{name} = {extent} is not a multiple of {VECTOR}: the {VECTOR * 2}-byte "
+                                         f"copies of {rows} would be misaligned")
+    facts = cuda_facts(target)
+    budget = facts.shared_optin_bytes if facts.known else facts.shared_static_bytes
+    for tile in TILES:
+        need = tile_shared_bytes(tile, 2, True)
+        if need <= budget:
+            return TensorCorePlan(dtype, None, tile, pipelined=True, shared_bytes=need, b_kn=b_kn)
+    return TensorCorePlan(dtype, f"no tensor-core tile fits {budget} B of shared memory")
+
+
+def schedule_tensor_core(sch, tc: TensorCorePlan) -> bool:
+    """Schedule the one reduction block of `sch`'s function on tensor cores as `tc` says; False (and `sch`
+    left half-scheduled: use a fresh copy) when a tensor intrinsic does not match the block."""
+    get_root_block, get_reduction_blocks, get_index_map, inline_producers, inline_consumers = \
+        _tvm.dlight_matmul_helpers()
+    intrin = _tvm.wmma_intrinsics(tc.dtype, trans_b=not tc.b_kn)
+    wm, fm, wn, fn, fk = tc.tile
+    reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+    if not reductions or len(reductions) != 1:
+        return False
+    block = reductions[0]
+    # normalise to C[S, I, J] += A[S, I, K] * B[S, J, K]
+    a_re, b_re = sch.reindex(block, ("read", 0)), sch.reindex(block, ("read", 1))
+    c_re = sch.reindex(block, ("write", 0))
+    maps = get_index_map(sch.get(block))
+    if maps is None:
+        return False
+    mm_map, a_map, b_map, c_map = maps
+    sch.transform_layout(a_re, ("write", 0), a_map)
+    sch.transform_layout(b_re, ("write", 0), b_map)
+    if tc.b_kn:  # B[S, J, K] -> B[S, K, J]
+        sch.transform_layout(b_re, ("write", 0), lambda s, j, k: (s, k, j))
+    sch.transform_layout(c_re, ("read", 0), c_map)
+    sch.transform_block_layout(block, mm_map)
+    sch.pad_einsum(block, [1, FRAGMENT * wm * fm, FRAGMENT * wn * fn, FRAGMENT * fk])
+
+    batch, i, j, k = sch.get_loops(block)
+    i, i_in = sch.split(i, [None, FRAGMENT])
+    j, j_in = sch.split(j, [None, FRAGMENT])
+    k, k_in = sch.split(k, [None, FRAGMENT])
+    sch.reorder(i, j, k, i_in, j_in, k_in)
+    inner = block
+    outer = sch.blockize(i_in)
+    i0, i1, i2 = sch.split(i, [None, wm, fm])
+    j0, j1, j2 = sch.split(j, [None, wn, fn])
+    k0, k1 = sch.split(k, [None, fk])
+    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
+    sch.bind(batch, "blockIdx.z")
+    sch.bind(sch.fuse(i0, j0), "blockIdx.x")
+    warp = sch.fuse(i1, j1)
+    sch.bind(warp, "threadIdx.y")
+
+    def to_shared(index):
+        copy = sch.cache_read(outer, index, "shared.dyn")
+        sch.compute_at(copy, k0)
+        fused = sch.fuse(*sch.get_loops(copy)[-2:])
+        _, ty, tx, vec = sch.split(fused, [None, wm * wn, WARP_SIZE, VECTOR])
+        sch.bind(tx, "threadIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.vectorize(vec)
+        sch.storage_align(copy, 0, axis=-2, factor=16, offset=A_PAD)
+        return copy
+
+    a_s, b_s = to_shared(0), to_shared(1)
+    inline_producers(sch, a_s)
+    inline_producers(sch, b_s)
+    a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
+    b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
+    sch.compute_at(a_frag, k1)
+    sch.compute_at(b_frag, k1)
+    acc_shared = sch.cache_write(outer, 0, "shared.dyn")
+    sch.storage_align(acc_shared, 0, -2, 16, C_PAD)
+    store = sch.cache_write(outer, 0, "wmma.accumulator")
+    sch.reverse_compute_at(store, warp)
+    sch.reverse_compute_at(acc_shared, warp)
+    si, sj = sch.get_loops(store)[-2:]
+    si0, si1 = sch.split(si, [None, FRAGMENT])
+    sj0, sj1 = sch.split(sj, [None, FRAGMENT])
+    sch.reorder(si0, sj0, si1, sj1)
+    init = sch.get_child_blocks(sch.decompose_reduction(outer, k0))[0]
+    try:
+        for frag, name in ((a_frag, "load_a"), (b_frag, "load_b")):
+            fi, fj = sch.get_loops(frag)[-2:]
+            fi0, fi1 = sch.split(fi, [None, FRAGMENT])
+            fj0, fj1 = sch.split(fj, [None, FRAGMENT])
+            sch.reorder(fi0, fj0, fi1, fj1)
+            sch.unroll(fi0)
+            sch.unroll(fj0)
+            sch.tensorize(fi1, intrin[name])
+        sch.tensorize(sch.get_loops(init)[-2], intrin["init"])
+        sch.tensorize(sch.get_loops(store)[-2], intrin["store"])
+        sch.tensorize(sch.get_loops(inner)[-3], intrin["compute"])
+    except Exception:  # noqa: BLE001  (TVM raises TVMError / ScheduleError: the block is not a matmul it takes)
+        return False
+    inline_consumers(sch, acc_shared)  # the epilogue reads the accumulator tile: applied before the store
+    fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
+    _, tx, vec = sch.split(fused, [None, WARP_SIZE, VECTOR])
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(vec)
+    if tc.pipelined:  # k0 runs [A copy, B copy, k1 loop]: copies of step k0 + 1 overlap the MMAs of step k0
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k0, "software_pipeline_async_stages", [0])
+    return True
