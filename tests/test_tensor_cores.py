@@ -38,6 +38,32 @@ def mlp():
     return g.model([g.op("Sigmoid", [g.op("Gemm", [h, w3, b3])])])
 
 
+def conv_net():
+    """A bottleneck: 1x1 96->128 + BN + Relu, 3x3 128->128 + BN + the 1x1's output + Relu, 3x3 stride 2 128->64
+    + Relu (64 output channels: below the tensor-core tile), depthwise 3x3 + Relu (groups)."""
+    g = GraphBuilder(6)
+    x = g.input("x", [1, 96, 28, 28])
+    a = g.op("Relu", [g.bn(g.conv(x, 96, 128, k=1, pads=[0] * 4, bias=False), 128)])
+    y = g.op("Relu", [g.op("Add", [g.bn(g.conv(a, 128, 128, pads=[1] * 4, bias=False), 128), a])])
+    y = g.op("Relu", [g.conv(y, 128, 64, stride=2, pads=[1] * 4)])
+    return g.model([g.op("Relu", [g.conv(y, 64, 64, pads=[1] * 4, groups=64)])])
+
+
+TENSOR_CORES = ("tensor cores: wmma m16n16k16 float16 -> float32, block tile 128x128x64, 16 warps, "
+                "72 KB dynamic shared memory, cp.async pipeline")
+CONV_ENGINES = [  # (rule, engine) of each group of conv_net() on sm_90, in the model's order
+    ("conv2d_bn_relu", TENSOR_CORES),
+    ("conv2d_bn_add_relu", TENSOR_CORES),
+    ("conv2d_bias_relu", "CUDA cores (M = 64 <= 64: a tensor-core tile would be mostly padding)"),
+    ("conv2d_bias_relu", "CUDA cores (M = 1 <= 64: a tensor-core tile would be mostly padding)"),  # depthwise
+]
+
+
+def test_explain_says_which_convs_use_tensor_cores():
+    groups = explain(as_float16(conv_net()), {"kind": "cuda", "arch": "sm_90"}).result.groups
+    assert sorted((g.rule, g.kernel) for g in groups) == sorted(CONV_ENGINES)
+
+
 def test_explain_says_which_kernels_use_tensor_cores():
     result = explain(as_float16(mlp()), {"kind": "cuda", "arch": "sm_90"}).result
     assert {g.rule: g.kernel for g in result.groups} == {r: e.format(dtype="float16") for r, e in ENGINES.items()}
@@ -68,3 +94,24 @@ def test_compile_for_sm90_reports_tensor_core_kernels(tmp_path, precision):
     engines = {g["rule"]: g["engine"] for g in manifest["groups"]}
     assert engines == {r: e.format(dtype=dtype) for r, e in ENGINES.items()}
     assert manifest["cuda_binary"]["format"] in ("fatbin", "cubin", "ptx")
+
+
+@pytest.mark.slow
+def test_resnet50_fp16_on_sm90_runs_46_convs_on_tensor_cores(resnet50_mod, rules):
+    """--precision fp16 ResNet-50 for sm_90: 46 of its 53 convs on tensor cores, all but the stem (K = 3 * 7 * 7
+    = 147 is not a multiple of 4) and the six convs of the first stage with 64 output channels; the
+    classifier (M = 1) on CUDA cores."""
+    from collections import Counter
+
+    from tvm_fusion.build import resolve_target
+    from tvm_fusion.fuse import fuse
+    from tvm_fusion.precision import convert
+
+    groups = fuse(convert(resnet50_mod, "fp16"), resolve_target("cuda", "sm_90"), rules).groups
+    engines = Counter((g.rule.startswith("conv2d"), g.kernel.split(" (")[0].split(":")[0]) for g in groups)
+    assert engines == {(True, "tensor cores"): 46, (True, "CUDA cores"): 7, (False, "CUDA cores"): 1}
+    reasons = Counter(g.kernel for g in groups if g.kernel.startswith("CUDA cores"))
+    assert reasons == {"CUDA cores (M = 64 <= 64: a tensor-core tile would be mostly padding)": 6,
+                       "CUDA cores (K = 147 is not a multiple of 4: the 8-byte copies of W's rows would be "
+                       "misaligned)": 1,
+                       "CUDA cores (M = 1 <= 64: a tensor-core tile would be mostly padding)": 1}

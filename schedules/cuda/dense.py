@@ -21,14 +21,12 @@ cp.async: the function is marked `dlight.do_not_tensorize` so that path is never
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from tvm_fusion._tvm import Schedule, dlight, tirx
+from tvm_fusion._tvm import dlight, tirx
 from tvm_fusion.errors import FusionError
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.dense import DENSE_FAMILY
 
-from .tensor_core import TensorCorePlan, plan, schedule_tensor_core
+from .tensor_core import TensorCorePlan, plan, try_tensor_cores
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")  # half: float32 accumulators
 NO_TENSORIZE = "dlight.do_not_tensorize"  # dlight's own wmma path: see the module docstring
@@ -60,13 +58,9 @@ def tensor_core_plan(func, target) -> TensorCorePlan:
 @register_schedule(DENSE_FAMILY, target="cuda", supports=supports)
 def schedule_dense_cuda(sch, attrs, target) -> str:
     """Schedules in place; returns the engine (tensor cores, or CUDA cores and why)."""
-    tc = tensor_core_plan(sch.mod["main"], target)
+    tc = try_tensor_cores(sch, tensor_core_plan(sch.mod["main"], target), "dense", target)
     if tc.reason is None:
-        trial = Schedule(sch.mod)
-        if schedule_tensor_core(trial, tc):
-            trial.trace.apply_to_schedule(sch, remove_postproc=False)
-            return tc.engine
-        tc = replace(tc, reason="the wmma intrinsics do not match this dense block")
+        return tc.engine
     func = sch.mod["main"].with_attr(NO_TENSORIZE, True)
     for rule in RULES:
         scheduled = rule().apply(func, target, False)

@@ -18,12 +18,13 @@ analysis normalises to C[S, I, J] += A[S, I, K] * B[S, J, K]: a dense, a 1x1 con
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tvm_fusion import _tvm
 from tvm_fusion.hardware import cuda_facts, cuda_sm_version
 
-__all__ = ["TensorCorePlan", "plan", "schedule_tensor_core", "HALF_DTYPES", "MIN_SM", "MIN_EXTENT"]
+__all__ = ["TensorCorePlan", "plan", "schedule_tensor_core", "try_tensor_cores", "HALF_DTYPES", "MIN_SM", "VECTOR",
+           "MIN_EXTENT"]
 
 HALF_DTYPES = ("float16", "bfloat16")
 MIN_SM = 80  # bfloat16 wmma and cp.async need sm_80; below, float16 wmma exists but we keep CUDA cores
@@ -46,6 +47,7 @@ class TensorCorePlan:
     tile: tuple = ()
     pipelined: bool = False  # cp.async two-stage pipeline (sm_80+)
     b_kn: bool = True  # B tiles kept [K, N] (W[k, n] rows are contiguous over n), else [N, K]
+    b_vector: int = VECTOR  # elements per thread per copy of B (1: B is gathered element by element)
     shared_bytes: int = 0  # dynamic shared memory the tile model needs
 
     @property
@@ -71,11 +73,14 @@ def tile_shared_bytes(tile: tuple, dtype_bytes: int, pipelined: bool) -> int:
     return max(ab, acc)
 
 
-def plan(m, n, k, dtype: str, target, *, b_kn: bool = True) -> TensorCorePlan:
+def plan(m, n, k, dtype: str, target, *, b_kn: bool = True, a_rows: str = "x's rows",
+         b_rows: str | None = "W's rows", b_vector: int = VECTOR) -> TensorCorePlan:
     """Tensor cores for an M x N x K matmul of `dtype` inputs on `target`, or the reason not. `b_kn`: B is
-    contiguous along N in memory (a dense's W[K, N]); else along K (a conv's W[O, C, ...]). The shared tiles
-    keep the global memory's contiguous axis innermost, so each thread's vector copy (cp.async) reads
-    contiguous bytes."""
+    contiguous along N in memory (a dense's W[K, N], a conv's pixels); else along K. The shared tiles keep
+    the global memory's contiguous axis innermost, so each thread's vector copy (cp.async) reads contiguous
+    bytes, which must then be aligned: A's rows of K elements (`a_rows`, the name in the reason) and B's
+    rows of N (`b_rows`; None: B is gathered, as a conv's im2col). `b_vector`: elements per copy of B; 1
+    where its elements are not contiguous (TVM's cp.async would copy a strided vector as a contiguous one)."""
     if dtype not in HALF_DTYPES:
         return TensorCorePlan(dtype, f"{dtype} inputs; tensor cores take {' or '.join(HALF_DTYPES)}")
     if target.kind.name != "cuda":
@@ -90,8 +95,8 @@ def plan(m, n, k, dtype: str, target, *, b_kn: bool = True) -> TensorCorePlan:
         if extent <= MIN_EXTENT:
             return TensorCorePlan(dtype, f"{name} = {extent} <= {MIN_EXTENT}: a tensor-core tile would be "
                                          "mostly padding")
-    for name, extent, rows in (("K", k, "x's rows" if b_kn else "x's and W's rows"), ("N", n, "W's rows")):
-        if (name == "K" or b_kn) and extent % VECTOR:
+    for name, extent, rows in (("K", k, a_rows), ("N", n, b_rows)):
+        if rows is not None and extent % VECTOR:
             return TensorCorePlan(dtype, f"{name} = {extent} is not a multiple of {VECTOR}: the {VECTOR * 2}-byte "
                                          f"copies of {rows} would be misaligned")
     facts = cuda_facts(target)
@@ -99,7 +104,7 @@ def plan(m, n, k, dtype: str, target, *, b_kn: bool = True) -> TensorCorePlan:
     for tile in TILES:
         need = tile_shared_bytes(tile, 2, True)
         if need <= budget:
-            return TensorCorePlan(dtype, None, tile, pipelined=True, shared_bytes=need, b_kn=b_kn)
+            return TensorCorePlan(dtype, None, tile, pipelined=True, shared_bytes=need, b_kn=b_kn, b_vector=b_vector)
     return TensorCorePlan(dtype, f"no tensor-core tile fits {budget} B of shared memory")
 
 
@@ -145,18 +150,18 @@ def schedule_tensor_core(sch, tc: TensorCorePlan) -> bool:
     warp = sch.fuse(i1, j1)
     sch.bind(warp, "threadIdx.y")
 
-    def to_shared(index):
+    def to_shared(index, vector):
         copy = sch.cache_read(outer, index, "shared.dyn")
         sch.compute_at(copy, k0)
         fused = sch.fuse(*sch.get_loops(copy)[-2:])
-        _, ty, tx, vec = sch.split(fused, [None, wm * wn, WARP_SIZE, VECTOR])
+        _, ty, tx, vec = sch.split(fused, [None, wm * wn, WARP_SIZE, vector])
         sch.bind(tx, "threadIdx.x")
         sch.bind(ty, "threadIdx.y")
         sch.vectorize(vec)
         sch.storage_align(copy, 0, axis=-2, factor=16, offset=A_PAD)
         return copy
 
-    a_s, b_s = to_shared(0), to_shared(1)
+    a_s, b_s = to_shared(0, VECTOR), to_shared(1, tc.b_vector)
     inline_producers(sch, a_s)
     inline_producers(sch, b_s)
     a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
@@ -197,3 +202,22 @@ def schedule_tensor_core(sch, tc: TensorCorePlan) -> bool:
         sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
         sch.annotate(k0, "software_pipeline_async_stages", [0])
     return True
+
+
+def try_tensor_cores(sch, tc: TensorCorePlan, what: str, target) -> TensorCorePlan:
+    """Schedule `sch` on tensor cores where `tc` says so (a copy is scheduled, and its trace replayed on `sch`
+    once every intrinsic matched and every vector copy reads contiguous elements, the condition of a correct
+    cp.async); returns `tc`, or `tc` with the reason it was not done (`sch` untouched)."""
+    from .gpu_limits import vector_copy_strides
+
+    if tc.reason is not None:
+        return tc
+    trial = _tvm.Schedule(sch.mod)
+    if not schedule_tensor_core(trial, tc):
+        return replace(tc, reason=f"the wmma intrinsics do not match this {what} block")
+    strided = sorted({s for s in vector_copy_strides(trial.mod["main"], target) if s != 1})
+    if tc.pipelined and strided:
+        return replace(tc, reason=f"a vector copy of this {what} reads elements {strided[0]} apart (cp.async "
+                                  "copies contiguous bytes)")
+    trial.trace.apply_to_schedule(sch, remove_postproc=False)
+    return tc
