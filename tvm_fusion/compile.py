@@ -49,6 +49,8 @@ class CompileResult:
             *([f"      {m['weights']['file']} ({m['weights']['bytes']} bytes, {len(m['weights']['params'])} "
                 "weights outside the library)"] if m.get("weights") else []),
             f"fused groups: {len(m['groups'])} ({fired})",
+            *([f"tensor cores: {m['tensor_core_groups']} of {len(m['groups'])} groups (groups[].engine says why "
+               "not for the others; `explain` too)"] if m.get("tensor_core_groups") else []),
             _verified(m["verification"]),
             "kernel calls per inference: " + ", ".join(f"{k} {v['kernel_calls']}" for k, v in b.items()),
             *([_binary_line(m)] if m.get("cuda_binary") else []),

@@ -14,9 +14,9 @@ from tvm_fusion._tvm import tvm
 from tvm_fusion.export import cuda_source
 from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.schedules.cuda.conv2d import schedule_conv2d_cuda, tensor_core_plan
-from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits, vector_copy_strides
+from tvm_fusion.schedules.cuda.gpu_limits import vector_copy_strides
 from tvm_fusion.schedules.cuda.tensor_core import schedule_tensor_core
-from tvm_fusion.schedules.cuda.tensor_core_test import _build, _OnTheCpu, cuda
+from tvm_fusion.schedules.cuda.tensor_core_test import _build, _OnTheCpu, assert_within_limits, cuda
 from tvm_fusion.schedules.llvm.conv2d_test import conv_reference
 from tvm_fusion.testing import assert_close, conv_primfunc
 
@@ -26,7 +26,7 @@ CASES = {  # name -> conv_primfunc arguments
     "3x3": dict(n=1, c=64, h=56, w=56, oc=128, k=3, pad=1),  # im2col through shared memory
     "3x3-s2": dict(n=1, c=128, h=28, w=28, oc=256, k=3, stride=2, pad=1),
     "1x1-s2": dict(n=1, c=256, h=56, w=56, oc=512, k=1, stride=2),  # ResNet's downsample
-    "7x7-odd": dict(n=1, c=68, h=15, w=13, oc=72, k=7, pad=(3, 2, 1, 3)),  # tiles cut by every extent
+    "7x7-odd": dict(n=1, c=68, h=15, w=13, oc=112, k=7, pad=(3, 2, 1, 3)),  # tiles cut by every extent
 }
 
 
@@ -51,8 +51,9 @@ def test_which_convs_take_tensor_cores():
     assert _plan("1x1", "float16").reason is None and _plan("3x3", "bfloat16", "sm_80").reason is None
     assert _plan("1x1", "float32").engine == "CUDA cores (float32 inputs; tensor cores take float16 or bfloat16)"
     assert _plan("1x1", "float16", "sm_75").reason.startswith("arch sm_75 is below sm_80")
-    assert _plan("3x3", "float16", oc=64).engine == \
-        "CUDA cores (M = 64 <= 64: a tensor-core tile would be mostly padding)"
+    assert _plan("3x3", "float16", oc=16).engine == ("CUDA cores (M, N, K = 16, 3136, 576 fill 25% of the fullest "
+                                                     "tensor-core tile (64x64x32); the schedule wants 50%)")
+    assert _plan("3x3", "float16", oc=64).tile == (2, 2, 2, 2, 2)  # 64 output channels: the 64x64 tile
     assert _plan("3x3", "float16", oc=256, groups=2).engine == "CUDA cores (2 groups; the implicit GEMM takes one)"
     assert _plan("7x7-odd", "float16", c=3).engine == \
         "CUDA cores (K = 147 is not a multiple of 4: the 8-byte copies of W's rows would be misaligned)"
@@ -74,8 +75,7 @@ def test_within_launch_limits_with_contiguous_async_copies(arch, dtype, name):
     func, attrs, _ = conv_case(name, dtype, target)
     func, engine = scheduled(func, attrs, target)
     assert engine.startswith("tensor cores: wmma m16n16k16"), engine
-    check = check_gpu_limits(func, target)
-    assert check.ok and check.shared_bytes == 0 and check.dynamic_shared_bytes > 48 * 1024, check
+    assert_within_limits(func, target, _plan(name, dtype, arch))
     strides = vector_copy_strides(func, target)
     assert strides and set(strides) == {1}  # W's rows (and a 1x1 conv's pixels): contiguous
 
@@ -99,9 +99,9 @@ def test_generated_code_uses_tensor_cores(arch, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("name,small", [("1x1", dict(n=2, c=96, h=12, w=12, oc=80)),
-                                        ("3x3-s2", dict(n=1, c=20, h=19, w=17, oc=72)),
-                                        ("7x7-odd", {})])
+@pytest.mark.parametrize("name,small", [("1x1", dict(n=2, c=96, h=12, w=12, oc=80)),  # the 64x64x32 tile
+                                        ("3x3-s2", dict(n=2, c=20, h=19, w=17, oc=96)),  # the 64x64x32 tile
+                                        ("7x7-odd", {})])  # the 128x128x64 tile
 def test_schedule_keeps_the_numerics(name, small, dtype):
     """x, W, residual half; b float32; relu; judged element by element against float64 NumPy with the half
     dtype's tolerance."""

@@ -11,7 +11,7 @@ CUDA pipeline (so the fused kernel is scheduled at least as well as the unfused 
 The epilogue (bias + activation) is computed from the accumulators by every rule. The winning rule
 schedules its own copy of the function; its trace is replayed on the schedule we are given.
 
-Half inputs (float16, bfloat16) on sm_80+ with M, N and K above 64 take tensor cores instead
+Half inputs (float16, bfloat16) on sm_80+ that fill at least half of a tensor-core tile take them instead
 (tensor_core.py: wmma m16n16k16 with float32 accumulators, cp.async copies, the epilogue applied to the
 accumulator tile before the store); every other case, and a half dense whose block the wmma intrinsics do
 not match, takes the rules above, and the schedule says why (`plan(...).engine`, shown by explain and in

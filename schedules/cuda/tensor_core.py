@@ -24,16 +24,18 @@ from tvm_fusion import _tvm
 from tvm_fusion.hardware import cuda_facts, cuda_sm_version
 
 __all__ = ["TensorCorePlan", "plan", "schedule_tensor_core", "try_tensor_cores", "HALF_DTYPES", "MIN_SM", "VECTOR",
-           "MIN_EXTENT"]
+           "MIN_UTILIZATION", "utilization"]
 
 HALF_DTYPES = ("float16", "bfloat16")
 MIN_SM = 80  # bfloat16 wmma and cp.async need sm_80; below, float16 wmma exists but we keep CUDA cores
-MIN_EXTENT = 64  # dlight's threshold: a dim at most this small pads a 128-wide tile mostly with zeros
+#: the share of a tile's padded M x N x K volume that must be real work: below it the padding's loads and
+#: multiplies (and the tile's occupancy) cost more than tensor cores save (a heuristic, not measured on a GPU)
+MIN_UTILIZATION = 0.5
 FRAGMENT = 16  # wmma m16n16k16
 WARP_SIZE = 32
 VECTOR = 4  # elements per thread per copy (8 bytes of half)
 #: (warps along M, fragments per warp along M, warps along N, fragments per warp along N, K fragments per
-#: step), largest first; the first whose shared memory fits the target is used
+#: step), largest first; the first that fits the target's shared memory and fills MIN_UTILIZATION is used
 TILES = ((4, 2, 4, 2, 4), (4, 2, 4, 2, 2), (2, 2, 2, 2, 2))
 A_PAD, C_PAD = 8, 4  # storage_align offsets (elements) against shared-memory bank conflicts
 
@@ -55,9 +57,9 @@ class TensorCorePlan:
         """One line for explain and the manifest."""
         if self.reason:
             return f"CUDA cores ({self.reason})"
-        wm, fm, wn, fn, fk = self.tile
+        wm, _, wn, _, _ = self.tile
         return (f"tensor cores: wmma m16n16k16 {self.dtype} -> float32, block tile "
-                f"{wm * fm * FRAGMENT}x{wn * fn * FRAGMENT}x{fk * FRAGMENT}, {wm * wn} warps, "
+                f"{'x'.join(map(str, block_tile(self.tile)))}, {wm * wn} warps, "
                 f"{self.shared_bytes // 1024} KB dynamic shared memory"
                 + (", cp.async pipeline" if self.pipelined else ""))
 
@@ -71,6 +73,20 @@ def tile_shared_bytes(tile: tuple, dtype_bytes: int, pipelined: bool) -> int:
     ab = (wm * fm + wn * fn) * FRAGMENT * (k + A_PAD) * dtype_bytes * (2 if pipelined else 1)
     acc = wm * wn * (fm * FRAGMENT) * (fn * FRAGMENT + C_PAD) * 4
     return max(ab, acc)
+
+
+def block_tile(tile: tuple) -> tuple[int, int, int]:
+    """(M, N, K) extents of one block's tile."""
+    wm, fm, wn, fn, fk = tile
+    return wm * fm * FRAGMENT, wn * fn * FRAGMENT, fk * FRAGMENT
+
+
+def utilization(tile: tuple, m: int, n: int, k: int) -> float:
+    """The share of the padded M x N x K volume (each extent rounded up to the tile) that is real work."""
+    used = 1.0
+    for extent, size in zip((m, n, k), block_tile(tile)):
+        used *= extent / (-(-extent // size) * size)
+    return used
 
 
 def plan(m, n, k, dtype: str, target, *, b_kn: bool = True, a_rows: str = "x's rows",
@@ -92,20 +108,23 @@ def plan(m, n, k, dtype: str, target, *, b_kn: bool = True, a_rows: str = "x's r
     for name, extent in (("M", m), ("N", n), ("K", k)):
         if not isinstance(extent, int):
             return TensorCorePlan(dtype, f"{name} = {extent} is symbolic; the tensor-core tile needs it known")
-        if extent <= MIN_EXTENT:
-            return TensorCorePlan(dtype, f"{name} = {extent} <= {MIN_EXTENT}: a tensor-core tile would be "
-                                         "mostly padding")
+    facts = cuda_facts(target)
+    budget = facts.shared_optin_bytes if facts.known else facts.shared_static_bytes
+    fitting = [t for t in TILES if tile_shared_bytes(t, 2, True) <= budget]
+    if not fitting:
+        return TensorCorePlan(dtype, f"no tensor-core tile fits {budget} B of shared memory")
+    tile = next((t for t in fitting if utilization(t, m, n, k) >= MIN_UTILIZATION), None)
+    if tile is None:
+        best = max(fitting, key=lambda t: utilization(t, m, n, k))
+        return TensorCorePlan(dtype, f"M, N, K = {m}, {n}, {k} fill {utilization(best, m, n, k):.0%} of the "
+                                     f"fullest tensor-core tile ({'x'.join(map(str, block_tile(best)))}); "
+                                     f"the schedule wants {MIN_UTILIZATION:.0%}")
     for name, extent, rows in (("K", k, a_rows), ("N", n, b_rows)):
         if rows is not None and extent % VECTOR:
             return TensorCorePlan(dtype, f"{name} = {extent} is not a multiple of {VECTOR}: the {VECTOR * 2}-byte "
                                          f"copies of {rows} would be misaligned")
-    facts = cuda_facts(target)
-    budget = facts.shared_optin_bytes if facts.known else facts.shared_static_bytes
-    for tile in TILES:
-        need = tile_shared_bytes(tile, 2, True)
-        if need <= budget:
-            return TensorCorePlan(dtype, None, tile, pipelined=True, shared_bytes=need, b_kn=b_kn, b_vector=b_vector)
-    return TensorCorePlan(dtype, f"no tensor-core tile fits {budget} B of shared memory")
+    return TensorCorePlan(dtype, None, tile, pipelined=True, shared_bytes=tile_shared_bytes(tile, 2, True),
+                          b_kn=b_kn, b_vector=b_vector)
 
 
 def schedule_tensor_core(sch, tc: TensorCorePlan) -> bool:
