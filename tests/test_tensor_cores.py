@@ -83,9 +83,9 @@ def test_explain_says_which_kernels_use_tensor_cores():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_compile_for_sm90_reports_tensor_core_kernels(tmp_path, capsys, precision):
-    """The manifest counts the tensor-core groups and gives each group's engine; the library's CUDA code
-    (compiled by nvcc for sm_90) has wmma and cp.async; the verify step judged the half build against the
-    float32 model (fp16: a float16 model, judged against onnxruntime) on the CPU."""
+    """The manifest counts the tensor-core groups and gives each group's engine; nvcc compiled the library's
+    CUDA code for sm_90 (cuda_binary); the verify step judged the half build on the CPU against the float32
+    model (bf16) or onnxruntime (a float16 model)."""
     path = tmp_path / "mlp.onnx"
     onnx.save(as_float16(mlp()) if precision == "fp16" else mlp(), str(path))
     args = ["compile", str(path), "-o", str(tmp_path / "mlp.so"), "--target", "cuda", "--arch", "sm_90",
@@ -123,3 +123,18 @@ def test_resnet50_fp16_on_sm90_runs_52_convs_on_tensor_cores(resnet50_mod, rules
         "CUDA cores (K = 147 is not a multiple of 4: the 8-byte copies of W's rows would be misaligned)",
         "CUDA cores (M, N, K = 1, 1000, 2048 fill 2% of the fullest tensor-core tile (64x64x32); the schedule "
         "wants 50%)"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_compile_conv_net_for_sm90_reports_tensor_core_kernels(tmp_path, capsys):
+    """Both tiles and the CUDA-core depthwise kernel in one library, compiled by nvcc for sm_90."""
+    path = tmp_path / "convs.onnx"
+    onnx.save(as_float16(conv_net()), str(path))
+    assert main(["compile", str(path), "-o", str(tmp_path / "convs.so"), "--target", "cuda", "--arch", "sm_90",
+                 "--no-counts"]) == 0
+    assert "tensor cores: 3 of 4 groups" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "convs.so.json").read_text())
+    assert manifest["tensor_core_groups"] == 3
+    assert sorted((g["rule"], g["engine"]) for g in manifest["groups"]) == sorted(CONV_ENGINES)
+    assert manifest["cuda_binary"]["format"] in ("fatbin", "cubin", "ptx")

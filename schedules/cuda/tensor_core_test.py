@@ -48,8 +48,9 @@ def test_which_cases_take_tensor_cores():
         "CUDA cores (float32 inputs; tensor cores take float16 or bfloat16)"
     assert plan(128, 3072, 768, "float16", cuda("sm_75")).engine == \
         "CUDA cores (arch sm_75 is below sm_80 (bfloat16 wmma and cp.async need sm_80))"
-    assert plan(1, 1000, 2048, "float16", sm90).engine == ("CUDA cores (M, N, K = 1, 1000, 2048 fill 2% of the "
-                                                           "fullest tensor-core tile (64x64x32); the schedule wants 50%)")
+    assert plan(1, 1000, 2048, "float16", sm90).engine == (
+        "CUDA cores (M, N, K = 1, 1000, 2048 fill 2% of the fullest tensor-core tile (64x64x32); the schedule "
+        "wants 50%)")
     # small problems take the 64x64x32 tile where it is at least half full
     assert plan(130, 300, 200, "float16", sm90).tile == (2, 2, 2, 2, 2)
     assert "symbolic" in plan(tvm.tirx.Var("N", "int32"), 1000, 2048, "float16", sm90).reason
