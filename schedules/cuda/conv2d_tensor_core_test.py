@@ -59,12 +59,18 @@ def test_which_convs_take_tensor_cores():
         "CUDA cores (K = 147 is not a multiple of 4: the 8-byte copies of W's rows would be misaligned)"
 
 
-def test_float32_conv_compute_is_unchanged():
-    """The CUDA compute of a float32 conv is the generic compute, node for node (golden IR unchanged)."""
+def test_float32_conv_is_unchanged():
+    """The CUDA compute of a float32 conv is the generic compute, node for node, and its kernel's source is
+    the same with and without the async-copy option a sm_80+ build turns on."""
     for name in CASES:
         generic, _, _ = conv_primfunc(**CASES[name], residual=True)
         on_cuda, _, _ = conv_primfunc(**CASES[name], residual=True, target=SM90)
         tvm.ir.assert_structural_equal(generic, on_cuda)
+    func, attrs, _ = conv_case("3x3", "float32")
+    func, engine = scheduled(func, attrs)
+    assert engine == "CUDA cores (float32 inputs; tensor cores take float16 or bfloat16)"
+    mod = tvm.IRModule({"conv": func.with_attr("global_symbol", "conv")})
+    assert cuda_source(_build({"conv": func}, SM90)) == cuda_source(tvm.compile(mod, SM90))
 
 
 @pytest.mark.parametrize("arch,dtype,name", [("sm_80", "float16", "1x1"), ("sm_86", "bfloat16", "3x3"),
