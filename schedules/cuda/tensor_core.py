@@ -7,9 +7,10 @@ bfloat16 as well as float16 (TVM's own wmma generators, `_tvm.wmma_intrinsics`),
 target's opt-in dynamic shared memory (`hardware.cuda_facts`), and on sm_80+ the global -> shared copies
 issued as cp.async in a two-stage software pipeline (the next K tile loads while this one multiplies).
 
-    block tile    (WARPS_M * WARP_M * 16) x (WARPS_N * WARP_N * 16) outputs, K in k_chunk * 16 steps
-    warps         WARPS_M x WARPS_N per block (threadIdx.y), each WARP_M x WARP_N fragments of 16 x 16
-    shared.dyn    A and B tiles (x2 when pipelined), the per-warp float32 accumulator tile for the epilogue
+    tile (wm, fm, wn, fn, fk)   a block computes (wm * fm * 16) x (wn * fn * 16) outputs in K steps of fk * 16
+    warps                       wm x wn per block (threadIdx.y), each fm x fn fragments of 16 x 16
+    shared.dyn                  A and B tiles (x2 when pipelined), then the warps' float32 accumulator tiles
+                                for the epilogue (in the same space: TILES, tile_shared_bytes)
 
 `plan(...)` says whether a matmul of given sizes and dtype takes tensor cores on a target, and why not;
 `schedule_tensor_core(sch, plan)` schedules the function's one reduction block (any einsum dlight's index
@@ -23,8 +24,8 @@ from dataclasses import dataclass, replace
 from tvm_fusion import _tvm
 from tvm_fusion.hardware import cuda_facts, cuda_sm_version
 
-__all__ = ["TensorCorePlan", "plan", "schedule_tensor_core", "try_tensor_cores", "HALF_DTYPES", "MIN_SM", "VECTOR",
-           "MIN_UTILIZATION", "utilization"]
+__all__ = ["TensorCorePlan", "plan", "schedule_tensor_core", "try_tensor_cores", "utilization", "HALF_DTYPES",
+           "MIN_SM", "MIN_UTILIZATION", "VECTOR"]
 
 HALF_DTYPES = ("float16", "bfloat16")
 MIN_SM = 80  # bfloat16 wmma and cp.async need sm_80; below, float16 wmma exists but we keep CUDA cores
