@@ -66,7 +66,10 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
 
 
 def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups, activation=None,
-                  activation_params=None, residual_after_activation=False, out_padding: ConvPadding | None = None):
+                  activation_params=None, residual_after_activation=False, out_padding: ConvPadding | None = None,
+                  weight_first: bool = False):
+    """`weight_first`: the products written W * x (an implicit GEMM whose A operand is W[O, C*kh*kw]: the
+    CUDA tensor-core schedule's form); the same sums."""
     n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
     packed = len(w.shape) == 5  # channel blocks (pack_channel_blocks)
     cout, (cpg, kh, kw) = (int(b.shape[0]), (int(d) for d in w.shape[1:4])) if packed else \
@@ -123,13 +126,13 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     else:
         blk = p.channel_block  # o // gp == (o // blk * blk) // gp: constant over a block of blk channels
         channel = lambda o: (o // blk * blk) // gp * cpg + rc  # noqa: E731
-    conv = te.compute(
-        (n, groups * gp, p.rows, p.cols),
-        lambda i, o, h, ww: te.sum(
-            wide(pad[i, channel(o), h * sh + rh * dh, ww * sw + rw * dw]) * wide(weight_at(o, rc, rh, rw)),
-            axis=[rc, rh, rw]),
-        name="conv",
-    )
+    def product(i, o, h, ww):
+        xv = wide(pad[i, channel(o), h * sh + rh * dh, ww * sw + rw * dw])
+        wv = wide(weight_at(o, rc, rh, rw))
+        return wv * xv if weight_first else xv * wv
+
+    conv = te.compute((n, groups * gp, p.rows, p.cols),
+                      lambda i, o, h, ww: te.sum(product(i, o, h, ww), axis=[rc, rh, rw]), name="conv")
 
     def conv_at(o):  # the padded channel of real channel o
         return o if gp == opg or groups == 1 else o // opg * gp + o % opg

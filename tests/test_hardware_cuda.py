@@ -7,12 +7,20 @@ from tvm_fusion.hardware import CUDA_ARCHS, cuda_facts
 from tvm_fusion.schedules.cuda.conv2d import ConvShape, pick_tiles
 
 
-@pytest.mark.parametrize("arch,sms,optin_kib", [("sm_80", 108, 163), ("sm_89", 58, 99), ("sm_90", 132, 227),
-                                                ("sm_100", 148, 227)])
+@pytest.mark.parametrize("arch,sms,optin_kib", [("sm_80", 108, 163), ("sm_86", 72, 99), ("sm_89", 58, 99),
+                                                ("sm_90", 132, 227), ("sm_100", 148, 227)])
 def test_known_archs(arch, sms, optin_kib):
     f = cuda_facts(cuda_target(arch))
     assert (f.known, f.sm_count, f.shared_optin_bytes, f.shared_static_bytes) == (True, sms, optin_kib * 1024, 49152)
     assert f.gpu_limits()["max_threads_per_block"] == 1024 and f.gpu_limits()["max_shared_memory_per_block"] == 49152
+    assert f.gpu_limits(dynamic_shared=True)["max_shared_memory_per_block"] == optin_kib * 1024
+
+
+@pytest.mark.parametrize("arch,version", [("sm_80", 80), ("sm_90a", 90), ("sm_120", 120), ("no arch", -1)])
+def test_sm_version(arch, version):
+    from tvm_fusion.hardware import cuda_sm_version
+
+    assert cuda_sm_version(arch) == version
 
 
 def test_suffixed_arch_has_its_base_limits():

@@ -236,8 +236,9 @@ def test_cuda_conv_schedule_keeps_half_numerics(case, dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("shape", [(128, 768, 3072), (1, 2048, 1000), (256, 256, 256)], ids=str)
 def test_half_dense_schedules_for_cuda(shape, dtype):
-    """A half dense large enough for dlight's wmma path is scheduled on CUDA cores (tensorize crashes TVM
-    0.27, schedules/cuda/dense.py) with float32 accumulators, within sm_80's launch limits."""
+    """A half dense that fills a tensor-core tile takes tensor cores on sm_80 (wmma, schedules/cuda/tensor_core.py), the
+    classifier's M = 1 CUDA cores; float32 accumulators either way, within sm_80's launch limits (the
+    tensor-core kernel with its opt-in dynamic shared memory)."""
     from tvm_fusion._tvm import te
     from tvm_fusion.schedules.cuda.dense import schedule_dense_cuda
     from tvm_fusion.schedules.dense import dense_affine
@@ -249,12 +250,18 @@ def test_half_dense_schedules_for_cuda(shape, dtype):
     func = te.create_prim_func([x, w, b, dense_affine(x, w, b, activation="relu")]).without_attr("global_symbol")
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     with target:
-        schedule_dense_cuda(sch, {}, target)
+        engine = schedule_dense_cuda(sch, {}, target)
     scheduled = sch.mod["main"]
-    check = check_gpu_limits(scheduled, target, cuda_facts(target).gpu_limits())
+    check = check_gpu_limits(scheduled, target)
     assert check.ok, f"{shape} {dtype}: {check}"
     script = scheduled.script()
-    assert 'thread="threadIdx' in script and f'T.Cast("float32", x' in script and "wmma" not in script
+    tensor_cores = m > 64
+    # float32 sums: wmma accumulator fragments of the default dtype (float32), or float32 casts of x
+    accumulators = r'wmma_accumulator = T\.sblock_alloc_buffer\(\([\d, ]+\), scope="wmma\.accumulator"\)' \
+        if tensor_cores else re.escape('T.Cast("float32", x')
+    assert 'thread="threadIdx' in script and re.search(accumulators, script)
+    assert engine.startswith("tensor cores" if tensor_cores else "CUDA cores (M, N, K = 1, 1000, 2048 fill 2%")
+    assert ("T.tvm_mma_sync" in script) == tensor_cores and (check.dynamic_shared_bytes > 0) == tensor_cores
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

@@ -248,3 +248,89 @@ def with_params(func, extra_params: list, body):
 def call_args_with(call, args: list):
     """`call` with new arguments (same op, attributes and type arguments)."""
     return relax.Call(call.op, args, call.attrs, call.ty_args)
+
+
+# ---------------------------------------------------------------- CUDA tensor-core intrinsics (wmma)
+#: what each half dtype is called in TVM's wmma intrinsic names (`wmma_sync_16x16x16_f16f16f32_trans`)
+WMMA_DTYPE_NAMES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
+
+
+def _frames_without_source(context: int = 1) -> list:
+    """inspect.stack() without reading source: the frames, files and line numbers (no code context)."""
+    import inspect
+    import sys
+
+    frame, out = sys._getframe(1), []
+    while frame is not None:
+        out.append(inspect.FrameInfo(frame, frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, None,
+                                     None))
+        frame = frame.f_back
+    return out
+
+
+class _fast_tvmscript:
+    """TVMScript's `@T.prim_func` calls inspect.stack(), which resolves every frozen importlib frame by scanning
+    sys.modules: importing TVM's ~500 tensor intrinsics took 28 s on a 2-core machine, 5 s with this stack
+    (the parser reads the frames and line numbers only; a missing code context means "not in a class")."""
+
+    def __enter__(self):
+        import inspect
+
+        self.stack, inspect.stack = inspect.stack, _frames_without_source
+
+    def __exit__(self, *exc):
+        import inspect
+
+        inspect.stack = self.stack
+
+
+@functools.lru_cache(maxsize=None)
+def wmma_intrinsics(in_dtype: str, trans_b: bool, out_dtype: str = "float32",
+                    scope: str = "shared.dyn") -> dict[str, str]:
+    """The names of the wmma m16n16k16 tensor intrinsics {init, load_a, load_b, compute, store} for `in_dtype`
+    inputs and `out_dtype` accumulators, read from and stored to `scope`; B is [N, K] with `trans_b`, else
+    [K, N]. TVM registers
+    the float16 ones; the bfloat16 ones are made here by TVM's own generators (the same descriptions with
+    bfloat16 buffers; CUDA's wmma takes __nv_bfloat16 fragments on sm_80+)."""
+    with _fast_tvmscript():
+        from tvm.s_tir import TensorIntrin
+        from tvm.s_tir.tensor_intrin import cuda as intrin
+
+        a, o, sc = WMMA_DTYPE_NAMES[in_dtype], WMMA_DTYPE_NAMES[out_dtype], scope.replace(".", "_")
+        t = "_trans" if trans_b else ""
+        names = {
+            "init": (f"wmma_fill_16x16x16_{o}", lambda: intrin.get_wmma_fill_intrin(16, 16, 16, out_dtype)),
+            "load_a": (f"wmma_load_16x16x16_{a}_a_{sc}",
+                       lambda: intrin.get_wmma_load_intrin(16, 16, 16, in_dtype, scope, False, False)),
+            "load_b": (f"wmma_load_16x16x16_{a}_b{t}_{sc}",
+                       lambda: intrin.get_wmma_load_intrin(16, 16, 16, in_dtype, scope, True, trans_b)),
+            "compute": (f"wmma_sync_16x16x16_{a}{a}{o}{t}",
+                        lambda: intrin.get_wmma_sync_intrin(16, 16, 16, in_dtype, out_dtype, trans_b)),
+            "store": (f"wmma_store_16x16x16_{o}_{sc}",
+                      lambda: intrin.get_wmma_store_intrin(16, 16, 16, out_dtype, scope)),
+        }
+        for name, make in names.values():
+            if TensorIntrin.get(name, allow_missing=True) is None:
+                TensorIntrin.register(name, *make())
+    return {role: name for role, (name, _) in names.items()}
+
+
+#: PassContext config that turns a software pipeline's async stages into cp.async (InjectPTXAsyncCopy)
+ASYNC_COPY_CONFIG = "tirx.use_async_copy"
+
+
+def dlight_matmul_helpers():
+    """dlight's matmul analysis: (get_root_block, get_reduction_blocks, get_index_map, auto_inline_producers,
+    auto_inline_consumer_chain)."""
+    from tvm.s_tir.dlight.analysis import get_root_block
+    from tvm.s_tir.dlight.gpu import matmul
+
+    return (get_root_block, matmul.get_reduction_blocks, matmul.get_index_map, matmul.auto_inline_producers,
+            matmul.auto_inline_consumer_chain)
+
+
+def buffer_load(expr):
+    """(buffer, indices) of a TIR buffer load (`tvm.ir.TensorLoad` with `.source` in 0.27), else None."""
+    if isinstance(expr, tvm.ir.TensorLoad):
+        return expr.source, list(expr.indices)
+    return None

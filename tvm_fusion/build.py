@@ -148,6 +148,15 @@ class Built:
         return self.fused.counts if self.fused else {}
 
 
+def codegen_config(target) -> dict:
+    """PassContext config for the target's code generation: on CUDA sm_80+, the copies a schedule marks as
+    asynchronous pipeline stages (the tensor-core kernels) become cp.async; a kernel without such a stage is
+    generated as without the option."""
+    from .hardware import cuda_sm_version
+
+    return {_tvm.ASYNC_COPY_CONFIG: True} if target.kind.name == "cuda" and cuda_sm_version(target) >= 80 else {}
+
+
 def legalize(mod, target, mode: str):
     """The `legalize` stage of `mode` (what build() counts kernels on), without compiling."""
     target = resolve_target(target)
@@ -185,7 +194,7 @@ def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None,
     else:
         why_not = "turned off (--no-cuda-graph)"
     graph, lower_mod, lowered = _cuda_graph(legal, target, cuda_graph, why_not)
-    config = graphs.pass_config(bool(graph and graph["enabled"]))
+    config = {**graphs.pass_config(bool(graph and graph["enabled"])), **codegen_config(target)}
     with _compiler_for(target), tvm.transform.PassContext(opt_level=3, config=config):
         ex = tvm.compile(lower_mod, target, relax_pipeline=pipeline.sequential(pipeline.lower_passes(target), "lower"))
     return Built(mode, target, ex, primfuncs, calls, time.perf_counter() - start, fused, legal, weights, graph, lowered)

@@ -49,6 +49,8 @@ class CompileResult:
             *([f"      {m['weights']['file']} ({m['weights']['bytes']} bytes, {len(m['weights']['params'])} "
                 "weights outside the library)"] if m.get("weights") else []),
             f"fused groups: {len(m['groups'])} ({fired})",
+            *([f"tensor cores: {m['tensor_core_groups']} of {len(m['groups'])} groups (groups[].engine says why "
+               "not for the others; `explain` too)"] if m.get("tensor_core_groups") else []),
             _verified(m["verification"]),
             "kernel calls per inference: " + ", ".join(f"{k} {v['kernel_calls']}" for k, v in b.items()),
             *([_binary_line(m)] if m.get("cuda_binary") else []),
@@ -278,6 +280,8 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
                  "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in g.attrs.items()}}
         if kernels:
             entry["kernels"] = _kernels_of(g.function, kernels)
+        if g.kernel:
+            entry["engine"] = g.kernel
         groups.append(entry)
     manifest = {
         "model": name,
@@ -290,6 +294,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         "precision": _precision_record(precision),
         "rule_counts": built.counts,
         "groups": groups,
+        "tensor_core_groups": sum(g.kernel.startswith("tensor cores") for g in built.fused.groups),
         "builds": builds,
         "declined": [asdict(d) for d in built.fused.decisions if d.reason],
         "verification": verification.manifest(),

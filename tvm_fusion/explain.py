@@ -65,6 +65,8 @@ class Explanation:
         lines = ["fused groups (rule <- ONNX nodes):"]
         for g in self.result.groups:
             lines.append(f"  {g.function:28s} {g.rule:22s} <- {', '.join(g.onnx_nodes) or '?'}")
+            if g.kernel:
+                lines.append(f"  {'':28s}   kernel: {g.kernel}")
         by_root = _by_node(self.declined())
         if by_root:
             lines += ["", "declined candidates (chain ending at ONNX node: rule: reason):"]

@@ -45,6 +45,7 @@ class Group:
     onnx_nodes: list[str]
     compute: str
     attrs: dict
+    kernel: str = ""  # what its schedule says it runs on, where it says (CUDA: tensor cores, or CUDA cores and why)
 
 
 @dataclass
@@ -274,7 +275,8 @@ def _scheduled(lowering: Lowering, target, any_target: bool) -> tuple[Lowering, 
 
 
 def _build_primfunc(lowering: Lowering, target, scheduled: bool = True, batch_dims: frozenset[str] | None = None):
-    """(scheduled PrimFunc, the Relax type of its output); `scheduled=False`: the plain compute."""
+    """(scheduled PrimFunc, the Relax type of its output, what the schedule says the kernel runs on or "");
+    `scheduled=False`: the plain compute."""
     compute = registry.get_compute(lowering.compute, target.kind.name)
     dims = _KernelDims(batch_dims)
     tensors = [te.placeholder(dims.kernel(lowering.shape_of_input(i)), str(_tvm.expr_type(e).dtype), name=f"in{i}")
@@ -290,13 +292,13 @@ def _build_primfunc(lowering: Lowering, target, scheduled: bool = True, batch_di
         func = func.with_attr(ELEMENTS_PER_BATCH_ATTR, _elements_per_batch(out))
     out_ty = _tvm.tensor_type(dims.relax(out.shape), str(out.dtype))
     if not scheduled:
-        return func, out_ty  # matched for another target: the plain compute, left to TVM's default schedules
+        return func, out_ty, ""  # matched for another target: the plain compute, left to TVM's default schedules
     sched = registry.get_schedule(lowering.compute, target.kind.name)
     sch = _tvm.Schedule(tvm.IRModule({"main": func}))
     with target:
-        sched.apply(sch, lowering.attrs, target)
+        engine = sched.apply(sch, lowering.attrs, target)
     func = sch.mod["main"].with_attr(_tvm.SCHEDULED_ATTR, True)
-    return func, out_ty
+    return func, out_ty, engine or ""
 
 
 def _type_mismatch(rule: str, nodes: list[str], composite_call, shape, dtype) -> str | None:
@@ -370,10 +372,10 @@ class _LowerComposites(relax.PyExprMutator):
         # one PrimFunc per rule (named after it) and shapes and attributes, even where rules share a compute
         key = (rule.name, lowering.compute, repr(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
         if key not in self.cache:
-            prim, out_ty = _build_primfunc(lowering, self.target, scheduled, self.batch_dims)
+            prim, out_ty, engine = _build_primfunc(lowering, self.target, scheduled, self.batch_dims)
             gv = self.builder_.add_func(prim, rule.name)
-            self.cache[key] = (gv, out_ty)
-        gv, out_ty = self.cache[key]
+            self.cache[key] = (gv, out_ty, engine)
+        gv, out_ty, engine = self.cache[key]
         out_ty = _in_caller(out_ty, func.params, call.args)
         consts = [_tvm.make_constant(c) for c in lowering.constants]
         nodes = sorted({m for v in var2val for m in self.members.get(v, [])})
@@ -384,7 +386,7 @@ class _LowerComposites(relax.PyExprMutator):
         if mismatch:  # raised by run(): an exception raised here would cross TVM's FFI as a RuntimeError
             self.errors.append(mismatch)
             return call
-        self.groups.append(Group(rule.name, gv.name_hint, nodes, lowering.compute, dict(lowering.attrs)))
+        self.groups.append(Group(rule.name, gv.name_hint, nodes, lowering.compute, dict(lowering.attrs), engine))
         call = relax.call_tir(gv, [*inputs, *consts], out_ty)
         return relax.op.reshape(call, lowering.out_shape) if lowering.out_shape else call
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from . import _tvm
 from .cpu_features import arch_of
 
-__all__ = ["CpuFacts", "cpu_facts", "CudaFacts", "CUDA_ARCHS", "cuda_facts"]
+__all__ = ["CpuFacts", "cpu_facts", "CudaFacts", "CUDA_ARCHS", "cuda_facts", "cuda_sm_version"]
 
 
 # ================================================================ CPU (llvm targets)
@@ -92,10 +92,13 @@ class CudaFacts:
     known: bool = True  # False: `arch` is not in CUDA_ARCHS and these are conservative defaults
     note: str = ""  # why the numbers are what they are, for unknown archs
 
-    def gpu_limits(self) -> dict:
-        """The limits `tvm.s_tir.analysis.verify_gpu_code` checks a kernel without dynamic shared memory against."""
+    def gpu_limits(self, dynamic_shared: bool = False) -> dict:
+        """The limits `tvm.s_tir.analysis.verify_gpu_code` checks a kernel against: 48 KB of shared memory, or
+        with `dynamic_shared` (a kernel whose shared memory is `shared.dyn`) the arch's opt-in maximum, which
+        TVM's CUDA runtime requests with cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) at the first
+        launch of a kernel that asks for 48 KB or more (src/backend/cuda/runtime/cuda_module.cc)."""
         return {
-            "max_shared_memory_per_block": self.shared_static_bytes,
+            "max_shared_memory_per_block": self.shared_optin_bytes if dynamic_shared else self.shared_static_bytes,
             "max_threads_per_block": self.max_threads_per_block,
             "max_thread_x": self.max_threads_per_block,
             "max_thread_y": self.max_threads_per_block,
@@ -143,3 +146,9 @@ def cuda_facts(target) -> CudaFacts:
     return CudaFacts(arch, _UNKNOWN.gpus, _UNKNOWN.sm_count, _UNKNOWN.shared_optin_bytes, known=False,
                      note=f"{arch} is not in tvm_fusion.hardware.CUDA_ARCHS ({', '.join(CUDA_ARCHS)}): "
                           f"conservative limits (48 KB shared, {_UNKNOWN.sm_count} SMs) are used")
+
+
+def cuda_sm_version(target) -> int:
+    """The compute capability a CUDA target (or arch string) names, as 80 for sm_80 / sm_80a; -1 for none."""
+    found = re.match(r"sm_(\d+)", _arch_of(target))
+    return int(found.group(1)) if found else -1

@@ -1,8 +1,10 @@
 """Computes and schedules by name and target kind.
 
     @register_compute("conv2d_bn_relu")                 # TE compute: (*tensors, **attrs) -> te.Tensor
-    @register_schedule("conv2d_bn_relu", target="cuda")  # (sch, attrs, target) -> None, scheduled in place
+    @register_schedule("conv2d_bn_relu", target="cuda")  # (sch, attrs, target) -> None or str, in place
 
+A schedule may return a one-line note of what its kernel runs on (the CUDA dense: tensor cores, or CUDA
+cores and why); it is kept on the group (fuse.Group.kernel) for explain and the manifest.
 A schedule may carry `supports(attrs, shapes, target) -> str | None`: a returned string is the reason it
 cannot handle a case, and the rule then declines with that reason (the match falls back to TVM).
 It may also carry `pack(constants, attrs, shapes, target) -> list | None`: the group's constants (numpy
@@ -35,7 +37,7 @@ _SCHEDULES: dict[tuple[str, str], "Schedule"] = {}
 class Schedule:
     name: str
     target: str
-    apply: Callable  # (sch: tvm.s_tir.Schedule, attrs: dict, target) -> None
+    apply: Callable  # (sch: tvm.s_tir.Schedule, attrs: dict, target) -> None or a note of the kernel's engine
     supports: Callable | None = None  # (attrs, shapes, target) -> str | None
     pack: Callable | None = None  # (constants, attrs, shapes, target) -> list[np.ndarray] | None
 

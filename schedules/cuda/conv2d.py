@@ -23,10 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvm_fusion._tvm import tvm
 from tvm_fusion.hardware import CudaFacts, cuda_facts
-from tvm_fusion.registry import register_schedule
+from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
-from tvm_fusion.schedules.conv2d import CONV_FAMILY, ConvOperands, conv2d_out_size
+from tvm_fusion.schedules.conv2d import CONV_FAMILY, ConvOperands, conv2d_out_size, conv2d_padded
+
+from .tensor_core import VECTOR, TensorCorePlan, plan, try_tensor_cores
 
 # the launch limits (static shared memory, threads per block) and the SM count come from cuda_facts(target)
 SHARED_BUDGET_BYTES = 24 * 1024  # what we aim for, so two blocks fit an SM's carve-out comfortably
@@ -228,14 +231,52 @@ def _loop_index(sch, block, loop) -> int:
     return next(i for i, lp in enumerate(sch.get_loops(block)) if sch.get(lp).same_as(target))
 
 
+# ---------------------------------------------------------------- tensor cores: the conv as an implicit GEMM
+#     out[o, (n, oh, ow)] = sum_{(c, r, s)} W[o, (c, r, s)] * im2col(pad(x))[(c, r, s), (n, oh, ow)]
+# A = W (rows of C*kh*kw contiguous elements, copied with cp.async), B = the input patch gathered through
+# shared memory (a 1x1 stride-1 conv's pixels are contiguous: TVM vectorizes those copies into cp.async too).
+CONV_ATTRS = ("strides", "padding", "dilation", "groups", "activation", "activation_params",
+              "residual_after_activation")
+
+
+def tensor_core_plan(attrs: dict, x_shape, w_shape, dtype: str, target) -> TensorCorePlan:
+    """Tensor cores for the conv, or why not (tensor_core.plan on the implicit GEMM's M, N, K; groups = 1)."""
+    s = conv_shape(attrs, x_shape, w_shape, dtype)
+    n = x_shape[0]
+    pixels = n * s.oh * s.ow if isinstance(n, int) else f"{n} * {s.oh * s.ow}"
+    pointwise = (s.kh, s.kw, s.sh, s.sw) == (1, 1, 1, 1) and not any(attrs["padding"])  # contiguous pixels
+    tc = plan(s.opg, pixels, s.cpg * s.kh * s.kw, dtype, target, b_kn=True, a_rows="W's rows", b_rows=None,
+              b_vector=VECTOR if pointwise else 1)
+    if tc.reason is None and s.groups != 1:
+        return TensorCorePlan(dtype, f"{s.groups} groups; the implicit GEMM takes one")
+    return tc
+
+
+@register_compute(CONV_FAMILY, target="cuda")
+def conv2d_affine_cuda(x, w, b, residual=None, **attrs):
+    """The family's compute (schedules/conv2d.py), its products written W * x where the conv takes tensor
+    cores on the target in scope (the implicit GEMM's A is W); otherwise exactly the generic compute."""
+    target = tvm.target.Target.current(allow_none=True)
+    tc = tensor_core_plan(attrs, dims(x.shape), dims(w.shape), str(x.dtype), target) if target else None
+    return conv2d_padded(x, w, b, residual, **{k: attrs[k] for k in CONV_ATTRS if k in attrs},
+                         weight_first=tc is not None and tc.reason is None)
+
+
 @register_schedule(CONV_FAMILY, target="cuda", supports=supports)
-def schedule_conv2d_cuda(sch, attrs, target):
-    """Schedule the conv PrimFunc "main" of `sch` in place."""
+def schedule_conv2d_cuda(sch, attrs, target) -> str:
+    """Schedule the conv PrimFunc "main" of `sch` in place; returns the engine (tensor cores, or CUDA cores
+    and why)."""
+    ops = ConvOperands.of(sch.mod["main"].params[:-1])
+    tc = tensor_core_plan(attrs, dims(ops.x.shape), dims(ops.w.shape), str(ops.x.dtype), target)
+    tc = try_tensor_cores(sch, tc, "conv", target)
+    if tc.reason is None:
+        return tc.engine
     s = _shape_from_func(sch, attrs)
     if s.depthwise:
         _schedule_depthwise(sch, s)
     else:
         _schedule_direct(sch, s, pick_tiles(s, cuda_facts(target)))
+    return tc.engine
 
 
 def _schedule_direct(sch, s: ConvShape, t: ConvTiles) -> None:

@@ -11,21 +11,25 @@ CUDA pipeline (so the fused kernel is scheduled at least as well as the unfused 
 The epilogue (bias + activation) is computed from the accumulators by every rule. The winning rule
 schedules its own copy of the function; its trace is replayed on the schedule we are given.
 
-Half inputs take the same CUDA-core schedules (float32 accumulators). dlight's Matmul would tensorize a
-float16 matmul with M, N, K > 64 onto wmma, but `Schedule.tensorize` segfaults in apache-tvm 0.27.0.post1
-(inside tvm::s_tir::Tensorize -> ffi::ToJSONGraph, for any tensor intrinsic, even a 4-lane add), which
-would kill the process: the function is marked `dlight.do_not_tensorize` so that path is never taken.
+Half inputs (float16, bfloat16) on sm_80+ that fill at least half of a tensor-core tile take them instead
+(tensor_core.py: wmma m16n16k16 with float32 accumulators, cp.async copies, the epilogue applied to the
+accumulator tile before the store); every other case, and a half dense whose block the wmma intrinsics do
+not match, takes the rules above, and the schedule says why (`plan(...).engine`, shown by explain and in
+the manifest). dlight's own Matmul rule would tensorize float16 alone, with 48 KB-unaware tiles and without
+cp.async: the function is marked `dlight.do_not_tensorize` so that path is never taken.
 """
 
 from __future__ import annotations
 
-from tvm_fusion._tvm import dlight
+from tvm_fusion._tvm import dlight, tirx
 from tvm_fusion.errors import FusionError
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.dense import DENSE_FAMILY
 
+from .tensor_core import TensorCorePlan, plan, try_tensor_cores
+
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")  # half: float32 accumulators
-NO_TENSORIZE = "dlight.do_not_tensorize"  # see the module docstring
+NO_TENSORIZE = "dlight.do_not_tensorize"  # dlight's own wmma path: see the module docstring
 
 #: dlight's default GPU rule order (tvm.relax.backend.cuda pipeline)
 RULES = (
@@ -44,8 +48,19 @@ def supports(attrs: dict, shapes, target) -> str | None:
     return None
 
 
+def tensor_core_plan(func, target) -> TensorCorePlan:
+    """Tensor cores or not for the dense function (x[M, K], W[K, N], b[N], out): W's rows are contiguous."""
+    x, w = func.params[0], func.params[1]
+    m, k, n = (int(d) if isinstance(d, tirx.IntImm) else d for d in (x.shape[0], x.shape[1], w.shape[-1]))
+    return plan(m, n, k, str(x.dtype), target, b_kn=True)
+
+
 @register_schedule(DENSE_FAMILY, target="cuda", supports=supports)
-def schedule_dense_cuda(sch, attrs, target):
+def schedule_dense_cuda(sch, attrs, target) -> str:
+    """Schedules in place; returns the engine (tensor cores, or CUDA cores and why)."""
+    tc = try_tensor_cores(sch, tensor_core_plan(sch.mod["main"], target), "dense", target)
+    if tc.reason is None:
+        return tc.engine
     func = sch.mod["main"].with_attr(NO_TENSORIZE, True)
     for rule in RULES:
         scheduled = rule().apply(func, target, False)
@@ -53,5 +68,5 @@ def schedule_dense_cuda(sch, attrs, target):
             scheduled = scheduled[0] if scheduled else None
         if scheduled is not None:
             scheduled.trace.apply_to_schedule(sch, remove_postproc=False)
-            return
+            return tc.engine
     raise FusionError(f"no dlight GPU rule schedules the dense function {func.params}")
