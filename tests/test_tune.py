@@ -16,6 +16,7 @@ from tvm_fusion import _tvm
 from tvm_fusion.build import build, default_rules
 from tvm_fusion.cli import main
 from tvm_fusion.compile import compile_model
+from tvm_fusion.examples import with_dynamic_batch
 from tvm_fusion.frontend import import_onnx
 from tvm_fusion.io import random_inputs, run_onnxruntime
 from tvm_fusion.testing import assert_close, conv_bn_relu, run_build
@@ -44,6 +45,9 @@ def _cli(capsys, *argv):
     (["--tune", "2", "--tune-rpc", "host:99999:k"], "error: --tune-rpc 'host:99999:k': expected HOST:PORT:KEY"),
     (["--tune-db", "somewhere"], "error: --tune-db without --tune: add --tune TRIALS (e.g. --tune 64)"),
     (["--tune", "2", "--tune-rpc-workers", "0", "--tune-rpc", "h:1:k"], "error: --tune-rpc-workers 0: use 1 or more"),
+    (["--tune-kernels", "conv2d_bn_relu"], "error: --tune-kernels without --tune: add --tune TRIALS (e.g. --tune 64)"),
+    (["--tune", "2", "--tune-kernels", "conv2d_bn_rlu"],
+     "error: --tune-kernels conv2d_bn_rlu: not a fused kernel of this model; did you mean conv2d_bn_relu?"),
 ])
 def test_bad_tune_flags(capsys, tmp_path, flags, message):
     model = tmp_path / "m.onnx"
@@ -62,6 +66,17 @@ def test_tune_db_is_a_file(capsys, tmp_path):
     rc, _, err = _cli(capsys, "compile", str(model), "--target", "llvm", "-o", str(tmp_path / "m.so"),
                       "--tune", "2", "--tune-db", str(db))
     assert rc == 2 and err == f"error: --tune-db {db}: is a file; give a folder (made when missing)\n"
+
+
+def test_kernels_with_a_symbolic_batch_are_not_tuned(capsys, tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(with_dynamic_batch(conv_bn_relu()).SerializeToString())
+    rc, out, err = _cli(capsys, "compile", str(model), "--target", "llvm", "-o", str(tmp_path / "m.so"),
+                        "--shape", "x=Nx8x12x12", "--tune", "2", "--tune-db", str(tmp_path / "db"), "--no-counts")
+    assert rc == 0, err
+    assert "0 of 0 fused kernels use the tuned schedule, 0 new trials" in out
+    assert "not tuned: conv2d_bn_relu (a symbolic dim: MetaSchedule measures fixed shapes)" in out
+    assert _records(tmp_path / "db") == 0
 
 
 def test_parse_rpc():

@@ -5,6 +5,7 @@
     result = tf.fuse(mod, target="llvm")                     # fused module + per-rule counts
     built = tf.build(mod, target="cuda", mode="fused")       # 'unfused' | 'tvm' | 'fused'
     tf.compile("model.onnx", "model.so", target="cuda")      # library + model.so.json manifest
+    tf.compile("model.onnx", "m.so", target="llvm", tune=tf.TuneOptions(64, "tune_db"))  # MetaSchedule-tuned
     print(tf.compare("model.onnx", target="llvm"))           # numerics, kernel counts, latency
     print(tf.check_groups("model.onnx"))                     # each fused group vs its unfused subgraph
     print(tf.bisect("model.onnx", rules=my_rules))           # which rule broke what
@@ -37,13 +38,14 @@ _LAZY = {
     "Spec": "rules", "commutative": "rules", "decline": "rules", "rule": "rules",
     "load": "runtime",
     "ProfileReport": "profile", "profile": "profile",
+    "TuneOptions": "tune", "TuneReport": "tune",
 }
 
 __all__ = [
     "BisectReport", "Built", "CompareReport", "GroupReport", "bisect", "check_groups", "CompileResult", "Decline", "FuseResult", "FusionError", "Lowering", "Match",
     "Rule", "RuleSet", "Spec", "ToleranceExceeded", "build", "commutative", "compare", "compile", "decline",
     "Explanation", "example_model", "example_path", "explain", "fuse", "import_onnx", "load_rules", "ProfileReport",
-    "profile", "register_compute", "register_schedule", "rule", "rules", "load", "SymDim",
+    "profile", "register_compute", "register_schedule", "rule", "rules", "load", "SymDim", "TuneOptions", "TuneReport",
 ]
 
 

@@ -55,6 +55,9 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-rpc", metavar="HOST:PORT:KEY",
                    help="measure on the servers a TVM RPC tracker knows under KEY (python -m tvm.exec.rpc_tracker / "
                         "rpc_server --tracker HOST:PORT --key KEY) instead of on this machine")
+    p.add_argument("--tune-kernels", metavar="NAME,...",
+                   help="tune only these fused kernels (the manifest's group `function` names, e.g. the slowest "
+                        "ones `tvm-fusion profile` lists); default: every fused kernel")
     p.add_argument("--tune-rpc-workers", type=int, default=1, metavar="N",
                    help="measurements in flight at once over --tune-rpc (one per server to keep busy; default 1)")
 
@@ -62,15 +65,17 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
 def _tune_options(args):
     """TuneOptions from the compile flags, None without --tune; the other --tune-* flags need --tune."""
     if args.tune is None:
-        given = [f for f, v in (("--tune-db", args.tune_db), ("--tune-rpc", args.tune_rpc)) if v]
+        given = [f for f, v in (("--tune-db", args.tune_db), ("--tune-rpc", args.tune_rpc),
+                                ("--tune-kernels", args.tune_kernels)) if v]
         if given:
             raise FusionError(f"{' and '.join(given)} without --tune: add --tune TRIALS (e.g. --tune 64)")
         return None
     from .examples import cache_dir
     from .tune import TuneOptions, check_options
 
+    kernels = tuple(k for k in (args.tune_kernels or "").split(",") if k) or None
     return check_options(TuneOptions(args.tune, args.tune_db or cache_dir("tune"), args.tune_rpc,
-                                     args.tune_rpc_workers))
+                                     args.tune_rpc_workers, kernels=kernels))
 
 
 def _debug(p: argparse.ArgumentParser) -> None:

@@ -27,6 +27,7 @@ from . import _tvm
 from ._tvm import tvm
 from .console import progress, table
 from .errors import FusionError
+from .rules import close_names
 
 __all__ = ["KernelTuning", "TuneOptions", "TuneReport", "check_options", "parse_rpc", "tune_fused"]
 
@@ -42,13 +43,15 @@ class TuneOptions:
     `rpc`: "HOST:PORT:KEY" of a TVM RPC tracker whose servers measure (None: measure on this machine);
     `rpc_workers`: measurements in flight at once over RPC (one per server you want busy);
     `keep`: "faster" (the tuned schedule only where it measured faster than the hand schedule) or "tuned"
-    (wherever one exists: to check the tuned kernels' numerics)."""
+    (wherever one exists: to check the tuned kernels' numerics); `kernels`: the PrimFunc names to tune (the
+    manifest's groups' `function`, e.g. the slowest ones `tvm-fusion profile` shows), None for all."""
 
     trials: int
     db: str | os.PathLike
     rpc: str | None = None
     rpc_workers: int = 1
     keep: str = "faster"
+    kernels: tuple[str, ...] | None = None  # tune only these fused kernels (PrimFunc names); None: every one
 
 
 @dataclass
@@ -343,6 +346,7 @@ def tune_fused(mod, plain: dict, target, options: TuneOptions):
     start = time.perf_counter()
     db_dir = Path(options.db)
     choices = _Choices(db_dir, target)
+    plain = _selected(plain, options.kernels)
     skipped = {name: "a symbolic dim: MetaSchedule measures fixed shapes" for name, f in plain.items() if _symbolic(f)}
     workloads = {name: _workload(f) for name, f in sorted(plain.items()) if name not in skipped}
     keys = {name: f"{_tvm.structural_hash(w):016x}" for name, w in workloads.items()}
@@ -356,7 +360,7 @@ def tune_fused(mod, plain: dict, target, options: TuneOptions):
     builder = _builder()
     for trials in sorted(set(more.values())):  # kernels tuned before with fewer trials get the rest
         _tune({n: workloads[n] for n, t in more.items() if t == trials}, trials, target, options, db, builder,
-              db_dir / "logs")
+              db_dir)  # MetaSchedule writes its logs to DIR/logs
     kernels = []
     for name, w in workloads.items():
         if name not in more:
@@ -378,6 +382,17 @@ def tune_fused(mod, plain: dict, target, options: TuneOptions):
                                   "delete the folder's files or use another --tune-db")
             out = _replace(out, k.kernel, func, mod[k.kernel])
     return out, TuneReport(kernels, str(db_dir), _runner_name(options), time.perf_counter() - start, skipped)
+
+
+def _selected(plain: dict, kernels) -> dict:
+    """The fused kernels named in `kernels` (all without); FusionError for a name that is not one of them."""
+    if kernels is None:
+        return plain
+    unknown = [k for k in kernels if k not in plain]
+    if unknown:
+        raise FusionError(f"--tune-kernels {unknown[0]}: not a fused kernel of this model; "
+                          f"{close_names(unknown[0], set(plain))}")
+    return {k: plain[k] for k in kernels}
 
 
 def _replace(mod, name: str, tuned, hand):
