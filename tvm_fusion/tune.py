@@ -287,6 +287,7 @@ def _strategy(trials: int):
 def _tune(todo: dict, trials: int, target, options: TuneOptions, db, builder, work_dir: Path) -> None:
     """Run `trials` MetaSchedule trials for each {name: workload module} in `todo` (one task scheduler)."""
     ms = _tvm.meta_schedule()
+    _quiet_logs()  # each time: MetaSchedule's logger setup leaves its logger at DEBUG
     names = sorted(todo)
     cores = _cores()
     tick = _Progress(names, trials)
@@ -355,7 +356,6 @@ def tune_fused(mod, plain: dict, target, options: TuneOptions):
     if more:
         _check_device(target, options)
     ms = _tvm.meta_schedule(target.kind.name)
-    _quiet_logs()
     db = ms.database.JSONDatabase(work_dir=str(db_dir), module_equality="structural")
     builder = _builder()
     for trials in sorted(set(more.values())):  # kernels tuned before with fewer trials get the rest
