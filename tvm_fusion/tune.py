@@ -63,8 +63,9 @@ class KernelTuning:
     hand_ms: float
     tuned_ms: float | None  # None: no tuned candidate built and ran
     chosen: str  # "tuned" or "hand"
-    trials: int  # MetaSchedule trials behind the tuned time (all runs of this database)
-    new_trials: int = 0  # trials run by this call (0: taken from the database)
+    trials: int  # MetaSchedule trials asked for this kernel (all runs of this database)
+    new_trials: int = 0  # trials asked by this call (0: taken from the database)
+    measured: int = 0  # candidates MetaSchedule measured in all (fewer than the trials where its space is small)
 
     @property
     def gain(self) -> float | None:
@@ -84,11 +85,15 @@ class TuneReport:
     def new_trials(self) -> int:
         return sum(k.new_trials for k in self.kernels)
 
+    @property
+    def measured(self) -> int:
+        return sum(k.measured for k in self.kernels)
+
     def table(self) -> str:
         rows = [[k.kernel, f"{k.hand_ms:.4f}", "-" if k.tuned_ms is None else f"{k.tuned_ms:.4f}",
-                 "-" if k.gain is None else f"{k.gain:.2f}x", k.chosen, k.trials,
+                 "-" if k.gain is None else f"{k.gain:.2f}x", k.chosen, k.trials, k.measured,
                  k.new_trials if k.new_trials else "from db"] for k in self.kernels]
-        return table(["kernel", "hand ms", "tuned ms", "gain", "uses", "trials", "new trials"], rows)
+        return table(["kernel", "hand ms", "tuned ms", "gain", "uses", "trials", "measured", "new trials"], rows)
 
     def __str__(self) -> str:
         used = sum(k.chosen == "tuned" for k in self.kernels)
@@ -98,7 +103,7 @@ class TuneReport:
 
     def manifest(self) -> dict:
         return {"db": self.db, "runner": self.runner, "seconds": round(self.seconds, 2),
-                "new_trials": self.new_trials, "skipped": self.skipped,
+                "new_trials": self.new_trials, "measured": self.measured, "skipped": self.skipped,
                 "kernels": [{**asdict(k), "gain": k.gain} for k in self.kernels]}
 
 
@@ -229,7 +234,8 @@ class _Choices:
 
     def put(self, k: KernelTuning) -> None:
         self.all.setdefault(self.target, {})[k.workload] = {
-            "kernel": k.kernel, "hand_ms": k.hand_ms, "tuned_ms": k.tuned_ms, "trials": k.trials}
+            "kernel": k.kernel, "hand_ms": k.hand_ms, "tuned_ms": k.tuned_ms, "trials": k.trials,
+            "measured": k.measured}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.all, indent=1, sort_keys=True))
         os.replace(tmp, self.path)
@@ -254,12 +260,12 @@ def _tuned_func(db, workload_mod, target):
 
 
 class _Progress:
-    """Trials measured so far, as one bar over every kernel being tuned."""
+    """One bar over the trials of every kernel being tuned, described by the kernel measured last."""
 
     def __init__(self, names: list[str], trials: int):
         self.names = names
-        self.bar = progress([f"tuning {n} ({t + 1}/{trials} trials)" for n in names for t in range(trials)])
-        self.done = 0
+        self.bar = progress(range(len(names) * trials), "tuning")
+        self.measured = dict.fromkeys(names, 0)  # candidates measured per kernel
 
     def callback(self):
         ms = _tvm.meta_schedule()
@@ -268,6 +274,9 @@ class _Progress:
         @_tvm.derived_object
         class _Tick(ms.measure_callback.PyMeasureCallback):
             def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+                name = outer.names[task_id]
+                outer.bar.describe(f"tuning {name}")
+                outer.measured[name] += len(runner_results)
                 for _ in runner_results:
                     outer.bar.update()
 
@@ -284,8 +293,9 @@ def _strategy(trials: int):
                                                  genetic_num_iters=4 if trials >= 64 else 2)
 
 
-def _tune(todo: dict, trials: int, target, options: TuneOptions, db, builder, work_dir: Path) -> None:
-    """Run `trials` MetaSchedule trials for each {name: workload module} in `todo` (one task scheduler)."""
+def _tune(todo: dict, trials: int, target, options: TuneOptions, db, builder, work_dir: Path) -> dict:
+    """Run `trials` MetaSchedule trials for each {name: workload module} in `todo` (one task scheduler);
+    returns {name: candidates measured}."""
     ms = _tvm.meta_schedule()
     _quiet_logs()  # each time: MetaSchedule's logger setup leaves its logger at DEBUG
     names = sorted(todo)
@@ -306,6 +316,7 @@ def _tune(todo: dict, trials: int, target, options: TuneOptions, db, builder, wo
                            task_scheduler="round-robin")
     finally:
         tick.bar.close()
+    return tick.measured
 
 
 def _measure(funcs: list, args_info, target, options: TuneOptions, builder) -> list[float | None]:
@@ -330,14 +341,15 @@ def _chosen(hand_ms: float, tuned_ms: float | None, keep: str) -> str:
     return "tuned" if tuned_ms is not None and (keep == "tuned" or tuned_ms < hand_ms) else "hand"
 
 
-def _decide(name: str, workload: str, hand, tuned, trials: int, new: int, target, options, builder,
+def _decide(name: str, workload: str, hand, tuned, trials: int, new: int, measured: int, target, options, builder,
             args_info) -> KernelTuning:
     hand_ms, tuned_ms = _measure([hand] + ([tuned] if tuned is not None else []), args_info, target, options,
                                  builder) + ([None] if tuned is None else [])
     if hand_ms is None:
         raise FusionError(f"tuning: the hand-scheduled kernel {name} did not build or run under MetaSchedule's "
                           f"runner ({_runner_name(options)}); check the RPC servers, or compile without --tune")
-    return KernelTuning(name, workload, hand_ms, tuned_ms, _chosen(hand_ms, tuned_ms, options.keep), trials, new)
+    return KernelTuning(name, workload, hand_ms, tuned_ms, _chosen(hand_ms, tuned_ms, options.keep), trials, new,
+                        measured)
 
 
 def tune_fused(mod, plain: dict, target, options: TuneOptions):
@@ -358,18 +370,21 @@ def tune_fused(mod, plain: dict, target, options: TuneOptions):
     ms = _tvm.meta_schedule(target.kind.name)
     db = ms.database.JSONDatabase(work_dir=str(db_dir), module_equality="structural")
     builder = _builder()
+    measured = {}
     for trials in sorted(set(more.values())):  # kernels tuned before with fewer trials get the rest
-        _tune({n: workloads[n] for n, t in more.items() if t == trials}, trials, target, options, db, builder,
-              db_dir)  # MetaSchedule writes its logs to DIR/logs
+        measured.update(_tune({n: workloads[n] for n, t in more.items() if t == trials}, trials, target, options,
+                              db, builder, db_dir))  # MetaSchedule writes its logs to DIR/logs
     kernels = []
     for name, w in workloads.items():
         if name not in more:
             c = choices.get(keys[name])
             chosen = _chosen(c["hand_ms"], c["tuned_ms"], options.keep)
-            kernels.append(KernelTuning(name, keys[name], c["hand_ms"], c["tuned_ms"], chosen, c["trials"]))
+            kernels.append(KernelTuning(name, keys[name], c["hand_ms"], c["tuned_ms"], chosen, c["trials"], 0,
+                                        c.get("measured", 0)))
             continue
-        k = _decide(name, keys[name], mod[name], _tuned_func(db, w, target), options.trials, more[name], target,
-                    options, builder, ms.arg_info.ArgInfo.from_prim_func(plain[name]))
+        prior = (choices.get(keys[name]) or {}).get("measured", 0)
+        k = _decide(name, keys[name], mod[name], _tuned_func(db, w, target), options.trials, more[name],
+                    prior + measured[name], target, options, builder, ms.arg_info.ArgInfo.from_prim_func(plain[name]))
         choices.put(k)
         kernels.append(k)
     out = mod
