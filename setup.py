@@ -10,6 +10,10 @@ PACKAGES = {
     "tvm_fusion.schedules.llvm": "schedules/llvm",
 }
 
+#: MetaSchedule tuning (`compile --tune`): its builder and runner workers pickle with cloudpickle; its default
+#: cost model is XGBoost
+TUNE = ["cloudpickle>=3", "xgboost>=2"]
+
 setup(
     name="tvm_fusion",
     version="0.1.0",
@@ -43,7 +47,9 @@ setup(
             "nvidia-cuda-cuobjdump>=13",  # lists the kernels of exported fatbins (tests/cuda_stub)
             "cuda-bindings>=13,<14",  # the NVRTC path is tested too
             "nvidia-cuda-nvrtc>=13,<14",
+            *TUNE,
         ],
+        "tune": TUNE,
         # NVRTC, for building CUDA libraries on a host without nvcc on PATH (TVM's NVRTC path still wants
         # the CUDA headers: CUDA_PATH or /usr/local/cuda)
         "cuda": ["cuda-bindings>=13,<14", "nvidia-cuda-nvrtc>=13,<14"],

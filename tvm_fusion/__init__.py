@@ -5,6 +5,7 @@
     result = tf.fuse(mod, target="llvm")                     # fused module + per-rule counts
     built = tf.build(mod, target="cuda", mode="fused")       # 'unfused' | 'tvm' | 'fused'
     tf.compile("model.onnx", "model.so", target="cuda")      # library + model.so.json manifest
+    tf.compile("model.onnx", "m.so", target="llvm", tune=tf.TuneOptions(64, "tune_db"))  # MetaSchedule-tuned
     print(tf.compare("model.onnx", target="llvm"))           # numerics, kernel counts, latency
     print(tf.check_groups("model.onnx"))                     # each fused group vs its unfused subgraph
     print(tf.bisect("model.onnx", rules=my_rules))           # which rule broke what
@@ -33,6 +34,7 @@ _LAZY = {
     "Decline": "rules", "Lowering": "rules", "Match": "rules", "Rule": "rules", "RuleSet": "rules",
     "Spec": "rules", "commutative": "rules", "decline": "rules", "rule": "rules",
     "load": "runtime",
+    "TuneOptions": "tune", "TuneReport": "tune",
 }
 
 #: functions of the API named like a submodule: `tvm_fusion.<name>` is that submodule (`import tvm_fusion.rules

@@ -17,6 +17,7 @@ import tvm  # noqa: E402
 import tvm_ffi  # noqa: E402
 from tvm import relax, te, topi  # noqa: E402,F401  (re-exported)
 from tvm.ir import GenericConst  # relax constants in 0.27
+from tvm.ir.utils import derived_object  # noqa: F401  (a Python subclass of a TVM object: MetaSchedule callbacks)
 from tvm.relax import dpl  # noqa: F401
 from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
@@ -201,6 +202,40 @@ def cpu_target(num_cores: int | None = None, *, cpuinfo: str | None = None, mcpu
         if hidden:
             spec["mattr"] = [f"-{f}" for f in hidden]
     return tvm.target.Target(spec)
+
+
+#: the tensor intrinsics MetaSchedule's schedule rules may use, per target kind
+_TENSOR_INTRINSICS = {"llvm": ("x86", "arm_cpu", "riscv_cpu"), "cuda": ("cuda",)}
+
+
+def meta_schedule(target_kind: str | None = None):
+    """`tvm.s_tir.meta_schedule` (imported on first use: tuning only; needs cloudpickle, and xgboost for the
+    default cost model). With `target_kind`, first registers only that kind's tensor intrinsics: MetaSchedule's
+    TuneContext imports `tvm.s_tir.tensor_intrin`, which registers every vendor's (CUDA's alone took 58 s of 83
+    on this loaded 2-core machine)."""
+    import importlib
+    import importlib.util
+    import sys
+
+    package = "tvm.s_tir.tensor_intrin"
+    if target_kind is not None:
+        if package not in sys.modules:
+            spec = importlib.util.find_spec(package)
+            sys.modules[package] = importlib.util.module_from_spec(spec)  # the package, its __init__ not run
+        for sub in _TENSOR_INTRINSICS.get(target_kind, ()):
+            importlib.import_module(f"{package}.{sub}")  # each kind's once per process
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms
+
+
+def structural_hash(node) -> int:
+    return int(tvm_ffi.structural_hash(node))
+
+
+def has_cuda_device() -> bool:
+    """Whether a CUDA device is present (a driver and a GPU)."""
+    return bool(tvm.cuda(0).exist)
 
 
 def cuda_target(arch: str = "sm_90"):

@@ -142,6 +142,7 @@ class Built:
     #: lowered module (one launch per PrimFunc call; compile counts the function table's kernels)}; None off CUDA
     cuda_graph: dict | None = None
     lowered: object = field(default=None, repr=False)  # the Relax module tvm.compile lowered (before codegen)
+    tuning: object = None  # tune.TuneReport when built with tune=TuneOptions(...)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -165,21 +166,29 @@ def legalize(mod, target, mode: str):
 
 
 def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None, *,
-          external_weights: bool = False, cuda_graph: bool | None = None) -> Built:
+          external_weights: bool = False, cuda_graph: bool | None = None, tune=None) -> Built:
     """Compile `mod` for `target` in `mode` ('unfused', 'tvm' or 'fused'). With `external_weights`, main's
     constant kernel arguments become parameters (weights.lift_weights) and `Built.weights` holds them.
     `cuda_graph` (default: on for a fused CUDA build with its weights inside) captures the kernels in a CUDA
     graph (cuda_graph.py) where the shapes are static and the graph saves launches; `Built.cuda_graph` says
     what was done. A graph replays the weight tensors of the first call: with `external_weights` and
-    cuda_graph=True, pass the same weight tensors to every call."""
+    cuda_graph=True, pass the same weight tensors to every call.
+    `tune` (a tune.TuneOptions, fused mode only) tunes the fused kernels with MetaSchedule and keeps each
+    tuned schedule that measured faster than the hand schedule; `Built.tuning` reports it per kernel."""
     target = resolve_target(target)
     if mode not in pipeline.MODES:
         raise FusionError(f"unknown build mode {mode!r}; use one of {', '.join(pipeline.MODES)}")
+    if tune is not None and mode != "fused":
+        raise FusionError(f"tuning applies to the fused build's kernels, not to the {mode} build")
     start = time.perf_counter()
-    fused = None
+    fused, tuning = None, None
     if mode == "fused":
         fused = fuse(mod, target, rules if rules is not None else default_rules())
         mod = fused.mod
+        if tune is not None:
+            from .tune import tune_fused
+
+            mod, tuning = tune_fused(mod, fused.plain, target, tune)
     legal = legalize(mod, target, mode)
     primfuncs, calls = count_kernel_calls(legal)
     weights = None
@@ -197,7 +206,8 @@ def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None,
     config = {**graphs.pass_config(bool(graph and graph["enabled"])), **codegen_config(target)}
     with _compiler_for(target), tvm.transform.PassContext(opt_level=3, config=config):
         ex = tvm.compile(lower_mod, target, relax_pipeline=pipeline.sequential(pipeline.lower_passes(target), "lower"))
-    return Built(mode, target, ex, primfuncs, calls, time.perf_counter() - start, fused, legal, weights, graph, lowered)
+    return Built(mode, target, ex, primfuncs, calls, time.perf_counter() - start, fused, legal, weights, graph, lowered,
+                 tuning)
 
 
 def _cuda_graph(legal, target, wanted: bool, why_not: str):

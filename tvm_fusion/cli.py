@@ -45,6 +45,39 @@ def _precision(p: argparse.ArgumentParser) -> None:
                         "against the float32 model with the half dtype's tolerance)")
 
 
+def _tune_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tune", type=int, metavar="TRIALS",
+                   help="tune each fused kernel with MetaSchedule for TRIALS trials; a tuned schedule is kept where "
+                        "it measured faster than the hand schedule (needs the 'tune' extra: cloudpickle, xgboost)")
+    p.add_argument("--tune-db", metavar="DIR",
+                   help="tuning database folder, reused by every model with the same fused kernels (default: "
+                        "$TVM_FUSION_CACHE/tune, i.e. ~/.cache/tvm_fusion/tune)")
+    p.add_argument("--tune-rpc", metavar="HOST:PORT:KEY",
+                   help="measure on the servers a TVM RPC tracker knows under KEY (python -m tvm.exec.rpc_tracker / "
+                        "rpc_server --tracker HOST:PORT --key KEY) instead of on this machine")
+    p.add_argument("--tune-kernels", metavar="NAME,...",
+                   help="tune only these fused kernels (the manifest's group `function` names, e.g. the slowest "
+                        "ones `tvm-fusion profile` lists); default: every fused kernel")
+    p.add_argument("--tune-rpc-workers", type=int, default=1, metavar="N",
+                   help="measurements in flight at once over --tune-rpc (one per server to keep busy; default 1)")
+
+
+def _tune_options(args):
+    """TuneOptions from the compile flags, None without --tune; the other --tune-* flags need --tune."""
+    if args.tune is None:
+        given = [f for f, v in (("--tune-db", args.tune_db), ("--tune-rpc", args.tune_rpc),
+                                ("--tune-kernels", args.tune_kernels)) if v]
+        if given:
+            raise FusionError(f"{' and '.join(given)} without --tune: add --tune TRIALS (e.g. --tune 64)")
+        return None
+    from .examples import cache_dir
+    from .tune import TuneOptions, check_options
+
+    kernels = tuple(k for k in (args.tune_kernels or "").split(",") if k) or None
+    return check_options(TuneOptions(args.tune, args.tune_db or cache_dir("tune"), args.tune_rpc,
+                                     args.tune_rpc_workers, kernels=kernels))
+
+
 def _debug(p: argparse.ArgumentParser) -> None:
     # also accepted after the subcommand; SUPPRESS keeps the global flag's value when absent here
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -74,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
                             "first call's weight tensors, so every call must pass the same ones)")
     c.add_argument("--external-weights", action="store_true",
                    help="write the weights to <output>.weights instead of into the library")
+    _tune_flags(c)
     bnd = sub.add_parser("bundle", help="copy a compiled library, its weights and the TVM runtime alone (no "
                          "compiler) into a folder that runs with plain Python: python DIR/run.py")
     bnd.add_argument("library", help="a library written by tvm-fusion compile (with its .json manifest)")
@@ -194,10 +228,11 @@ def _run(args) -> int:
     if args.command == "compile":
         from .compile import compile_model
 
+        tune = _tune_options(args)
         result = compile_model(model, args.output, args.target, arch=args.arch, shapes=shapes, rules=rules,
                                counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
                                seed=args.seed, external_weights=args.external_weights, inputs=args.inputs,
-                               cuda_graph=args.cuda_graph, precision=args.precision)
+                               cuda_graph=args.cuda_graph, precision=args.precision, tune=tune)
         print(result)
         print(_profile_hint(args))
         return 0

@@ -26,6 +26,8 @@ from .hardware import cuda_facts
 from .precision import PRECISIONS, check_precision, convert
 from .rules import RuleSet
 from .simplify import record_of as simplify_record
+from .tune import TuneOptions
+from .tune import check_options as check_tune_options
 from .verify import skipped, verify_fused
 from .weights import WEIGHTS_SUFFIX, save_weights
 
@@ -38,6 +40,7 @@ class CompileResult:
     manifest_path: Path
     manifest: dict
     seconds: float
+    tuning: object = None  # tune.TuneReport with tune=TuneOptions(...)
 
     def __str__(self) -> str:
         m = self.manifest
@@ -56,6 +59,7 @@ class CompileResult:
             *([_binary_line(m)] if m.get("cuda_binary") else []),
             *([_graph_line(m["cuda_graph"])] if m.get("cuda_graph") else []),
             *([f"note: {m['cuda_facts']['note']}"] if m.get("cuda_facts", {}).get("note") else []),
+            *([str(self.tuning)] if self.tuning is not None else []),
         ])
 
 
@@ -221,7 +225,8 @@ def _target_record(target) -> dict:
 def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: dict | None = None,
                   rules: RuleSet | None = None, counts_of_other_builds: bool = True, verify: bool = True,
                   seed: int = 0, cc: str | None = None, external_weights: bool = False,
-                  inputs=None, cuda_graph: bool | None = None, precision: str | None = None) -> CompileResult:
+                  inputs=None, cuda_graph: bool | None = None, precision: str | None = None,
+                  tune: TuneOptions | None = None) -> CompileResult:
     """Fuse and build `model` for `target`, verify it against onnxruntime on inputs seeded with `seed`
     and the `inputs` given (a dict or an .npz path, as for compare), export the library to `output`, write
     `<output>.json` (verify.py: nothing is written when it differs).
@@ -231,15 +236,19 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     library: captured in a CUDA graph, cuda_graph.py; with external weights only when True, and then every
     call must pass the same weight tensors, which the graph keeps from the first call).
     `precision` "fp16" / "bf16" converts the float32 model first (tvm_fusion.precision); the verify step then
-    judges it against the float32 model with the half dtype's tolerance."""
+    judges it against the float32 model with the half dtype's tolerance.
+    `tune` (tune.TuneOptions: trials per kernel, database folder, RPC tracker) tunes the fused kernels with
+    MetaSchedule first; the manifest's `tuning` and the result's `tuning` say what each kernel gained."""
     start = time.perf_counter()
     check_precision(precision)
+    if tune is not None:
+        check_tune_options(tune)
     output = Path(output)
     check_output(output, model)
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
     tgt = resolve_target(target, arch)
     linker = cpu_linker(tgt, cc)
-    steps = ["import", "fuse + build", "verify" if verify else "(not verified)",
+    steps = ["import", "fuse + tune + build" if tune is not None else "fuse + build", "verify" if verify else "(not verified)",
              "compile GPU code + export" if tgt.kind.name == "cuda" else "export"]
     if counts_of_other_builds:
         steps.append("count unfused / tvm kernels")
@@ -250,7 +259,8 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         shapes = check_inputs(proto, given, shapes)  # given arrays bind symbolic dims, as in compare
         mod = convert(frontend.import_onnx(proto, shapes), precision)
         bar.update()
-        built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights, cuda_graph=cuda_graph)
+        built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights, cuda_graph=cuda_graph,
+                      tune=tune)
         symbolic = symbolic_record(built, shapes)  # a bound past int32 indexing: refused before any work
         bar.update()
         verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given,
@@ -308,10 +318,12 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
                                    "kernels": binary.kernels}
     if built.cuda_graph is not None:
         manifest["cuda_graph"] = _graph_record(built, kernels, builds["fused"].get("kernel_launches"))
+    if built.tuning is not None:
+        manifest["tuning"] = built.tuning.manifest()
     if built.weights is not None:
         weights_path = output.with_name(output.name + WEIGHTS_SUFFIX)
         size = save_weights(weights_path, built.weights)
         manifest["weights"] = {"file": weights_path.name, "bytes": size, "params": list(built.weights)}
     manifest_path = manifest_path_of(output)
     manifest_path.write_text(json.dumps(manifest, indent=2))
-    return CompileResult(output, manifest_path, manifest, time.perf_counter() - start)
+    return CompileResult(output, manifest_path, manifest, time.perf_counter() - start, built.tuning)

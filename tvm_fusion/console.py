@@ -49,6 +49,11 @@ class progress:
         if self.named and self.bar.n < len(self.items):
             self.bar.set_description(self.items[self.bar.n])
 
+    def describe(self, text: str) -> None:
+        """Show `text` as the bar's description (e.g. the item being worked on)."""
+        if self.bar is not None:
+            self.bar.set_description(text)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

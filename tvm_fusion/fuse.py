@@ -55,6 +55,8 @@ class FuseResult:
     groups: list[Group]
     decisions: list[Decision] = field(default_factory=list)
     matched: "Matched | None" = field(default=None, repr=False)  # before lowering: to lower for another target
+    #: {PrimFunc name: the plain compute its hand schedule was applied to} (what tune.py hands MetaSchedule)
+    plain: dict = field(default_factory=dict, repr=False)
 
     @property
     def total(self) -> int:
@@ -275,8 +277,8 @@ def _scheduled(lowering: Lowering, target, any_target: bool) -> tuple[Lowering, 
 
 
 def _build_primfunc(lowering: Lowering, target, scheduled: bool = True, batch_dims: frozenset[str] | None = None):
-    """(scheduled PrimFunc, the Relax type of its output, what the schedule says the kernel runs on or "");
-    `scheduled=False`: the plain compute."""
+    """(scheduled PrimFunc, the Relax type of its output, what the schedule says the kernel runs on or "",
+    the plain compute the schedule was applied to); `scheduled=False`: (the plain compute, the type, "", None)."""
     compute = registry.get_compute(lowering.compute, target.kind.name)
     dims = _KernelDims(batch_dims)
     tensors = [te.placeholder(dims.kernel(lowering.shape_of_input(i)), str(_tvm.expr_type(e).dtype), name=f"in{i}")
@@ -292,13 +294,12 @@ def _build_primfunc(lowering: Lowering, target, scheduled: bool = True, batch_di
         func = func.with_attr(ELEMENTS_PER_BATCH_ATTR, _elements_per_batch(out))
     out_ty = _tvm.tensor_type(dims.relax(out.shape), str(out.dtype))
     if not scheduled:
-        return func, out_ty, ""  # matched for another target: the plain compute, left to TVM's default schedules
+        return func, out_ty, "", None  # matched for another target: the plain compute, left to TVM's default schedules
     sched = registry.get_schedule(lowering.compute, target.kind.name)
     sch = _tvm.Schedule(tvm.IRModule({"main": func}))
     with target:
         engine = sched.apply(sch, lowering.attrs, target)
-    func = sch.mod["main"].with_attr(_tvm.SCHEDULED_ATTR, True)
-    return func, out_ty, engine or ""
+    return sch.mod["main"].with_attr(_tvm.SCHEDULED_ATTR, True), out_ty, engine or "", func
 
 
 def _type_mismatch(rule: str, nodes: list[str], composite_call, shape, dtype) -> str | None:
@@ -344,6 +345,7 @@ class _LowerComposites(relax.PyExprMutator):
         self.members = members
         self.cache: dict = {}
         self.groups: list[Group] = []
+        self.plain: dict[str, tirx.PrimFunc] = {}  # PrimFunc name -> the plain compute its hand schedule took
         self.errors: list[str] = []
 
     def visit_call_(self, call):
@@ -372,8 +374,10 @@ class _LowerComposites(relax.PyExprMutator):
         # one PrimFunc per rule (named after it) and shapes and attributes, even where rules share a compute
         key = (rule.name, lowering.compute, repr(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
         if key not in self.cache:
-            prim, out_ty, engine = _build_primfunc(lowering, self.target, scheduled, self.batch_dims)
+            prim, out_ty, engine, plain = _build_primfunc(lowering, self.target, scheduled, self.batch_dims)
             gv = self.builder_.add_func(prim, rule.name)
+            if plain is not None:
+                self.plain[gv.name_hint] = plain
             self.cache[key] = (gv, out_ty, engine)
         gv, out_ty, engine = self.cache[key]
         out_ty = _in_caller(out_ty, func.params, call.args)
@@ -432,20 +436,26 @@ def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
 def lower(matched: Matched, target, *, any_target: bool = False) -> tuple[tvm.IRModule, list[Group]]:
     """Replace each composite call by a call_tir of its rule's scheduled PrimFunc. `any_target`: the matches
     were made for another target, so a group this target's schedule cannot take keeps its plain compute."""
+    out, groups, _ = _lower(matched, target, any_target)
+    return out, groups
+
+
+def _lower(matched: Matched, target, any_target: bool = False):
+    """(module, groups, {PrimFunc name: its plain compute} of the hand-scheduled PrimFuncs)."""
     lowering = _LowerComposites(matched.mod, matched.rules, target, matched.members, any_target, matched.batch_dims)
     out = lowering.run()
     out = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(out))
-    return out, lowering.groups
+    return out, lowering.groups, {name: f for name, f in lowering.plain.items() if name in {gv.name_hint for gv in out.get_global_vars()}}
 
 
 def fuse(mod: tvm.IRModule, target, rules: RuleSet) -> FuseResult:
     """Run the fuse stage for `target` with `rules`; returns the module, per-rule counts and groups."""
     matched = match(mod, target, rules)
-    out, groups = lower(matched, target)
+    out, groups, plain = _lower(matched, target)
     counts = {r.name: 0 for r in matched.rules.ordered()}
     for g in groups:
         counts[g.rule] += 1
-    return FuseResult(out, counts, groups, matched.decisions, matched)
+    return FuseResult(out, counts, groups, matched.decisions, matched, plain)
 
 
 def unchanged(result: FuseResult, mod: tvm.IRModule) -> bool:
