@@ -15,8 +15,7 @@ from tvm_fusion.export import cuda_source
 from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.schedules.cuda.conv2d import schedule_conv2d_cuda, tensor_core_plan
 from tvm_fusion.schedules.cuda.gpu_limits import vector_copy_strides
-from tvm_fusion.schedules.cuda.tensor_core import schedule_tensor_core
-from tvm_fusion.schedules.cuda.tensor_core_test import _build, _OnTheCpu, assert_within_limits, cuda
+from tvm_fusion.schedules.cuda.tensor_core_test import _build, assert_within_limits, cpu_library, cuda
 from tvm_fusion.schedules.llvm.conv2d_test import conv_reference
 from tvm_fusion.testing import assert_close, conv_primfunc
 
@@ -115,9 +114,7 @@ def test_schedule_keeps_the_numerics(name, small, dtype):
     func, attrs, shapes = conv_primfunc(**case, residual=True, dtype=dtype, target=SM90)
     tc = tensor_core_plan(attrs, list(shapes[0]), list(shapes[2]), dtype, SM90)
     assert tc.reason is None
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    assert schedule_tensor_core(_OnTheCpu(sch), tc)
-    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), "llvm")
+    lib = cpu_library(func, tc)
     rng = np.random.default_rng(0)
     half = numpy_dtype(dtype)
     x, r, w = (rng.standard_normal(s).astype(half) for s in shapes[:3])

@@ -167,6 +167,13 @@ class _OnTheCpu:
         return getattr(self._sch, name)
 
 
+def cpu_library(func, tc):
+    """The tensor-core schedule of `func` applied without its GPU parts (_OnTheCpu), built for llvm."""
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    assert schedule_tensor_core(_OnTheCpu(sch), tc)
+    return tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), "llvm")
+
+
 def _gelu(v):
     from math import erf
 
@@ -183,9 +190,7 @@ def test_schedule_keeps_the_numerics(shape, activation, dtype):
     func = dense_func(m, k, n, dtype, activation)
     tc = tensor_core_plan(func, cuda("sm_90"))
     assert tc.reason is None
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    assert schedule_tensor_core(_OnTheCpu(sch), tc)
-    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), "llvm")
+    lib = cpu_library(func, tc)
     rng = np.random.default_rng(0)
     half = numpy_dtype(dtype)
     x, w = rng.standard_normal((m, k)).astype(half), rng.standard_normal((k, n)).astype(half)
