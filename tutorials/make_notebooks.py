@@ -230,7 +230,10 @@ onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
 fused = tf.fuse(tf.import_onnx("conv_bn_relu.onnx"), target="llvm")
 print(fused.groups)
 print(fused.mod["main"].script())"""),
-    new_markdown_cell("The fused kernel is one `call_tir` whose constant operands are the folded weights and bias:"),
+    new_markdown_cell("""The fused kernel is one `call_tir` whose constant operands are the folded weights and bias. On the
+CPU, W' was also packed once at compile time into the layout the kernel reads: `[O'/B, C, KH, KW, B]`,
+blocks of B output channels innermost (B from the target's vector width, so it differs between an AVX2 and
+an AVX-512 machine) and the channels padded with zeros to the kernel's tile. Undo the packing to compare:"""),
     new_code_cell("""constants = []
 
 
@@ -241,7 +244,12 @@ def collect(expr):
 
 relax.analysis.post_order_visit(fused.mod["main"], collect)
 W_kernel, b_kernel = constants
-print("W' shape", W_kernel.shape, " b' shape", b_kernel.shape)
+print("W' shape in the kernel", W_kernel.shape, " b' shape", b_kernel.shape)
+if W_kernel.ndim == 5:  # packed: [O'/B, C, KH, KW, B] -> [O', C, KH, KW], then the zero padding dropped
+    blocks, cin, kh, kw, B = W_kernel.shape
+    W_kernel = W_kernel.transpose(0, 4, 1, 2, 3).reshape(blocks * B, cin, kh, kw)
+    assert not W_kernel[len(W_folded):].any(), "the padding channels hold zeros"
+    W_kernel = W_kernel[:len(W_folded)]
 print(f"max |W' kernel - W' by hand| = {np.abs(W_kernel - W_folded).max():.1e}")
 print(f"max |b' kernel - b' by hand| = {np.abs(b_kernel.reshape(-1) - b_folded).max():.1e}   (float32)")
 assert np.allclose(W_kernel, W_folded, atol=1e-6) and np.allclose(b_kernel.reshape(-1), b_folded, atol=1e-6)"""),

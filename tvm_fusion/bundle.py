@@ -114,7 +114,8 @@ def _cudart() -> Path | None:
 def _add_library(library: Path, out: Path, recipe: bool, recipes: dict) -> dict:
     """Copy `library`, its manifest and its weights (the file, or a recipe of them) into `out`. `recipes`:
     the recipes written so far, by the sha256 of every weight in order; a library whose weights are the same
-    as an earlier one's (a batch-8 build of the same model, a build without its CUDA graph) names that recipe."""
+    as an earlier one's (a dynamic-batch build of the same model, a build without its CUDA graph) names that
+    recipe."""
     manifest_path = library.with_name(library.name + ".json")
     if not library.exists() or not manifest_path.exists():
         raise FusionError(f"{library}: library or its manifest {manifest_path.name} missing; "
