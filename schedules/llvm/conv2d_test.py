@@ -28,13 +28,17 @@ AVX2 = {"kind": "llvm", "mcpu": "x86-64-v3", "num-cores": 2}
 
 
 
+AVX512_FACTS = cpu_facts(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))  # planned only, never run here
+
+
 @pytest.mark.parametrize("n,c,h,w,oc,k,stride,pad", RESNET50)
 def test_resnet50_tiles_fill_registers_cache_and_cores(n, c, h, w, oc, k, stride, pad):
+    """AVX-512's tiles divide every ResNet-50 shape (AVX2's pad some on purpose: AVX2_RESNET50_TILES)."""
     oh = ow = conv2d_out_size(h, k, stride, pad, pad, 1)
     reduction = c * k * k
-    tile = choose_tile(oc, oh, ow, reduction, n, threads=2, facts=FACTS)
+    tile = choose_tile(oc, oh, ow, reduction, n, threads=2, facts=AVX512_FACTS)
     assert tile is not None
-    assert tile.lanes == LANES and tile.accumulators <= max_accumulators(FACTS) < FACTS.vector_registers
+    assert tile.lanes == 16 and tile.accumulators <= max_accumulators(AVX512_FACTS) < AVX512_FACTS.vector_registers
     assert oc % tile.channels == 0 and oh % tile.rows == 0 and ow % tile.cols == 0
     assert tile.oc_vectors == 1 or reduction * tile.channels * FLOAT_BYTES <= PANEL_BYTES
     assert oc // tile.channels >= 2, "both cores get an oc block"
@@ -346,3 +350,14 @@ def test_avx2_build_uses_no_avx512():
     executable, *_ = _packed_build(dict(n=1, c=64, h=14, w=14, oc=64, k=3, pad=1), tvm.target.Target(AVX2))
     asm = executable.mod.inspect_source("asm")
     assert "ymm" in asm and "zmm" not in asm
+
+
+@pytest.mark.parametrize("spec,order", [(AVX2, ("rc", "rh", "rw")),
+                                        ({"kind": "llvm", "mcpu": "znver4", "num-cores": 2}, ("rh", "rw", "rc"))])
+def test_reduction_order_follows_the_target(spec, order):
+    """AVX2 runs the taps inside each input channel (the packed panel in storage order; TILED_STEP_COSTS),
+    AVX-512 keeps channels innermost. Compiled only: AVX-512 code cannot run on an AVX2 host."""
+    executable, func, *_ = _packed_build(dict(n=1, c=64, h=14, w=14, oc=64, k=3, pad=1), tvm.target.Target(spec))
+    loops = re.search(r"for (\w+), (\w+), (\w+) in T\.grid\((\d+), (\d+), (\d+)\)", func.script().split('"conv_init"')[1])
+    assert loops.groups()[:3] == order and int(loops.group(3 + order.index("rc") + 1)) == 64
+    assert ("zmm" in executable.mod.inspect_source("asm")) == (spec is not AVX2)
