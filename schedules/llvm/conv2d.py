@@ -72,6 +72,9 @@ class StepCost:
     loads_per_fma: float = LOADS_PER_FMA
     min_chains: int = MIN_CHAINS
     channels_outer: bool = False
+    # a 1x1 tile may take every register but its weight vectors and this many broadcasts (None: the
+    # RESERVED_REGISTERS budget for every tile)
+    pointwise_broadcasts: int | None = None
 
 
 #: per vector ISA (`hardware.cpu_facts`), the tiled kernel's step cost; others: StepCost(). With AVX2 a core
@@ -84,7 +87,13 @@ class StepCost:
 #: whole tap row of the panel per step. Its <= 12 accumulators leave registers for the broadcasts the
 #: unrolled taps share. Measured on an AVX2-only Zen 2 (one thread, CPU time): 3x3 512 on 7x7 6.4 -> 4.1 ms,
 #: 3x3 256 on 14x14 3.4 -> 2.7 ms, 3x3 128 on 28x28 3.8 -> 3.4 ms; 56x56 and the 7x7 stem unchanged.
-TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=8, channels_outer=True)}
+#: A 1x1 AVX2 tile holds its accumulators, its oc vectors of weights and two broadcasts (the next one
+#: loading while the FMAs read the last; 16 ymm: 1 x 13 pixels, 2 x 6, 4 x 2); with taps the unrolled steps
+#: share broadcasts, so those keep RESERVED_REGISTERS. Measured on Zen 2 (one thread, CPU time):
+#: SqueezeNet's 1x1 512 -> 1000 on 13x13, 1 x 13 pixels 2.3 ms, 4 x 2 (padded to 14) 3.0 ms, 2 x 7
+#: (17 registers) 4.5 ms; 1x1 832 -> 256 on 6x6, 2 x 6 0.25 ms, 4 x 3 0.34 ms; 1x1 64 -> 16 on 55x55,
+#: 1 x 11 0.13 ms, 1 x 14 (padded to 56) 0.20 ms.
+TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=8, channels_outer=True, pointwise_broadcasts=2)}
 
 
 def step_cost(facts: CpuFacts) -> StepCost:
@@ -92,8 +101,12 @@ def step_cost(facts: CpuFacts) -> StepCost:
     return TILED_STEP_COSTS.get(facts.isa, StepCost())
 
 
-def max_accumulators(facts: CpuFacts) -> int:
-    """Accumulator registers of one tile: the target's vector registers minus RESERVED_REGISTERS."""
+def max_accumulators(facts: CpuFacts, oc_vectors: int = 1, taps: int = 0) -> int:
+    """Accumulator registers of one tile: the target's vector registers minus RESERVED_REGISTERS; for a 1x1
+    tile (`taps` 1) of an ISA with `pointwise_broadcasts`, minus its `oc_vectors` weights and broadcasts."""
+    broadcasts = step_cost(facts).pointwise_broadcasts
+    if taps == 1 and broadcasts is not None:
+        return facts.vector_registers - oc_vectors - broadcasts
     return facts.vector_registers - RESERVED_REGISTERS
 
 
@@ -168,16 +181,17 @@ def _oc_vector_options(opg: int, groups: int, reduction: int, tasks_wanted: int,
 
 
 def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, threads: int,
-                facts: CpuFacts, groups: int = 1) -> ConvTile:
+                facts: CpuFacts, groups: int = 1, taps: int = 0) -> ConvTile:
     """The register tile with the most real outputs per FMA slot (`_efficiency` at the ISA's
     TILED_STEP_COSTS; the output padded to the tile: channels per group, rows, columns), ties to more accumulators, then to fewer loads per step.
-    Several rows per tile only when a tile covers whole rows (narrow outputs)."""
-    lanes, budget, opg = facts.float32_lanes, max_accumulators(facts), cout // groups
+    Several rows per tile only when a tile covers whole rows (narrow outputs). `taps`: KH x KW (0: not
+    known; the register budget of a kernel with taps, `max_accumulators`)."""
+    lanes, opg = facts.float32_lanes, cout // groups
     cost = step_cost(facts)
     tasks_wanted = max(1, -(-threads // batch))
     best, best_key = None, None
     for v in _oc_vector_options(opg, groups, reduction, tasks_wanted, lanes):
-        gp = _ceil_to(opg, lanes * v)
+        gp, budget = _ceil_to(opg, lanes * v), max_accumulators(facts, v, taps)
         for cols in range(1, min(wout, budget // v) + 1):
             for rows in range(1, min(hout, budget // (v * cols)) + 1) if cols == wout else [1]:
                 tile = ConvTile(v, rows, cols, lanes)
@@ -224,7 +238,7 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
         tile = choose_row_tile(hout, wout, facts, strided=strided)
         padding = ConvPadding(cout // groups, _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols))
         return ConvPlan("depthwise", tile, padding)
-    tile = choose_tile(cout, hout, wout, cpg * kh * kw, n, facts.threads, facts, groups)
+    tile = choose_tile(cout, hout, wout, cpg * kh * kw, n, facts.threads, facts, groups, taps=kh * kw)
     padding = ConvPadding(_ceil_to(cout // groups, tile.channels), _ceil_to(hout, tile.rows),
                           _ceil_to(wout, tile.cols), tile.channels)
     return ConvPlan("tiled", tile, padding)

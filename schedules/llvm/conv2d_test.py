@@ -94,13 +94,18 @@ def test_channels_not_a_multiple_of_a_vector_are_padded_to_the_tile(cout):
 
 
 def test_avx2_squeezenet_classifier_gets_a_full_tile():
-    """1000 classes x 13 x 13: on AVX2 no divisor of 13 fits 12 accumulators; the columns are padded to 14
-    rather than a one-pixel tile (the issue's 17 of 35 ms): 4 vectors of channels x 2 columns (AVX2's step
-    cost: a load takes a whole FMA slot, so wide channel blocks share each broadcast)."""
+    """1000 classes x 13 x 13, 1x1: an AVX2 1x1 tile may hold 16 - 1 weight vector - 2 broadcasts = 13
+    accumulators, so one vector of channels x 13 columns covers a whole row (no padded columns; the issue's
+    17 of 35 ms, then 4 x 2 columns padded to 14); a 3x3 kernel's taps keep the 12-accumulator budget."""
     facts = cpu_facts(tvm.target.Target(AVX2))
     plan = conv_plan(1, 1000, 13, 13, 512, 1, 1, 1, facts)
-    assert (plan.tile.lanes, plan.tile.oc_vectors, plan.tile.cols) == (8, 4, 2)
-    assert (plan.padding.rows, plan.padding.cols) == (13, 14)
+    assert (plan.tile.lanes, plan.tile.oc_vectors, plan.tile.cols) == (8, 1, 13)
+    assert (plan.padding.rows, plan.padding.cols, plan.padding.group_channels) == (13, 13, 1000)
+    assert max_accumulators(facts, 1, taps=1) == 13 and max_accumulators(facts, 4, taps=1) == 10
+    assert max_accumulators(facts, 1, taps=9) == max_accumulators(facts) == 12
+    assert conv_plan(1, 1000, 13, 13, 512, 3, 3, 1, facts).tile.accumulators <= 12
+    avx512 = cpu_facts(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))
+    assert max_accumulators(avx512, 1, taps=1) == max_accumulators(avx512) == 28, "AVX-512 budget unchanged"
 
 
 def test_depthwise_and_grouped_plans():
