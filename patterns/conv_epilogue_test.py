@@ -15,7 +15,7 @@ from tvm_fusion.fuse import fuse
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.patterns.conv_epilogue import STRUCTURES
 from tvm_fusion.schedules.conv2d import pack_channel_blocks
-from tvm_fusion.schedules.llvm.conv2d import pack_conv
+from tvm_fusion.schedules.llvm.conv2d import pack_conv, packs_taps_first
 from onnx.numpy_helper import to_array as onnx_array
 
 from tvm_fusion.testing import (ACTIVATION_FORMS, GELU_OPSET, GraphBuilder, apply_activation_onnx, check_fused,
@@ -299,7 +299,8 @@ def test_golden_ir_of_conv_add_without_activation(rules):
     init = {i.name: i for i in model.graph.initializer}
     conv = next(n for n in model.graph.node if n.op_type == "Conv")
     w_onnx = onnx_array(init[conv.input[1]])
-    np.testing.assert_array_equal(w, pack_channel_blocks(w_onnx, 1, w.shape[-1], w.shape[-1]))
+    taps_first = packs_taps_first(resolve_target("llvm"))  # AVX2: [blocks, KH, KW, C, B]
+    np.testing.assert_array_equal(w, pack_channel_blocks(w_onnx, 1, w.shape[-1], w.shape[-1], taps_first))
     np.testing.assert_array_equal(w[..., :4].transpose(0, 4, 1, 2, 3).reshape(4, 4, 1, 1), w_onnx)
     np.testing.assert_array_equal(b, onnx_array(init[conv.input[2]]))
 

@@ -11,7 +11,8 @@ name; every conv rule without a compute of its own lowers to it. The stages are 
 padded to a target's tile (more output channels per group, rows and columns); the epilogue reads back
 only the real outputs, so the result is unchanged. It also reads W packed at compile time into blocks of
 output channels (`pack_channel_blocks`: Wp[o // B, c, r, s, o % B] = W[o, c, r, s], B the tile's channels,
-each group's channels padded with zero weights), then it has no `weight` stage.
+each group's channels padded with zero weights; with `taps_first` Wp[o // B, r, s, c, o % B]), then it has no
+`weight` stage.
 """
 
 from __future__ import annotations
@@ -30,16 +31,24 @@ from .activations import apply_activation
 CONV_FAMILY = "conv2d_affine"  # the compute every conv rule without a compute of its own lowers to
 
 
-def pack_channel_blocks(w: np.ndarray, groups: int, group_channels: int, block: int) -> np.ndarray:
+def pack_channel_blocks(w: np.ndarray, groups: int, group_channels: int, block: int,
+                        taps_first: bool = False) -> np.ndarray:
     """W [O, C/G, KH, KW]  ==>  Wp [G * group_channels / block, C/G, KH, KW, block]: each group's output
     channels padded with zeros to `group_channels` (a multiple of `block`), then blocks of `block` channels
-    innermost, so one tile's weights for a reduction step are one contiguous vector load."""
+    innermost, so one tile's weights for a reduction step are one contiguous vector load. `taps_first`:
+    Wp [..., KH, KW, C/G, block], the order of a reduction that runs the input channels innermost."""
     cout, cpg, kh, kw = w.shape
     opg = cout // groups
     padded = np.zeros((groups, group_channels, cpg, kh, kw), w.dtype)
     padded[:, :opg] = w.reshape(groups, opg, cpg, kh, kw)
     blocks = padded.reshape(groups * group_channels // block, block, cpg, kh, kw)
-    return np.ascontiguousarray(blocks.transpose(0, 2, 3, 4, 1))
+    return np.ascontiguousarray(blocks.transpose((0, 3, 4, 2, 1) if taps_first else (0, 2, 3, 4, 1)))
+
+
+def packed_taps(w_shape, taps_first: bool = False) -> tuple[int, int, int]:
+    """(C/G, KH, KW) of a W in OIHW or packed by `pack_channel_blocks` (5-D)."""
+    dims_ = [int(d) for d in w_shape[1:4]]
+    return (dims_[2], dims_[0], dims_[1]) if len(w_shape) == 5 and taps_first else tuple(dims_)
 
 
 def conv2d_out_size(size, k, stride, pad_lo, pad_hi, dilation):
@@ -67,13 +76,14 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
 
 def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups, activation=None,
                   activation_params=None, residual_after_activation=False, out_padding: ConvPadding | None = None,
-                  weight_first: bool = False):
+                  weight_first: bool = False, taps_first: bool = False):
     """`weight_first`: the products written W * x (an implicit GEMM whose A operand is W[O, C*kh*kw]: the
-    CUDA tensor-core schedule's form); the same sums."""
+    CUDA tensor-core schedule's form); the same sums. `taps_first`: a packed W is in
+    `pack_channel_blocks(..., taps_first=True)`'s layout."""
     n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
     packed = len(w.shape) == 5  # channel blocks (pack_channel_blocks)
-    cout, (cpg, kh, kw) = (int(b.shape[0]), (int(d) for d in w.shape[1:4])) if packed else \
-        (int(w.shape[0]), (int(d) for d in w.shape[1:]))
+    cout = int(b.shape[0]) if packed else int(w.shape[0])
+    cpg, kh, kw = packed_taps(w.shape, taps_first)
     sh, sw = strides
     pt, pl, pb, pr = padding
     dh, dw = dilation
@@ -105,7 +115,10 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
         if (wblk, int(w.shape[0]) * wblk) != (p.channel_block, groups * gp):
             raise ValueError(f"conv2d: W packed in blocks of {wblk} channels ({tuple(w.shape)}) does not match "
                              f"the output tile: {groups} groups x {gp} channels in blocks of {p.channel_block}")
-        weight_at = lambda o, c, r, s: w[o // wblk, c, r, s, o % wblk]  # noqa: E731
+        if taps_first:
+            weight_at = lambda o, c, r, s: w[o // wblk, r, s, c, o % wblk]  # noqa: E731
+        else:
+            weight_at = lambda o, c, r, s: w[o // wblk, c, r, s, o % wblk]  # noqa: E731
     elif gp != opg:
         weight = te.compute(
             (groups * gp, cpg, kh, kw),

@@ -233,8 +233,12 @@ print(fused.mod["main"].script())"""),
     new_markdown_cell("""The fused kernel is one `call_tir` whose constant operands are the folded weights and bias. On the
 CPU, W' was also packed once at compile time into the layout the kernel reads: `[O'/B, C, KH, KW, B]`,
 blocks of B output channels innermost (B from the target's vector width, so it differs between an AVX2 and
-an AVX-512 machine) and the channels padded with zeros to the kernel's tile. Undo the packing to compare:"""),
-    new_code_cell("""constants = []
+an AVX-512 machine; with AVX2 the taps come first, `[O'/B, KH, KW, C, B]`) and the channels padded with
+zeros to the kernel's tile. Undo the packing to compare:"""),
+    new_code_cell("""from tvm_fusion.build import resolve_target
+from tvm_fusion.schedules.llvm.conv2d import packs_taps_first
+
+constants = []
 
 
 def collect(expr):
@@ -246,6 +250,8 @@ relax.analysis.post_order_visit(fused.mod["main"], collect)
 W_kernel, b_kernel = constants
 print("W' shape in the kernel", W_kernel.shape, " b' shape", b_kernel.shape)
 if W_kernel.ndim == 5:  # packed: [O'/B, C, KH, KW, B] -> [O', C, KH, KW], then the zero padding dropped
+    if packs_taps_first(resolve_target("llvm")):  # [O'/B, KH, KW, C, B] -> [O'/B, C, KH, KW, B]
+        W_kernel = W_kernel.transpose(0, 3, 1, 2, 4)
     blocks, cin, kh, kw, B = W_kernel.shape
     W_kernel = W_kernel.transpose(0, 4, 1, 2, 3).reshape(blocks * B, cin, kh, kw)
     assert not W_kernel[len(W_folded):].any(), "the padding channels hold zeros"

@@ -39,9 +39,10 @@ from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvPadding, conv2d_out_size, conv2d_padded,
-                                         pack_channel_blocks)
+                                         pack_channel_blocks, packed_taps)
 
 __all__ = ["ConvTile", "RowTile", "ConvPlan", "choose_tile", "choose_row_tile", "conv_plan", "max_accumulators",
+           "tiled_accumulators", "packs_taps_first",
            "conv2d_llvm", "pack_conv", "schedule_conv2d_llvm"]
 
 FLOAT_BYTES = 4
@@ -67,14 +68,17 @@ LOADS_PER_FMA = 2
 @dataclass(frozen=True)
 class StepCost:
     """What one reduction step of a tile costs, in FMA slots: loads issued per FMA slot, and the independent
-    accumulators the FMA pipes need to hide their latency. `channels_outer`: the reduction runs input
-    channels outermost, the kernel taps inside (else taps outermost, channels innermost)."""
+    accumulators the FMA pipes need to hide their latency.
+    `taps_first`: W packed [oc block, KH, KW, C/G, OC] and the padded input written channels-last, so
+    each reduction step (input channels innermost) reads the next weight vector and the next input channel
+    of the same pixels, both in storage order (else Wp [oc block, C/G, KH, KW, OC] and NCHW input).
+    `broadcast_registers`: a tile holds its accumulators, its oc vectors of weights and this many input
+    broadcasts (None: every tile gets the vector registers minus RESERVED_REGISTERS)."""
     loads_per_fma: float = LOADS_PER_FMA
     min_chains: int = MIN_CHAINS
-    channels_outer: bool = False
-    # a 1x1 tile may take every register but its weight vectors and this many broadcasts (None: the
-    # RESERVED_REGISTERS budget for every tile)
-    pointwise_broadcasts: int | None = None
+    taps_first: bool = False
+    broadcast_registers: int | None = None
+    panel_bytes: int = PANEL_BYTES  # the largest weight panel of a tile wider than one vector
 
 
 #: per vector ISA (`hardware.cpu_facts`), the tiled kernel's step cost; others: StepCost(). With AVX2 a core
@@ -82,18 +86,18 @@ class StepCost:
 #: latency want 8 chains (AVX-512 on Zen 4: one double-pumped zmm FMA a cycle, two loads). Measured on Zen 4
 #: built for x86-64-v3, one thread, CPU time: 3x3 256 -> 256 on 14x14 3.8 -> 2.8 ms (2 x 5 pixels instead of
 #: 1 x 7), 1x1 2048 -> 512 on 7x7 1.8 -> 1.3 ms (2 x 4 instead of 1 x 7).
-#: AVX2 runs the reduction channels outermost: a step's KH x KW taps read one input plane (in L1) and the
-#: packed panel [rc, rh, rw, OC] streams in storage order, where channels innermost jump a whole plane and a
-#: whole tap row of the panel per step. Its <= 12 accumulators leave registers for the broadcasts the
-#: unrolled taps share. Measured on an AVX2-only Zen 2 (one thread, CPU time): 3x3 512 on 7x7 6.4 -> 4.1 ms,
-#: 3x3 256 on 14x14 3.4 -> 2.7 ms, 3x3 128 on 28x28 3.8 -> 3.4 ms; 56x56 and the 7x7 stem unchanged.
-#: A 1x1 AVX2 tile holds its accumulators, its oc vectors of weights and two broadcasts (the next one
-#: loading while the FMAs read the last; 16 ymm: 1 x 13 pixels, 2 x 6, 4 x 2); with taps the unrolled steps
-#: share broadcasts, so those keep RESERVED_REGISTERS. Measured on Zen 2 (one thread, CPU time):
-#: SqueezeNet's 1x1 512 -> 1000 on 13x13, 1 x 13 pixels 2.3 ms, 4 x 2 (padded to 14) 3.0 ms, 2 x 7
-#: (17 registers) 4.5 ms; 1x1 832 -> 256 on 6x6, 2 x 6 0.25 ms, 4 x 3 0.34 ms; 1x1 64 -> 16 on 55x55,
-#: 1 x 11 0.13 ms, 1 x 14 (padded to 56) 0.20 ms.
-TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=8, channels_outer=True, pointwise_broadcasts=2)}
+#: AVX2 packs W taps first and writes the padded input channels-last (`taps_first`): with W [.., C/G, KH,
+#: KW, OC] a step jumped a whole tap row of the panel and with NCHW a whole input plane. A tile holds its
+#: accumulators, its oc vectors of weights and two broadcasts (the next loading while the FMAs read the last;
+#: 16 ymm: 1 x 13 pixels, 2 x 6, 4 x 2). Measured on an AVX2-only Zen 2, one thread, CPU time, kernels alone:
+#: 3x3 512 on 28x28 55.7 -> 43.6 ms (2 x 6 pixels, columns padded to 30; 1 x 7 before), 3x3 64 on 56x56
+#: 3.6 -> 2.7 ms (2 x 6, 4 x 2 before), 3x3 512 on 7x7 6.4 -> 3.4 ms (2 x 4); SqueezeNet's 1x1 512 -> 1000
+#: on 13x13 3.0 -> 2.3 ms (1 x 13; 4 x 2 padded to 14 before; 2 x 7, 17 registers, 4.5 ms). 5 cycles of
+#: FMA latency x 2 pipes (Zen 2, Haswell) want 10 chains: 2 x 6 beat 2 x 4 by 10-25% on 28x28 and 56x56.
+#: A panel streamed in storage order may be twice PANEL_BYTES: 3x3 512 on 28x28 ran 40.6 ms with 2 x 6
+#: (a 288 KiB panel), 47.1 ms with 1 x 10.
+TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=10, taps_first=True, broadcast_registers=2,
+                                     panel_bytes=2 * PANEL_BYTES)}
 
 
 def step_cost(facts: CpuFacts) -> StepCost:
@@ -101,13 +105,23 @@ def step_cost(facts: CpuFacts) -> StepCost:
     return TILED_STEP_COSTS.get(facts.isa, StepCost())
 
 
-def max_accumulators(facts: CpuFacts, oc_vectors: int = 1, taps: int = 0) -> int:
-    """Accumulator registers of one tile: the target's vector registers minus RESERVED_REGISTERS; for a 1x1
-    tile (`taps` 1) of an ISA with `pointwise_broadcasts`, minus its `oc_vectors` weights and broadcasts."""
-    broadcasts = step_cost(facts).pointwise_broadcasts
-    if taps == 1 and broadcasts is not None:
-        return facts.vector_registers - oc_vectors - broadcasts
+def packs_taps_first(target) -> bool:
+    """Whether `pack_conv` lays W out [O'/B, KH, KW, C/G, B] for this llvm target (else [O'/B, C/G, KH, KW, B])."""
+    return step_cost(cpu_facts(target)).taps_first
+
+
+def max_accumulators(facts: CpuFacts) -> int:
+    """Accumulator registers of one tile: the target's vector registers minus RESERVED_REGISTERS."""
     return facts.vector_registers - RESERVED_REGISTERS
+
+
+def tiled_accumulators(facts: CpuFacts, oc_vectors: int) -> int:
+    """Accumulator registers of a tiled-kernel tile with `oc_vectors` vectors of channels: the registers left
+    by its weights and the ISA's `broadcast_registers` (TILED_STEP_COSTS), else `max_accumulators`."""
+    broadcasts = step_cost(facts).broadcast_registers
+    if broadcasts is None:
+        return max_accumulators(facts)
+    return facts.vector_registers - oc_vectors - broadcasts
 
 
 def _ceil_to(n: int, m: int) -> int:
@@ -168,30 +182,30 @@ def _efficiency(accumulators: int, loads: int, real: tuple[int, ...], padded: tu
     return round(useful / max(accumulators, loads / cost.loads_per_fma, cost.min_chains), 6)
 
 
-def _oc_vector_options(opg: int, groups: int, reduction: int, tasks_wanted: int, lanes: int) -> list[int]:
+def _oc_vector_options(opg: int, groups: int, reduction: int, tasks_wanted: int, lanes: int,
+                       panel_bytes: int = PANEL_BYTES) -> list[int]:
     """Channel widths (in vectors); wider than one vector only while the oc blocks (of the channels padded
-    to the width, per group) still feed every thread and the panel fits PANEL_BYTES."""
+    to the width, per group) still feed every thread and the panel fits `panel_bytes`."""
     options = []
     for v in OC_VECTOR_CHOICES:
         blocks = groups * _ceil_to(opg, lanes * v) // (lanes * v)
         panel = reduction * lanes * v * FLOAT_BYTES
-        if v == 1 or (blocks >= tasks_wanted and panel <= PANEL_BYTES):
+        if v == 1 or (blocks >= tasks_wanted and panel <= panel_bytes):
             options.append(v)
     return options
 
 
 def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, threads: int,
-                facts: CpuFacts, groups: int = 1, taps: int = 0) -> ConvTile:
+                facts: CpuFacts, groups: int = 1) -> ConvTile:
     """The register tile with the most real outputs per FMA slot (`_efficiency` at the ISA's
     TILED_STEP_COSTS; the output padded to the tile: channels per group, rows, columns), ties to more accumulators, then to fewer loads per step.
-    Several rows per tile only when a tile covers whole rows (narrow outputs). `taps`: KH x KW (0: not
-    known; the register budget of a kernel with taps, `max_accumulators`)."""
+    Several rows per tile only when a tile covers whole rows (narrow outputs)."""
     lanes, opg = facts.float32_lanes, cout // groups
     cost = step_cost(facts)
     tasks_wanted = max(1, -(-threads // batch))
     best, best_key = None, None
-    for v in _oc_vector_options(opg, groups, reduction, tasks_wanted, lanes):
-        gp, budget = _ceil_to(opg, lanes * v), max_accumulators(facts, v, taps)
+    for v in _oc_vector_options(opg, groups, reduction, tasks_wanted, lanes, cost.panel_bytes):
+        gp, budget = _ceil_to(opg, lanes * v), tiled_accumulators(facts, v)
         for cols in range(1, min(wout, budget // v) + 1):
             for rows in range(1, min(hout, budget // (v * cols)) + 1) if cols == wout else [1]:
                 tile = ConvTile(v, rows, cols, lanes)
@@ -238,7 +252,7 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
         tile = choose_row_tile(hout, wout, facts, strided=strided)
         padding = ConvPadding(cout // groups, _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols))
         return ConvPlan("depthwise", tile, padding)
-    tile = choose_tile(cout, hout, wout, cpg * kh * kw, n, facts.threads, facts, groups, taps=kh * kw)
+    tile = choose_tile(cout, hout, wout, cpg * kh * kw, n, facts.threads, facts, groups)
     padding = ConvPadding(_ceil_to(cout // groups, tile.channels), _ceil_to(hout, tile.rows),
                           _ceil_to(wout, tile.cols), tile.channels)
     return ConvPlan("tiled", tile, padding)
@@ -256,12 +270,13 @@ def _current_facts() -> CpuFacts:
 def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, **attrs):
     """The conv2d_affine compute over the output padded to `conv_plan`'s tile for the current target."""
     cout = int(b.shape[0])  # W may be packed (pack_conv)
-    plan = _plan(dims(x.shape), cout, [int(d) for d in w.shape[1:4]], strides, padding, dilation, groups,
-                 _current_facts())
+    facts = _current_facts()
+    taps_first = step_cost(facts).taps_first
+    plan = _plan(dims(x.shape), cout, packed_taps(w.shape, taps_first), strides, padding, dilation, groups, facts)
     return conv2d_padded(x, w, b, residual, strides=strides, padding=padding, dilation=dilation, groups=groups,
                          activation=attrs.get("activation"), activation_params=attrs.get("activation_params"),
                          residual_after_activation=attrs.get("residual_after_activation", False),
-                         out_padding=plan.padding)
+                         out_padding=plan.padding, taps_first=taps_first)
 
 
 def _plan(x_shape, cout: int, w_taps, strides, padding, dilation, groups: int, facts: CpuFacts) -> ConvPlan:
@@ -276,15 +291,16 @@ def _plan(x_shape, cout: int, w_taps, strides, padding, dilation, groups: int, f
 
 def pack_conv(constants, attrs, shapes, target):
     """W [O, C/G, KH, KW]  ==>  Wp [O' / B, C/G, KH, KW, B] (`pack_channel_blocks`; B: the tile's output
-    channels, O': the channels padded per group to the tile), packed once at compile time so the kernel
-    reads each reduction step's weights as one vector per `lanes` channels; None for depthwise (its
-    weights are broadcast, one per tap)."""
+    channels, O': the channels padded per group to the tile; [O' / B, KH, KW, C/G, B] where
+    `packs_taps_first`), packed once at compile time so the kernel reads each reduction step's weights as one
+    vector per `lanes` channels; None for depthwise (its weights are broadcast, one per tap)."""
     w, b = constants
     plan = _plan(shapes[0], int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"], attrs["dilation"],
                  attrs.get("groups", 1), cpu_facts(target))
     if plan.kernel != "tiled":
         return None
-    return [pack_channel_blocks(w, attrs.get("groups", 1), plan.padding.group_channels, plan.tile.channels), b]
+    return [pack_channel_blocks(w, attrs.get("groups", 1), plan.padding.group_channels, plan.tile.channels,
+                                taps_first=packs_taps_first(target)), b]
 
 
 def _planned_batch(n) -> int:
@@ -335,9 +351,15 @@ def _epilogue_by_channel_vectors(sch, epi, conv):
     sch.vectorize(channels)
 
 
-def _schedule_pad(sch, pad):
+def _schedule_pad(sch, pad, channels_last: bool = False):
+    """`channels_last`: the padded input written [n, h, w, c] (for a reduction with channels innermost)."""
     n, c, h, w = sch.get_loops(pad)
-    sch.parallel(sch.fuse(n, c))
+    if not channels_last:
+        sch.parallel(sch.fuse(n, c))
+        return
+    sch.transform_layout(pad, ("write", 0), lambda n_, c_, h_, w_: (n_, h_, w_, c_))
+    sch.reorder(n, h, w, c)
+    sch.parallel(sch.fuse(n, h))
 
 
 def _pack_weights(sch, conv, at_loop, reduction: int, lanes: int):
@@ -361,10 +383,9 @@ def _pack_weights(sch, conv, at_loop, reduction: int, lanes: int):
     sch.vectorize(ki)
 
 
-def _schedule_tiled(sch, conv, epi, tile: ConvTile, regrouped: bool, padded_columns: bool, cost: StepCost):
+def _schedule_tiled(sch, conv, epi, tile: ConvTile, regrouped: bool, padded_columns: bool):
     """`regrouped`: the epilogue reads the padded channels of several groups (not an affine map of the
-    block's channels), so the tile stores its accumulators and the epilogue runs as its own loop nest.
-    `cost.channels_outer`: the reduction order (TILED_STEP_COSTS)."""
+    block's channels), so the tile stores its accumulators and the epilogue runs as its own loop nest."""
     if regrouped:
         store, later = sch.cache_write(conv, 0, "global"), epi
         sch.set_scope(conv, 0, "local")
@@ -374,10 +395,9 @@ def _schedule_tiled(sch, conv, epi, tile: ConvTile, regrouped: bool, padded_colu
     oo, oi = sch.split(o, [None, tile.channels])
     ho, hi = sch.split(h, [None, tile.rows])
     wo, wi = sch.split(w, [None, tile.cols])
-    # rc innermost of the reduction: each step reads a new input plane, so no broadcast stays live
-    # across steps (with rw innermost LLVM reused them across taps and spilled AVX-512's 28 accumulators)
-    reduction_order = (rc, rh, rw) if cost.channels_outer else (rh, rw, rc)
-    sch.reorder(n, oo, ho, wo, *reduction_order, hi, wi, oi)
+    # rc innermost of the reduction: each step reads a new input channel, so no broadcast stays live
+    # across steps (with rw innermost LLVM reused them across taps and spilled the accumulators)
+    sch.reorder(n, oo, ho, wo, rh, rw, rc, hi, wi, oi)
     outer = sch.fuse(n, oo)
     sch.parallel(outer)
     _pack_weights(sch, conv, outer, reduction, tile.lanes)
@@ -388,7 +408,7 @@ def _schedule_tiled(sch, conv, epi, tile: ConvTile, regrouped: bool, padded_colu
     sch.vectorize(oi)
     sch.unroll(wi)
     sch.unroll(hi)
-    sch.decompose_reduction(conv, reduction_order[0])  # after vectorize: the other order is "not compact dataflow"
+    sch.decompose_reduction(conv, rh)  # after vectorize: the other order is "not compact dataflow"
     if (padded_columns or tile.cols < tile.lanes) and not regrouped:
         _epilogue_by_channel_vectors(sch, epi, conv)
     else:
@@ -418,9 +438,6 @@ def _schedule_depthwise(sch, conv, epi, tile: RowTile):
 def schedule_conv2d_llvm(sch, attrs, target):
     conv = sch.get_sblock("conv")
     epi = sch.get_sblock("epilogue")
-    pad = _optional_block(sch, "pad")
-    if pad is not None:
-        _schedule_pad(sch, pad)
     batch, *loops = sch.get_loops(conv)
     cp, hp, wp, rc, rh, rw = (_extent(sch, loop) for loop in loops)
     cout, hout, wout = (_extent(sch, loop) for loop in sch.get_loops(epi)[1:])
@@ -433,8 +450,10 @@ def schedule_conv2d_llvm(sch, attrs, target):
                           f"the plan for {target} pads {cout}x{hout}x{wout} to "
                           f"{groups * p.group_channels}x{p.rows}x{p.cols}: build the PrimFunc with the llvm "
                           "compute (registry.get_compute(name, 'llvm')) under the same target")
+    pad = _optional_block(sch, "pad")
+    if pad is not None:
+        _schedule_pad(sch, pad, channels_last=plan.kernel == "tiled" and step_cost(facts).taps_first)
     if plan.kernel == "depthwise":
         _schedule_depthwise(sch, conv, epi, plan.tile)
     else:
-        _schedule_tiled(sch, conv, epi, plan.tile, regrouped=groups > 1 and cp != cout, padded_columns=wp != wout,
-                        cost=step_cost(facts))
+        _schedule_tiled(sch, conv, epi, plan.tile, regrouped=groups > 1 and cp != cout, padded_columns=wp != wout)
