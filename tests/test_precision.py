@@ -269,7 +269,8 @@ def test_precision_keeps_the_batch_norm_in_float32_for_the_fold(precision):
     """ToMixedPrecision casts a BatchNorm's s and t to the half dtype; the conversion puts them back in
     float32 around the conv (the form of a half model's BatchNorm), so the fold reads float32 s: the folded
     weights are round(W_half * s) with W_half the converted model's weight (ToMixedPrecision rounds it),
-    packed for the llvm kernel in channel blocks Wp[o // B, c, r, s, o % B] (pack_conv) in the half dtype."""
+    packed for the llvm kernel in channel blocks Wp[o // B, c, r, s, o % B] (pack_conv; AVX2: Wp[o // B, r, s, c,
+    o % B]) in the half dtype."""
     model = conv_bn_relu(bias=False)
     dtype = {"fp16": "float16", "bf16": "bfloat16"}[precision]
     mod = convert(import_onnx(model), precision)
@@ -289,7 +290,11 @@ def test_precision_keeps_the_batch_norm_in_float32_for_the_fold(precision):
     packed = [c for c in _call_constants(built.fused.mod) if c.ndim == 5]
     assert len(packed) == 1 and packed[0].dtype == numpy_dtype(dtype)
     cout, cpg, kh, kw = w.shape
-    folded = packed[0].transpose(0, 4, 1, 2, 3).reshape(-1, cpg, kh, kw)  # padded channels, zero weights
+    from tvm_fusion.build import resolve_target
+    from tvm_fusion.schedules.llvm.conv2d import packs_taps_first
+
+    blocks = packed[0].transpose(0, 3, 1, 2, 4) if packs_taps_first(resolve_target("llvm")) else packed[0]
+    folded = blocks.transpose(0, 4, 1, 2, 3).reshape(-1, cpg, kh, kw)  # padded channels, zero weights
     np.testing.assert_array_equal(folded[:cout].astype(np.float64), want.astype(np.float64))
     assert not folded[cout:].any()
 
