@@ -14,14 +14,18 @@ import cpu_speed  # noqa: E402
 
 
 def test_one_model_prints_a_row_and_the_geometric_mean(capsys):
-    rc = cpu_speed.main(["--models", "mobilenetv3_ts13", "--threads", "1", "--rounds", "1", "--block-ms", "5"])
+    """`--clock both`: a wall-time and a CPU-time table from the same blocks, each with its geometric mean."""
+    rc = cpu_speed.main(["--models", "mobilenetv3_ts13", "--threads", "1", "--rounds", "1", "--block-ms", "5",
+                         "--clock", "both"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "### 1 thread" in out and "| mobilenetv3_ts13 |" in out
-    row = next(line for line in out.splitlines() if line.startswith("| mobilenetv3_ts13 |"))
-    fused, ort, ratio = (c.strip() for c in row.strip("|").split("|")[1:])
-    assert float(ratio.rstrip("x")) == pytest.approx(float(fused) / float(ort), rel=0.02, abs=0.01)
-    assert f"**{ratio}**" in out  # one model: the geometric mean is its ratio
+    tables = out.split("### 1 thread")[1:]
+    assert [t.split("\n", 1)[0].rsplit(", ", 1)[1] for t in tables] == ["wall time", "cpu time"]
+    for table in tables:
+        row = next(line for line in table.splitlines() if line.startswith("| mobilenetv3_ts13 |"))
+        fused, ort, ratio = (c.strip() for c in row.strip("|").split("|")[1:])
+        assert float(ratio.rstrip("x")) == pytest.approx(float(fused) / float(ort), rel=0.02, abs=0.01)
+        assert f"**{ratio}**" in table  # one model: the geometric mean is its ratio
 
 
 def test_geomean():
