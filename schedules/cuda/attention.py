@@ -5,7 +5,7 @@ probabilities, all in shared memory, then one output feature each (serial over t
 from __future__ import annotations
 
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.attention import ATTENTION_FAMILY
+from tvm_fusion.schedules.attention import ATTENTION_FAMILY, AttentionOperands
 
 MAX_THREADS = 256
 #: the row's scores, exponentials and probabilities live in shared memory: 3 x keys x 4 bytes within 48 KB
@@ -20,7 +20,7 @@ def _threads(n: int) -> int:
 
 
 def _supports(attrs, shapes, target):
-    keys = shapes[1][-1]
+    keys = AttentionOperands(*shapes).kt[-1]
     if keys > MAX_KEYS:
         return (f"the CUDA attention kernel keeps a row of {keys} keys in shared memory; at most {MAX_KEYS} fit "
                 "in the 48 KB static limit")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.squeeze_excite import SE_FAMILY
+from tvm_fusion.schedules.squeeze_excite import SE_FAMILY, SEOperands
 
 THREADS = 256  # threads per block when every channel stage fits in it; SE blocks have 16-1000 channels
 WARP = 32
@@ -28,7 +28,8 @@ def threads_for(channels: int) -> int:
 
 
 def _supports(attrs, shapes, target):
-    (n, c, h, w), (hidden, _) = shapes[0], shapes[1]  # x, then fc1's weight (hidden, C)
+    ops = SEOperands(*shapes)
+    (n, c, h, w), (hidden, _) = ops.x, ops.w1  # fc1's weight is (hidden, C)
     max_threads = cuda_facts(target).max_threads_per_block
     if max(c, hidden) > max_threads:
         return (f"the CUDA squeeze-excite kernel gives each of the {max(c, hidden)} channels a thread of one block; "
