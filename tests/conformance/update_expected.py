@@ -24,9 +24,10 @@ REASONS = [
     ("op not supported by TVM's ONNX importer", r"which TVM's ONNX importer does not support"),
     ("TVM's ONNX importer raises on the model", r"TVM's ONNX importer failed"),
     ("results differ from the ONNX reference (TVM's op implementation)", r"^AssertionError"),
-    ("TVM fails to build or run the imported module", r"^tvm\.error\."),
+    ("TVM fails to build or run the imported module", r"^tvm\.error\.|TVM's FoldConstant failed"),
     ("inputs or outputs TVM's VM does not take (sequences, optionals, strings, ...)",
-     r"setting an array element with a sequence|object has no attribute|not supported|TypeError"),
+     r"setting an array element with a sequence|object has no attribute|not supported|TypeError"
+     r"|does not fit the model's declared shape \[\]|unknown dtype `object`"),  # an optional or sequence input
     ("other error inside TVM", r""),
 ]
 
