@@ -26,8 +26,8 @@ REASONS = [
     ("results differ from the ONNX reference (TVM's op implementation)", r"^AssertionError"),
     ("TVM fails to build or run the imported module", r"^tvm\.error\.|TVM's FoldConstant failed"),
     ("inputs or outputs TVM's VM does not take (sequences, optionals, strings, ...)",
-     r"setting an array element with a sequence|object has no attribute|not supported|TypeError"
-     r"|does not fit the model's declared shape \[\]|unknown dtype `object`"),  # an optional or sequence input
+     (r"setting an array element with a sequence|object has no attribute|not supported|TypeError"
+      r"|does not fit the model's declared shape \[\]|unknown dtype `object`")),  # an optional or sequence input
     ("other error inside TVM", r""),
 ]
 
