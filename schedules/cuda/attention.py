@@ -4,12 +4,14 @@ probabilities, all in shared memory, then one output feature each (serial over t
 
 from __future__ import annotations
 
+from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.attention import ATTENTION_FAMILY, AttentionOperands
 
 MAX_THREADS = 256
-#: the row's scores, exponentials and probabilities live in shared memory: 3 x keys x 4 bytes within 48 KB
-MAX_KEYS = 4096
+#: the row's scores, exponentials and probabilities live in shared memory: 3 x keys x 4 bytes, within the
+#: target's static shared memory per block (48 KB: 4096 keys)
+ROW_BYTES_PER_KEY = 3 * 4
 
 
 def _threads(n: int) -> int:
@@ -21,9 +23,10 @@ def _threads(n: int) -> int:
 
 def _supports(attrs, shapes, target):
     keys = AttentionOperands(*shapes).kt[-1]
-    if keys > MAX_KEYS:
-        return (f"the CUDA attention kernel keeps a row of {keys} keys in shared memory; at most {MAX_KEYS} fit "
-                "in the 48 KB static limit")
+    shared = cuda_facts(target).shared_static_bytes
+    if keys > shared // ROW_BYTES_PER_KEY:
+        return (f"the CUDA attention kernel keeps a row of {keys} keys in shared memory; at most "
+                f"{shared // ROW_BYTES_PER_KEY} fit in the {shared // 1024} KB static limit")
     return None
 
 
