@@ -28,7 +28,7 @@ def threads_for(channels: int, warp: int) -> int:
 
 def _supports(attrs, shapes, target):
     ops = SEOperands(*shapes)
-    (n, c, h, w), (hidden, _) = ops.x, ops.w1  # fc1's weight is (hidden, C)
+    (_, c, h, w), (hidden, _) = ops.x, ops.w1  # fc1's weight is (hidden, C)
     max_threads = cuda_facts(target).max_threads_per_block
     if max(c, hidden) > max_threads:
         return (f"the CUDA squeeze-excite kernel gives each of the {max(c, hidden)} channels a thread of one block; "
