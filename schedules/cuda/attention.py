@@ -12,6 +12,8 @@ MAX_THREADS = 256
 #: the row's scores, exponentials and probabilities live in shared memory: 3 x keys x 4 bytes, within the
 #: target's static shared memory per block (48 KB: 4096 keys)
 ROW_BYTES_PER_KEY = 3 * 4
+TOO_MANY_KEYS = ("the CUDA attention kernel keeps a row of {keys} keys in shared memory; at most {most} fit in "
+                 "the {kb} KB static limit")
 
 
 def _threads(n: int) -> int:
@@ -24,9 +26,9 @@ def _threads(n: int) -> int:
 def _supports(attrs, shapes, target):
     keys = AttentionOperands(*shapes).kt[-1]
     shared = cuda_facts(target).shared_static_bytes
-    if keys > shared // ROW_BYTES_PER_KEY:
-        return (f"the CUDA attention kernel keeps a row of {keys} keys in shared memory; at most "
-                f"{shared // ROW_BYTES_PER_KEY} fit in the {shared // 1024} KB static limit")
+    most = shared // ROW_BYTES_PER_KEY
+    if keys > most:
+        return TOO_MANY_KEYS.format(keys=keys, most=most, kb=shared // 1024)
     return None
 
 
