@@ -38,7 +38,7 @@ from tvm_fusion.errors import FusionError
 from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
-from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvPadding, conv2d_out_size, conv2d_padded,
+from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvOperands, ConvPadding, conv2d_out_size, conv2d_padded,
                                          pack_channel_blocks)
 
 __all__ = ["ConvTile", "RowTile", "ConvPlan", "choose_tile", "choose_row_tile", "conv_plan", "max_accumulators",
@@ -254,7 +254,7 @@ def pack_conv(constants, attrs, shapes, target):
     reads each reduction step's weights as one vector per `lanes` channels; None for depthwise (its
     weights are broadcast, one per tap)."""
     w, b = constants
-    plan = _plan(shapes[0], int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"], attrs["dilation"],
+    plan = _plan(ConvOperands.of(shapes).x, int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"], attrs["dilation"],
                  attrs.get("groups", 1), cpu_facts(target))
     if plan.kernel != "tiled":
         return None
