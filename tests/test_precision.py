@@ -277,10 +277,16 @@ def test_compile_verifies_an_ill_conditioned_model_per_group(tmp_path, capsys, w
     assert "group 0 (rule conv2d_relu_wrong" in capsys.readouterr().err and not (tmp_path / "w.so").exists()
 
 
-def test_per_group_check_at_half_precision(capsys):
+def test_per_group_check_at_half_precision(tmp_path, capsys):
     """--per-group with --precision: each group's half output against its unfused ops at the same precision."""
     report = check_groups(conv_bn_relu(), precision="bf16")
     assert report.ok and report.judge_outputs and [g.stats.dtype for g in report.groups] == ["bfloat16"]
+    from onnx import save
+
+    save(_cancelling_branches(), tmp_path / "m.onnx")
+    assert main(["compare", str(tmp_path / "m.onnx"), "--precision", "fp16", "--per-group"]) == 0
+    out = capsys.readouterr().out
+    assert "(reported, not judged)" in out and "PASS: all 2 groups within tolerance" in out
 
 
 @pytest.mark.slow
