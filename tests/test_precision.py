@@ -251,6 +251,8 @@ def test_ill_conditioned_model_is_judged_per_group():
     assert report.ok and not report.groups.judge_outputs, str(report)
     text = str(report)
     assert "ill-conditioned" in text and "reported" in text and "PASS: every fused group is within float16" in text
+    alone = compare(_cancelling_branches(), "llvm", precision="fp16", repeat=0, modes="unfused")
+    assert alone.groups is None and alone.verdict().startswith("NOT JUDGED: ill-conditioned")
 
 
 def test_ill_conditioned_model_still_fails_a_wrong_rule(wrong_by_10_percent):

@@ -90,6 +90,9 @@ class CompareReport:
         """The last line: what was compared and whether it is within tolerance."""
         if not self.ok:
             return "FAIL: " + "; ".join(self.failures())
+        if not self.judged() and self.groups is None:
+            return ("NOT JUDGED: ill-conditioned for the half dtype (see the baseline row), so the rows are reported "
+                    "only, and without a fused build there is no group to check (add fused to --modes)")
         if self.groups is not None:
             return (f"PASS: every fused group is within {check_precision(self.precision)}'s tolerance of its unfused "
                     f"ops at {self.precision} ({len(self.groups.groups)} groups); the errors against the float32 "
