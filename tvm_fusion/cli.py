@@ -248,9 +248,6 @@ def _run(args) -> int:
     from .compare import check_modes
 
     modes = check_modes(args.modes)
-    if (args.per_group or args.bisect) and args.precision != "fp32":
-        raise FusionError(f"--precision {args.precision} does not combine with --per-group / --bisect (they check "
-                          "the model in its own dtypes); run them without --precision")
     if args.per_group or args.bisect:
         return _differential(args, model, shapes, rules)
     from .compare import compare
@@ -289,7 +286,8 @@ def _profile(args, model, shapes, rules) -> int:
 def _differential(args, model, shapes, rules) -> int:
     from .differential import bisect, check_groups
 
-    kw = {"shapes": shapes, "rules": rules, "seed": args.seed, "arch": args.arch, "inputs": args.inputs}
+    kw = {"shapes": shapes, "rules": rules, "seed": args.seed, "arch": args.arch, "inputs": args.inputs,
+          "precision": args.precision}
     if args.bisect:
         report = bisect(model, args.target, **kw)
         print(report)
