@@ -76,29 +76,24 @@ def _declined(fused, rule="squeeze_excite_relu_hardsigmoid"):
     return [d.reason for d in fused.fused.decisions if d.rule == rule and d.reason]
 
 
-def test_non_1x1_conv_declines_with_reason(rules):
-    g = GraphBuilder(4)
+#: (seed, se_block's near miss, the reason the rule declines with)
+NEAR_MISSES = [
+    pytest.param(4, {"k": 3}, "fc1 conv2d has kernel 3x3, groups 1, padding [1, 1, 1, 1]; squeeze-excite needs "
+                 "a 1x1 conv, groups 1, no padding", id="non_1x1_conv"),
+    # one gate value per sample (fc2 has one output channel) broadcast over every channel
+    pytest.param(5, {"fc2_out": 1}, "fc2 weight has shape [1, 2, 1, 1]; expected [8, 2, 1, 1], one gate value "
+                 "per channel of x", id="gate_not_per_channel"),
+    pytest.param(6, {"pool": [3]}, "the pool is a mean over axes [3] (keepdims=True); squeeze-excite needs the "
+                 "spatial axes [2, 3] with keepdims (GlobalAveragePool)", id="mean_over_one_axis"),
+]
+
+
+@pytest.mark.parametrize("seed,near_miss,reason", NEAR_MISSES)
+def test_near_miss_declines_with_reason(seed, near_miss, reason, rules):
+    g = GraphBuilder(seed)
     x = g.input("x", [1, 8, 4, 4])
-    fused = check_fused(g.model([se_block(g, x, 8, 2, k=3)], opset=18), rules)
-    assert _declined(fused) == ["fc1 conv2d has kernel 3x3, groups 1, padding [1, 1, 1, 1]; squeeze-excite needs "
-                                "a 1x1 conv, groups 1, no padding"]
-
-
-def test_gate_not_per_channel_declines_with_reason(rules):
-    """One gate value per sample (fc2 has one output channel) broadcast over every channel."""
-    g = GraphBuilder(5)
-    x = g.input("x", [1, 8, 4, 4])
-    fused = check_fused(g.model([se_block(g, x, 8, 2, fc2_out=1)], opset=18), rules)
-    assert _declined(fused) == ["fc2 weight has shape [1, 2, 1, 1]; expected [8, 2, 1, 1], one gate value per "
-                                "channel of x"]
-
-
-def test_mean_over_one_axis_declines_with_reason(rules):
-    g = GraphBuilder(6)
-    x = g.input("x", [1, 8, 4, 4])
-    fused = check_fused(g.model([se_block(g, x, 8, 2, pool=[3])], opset=18), rules)
-    assert _declined(fused) == ["the pool is a mean over axes [3] (keepdims=True); squeeze-excite needs the "
-                                "spatial axes [2, 3] with keepdims (GlobalAveragePool)"]
+    fused = check_fused(g.model([se_block(g, x, 8, 2, **near_miss)], opset=18), rules)
+    assert _declined(fused) == [reason]
 
 
 def test_wrong_activation_constant_declines_with_reason(rules):

@@ -12,10 +12,22 @@ The mask is indexed with NumPy broadcasting: a size-1 dim reads index 0. Stages,
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion.registry import register_compute
 
 ATTENTION_FAMILY = "attention"
+
+
+class AttentionOperands(NamedTuple):
+    """The attention kernel's inputs by name, in its PrimFunc's order (patterns/attention.py's lowering):
+    `AttentionOperands(*shapes)` names the shapes a schedule's `supports` gets."""
+
+    q: object  # [b, h, s, d]
+    kt: object  # [b, h, d, t]: t keys
+    v: object  # [b, h, t, e]
+    mask: object = None  # broadcast to [b, h, s, t]
 
 
 @register_compute(ATTENTION_FAMILY)

@@ -8,6 +8,8 @@ column tiles [N / cols, K, cols], W[k, n] = Wp[n // cols, k, n % cols]: one tile
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from tvm_fusion._tvm import te
@@ -19,6 +21,17 @@ from . import dims
 from .activations import apply_activation
 
 DENSE_FAMILY = "dense_affine"  # the compute every dense rule without a compute of its own lowers to
+
+
+class DenseOperands(NamedTuple):
+    """The dense kernel's operands by name, in its PrimFunc's order: x, then the folded constants W and b
+    (fuse.py's convention), then the output. `DenseOperands(*shapes)` names the shapes a schedule's
+    `supports` gets, `DenseOperands(*func.params)` the PrimFunc's buffers."""
+
+    x: object
+    w: object
+    b: object
+    out: object = None
 
 
 def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:

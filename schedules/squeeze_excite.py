@@ -12,12 +12,27 @@ The stages are named for the schedules: `pool`, `fc1`, `hidden`, `fc2`, `gate`, 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion.registry import register_compute
 
 from .activations import apply_activation
 
 SE_FAMILY = "squeeze_excite"
+
+
+class SEOperands(NamedTuple):
+    """The squeeze-excite kernel's operands by name, in its PrimFunc's order: x, then the folded constants
+    (fuse.py's convention), then the output. `SEOperands(*shapes)` names the shapes a schedule's `supports`
+    gets."""
+
+    x: object  # [N, C, H, W]
+    w1: object  # [R, C]
+    b1: object
+    w2: object  # [C, R]
+    b2: object
+    out: object = None
 
 
 @register_compute(SE_FAMILY)

@@ -28,6 +28,7 @@ from tvm.s_tir import Schedule  # noqa: F401
 from tvm.s_tir import dlight  # noqa: F401
 from tvm.s_tir.analysis import verify_gpu_code  # noqa: F401
 from tvm.s_tir.analysis import estimate_tir_flops  # noqa: F401
+from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock  # noqa: F401  (tune's builder)
 from tvm.support import nvcc  # noqa: F401
 from tvm import tirx  # noqa: F401
 

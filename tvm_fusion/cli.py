@@ -31,12 +31,27 @@ def _common(p: argparse.ArgumentParser, target: str = "llvm") -> None:
                    help=f"build target (default: {target}): llvm (this CPU, or TVM_FUSION_CPU), cuda, a JSON dict "
                         "such as '{\"kind\":\"llvm\",\"mcpu\":\"x86-64-v3\"}', a TVM target kind or a tag")
     p.add_argument("--arch", default="sm_90", help="CUDA arch for --target cuda (default: sm_90)")
-    p.add_argument("--rules", action="append", default=[], metavar="FILE.py", help="load extra rules from a file")
-    p.add_argument("--only", default="", metavar="RULE,...", help="use only these rules")
-    p.add_argument("--disable", action="append", default=[], metavar="RULE", help="disable a rule (repeatable)")
+    _rule_selection(p)
     p.add_argument("--no-simplify", action="store_true",
                    help="import the exporter's graph as written (skip the ONNX simplifier before TVM's importer)")
     _debug(p)
+
+
+def _rule_selection(p: argparse.ArgumentParser, documented: bool = True) -> None:
+    """--rules, --only, --disable (`_rules` reads them); the `rules` command lists them undocumented."""
+    def doc(**kw) -> dict:
+        return kw if documented else {}
+
+    p.add_argument("--rules", action="append", default=[], metavar="FILE.py",
+                   **doc(help="load extra rules from a file"))
+    p.add_argument("--only", default="", **doc(metavar="RULE,...", help="use only these rules"))
+    p.add_argument("--disable", action="append", default=[], **doc(metavar="RULE", help="disable a rule (repeatable)"))
+
+
+def _inputs(p: argparse.ArgumentParser, used_for: str, random: str) -> None:
+    p.add_argument("--inputs", metavar="FILE.npz",
+                   help=f"input values{used_for}: an .npz with an array per graph input name (the rest are seeded "
+                        f"random values{random}); give token ids and masks this way")
 
 
 def _precision(p: argparse.ArgumentParser) -> None:
@@ -95,9 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-counts", action="store_true", help="skip counting the unfused/tvm builds' kernels")
     c.add_argument("--no-verify", action="store_true",
                    help="write the library without first checking the fused build against onnxruntime")
-    c.add_argument("--inputs", metavar="FILE.npz",
-                   help="input values for the verify step: an .npz with an array per graph input name (the rest "
-                        "are seeded random values); give token ids and masks this way")
+    _inputs(c, " for the verify step", "")
     graph = c.add_mutually_exclusive_group()
     graph.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", default=None,
                        help="launch every kernel on its own (default for --target cuda with static shapes: capture "
@@ -125,9 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--repeat", type=int, default=10, help="timed runs per build (interleaved; 0: no timing)")
     m.add_argument("--modes", default="unfused,tvm,fused",
                    help="builds to make (comma separated); each is compared with onnxruntime, fused also with unfused")
-    m.add_argument("--inputs", metavar="FILE.npz",
-                   help="input values: an .npz with an array per graph input name (the rest are seeded random "
-                        "values: floats ~N(0, 1), integers in [0, 8)); give token ids and masks this way")
+    _inputs(m, "", ": floats ~N(0, 1), integers in [0, 8)")
     m.add_argument("--per-group", action="store_true",
                    help="check each fused group against its unfused subgraph on the real intermediate values, "
                         "and name the first group over tolerance")
@@ -143,9 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("explain", help="which rule took each chain, why others declined, what is left to TVM")
     _common(e)
     r = sub.add_parser("rules", help="list the rules in priority order")
-    r.add_argument("--rules", action="append", default=[], metavar="FILE.py")
-    r.add_argument("--only", default="")
-    r.add_argument("--disable", action="append", default=[])
+    _rule_selection(r, documented=False)
     _debug(r)
     return parser
 
@@ -239,9 +248,6 @@ def _run(args) -> int:
     from .compare import check_modes
 
     modes = check_modes(args.modes)
-    if (args.per_group or args.bisect) and args.precision != "fp32":
-        raise FusionError(f"--precision {args.precision} does not combine with --per-group / --bisect (they check "
-                          "the model in its own dtypes); run them without --precision")
     if args.per_group or args.bisect:
         return _differential(args, model, shapes, rules)
     from .compare import compare
@@ -280,7 +286,8 @@ def _profile(args, model, shapes, rules) -> int:
 def _differential(args, model, shapes, rules) -> int:
     from .differential import bisect, check_groups
 
-    kw = {"shapes": shapes, "rules": rules, "seed": args.seed, "arch": args.arch, "inputs": args.inputs}
+    kw = {"shapes": shapes, "rules": rules, "seed": args.seed, "arch": args.arch, "inputs": args.inputs,
+          "precision": args.precision}
     if args.bisect:
         report = bisect(model, args.target, **kw)
         print(report)

@@ -21,7 +21,7 @@ from .io import (INPUTS_SYNTAX, as_arrays, available_memory, check_inputs, check
 from .pipeline import MODES
 from .rules import RuleSet
 from .numerics import ErrorStats, error_stats
-from .precision import check_precision, convert, verdict_dtype
+from .precision import check_precision, convert, half_baseline, verdict_dtype
 
 __all__ = ["CompareReport", "compare", "random_inputs", "load_inputs", "check_inputs", "check_modes", "run_onnxruntime",
            "gpu_available"]
@@ -63,33 +63,53 @@ class CompareReport:
     skipped_reason: str = ""
     ort_latencies: list[float] = field(default_factory=list)
     precision: str | None = None  # --precision fp16 / bf16: the model was converted from float32
+    reported: list[str] = field(default_factory=list)  # comparisons shown but not judged (precision.half_baseline)
+    groups: object = None  # differential.GroupReport: fusion judged per group (a model ill-conditioned for half)
+
+    def judged(self) -> dict[str, list[ErrorStats]]:
+        return {pair: stats for pair, stats in self.errors.items() if pair not in self.reported}
 
     @property
     def ok(self) -> bool:
-        return all(s.ok for stats in self.errors.values() for s in stats)
+        return (all(s.ok for stats in self.judged().values() for s in stats)
+                and (self.groups is None or not self.groups.failing))
 
     def failures(self) -> list[str]:
-        return [f"{pair}, output {self.outputs[i]}: {s.describe()}"
-                for pair, stats in self.errors.items() for i, s in enumerate(stats) if not s.ok]
+        return ([f"{pair}, output {self.outputs[i]}: {s.describe()}"
+                 for pair, stats in self.judged().items() for i, s in enumerate(stats) if not s.ok]
+                + ([f"per-group check at {self.precision}: {self.groups.first_failure()}"]
+                   if self.groups is not None and self.groups.failing else []))
 
     def failing_builds(self) -> list[str]:
-        """The builds with a comparison over tolerance ("fused vs unfused" blames fused)."""
-        return list(dict.fromkeys(pair.split(" vs ")[0] for pair, stats in self.errors.items()
-                                  if not all(s.ok for s in stats)))
+        """The builds with a comparison over tolerance ("fused vs unfused" and a failing group blame fused)."""
+        return list(dict.fromkeys([pair.split(" vs ")[0] for pair, stats in self.judged().items()
+                                   if not all(s.ok for s in stats)]
+                                  + (["fused"] if self.groups is not None and self.groups.failing else [])))
 
     def verdict(self) -> str:
         """The last line: what was compared and whether it is within tolerance."""
         if not self.ok:
             return "FAIL: " + "; ".join(self.failures())
+        if not self.judged() and self.groups is None:
+            return ("NOT JUDGED: ill-conditioned for the half dtype (see the baseline row), so the rows are reported "
+                    "only, and without a fused build there is no group to check (add fused to --modes)")
+        if self.groups is not None:
+            return (f"PASS: every fused group is within {check_precision(self.precision)}'s tolerance of its unfused "
+                    f"ops at {self.precision} ({len(self.groups.groups)} groups); the errors against the float32 "
+                    "model are reported, not judged (ill-conditioned for the dtype: see the baseline row)")
         if "fused" in self.builds:
-            return "PASS: fused is within tolerance (" + ", ".join(self.errors) + ")"
-        return f"PASS: no fused build; compared only {', '.join(self.errors)}: all within tolerance"
+            return "PASS: fused is within tolerance (" + ", ".join(self.judged()) + ")"
+        return f"PASS: no fused build; compared only {', '.join(self.judged())}: all within tolerance"
 
     def __str__(self) -> str:
         lines = [f"model {self.model}  target {self.target}"]
         if self.precision:
-            lines.append(f"precision {self.precision}: converted from float32 (ToMixedPrecision); every build is "
-                         f"judged against the float32 model with {check_precision(self.precision)}'s tolerance")
+            half = check_precision(self.precision)
+            lines.append(f"precision {self.precision}: converted from float32 (ToMixedPrecision); " + (
+                f"every build is judged against the float32 model with {half}'s tolerance" if self.groups is None else
+                f"rounding the input and weights to {half} alone (the baseline row) is over {half}'s tolerance, so "
+                "the model is ill-conditioned for it: the errors against the float32 model and between builds "
+                f"are reported, and fusion is judged per group at {self.precision}"))
         fired = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v) or "none"
         lines.append(f"rules fired: {fired} (total {sum(self.counts.values())})" if "fused" in self.builds
                      else "rules fired: - (no fused build)")
@@ -110,7 +130,7 @@ class CompareReport:
             for name, s in zip(self.outputs, stats):
                 rows.append([pair, name, s.dtype, f"{s.n_bad}/{s.size}", f"{s.max_abs:.3g}", f"{s.max_rel:.3g}",
                              s.worst_element(),
-                             "ok" if s.ok else "FAIL"])
+                             ("ok" if s.ok else "FAIL") if pair not in self.reported else "reported"])
         lines.append(table(["comparison", "output", "dtype", "elements off", "max abs err", "max rel err",
                              "worst element: actual vs reference", ""], rows))
         med = {m: statistics.median(b.latencies) for m, b in self.builds.items() if b.latencies}
@@ -119,6 +139,8 @@ class CompareReport:
             if self.ort_latencies:
                 ratios.append(f"onnxruntime/fused {statistics.median(self.ort_latencies) / med['fused']:.2f}x")
             lines += ["", "speedup of fused (median latency ratio, >1 means fused is faster): " + ", ".join(ratios)]
+        if self.groups is not None:
+            lines += ["", str(self.groups)]
         lines += ["", "element-wise: |a - r| <= atol * rms(r) + rtol * |r| per element, (rtol, atol) by the "
                   "reference's dtype (tvm_fusion.numerics)", self.verdict()]
         return "\n".join(lines)
@@ -171,12 +193,25 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
             return CompareReport(name, str(tgt), outputs, stats, {}, counts, False, why, precision=precision)
     dev = device(tgt)
     vms = {m: relax.VirtualMachine(b.executable, dev) for m, b in builds.items()}
-    errors = {}
+    errors, baseline = {}, []
     for size in frontend.check_sizes(shapes, given):  # symbolic dims: run at 1 and a larger size (timed there)
         inputs, tensors = input_tensors(proto, frontend.concrete_shapes(shapes, size), seed, dev, given)
         sess, ref = _reference(proto, inputs, name)  # first: inputs onnxruntime refuses must not reach our kernels
         results = {m: as_arrays(vm["main"](*tensors)) for m, vm in vms.items()}
-        errors.update(_judge_all(results, ref, outputs, f" at {frontend.sizes_text(size)}" if size else "", precision))
+        suffix = f" at {frontend.sizes_text(size)}" if size else ""
+        if precision:  # what rounding alone costs: is the float32 reference a meaningful verdict at this dtype?
+            baseline.append(f"onnxruntime, input and weights rounded to {check_precision(precision)}, "
+                            f"vs onnxruntime{suffix}")
+            errors[baseline[-1]] = half_baseline(proto, inputs, ref, precision)
+        errors.update(_judge_all(results, ref, outputs, suffix, precision))
+    reported, groups = list(baseline), None
+    if any(not s.ok for pair in baseline for s in errors[pair]):  # ill-conditioned: judge fusion per group
+        reported = list(errors)
+        if "fused" in builds:
+            from .differential import check_groups
+
+            groups = check_groups(model, tgt, shapes=shapes, rules=rules, seed=seed, arch=arch, inputs=given,
+                                  precision=precision)
     ort_lat = []
     for _ in progress(range(repeat), "timing"):  # interleaved: one run of each per round
         for m, vm in vms.items():
@@ -185,7 +220,7 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
         t0 = time.perf_counter()
         sess.run(None, inputs)
         ort_lat.append(time.perf_counter() - t0)
-    return CompareReport(name, str(tgt), outputs, stats, errors, counts, True, "", ort_lat, precision)
+    return CompareReport(name, str(tgt), outputs, stats, errors, counts, True, "", ort_lat, precision, reported, groups)
 
 
 def _judge_all(results: dict, ref: list, outputs: list[str], suffix: str = "",

@@ -89,6 +89,7 @@ class CudaFacts:
     registers_per_block: int = 64 * 1024  # 32-bit registers
     registers_per_thread: int = 255
     warp_size: int = 32
+    max_grid_y: int = 65535  # blocks along blockIdx.y (and z); x takes 2**31 - 1
     known: bool = True  # False: `arch` is not in CUDA_ARCHS and these are conservative defaults
     note: str = ""  # why the numbers are what they are, for unknown archs
 

@@ -84,18 +84,21 @@ class GraphBuilder:
         return model
 
 
-def as_float16(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The same graph in float16: float32 initializers rounded, float32 inputs, outputs and value infos
-    declared float16 (what an exporter's `model.half()` writes)."""
+def as_float16(model: onnx.ModelProto, dtype: str = "float16") -> onnx.ModelProto:
+    """The same graph in float16 (or `dtype` "bfloat16"): float32 initializers rounded, float32 inputs, outputs
+    and value infos declared in the half dtype (what an exporter's `model.half()` writes)."""
+    from .precision import numpy_dtype
+
+    elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for i, t in enumerate(out.graph.initializer):
         a = numpy_helper.to_array(t)
         if a.dtype == np.float32:
-            out.graph.initializer[i].CopyFrom(numpy_helper.from_array(a.astype(np.float16), t.name))
+            out.graph.initializer[i].CopyFrom(numpy_helper.from_array(a.astype(numpy_dtype(dtype)), t.name))
     for v in [*out.graph.input, *out.graph.output, *out.graph.value_info]:
         if v.type.tensor_type.elem_type == TensorProto.FLOAT:
-            v.type.tensor_type.elem_type = TensorProto.FLOAT16
+            v.type.tensor_type.elem_type = elem
     onnx.checker.check_model(out)
     return out
 

@@ -151,9 +151,7 @@ BUILD_TIMEOUT_S = 300
 def _build(mod, target, _params):
     """MetaSchedule's default_build without its import of every vendor's tensor intrinsics (a minute on a
     loaded 2-core host, in every worker): a tensorized candidate already carries the intrinsic's body."""
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
-    return tvm.tirx.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+    return tvm.tirx.build(_tvm.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
 def _register_build() -> None:

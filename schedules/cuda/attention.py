@@ -4,12 +4,16 @@ probabilities, all in shared memory, then one output feature each (serial over t
 
 from __future__ import annotations
 
+from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.attention import ATTENTION_FAMILY
+from tvm_fusion.schedules.attention import ATTENTION_FAMILY, AttentionOperands
 
 MAX_THREADS = 256
-#: the row's scores, exponentials and probabilities live in shared memory: 3 x keys x 4 bytes within 48 KB
-MAX_KEYS = 4096
+#: the row's scores, exponentials and probabilities live in shared memory: 3 x keys x 4 bytes, within the
+#: target's static shared memory per block (48 KB: 4096 keys)
+ROW_BYTES_PER_KEY = 3 * 4
+TOO_MANY_KEYS = ("the CUDA attention kernel keeps a row of {keys} keys in shared memory; at most {most} fit in "
+                 "the {kb} KB static limit")
 
 
 def _threads(n: int) -> int:
@@ -20,10 +24,11 @@ def _threads(n: int) -> int:
 
 
 def _supports(attrs, shapes, target):
-    keys = shapes[1][-1]
-    if keys > MAX_KEYS:
-        return (f"the CUDA attention kernel keeps a row of {keys} keys in shared memory; at most {MAX_KEYS} fit "
-                "in the 48 KB static limit")
+    keys = AttentionOperands(*shapes).kt[-1]
+    shared = cuda_facts(target).shared_static_bytes
+    most = shared // ROW_BYTES_PER_KEY
+    if keys > most:
+        return TOO_MANY_KEYS.format(keys=keys, most=most, kb=shared // 1024)
     return None
 
 

@@ -45,7 +45,6 @@ RC_CHUNK = 32  # most input channels staged per shared-memory round
 REDUCE_STEPS = 144  # multiply-adds per output per round we aim for: 32 channels of a 1x1, 16 of a 3x3, 2 of a 7x7
 DEPTHWISE_THREADS = 256  # threads per block of the depthwise branch
 UNROLL_MAX_STEP = 16  # pragma_auto_unroll_max_step: more made nvcc spill the 3x3 kernels (255 registers)
-MAX_GRID_Y = 65535  # groups go on blockIdx.y
 BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}  # element sizes for the shared-memory sums
 
 
@@ -201,9 +200,10 @@ def supports(attrs: dict, shapes, target) -> str | None:
     if s.oh < 1 or s.ow < 1:
         return f"conv2d output is empty ({s.oh}x{s.ow})"
     if not s.depthwise:
-        if s.groups > MAX_GRID_Y:
-            return f"conv2d has {s.groups} groups; the CUDA schedule puts them on blockIdx.y (at most {MAX_GRID_Y})"
         gpu = cuda_facts(target)
+        if s.groups > gpu.max_grid_y:
+            return (f"conv2d has {s.groups} groups; the CUDA schedule puts them on blockIdx.y "
+                    f"(at most {gpu.max_grid_y})")
         t = pick_tiles(s, gpu)
         if t.shared_bytes(s) > gpu.shared_static_bytes:
             return (f"conv2d tile needs {t.shared_bytes(s)} bytes of shared memory even at its smallest; "

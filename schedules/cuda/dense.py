@@ -24,7 +24,7 @@ from __future__ import annotations
 from tvm_fusion._tvm import dlight, tirx
 from tvm_fusion.errors import FusionError
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.dense import DENSE_FAMILY
+from tvm_fusion.schedules.dense import DENSE_FAMILY, DenseOperands
 
 from .tensor_core import TensorCorePlan, plan, try_tensor_cores
 
@@ -42,7 +42,8 @@ RULES = (
 
 
 def supports(attrs: dict, shapes, target) -> str | None:
-    x_shape, w_shape = shapes[0], shapes[-2]
+    ops = DenseOperands(*shapes)
+    x_shape, w_shape = ops.x, ops.w
     if len(x_shape) != 2 or len(w_shape) != 2:
         return f"dense operands have ranks {len(x_shape)} and {len(w_shape)}; the CUDA schedule takes 2-D x and W"
     return None
@@ -50,7 +51,8 @@ def supports(attrs: dict, shapes, target) -> str | None:
 
 def tensor_core_plan(func, target) -> TensorCorePlan:
     """Tensor cores or not for the dense function (x[M, K], W[K, N], b[N], out): W's rows are contiguous."""
-    x, w = func.params[0], func.params[1]
+    ops = DenseOperands(*func.params)
+    x, w = ops.x, ops.w
     m, k, n = (int(d) if isinstance(d, tirx.IntImm) else d for d in (x.shape[0], x.shape[1], w.shape[-1]))
     return plan(m, n, k, str(x.dtype), target, b_kn=True)
 

@@ -10,25 +10,25 @@ from __future__ import annotations
 
 from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.squeeze_excite import SE_FAMILY
+from tvm_fusion.schedules.squeeze_excite import SE_FAMILY, SEOperands
 
 THREADS = 256  # threads per block when every channel stage fits in it; SE blocks have 16-1000 channels
-WARP = 32
 #: C * H * W per sample above which one block per sample leaves the GPU idle; an estimate (no GPU here to
 #: measure): 256 threads x 256 elements each, i.e. one SM streaming 256 KB in and out
 MAX_ELEMENTS = 256 * 256
 
 
-def threads_for(channels: int) -> int:
-    """Threads per block: every channel stage (pool, fc1, fc2, gate: C or hidden units) in one pass of the
-    block. A stage with more channels than threads would loop with a predicate around its shared-memory
-    write, and TVM cannot put the barrier the next stage needs inside that condition
+def threads_for(channels: int, warp: int) -> int:
+    """Threads per block, in whole warps: every channel stage (pool, fc1, fc2, gate: C or hidden units) in one
+    pass of the block. A stage with more channels than threads would loop with a predicate around its
+    shared-memory write, and TVM cannot put the barrier the next stage needs inside that condition
     ("Cannot insert syncs inside condition": PP-OCRv4's 384-channel SE at 256 threads)."""
-    return max(THREADS, -(-channels // WARP) * WARP)
+    return max(THREADS, -(-channels // warp) * warp)
 
 
 def _supports(attrs, shapes, target):
-    (n, c, h, w), (hidden, _) = shapes[0], shapes[1]  # x, then fc1's weight (hidden, C)
+    ops = SEOperands(*shapes)
+    (_, c, h, w), (hidden, _) = ops.x, ops.w1  # fc1's weight is (hidden, C)
     max_threads = cuda_facts(target).max_threads_per_block
     if max(c, hidden) > max_threads:
         return (f"the CUDA squeeze-excite kernel gives each of the {max(c, hidden)} channels a thread of one block; "
@@ -43,7 +43,8 @@ def _supports(attrs, shapes, target):
 def schedule_squeeze_excite_cuda(sch, attrs, target):
     out = sch.get_sblock("out")
     i, j, y, z = sch.get_loops(out)
-    threads = threads_for(max(int(sch.get(sch.get_loops(sch.get_sblock(name))[1]).extent) for name in ("fc1", "gate")))
+    channels = max(int(sch.get(sch.get_loops(sch.get_sblock(name))[1]).extent) for name in ("fc1", "gate"))
+    threads = threads_for(channels, cuda_facts(target).warp_size)
     sch.bind(i, "blockIdx.x")
     _, tx = sch.split(sch.fuse(j, y, z), [None, threads])
     sch.bind(tx, "threadIdx.x")

@@ -38,7 +38,7 @@ from tvm_fusion.errors import FusionError
 from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
-from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvPadding, conv2d_out_size, conv2d_padded,
+from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvOperands, ConvPadding, conv2d_out_size, conv2d_padded,
                                          pack_channel_blocks, packed_taps)
 
 __all__ = ["ConvTile", "RowTile", "ConvPlan", "choose_tile", "choose_row_tile", "conv_plan", "max_accumulators",
@@ -93,10 +93,12 @@ class StepCost:
 #: 3x3 512 on 28x28 55.7 -> 43.6 ms (2 x 6 pixels, columns padded to 30; 1 x 7 before), 3x3 64 on 56x56
 #: 3.6 -> 2.7 ms (2 x 6, 4 x 2 before), 3x3 512 on 7x7 6.4 -> 3.4 ms (2 x 4); SqueezeNet's 1x1 512 -> 1000
 #: on 13x13 3.0 -> 2.3 ms (1 x 13; 4 x 2 padded to 14 before; 2 x 7, 17 registers, 4.5 ms). 5 cycles of
-#: FMA latency x 2 pipes (Zen 2, Haswell) want 10 chains: 2 x 6 beat 2 x 4 by 10-25% on 28x28 and 56x56.
+#: FMA latency x 2 pipes (Zen 2, Haswell) want ~10 chains: 2 x 6 beat 2 x 4 by 10-25% on 28x28 and 56x56.
+#: Counted as 9, so that 7x7 outputs take 8 accumulators padded to 8 columns rather than 2 x 5 padded to 10
+#: (the same time, measured: 3x3 512 3.7-3.9 ms, 1x1 1024 -> 192 0.31-0.32 ms; less work wasted).
 #: A panel streamed in storage order may be twice PANEL_BYTES: 3x3 512 on 28x28 ran 40.6 ms with 2 x 6
 #: (a 288 KiB panel), 47.1 ms with 1 x 10.
-TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=10, taps_first=True, broadcast_registers=2,
+TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=9, taps_first=True, broadcast_registers=2,
                                      panel_bytes=2 * PANEL_BYTES)}
 
 
@@ -295,7 +297,7 @@ def pack_conv(constants, attrs, shapes, target):
     `packs_taps_first`), packed once at compile time so the kernel reads each reduction step's weights as one
     vector per `lanes` channels; None for depthwise (its weights are broadcast, one per tap)."""
     w, b = constants
-    plan = _plan(shapes[0], int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"], attrs["dilation"],
+    plan = _plan(ConvOperands.of(shapes).x, int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"], attrs["dilation"],
                  attrs.get("groups", 1), cpu_facts(target))
     if plan.kernel != "tiled":
         return None

@@ -86,3 +86,18 @@ def test_unfused_build_only_where_the_module_changed():
     assert not out.any()
     assert list(fired.checked_against_unfused.values()) == [True]
     assert list(plain.checked_against_unfused.values()) == [False]
+
+
+def test_expected_failures_name_each_test_once_and_round_trip():
+    """expected_failures.py is what update_expected.py writes from its own tables, each test written once."""
+    from pathlib import Path
+
+    from . import expected_failures as ef
+    from .update_expected import render
+
+    written = [n for table in (ef.FAIL_WITH_SIMPLIFIER, ef.FIXED_BY_SIMPLIFIER, ef.SIMPLIFIER_BREAKS)
+               for names in table.values() for n in names]
+    assert len(written) == len(set(written))
+    assert set(ef.SIMPLIFIER_FIXES) <= {n for names in ef.EXPECTED_FAILURES.values() for n in names}
+    text = Path(ef.__file__).read_text()
+    assert render(text, ef.EXPECTED_FAILURES, ef.SIMPLIFIER_FIXES, ef.SIMPLIFIER_BREAKS) == text

@@ -7,7 +7,8 @@ It refuses to write when a test failed with a FusionMismatch (the fused build di
 one, which every run checks): that is a bug in our rules or schedules, never an expected failure.
 The Simplified half (fused, through the ONNX simplifier) gives SIMPLIFIER_FIXES (fail as written, pass
 there) and SIMPLIFIER_BREAKS (pass as written, fail there, by reason); without it in the XML the lists
-are kept.
+are kept. Each test is written once: the expected failures are split into FAIL_WITH_SIMPLIFIER and
+FIXED_BY_SIMPLIFIER, from which the file derives EXPECTED_FAILURES and SIMPLIFIER_FIXES.
 """
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ REASONS = [
     ("op not supported by TVM's ONNX importer", r"which TVM's ONNX importer does not support"),
     ("TVM's ONNX importer raises on the model", r"TVM's ONNX importer failed"),
     ("results differ from the ONNX reference (TVM's op implementation)", r"^AssertionError"),
-    ("TVM fails to build or run the imported module", r"^tvm\.error\."),
+    ("TVM fails to build or run the imported module", r"^tvm\.error\.|TVM's FoldConstant failed"),
     ("inputs or outputs TVM's VM does not take (sequences, optionals, strings, ...)",
-     r"setting an array element with a sequence|object has no attribute|not supported|TypeError"),
+     (r"setting an array element with a sequence|object has no attribute|not supported|TypeError"
+      r"|does not fit the model's declared shape \[\]|unknown dtype `object`")),  # an optional or sequence input
     ("other error inside TVM", r""),
 ]
+
+#: the line of expected_failures.py after which it derives EXPECTED_FAILURES and SIMPLIFIER_FIXES (kept as is)
+DERIVED = "# ---- derived from the tables above"
 
 
 def outcomes(xml_path: str) -> dict[str, dict[str, tuple[str, str]]]:
@@ -96,12 +101,37 @@ def simplifier_lists(results: dict, expected: set[str]) -> tuple[list[str], dict
 
 
 def _lines(name: str, comment: str, value) -> list[str]:
-    if isinstance(value, list):
-        return [f"#: {comment}", f"{name}: list[str] = [", *[f"    {n!r}," for n in value], "]"]
     out = [f"#: {comment}", f"{name}: dict[str, list[str]] = {{"]
     for reason, names in value.items():
         out += [f"    {reason!r}: [", *[f"        {n!r}," for n in names], "    ],"]
     return out + ["}"]
+
+
+def split_fixed(expected: dict[str, list[str]], fixes: list[str]) -> tuple[dict, dict]:
+    """EXPECTED_FAILURES by reason split in two: (also failing through the simplifier, fixed by it), so that
+    each test is written once."""
+    listed = {n for names in expected.values() for n in names}
+    if not set(fixes) <= listed:
+        raise SystemExit(f"simplifier fixes that are not expected failures: {sorted(set(fixes) - listed)}")
+    fixed = set(fixes)
+    still = {r: [n for n in names if n not in fixed] for r, names in expected.items()}
+    moved = {r: [n for n in names if n in fixed] for r, names in expected.items()}
+    return {r: v for r, v in still.items() if v}, {r: v for r, v in moved.items() if v}
+
+
+def render(text: str, expected: dict[str, list[str]], fixes: list[str], breaks: dict[str, list[str]]) -> str:
+    """expected_failures.py with these tables; its docstring and what follows DERIVED are kept from `text`."""
+    doc = text.split(chr(34) * 3)[1]
+    tail = text[text.index(DERIVED):]
+    still, fixed = split_fixed(expected, fixes)
+    lines = [f'"""{doc}"""', "",
+             *_lines("FAIL_WITH_SIMPLIFIER", "by reason, from the Fused half: tests that fail as the exporter "
+                     "wrote them and also through the ONNX simplifier", still),
+             "", *_lines("FIXED_BY_SIMPLIFIER", "by reason, from the Fused half: tests that fail as written but "
+                         "pass through the ONNX simplifier (SimplifiedBackend)", fixed),
+             "", *_lines("SIMPLIFIER_BREAKS", "tests that pass as written but fail through the ONNX simplifier, "
+                         "by reason", breaks), "", ""]
+    return "\n".join(lines) + tail
 
 
 def main(xml_path: str) -> None:
@@ -115,13 +145,8 @@ def main(xml_path: str) -> None:
     expected = fused_failures(results, current.EXPECTED_FAILURES) or current.EXPECTED_FAILURES
     fixes, breaks = (simplifier_lists(results, {n for names in expected.values() for n in names})
                      or (current.SIMPLIFIER_FIXES, current.SIMPLIFIER_BREAKS))
-    doc = Path(__file__).with_name("expected_failures.py").read_text().split(chr(34) * 3)[1]
-    lines = [f'"""{doc}"""', "", *_lines("EXPECTED_FAILURES", "by reason, from the Fused half", expected)[1:],
-             "", *_lines("SIMPLIFIER_FIXES", "tests that fail as the exporter wrote them but pass through the "
-                         "ONNX simplifier (SimplifiedBackend)", fixes),
-             "", *_lines("SIMPLIFIER_BREAKS", "tests that pass as written but fail through the ONNX simplifier, "
-                         "by reason", breaks)]
-    Path(__file__).with_name("expected_failures.py").write_text("\n".join(lines) + "\n")
+    path = Path(__file__).with_name("expected_failures.py")
+    path.write_text(render(path.read_text(), expected, fixes, breaks))
     print({k: len(v) for k, v in expected.items()}, "simplifier fixes", len(fixes),
           "breaks", {k: len(v) for k, v in breaks.items()})
 
