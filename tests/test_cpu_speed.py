@@ -14,10 +14,12 @@ import cpu_speed  # noqa: E402
 
 
 def test_one_model_prints_a_row_and_the_geometric_mean(capsys):
-    rc = cpu_speed.main(["--models", "mobilenetv3_ts13", "--threads", "1", "--rounds", "1", "--block-ms", "5"])
+    rc = cpu_speed.main(["--models", "mobilenetv3_ts13", "--threads", "1", "--rounds", "1", "--block-ms", "5",
+                         "--clock", "both"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "### 1 thread" in out and "| mobilenetv3_ts13 |" in out
+    assert "wall clock" in out and "cpu clock" in out  # --clock both: a table per clock
     row = next(line for line in out.splitlines() if line.startswith("| mobilenetv3_ts13 |"))
     fused, ort, ratio = (c.strip() for c in row.strip("|").split("|")[1:])
     assert float(ratio.rstrip("x")) == pytest.approx(float(fused) / float(ort), rel=0.02, abs=0.01)
