@@ -6,13 +6,15 @@ their CPU and CUDA schedules, which schedule the epilogue whatever it computes."
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 from tvm_fusion._tvm import prim_dtype, te, tirx, tvm
 from tvm_fusion.registry import refuse_another
 
-__all__ = ["ACTIVATIONS", "CANONICAL", "MATH", "apply_activation", "const", "math_op", "register_activation",
-           "register_math"]
+__all__ = ["ACTIVATIONS", "CANONICAL", "MATH", "apply_activation", "const", "kernel_dtypes", "math_op",
+           "register_activation", "register_math"]
 
 #: TVM's math intrinsics, as the computes call them unless the target has its own (MATH)
 _INTRINSICS = {"exp": te.exp, "sigmoid": te.sigmoid, "erf": te.erf}
@@ -32,11 +34,28 @@ def register_math(target: str, dtype: str, **fns) -> None:
         table[name] = fn
 
 
+#: the dtypes of the tensors of the kernel being built (`kernel_dtypes`)
+_KERNEL_DTYPES: contextvars.ContextVar[tuple] = contextvars.ContextVar("kernel_dtypes", default=())
+
+
+@contextlib.contextmanager
+def kernel_dtypes(dtypes):
+    """Builds the computes inside for a kernel whose tensors have these dtypes (see `math_op`)."""
+    token = _KERNEL_DTYPES.set(tuple(str(d) for d in dtypes))
+    try:
+        yield
+    finally:
+        _KERNEL_DTYPES.reset(token)
+
+
 def math_op(name: str, v):
-    """name(v) (exp, sigmoid, erf) for the target the kernel is being built for (`with target:`)."""
+    """name(v) (exp, sigmoid, erf) for the target the kernel is being built for (`with target:`). A kernel
+    with bfloat16 tensors keeps TVM's intrinsic: TVM's bfloat16 legalization copies the epilogue and the
+    copies' Let bindings then differ, which its vectorizer refuses."""
     target = tvm.target.Target.current(allow_none=True)
-    own = MATH.get((target.kind.name, prim_dtype(v)), {}) if target is not None else {}
-    return own.get(name, _INTRINSICS[name])(v)
+    if target is None or "bfloat16" in _KERNEL_DTYPES.get():
+        return _INTRINSICS[name](v)
+    return MATH.get((target.kind.name, prim_dtype(v)), {}).get(name, _INTRINSICS[name])(v)
 
 
 def const(v, like):

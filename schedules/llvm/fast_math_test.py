@@ -13,7 +13,7 @@ from tvm_fusion import frontend
 from tvm_fusion._tvm import te, tirx, tvm
 from tvm_fusion.build import build, resolve_target
 from tvm_fusion.compare import run_onnxruntime
-from tvm_fusion.schedules.activations import math_op
+from tvm_fusion.schedules.activations import kernel_dtypes, math_op
 from tvm_fusion.schedules.llvm.fast_math import fast_erf, fast_exp, fast_sigmoid
 from tvm_fusion.testing import GraphBuilder, apply_activation_onnx, assert_close, run_build
 
@@ -95,6 +95,8 @@ def test_other_targets_and_dtypes_keep_tvms_intrinsics():
             return math_op(name, tirx.Var("v", dtype))
 
     assert isinstance(op_of("exp", "float32", "llvm"), tirx.Let)  # the fast form
+    with kernel_dtypes(["bfloat16", "float32"]):  # TVM's bf16 legalization copies the epilogue: intrinsics
+        assert op_of("exp", "float32", "llvm").op.name == "tirx.exp"
     for name in ("exp", "sigmoid", "erf"):
         for dtype, target in (("float32", "cuda"), ("float16", "llvm"), ("float64", "llvm")):
             call = op_of(name, dtype, target)
