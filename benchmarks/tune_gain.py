@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         ok &= all(s.ok for s in stats)
         print(f"{name}: " + "; ".join(s.describe() for s in stats))
     hand_ms, tuned_ms = interleaved_ms(lambda: mains["hand"](*inputs), lambda: mains["tuned"](*inputs),
-                                       args.rounds, args.block_ms)
+                                       args.rounds, args.block_ms)["wall"]
     print(f"{args.model}: hand {hand_ms:.2f} ms, tuned {tuned_ms:.2f} ms, hand / tuned {hand_ms / tuned_ms:.2f}x "
           f"({args.rounds} interleaved rounds)")
     return 0 if ok else 1

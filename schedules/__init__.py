@@ -8,6 +8,7 @@ import importlib
 from tvm_fusion._tvm import tirx
 
 MODULES = (
+    "tvm_fusion.schedules.llvm.fast_math",
     "tvm_fusion.schedules.conv2d",
     "tvm_fusion.schedules.dense",
     "tvm_fusion.schedules.elementwise",

@@ -6,12 +6,56 @@ their CPU and CUDA schedules, which schedule the epilogue whatever it computes."
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
-from tvm_fusion._tvm import prim_dtype, te, tirx
+from tvm_fusion._tvm import prim_dtype, te, tirx, tvm
 from tvm_fusion.registry import refuse_another
 
-__all__ = ["ACTIVATIONS", "CANONICAL", "apply_activation", "const", "register_activation"]
+__all__ = ["ACTIVATIONS", "CANONICAL", "MATH", "apply_activation", "const", "kernel_dtypes", "math_op",
+           "register_activation", "register_math"]
+
+#: TVM's math intrinsics, as the computes call them unless the target has its own (MATH)
+_INTRINSICS = {"exp": te.exp, "sigmoid": te.sigmoid, "erf": te.erf}
+#: (target kind, dtype) -> {name: fn(v)}: a target's own forms of _INTRINSICS' functions (register_math)
+MATH: dict[tuple[str, str], dict] = {}
+
+
+def register_math(target: str, dtype: str, **fns) -> None:
+    """Kernels built for `target` compute `name(v)` of a `dtype` value as fns[name](v) (names of
+    _INTRINSICS), e.g. llvm's vectorizable float32 exp (`schedules/llvm/fast_math.py`)."""
+    unknown = set(fns) - set(_INTRINSICS)
+    if unknown:
+        raise ValueError(f"no math function {sorted(unknown)}; expected some of {sorted(_INTRINSICS)}")
+    table = MATH.setdefault((target, dtype), {})
+    for name, fn in fns.items():
+        refuse_another(table.get(name), fn, f"duplicate {name!r} for {target} {dtype}")
+        table[name] = fn
+
+
+#: the dtypes of the tensors of the kernel being built (`kernel_dtypes`)
+_KERNEL_DTYPES: contextvars.ContextVar[tuple] = contextvars.ContextVar("kernel_dtypes", default=())
+
+
+@contextlib.contextmanager
+def kernel_dtypes(dtypes):
+    """Builds the computes inside for a kernel whose tensors have these dtypes (see `math_op`)."""
+    token = _KERNEL_DTYPES.set(tuple(str(d) for d in dtypes))
+    try:
+        yield
+    finally:
+        _KERNEL_DTYPES.reset(token)
+
+
+def math_op(name: str, v):
+    """name(v) (exp, sigmoid, erf) for the target the kernel is being built for (`with target:`). A kernel
+    with bfloat16 tensors keeps TVM's intrinsic: TVM's bfloat16 legalization copies the epilogue and the
+    copies' Let bindings then differ, which its vectorizer refuses."""
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or "bfloat16" in _KERNEL_DTYPES.get():
+        return _INTRINSICS[name](v)
+    return MATH.get((target.kind.name, prim_dtype(v)), {}).get(name, _INTRINSICS[name])(v)
 
 
 def const(v, like):
@@ -36,11 +80,11 @@ def _leaky_relu(v, p):
 
 
 def _sigmoid(v, p):
-    return te.sigmoid(v)
+    return math_op("sigmoid", v)
 
 
 def _silu(v, p):
-    return v * te.sigmoid(v)
+    return v * math_op("sigmoid", v)
 
 
 def _tanh(v, p):
@@ -79,7 +123,7 @@ def _hardswish(v, p):
 
 def _gelu_erf(v, p):
     p = _params("gelu_erf", p)
-    return v * (te.erf(v / const(p["divisor"], v)) + const(p["one"], v)) * const(p["half"], v)
+    return v * (math_op("erf", v / const(p["divisor"], v)) + const(p["one"], v)) * const(p["half"], v)
 
 
 def _gelu_tanh(v, p):

@@ -2,14 +2,15 @@
 
     unfused : legalize every op to its own PrimFunc; no FuseOps/FuseTIR (each Relax op one kernel)
     tvm     : TVM's default pipeline for the target (its own automatic FuseOps/FuseTIR)
-    fused   : our fuse stage (fuse.py) first, then TVM's default pipeline for whatever is left
+    fused   : our fuse stage (fuse.py) first, then TVM's default pipeline for whatever is left (plus the
+              target's schedule for leftover copies and elementwise maps, LEFTOVER_SCHEDULES)
 
 The `legalize` stage is run by build.py before counting kernels; `lower` is handed to tvm.compile.
 """
 
 from __future__ import annotations
 
-from ._tvm import BACKEND_PIPELINES, tvm
+from ._tvm import BACKEND_PIPELINES, dlight, tvm
 from .errors import FusionError
 from .precision import half_sums_in_float32
 
@@ -35,7 +36,21 @@ def legalize_passes(mode: str, target) -> list:
     passes = [half_sums_in_float32()] + backend.library_dispatch_passes(target) + backend.legalize_passes(target)
     if mode == "unfused":
         passes = [p for p in passes if p.info.name not in _AUTO_FUSION]
+    if mode == "fused":
+        passes += [fn() for fn in LEFTOVER_SCHEDULES.get(target.kind.name, ())]
     return passes
+
+
+def _llvm_leftovers():
+    """The fused build's CPU kernels that no rule took and TVM leaves unscheduled: copies and elementwise
+    maps vectorized (`schedules/llvm/injective.py`)."""
+    from tvm_fusion.schedules.llvm.injective import LeftoverInjective
+
+    return dlight.ApplyDefaultSchedule(LeftoverInjective())
+
+
+#: target kind -> passes (made on use) scheduling what the fused build left to TVM's default lowering
+LEFTOVER_SCHEDULES = {"llvm": [_llvm_leftovers]}
 
 
 def lower_passes(target) -> list:

@@ -1,0 +1,121 @@
+"""llvm's vectorizable float32 exp / sigmoid / erf: accuracy against float64 over float32's range (specials
+included), no per-lane libm call left in a vectorized kernel, other targets and dtypes keep TVM's
+intrinsics, and a conv + SiLU and a Gemm + GELU element-wise against onnxruntime."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tvm_fusion import frontend
+from tvm_fusion._tvm import te, tirx, tvm
+from tvm_fusion.build import build, resolve_target
+from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.schedules.activations import kernel_dtypes, math_op
+from tvm_fusion.schedules.llvm.fast_math import fast_erf, fast_exp, fast_sigmoid
+from tvm_fusion.testing import GraphBuilder, apply_activation_onnx, assert_close, run_build
+
+AVX2 = '{"kind": "llvm", "mcpu": "x86-64-v3"}'
+SPECIALS = [np.nan, np.inf, -np.inf, 88.7, 88.72, 88.73, 89.0, -87.3, -87.4, -103.9, -104.0, -110.0, 0.0, -0.0,
+            1e-8, -1e-8, 1.0, -1.0, 4.0, -4.0, 4.5, 1e30, -1e30]
+
+
+def _kernel(fn, n: int):
+    """fn over a float32 vector of n, vectorized by 8 lanes, built for the AVX2 target."""
+    x = te.placeholder((n,), "float32", name="x")
+    y = te.compute((n,), lambda i: fn(x[i]), name="y")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
+    (i,) = sch.get_loops(sch.get_sblock("y"))
+    sch.vectorize(sch.split(i, [None, 8])[1])
+    return tvm.compile(sch.mod, resolve_target(AVX2))
+
+
+def _run(fn, xs: np.ndarray) -> np.ndarray:
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.empty_like(xs), dev)
+    _kernel(fn, xs.size)(tvm.runtime.tensor(xs, dev), out)
+    return out.numpy()
+
+
+def _inputs(lo: float, hi: float) -> np.ndarray:
+    sweep = np.linspace(lo, hi, (1 << 18) - len(SPECIALS), dtype=np.float32)
+    return np.concatenate([sweep, np.array(SPECIALS, np.float32)])
+
+
+def _ulps(actual: np.ndarray, ref64: np.ndarray) -> np.ndarray:
+    return np.abs(actual - ref64) / np.spacing(np.abs(ref64).astype(np.float32))
+
+
+def _same_specials(actual, ref64, where):
+    with np.errstate(over="ignore"):
+        a, r = actual[where], ref64[where].astype(np.float32)
+    assert np.array_equal(a, r, equal_nan=True), f"{a} != {r}"
+
+
+TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
+
+
+@pytest.mark.parametrize("fn,ref,max_ulp,subnormal_error", [
+    (fast_exp, np.exp, 1.5, float(np.finfo(np.float32).smallest_subnormal)),
+    (fast_sigmoid, lambda x: 1 / (1 + np.exp(-x)), 3.0, TINY),  # 1 / (1 + inf) = 0 below x = -88.7
+])
+def test_exp_and_sigmoid_within_a_few_ulps(fn, ref, max_ulp, subnormal_error):
+    xs = _inputs(-110.0, 89.0)
+    out = _run(fn, xs)
+    with np.errstate(over="ignore"):
+        r = ref(xs.astype(np.float64))
+    normal = np.isfinite(r) & (np.abs(r) >= TINY) & (np.abs(r) <= np.finfo(np.float32).max)
+    assert _ulps(out[normal], r[normal]).max() <= max_ulp
+    sub = np.isfinite(r) & (np.abs(r) < TINY)  # subnormal results, and 0 below them
+    assert np.abs(out[sub] - r[sub]).max() <= subnormal_error
+    _same_specials(out, r, ~np.isfinite(r) | (np.abs(r) > np.finfo(np.float32).max))  # NaN, +inf, 0 at -inf
+
+
+def test_erf_within_4e_7_absolute():
+    xs = _inputs(-6.0, 6.0)
+    out = _run(fast_erf, xs)
+    r = np.array([math.erf(v) if np.isfinite(v) else (np.nan if np.isnan(v) else np.sign(v)) for v in xs.astype(float)])
+    assert np.nanmax(np.abs(out - r)) <= 4e-7
+    _same_specials(out, r, np.isnan(r) | np.isinf(xs))
+
+
+@pytest.mark.parametrize("fn", [fast_exp, fast_sigmoid, fast_erf])
+def test_no_libm_call_left(fn):
+    ir = _kernel(fn, 64).mod.inspect_source("ll")
+    for libm in ("@expf", "@erff", "llvm.exp."):
+        assert libm not in ir
+    assert "<8 x float>" in ir
+
+
+def test_other_targets_and_dtypes_keep_tvms_intrinsics():
+    def op_of(name, dtype, target):
+        with tvm.target.Target(target):
+            return math_op(name, tirx.Var("v", dtype))
+
+    assert isinstance(op_of("exp", "float32", "llvm"), tirx.Let)  # the fast form
+    with kernel_dtypes(["bfloat16", "float32"]):  # TVM's bf16 legalization copies the epilogue: intrinsics
+        assert op_of("exp", "float32", "llvm").op.name == "tirx.exp"
+    for name in ("exp", "sigmoid", "erf"):
+        for dtype, target in (("float32", "cuda"), ("float16", "llvm"), ("float64", "llvm")):
+            call = op_of(name, dtype, target)
+            assert getattr(getattr(call, "op", None), "name", None) == f"tirx.{name}", (name, dtype, target, call)
+
+
+@pytest.mark.parametrize("target", ["llvm", AVX2])
+def test_conv_silu_and_gemm_gelu_match_onnxruntime(target):
+    g = GraphBuilder(3)
+    x = g.input("x", [1, 8, 12, 12])
+    y = apply_activation_onnx(g, g.conv(x, 8, 24), "x*Sigmoid")
+    y = apply_activation_onnx(g, g.conv(y, 24, 24, groups=24), "x*Sigmoid")
+    y = g.op("Reshape", [y, g.const(np.array([1, 24 * 144], np.int64), "shape")])
+    w = g.const(g.rng.normal(0, 0.05, (24 * 144, 40)).astype(np.float32), "w")
+    b = g.const(g.rng.normal(0, 0.1, 40).astype(np.float32), "b")
+    model = g.model([apply_activation_onnx(g, g.op("Add", [g.op("MatMul", [y, w]), b]), "erf-decomposed")])
+    x = g.rng.normal(0, 2, (1, 8, 12, 12)).astype(np.float32)
+    built = build(frontend.import_onnx(model), resolve_target(target), "fused")
+    rules = {grp.rule for grp in built.fused.groups}
+    assert {"conv2d_bias_silu", "dense_bias_gelu_erf"} <= rules, rules
+    sess, _ = run_onnxruntime(model, {"x": x})
+    assert_close(run_build(built, [x])[0], sess.run(None, {"x": x})[0], f"{target} conv + SiLU, Gemm + GELU")

@@ -1,0 +1,60 @@
+"""CPU schedule for the kernels no rule took that only move or map elements (reshape, transpose, channel
+shuffle, concat, split, resize, elementwise): `leftover injective PrimFunc  ==>  one loop nest, inner
+pixels in vectors`.
+
+TVM's CPU pipeline leaves these unscheduled: FuseTIR's reshape -> transpose -> reshape (ShuffleNet's
+channel shuffle) writes every intermediate to its own buffer and each copy runs one scalar element at a
+time. This rule (a dlight `ScheduleRule`, run on the fused build's leftovers, `pipeline.legalize_passes`)
+inlines the intermediate blocks, fuses the output's trailing loops until they hold whole vectors,
+vectorizes them by the target's lanes and, when the kernel is large, runs its outer loop in parallel.
+It declines (returns None) a function with a reduction, a symbolic extent or more than one block left.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm_fusion._tvm import Schedule, dlight, tirx
+from tvm_fusion.hardware import cpu_facts
+
+__all__ = ["LeftoverInjective", "PARALLEL_ELEMENTS"]
+
+#: a kernel with fewer output elements runs on one thread (a parallel launch costs more than its copy)
+PARALLEL_ELEMENTS = 1 << 16
+
+
+def _extents(sch, loops) -> list[int] | None:
+    values = [sch.get(loop).extent for loop in loops]
+    return [int(v) for v in values] if all(isinstance(v, tirx.IntImm) for v in values) else None
+
+
+class LeftoverInjective(dlight.ScheduleRule):
+    """Inline, fuse the trailing loops to a multiple of `lanes` elements, vectorize by `lanes`, parallel
+    outer loop."""
+
+    def apply(self, func, target, tunable):
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = Schedule(func)
+        blocks = dlight.normalize_prim_func(sch)
+        if blocks is None or any(not b.is_injective() for b in blocks):
+            return None
+        blocks = dlight.try_inline(sch, blocks)
+        if len(blocks) != 1:
+            return None
+        loops = sch.get_loops(blocks[0].block_rv)
+        extents = _extents(sch, loops)
+        if not loops or extents is None:
+            return None
+        lanes = cpu_facts(target).float32_lanes
+        inner, run = len(loops) - 1, extents[-1]
+        while inner > 0 and run % lanes:  # the trailing loops, fused, cover whole vectors
+            inner -= 1
+            run *= extents[inner]
+        fused = sch.fuse(*loops[inner:]) if inner < len(loops) - 1 else loops[-1]
+        if run % lanes == 0:  # a run that is not whole vectors stays scalar (no predicated tail)
+            sch.vectorize(sch.split(fused, [None, lanes])[1])
+        outer = loops[:inner]
+        if outer and math.prod(extents) >= PARALLEL_ELEMENTS:
+            sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        return sch

@@ -1,0 +1,75 @@
+"""The fused build's leftover copies on llvm: a channel shuffle (reshape -> transpose -> reshape) becomes one
+vectorized loop nest, element-wise equal to onnxruntime; reductions and symbolic extents are declined;
+the unfused and tvm builds keep TVM's own lowering."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tvm_fusion import frontend, pipeline
+from tvm_fusion._tvm import te, tirx, tvm
+from tvm_fusion.build import build, resolve_target
+from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.schedules.llvm.injective import LeftoverInjective
+from tvm_fusion.testing import GraphBuilder, assert_close, run_build
+
+AVX2 = resolve_target('{"kind": "llvm", "mcpu": "x86-64-v3"}')
+
+
+def _shuffle_model(c: int = 24, groups: int = 3, hw: int = 10):
+    g = GraphBuilder(0)
+    x = g.input("x", [1, c, hw, hw])
+    y = g.op("Relu", [x])
+    y = g.op("Reshape", [y, g.const(np.array([1, groups, c // groups, hw, hw], np.int64), "s1")])
+    y = g.op("Transpose", [y], perm=[0, 2, 1, 3, 4])
+    y = g.op("Reshape", [y, g.const(np.array([1, c, hw, hw], np.int64), "s2")])
+    return g.model([g.op("Sigmoid", [y])])
+
+
+def _leftovers(built):
+    return {gv.name_hint: f for gv, f in built.module.functions.items()
+            if isinstance(f, tirx.PrimFunc) and "transpose" in gv.name_hint}
+
+
+def test_channel_shuffle_is_one_vectorized_copy_equal_to_onnxruntime():
+    model = _shuffle_model()
+    built = build(frontend.import_onnx(model), AVX2, "fused")
+    (func,) = _leftovers(built).values()
+    assert func.attrs["tirx.is_scheduled"]
+    script = func.script()
+    assert re.search(r"T\.vectorized\((T\.int64\()?8\)", script), script  # AVX2: 8 float32 lanes
+    assert len(re.findall(r"^\s+with T\.sblock\(", script, re.M)) == 1, script  # one copy, all inlined
+    x = np.random.default_rng(1).normal(size=(1, 24, 10, 10)).astype(np.float32)
+    sess, _ = run_onnxruntime(model, {"x": x})
+    assert_close(run_build(built, [x])[0], sess.run(None, {"x": x})[0], "channel shuffle")
+    unfused = build(frontend.import_onnx(model), AVX2, "unfused")
+    np.testing.assert_array_equal(run_build(built, [x])[0], run_build(unfused, [x])[0])  # a copy: exact
+
+
+@pytest.mark.parametrize("mode", ["unfused", "tvm"])
+def test_other_modes_keep_tvms_lowering(mode):
+    assert not [p for p in pipeline.legalize_passes(mode, AVX2) if p.info.name == "ApplyDefaultSchedule"]
+    built = build(frontend.import_onnx(_shuffle_model()), AVX2, mode)
+    for func in _leftovers(built).values():
+        assert "T.vectorized" not in func.script()
+
+
+def _prim(shape, reduce: bool):
+    x = te.placeholder(shape, "float32", name="x")
+    if reduce:
+        k = te.reduce_axis((0, shape[-1]), name="k")
+        y = te.compute(shape[:-1], lambda *i: te.sum(x[(*i, k)], axis=k), name="y")
+    else:
+        y = te.compute(shape, lambda *i: x[i] * 2.0, name="y")
+    return te.create_prim_func([x, y])
+
+
+def test_declines_reductions_and_symbolic_extents():
+    rule = LeftoverInjective()
+    assert rule.apply(_prim((4, 64), reduce=True), AVX2, False) is None
+    assert rule.apply(_prim((tirx.Var("n", "int64"), 64), reduce=False), AVX2, False) is None
+    assert rule.apply(_prim((4, 64), reduce=False), tvm.target.Target("cuda"), False) is None
+    assert rule.apply(_prim((4, 64), reduce=False), AVX2, False) is not None
