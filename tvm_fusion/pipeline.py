@@ -43,10 +43,11 @@ def legalize_passes(mode: str, target) -> list:
 
 def _llvm_leftovers():
     """The fused build's CPU kernels that no rule took and TVM leaves unscheduled: copies and elementwise
-    maps vectorized (`schedules/llvm/injective.py`)."""
+    maps vectorized (`schedules/llvm/injective.py`), transposed convolutions (`schedules/llvm/conv_transpose.py`)."""
+    from tvm_fusion.schedules.llvm.conv_transpose import LeftoverConvTranspose
     from tvm_fusion.schedules.llvm.injective import LeftoverInjective
 
-    return dlight.ApplyDefaultSchedule(LeftoverInjective())
+    return dlight.ApplyDefaultSchedule(LeftoverInjective(), LeftoverConvTranspose())
 
 
 #: target kind -> passes (made on use) scheduling what the fused build left to TVM's default lowering
