@@ -1,6 +1,6 @@
 """Regenerate expected_failures.py from a JUnit XML of the suite (the Fused half is the reference):
 
-    .venv/bin/python -m pytest tests/conformance --junitxml=/tmp/conformance.xml
+    .venv/bin/python -m pytest tests/conformance -m conformance --junitxml=/tmp/conformance.xml
     .venv/bin/python tests/conformance/update_expected.py /tmp/conformance.xml
 
 It refuses to write when a test failed with a FusionMismatch (the fused build disagreed with the unfused
