@@ -21,7 +21,7 @@ setup(
     python_requires=">=3.10",
     packages=list(PACKAGES),
     package_dir=PACKAGES,
-    package_data={"tvm_fusion.patterns": ["README.md"]},
+    package_data={"tvm_fusion": ["thread_pool.c"], "tvm_fusion.patterns": ["README.md"]},
     install_requires=[
         "apache-tvm==0.27.0.post1",
         # 0.1.15.post2 (what pip picks for apache-tvm's >=0.1.14.post0) segfaults in ffi::ToJSONGraph on

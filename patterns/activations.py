@@ -233,7 +233,7 @@ ACTIVATIONS = {
 def register_activation(name: str, pattern, compute) -> None:
     """A new epilogue activation for every epilogue family: `pattern(y) -> (pattern, annotations, params)`
     like the builders of ACTIVATIONS (params(match) -> the constants the compute needs, or a Decline when the
-    matched constants do not make the activation), and `compute(v, params) -> TE scalar`
+    matched constants do not make the activation), and `compute(v, params, math) -> TE scalar`
     (schedules/activations.py `register_activation`). A name taken by another definition is refused."""
     refuse_another(ACTIVATIONS.get(name), pattern, f"duplicate activation {name!r}: the epilogue patterns "
                                                    "already have one by that name")

@@ -1,19 +1,21 @@
 """Epilogue activations as TE expressions, shared by every compute: act(v) for one scalar.
 
-Every compute with an epilogue (conv, dense, squeeze-excite, ...) applies `ACTIVATIONS[name](v, params)`, so
-an activation registered here (`register_activation`, from a rules file too) is taken by all of them and by
-their CPU and CUDA schedules, which schedule the epilogue whatever it computes."""
+Every compute with an epilogue (conv, dense, squeeze-excite, ...) applies `ACTIVATIONS[name](v, params, math)`
+(`apply_activation`), so an activation registered here (`register_activation`, from a rules file too) is taken
+by all of them and by their CPU and CUDA schedules, which schedule the epilogue whatever it computes.
+`math` is the kernel's exp / sigmoid / erf (`KernelMath`): the target's own forms (`register_math`) where the
+kernel may take them (`fast_math_allowed`, decided by fuse from the kernel's dtypes and passed to the compute
+as its `fast_math` argument), TVM's intrinsics otherwise."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import math
+from dataclasses import dataclass
+from math import pi, sqrt
 
 from tvm_fusion._tvm import prim_dtype, te, tirx, tvm
 from tvm_fusion.registry import refuse_another
 
-__all__ = ["ACTIVATIONS", "CANONICAL", "MATH", "apply_activation", "const", "kernel_dtypes", "math_op",
+__all__ = ["ACTIVATIONS", "CANONICAL", "MATH", "KernelMath", "apply_activation", "const", "fast_math_allowed",
            "register_activation", "register_math"]
 
 #: TVM's math intrinsics, as the computes call them unless the target has its own (MATH)
@@ -34,28 +36,34 @@ def register_math(target: str, dtype: str, **fns) -> None:
         table[name] = fn
 
 
-#: the dtypes of the tensors of the kernel being built (`kernel_dtypes`)
-_KERNEL_DTYPES: contextvars.ContextVar[tuple] = contextvars.ContextVar("kernel_dtypes", default=())
+def fast_math_allowed(dtypes) -> bool:
+    """Whether a kernel with tensors of these dtypes may take its target's exp / sigmoid / erf (`MATH`). Not
+    with bfloat16 tensors: TVM's bfloat16 legalization copies the epilogue, and its vectorizer refuses the
+    copies of the fast forms' Let bindings (schedules/llvm/fast_math.py)."""
+    return all(str(d) != "bfloat16" for d in dtypes)
 
 
-@contextlib.contextmanager
-def kernel_dtypes(dtypes):
-    """Builds the computes inside for a kernel whose tensors have these dtypes (see `math_op`)."""
-    token = _KERNEL_DTYPES.set(tuple(str(d) for d in dtypes))
-    try:
-        yield
-    finally:
-        _KERNEL_DTYPES.reset(token)
+@dataclass(frozen=True)
+class KernelMath:
+    """exp, sigmoid and erf as one kernel computes them, for the target it is built for (`with target:`):
+    the target's own form of the value's dtype (`register_math`) when `fast`, else TVM's intrinsic."""
 
+    fast: bool
 
-def math_op(name: str, v):
-    """name(v) (exp, sigmoid, erf) for the target the kernel is being built for (`with target:`). A kernel
-    with bfloat16 tensors keeps TVM's intrinsic: TVM's bfloat16 legalization copies the epilogue and the
-    copies' Let bindings then differ, which its vectorizer refuses."""
-    target = tvm.target.Target.current(allow_none=True)
-    if target is None or "bfloat16" in _KERNEL_DTYPES.get():
-        return _INTRINSICS[name](v)
-    return MATH.get((target.kind.name, prim_dtype(v)), {}).get(name, _INTRINSICS[name])(v)
+    def exp(self, v):
+        return self._op("exp", v)
+
+    def sigmoid(self, v):
+        return self._op("sigmoid", v)
+
+    def erf(self, v):
+        return self._op("erf", v)
+
+    def _op(self, name: str, v):
+        target = tvm.target.Target.current(allow_none=True)
+        if target is None or not self.fast:
+            return _INTRINSICS[name](v)
+        return MATH.get((target.kind.name, prim_dtype(v)), {}).get(name, _INTRINSICS[name])(v)
 
 
 def const(v, like):
@@ -63,31 +71,31 @@ def const(v, like):
     return tirx.const(v, like if isinstance(like, str) else prim_dtype(like))
 
 
-def _relu(v, p):
+def _relu(v, p, math):
     return te.max(v, const(0, v))
 
 
-def _relu6(v, p):
+def _relu6(v, p, math):
     return te.min(te.max(v, const(0, v)), const(6, v))
 
 
-def _clip(v, p):
+def _clip(v, p, math):
     return te.min(te.max(v, const(p["min"], v)), const(p["max"], v))
 
 
-def _leaky_relu(v, p):
+def _leaky_relu(v, p, math):
     return tirx.Select(v > const(0, v), v, v * const(p["alpha"], v))
 
 
-def _sigmoid(v, p):
-    return math_op("sigmoid", v)
+def _sigmoid(v, p, math):
+    return math.sigmoid(v)
 
 
-def _silu(v, p):
-    return v * math_op("sigmoid", v)
+def _silu(v, p, math):
+    return v * math.sigmoid(v)
 
 
-def _tanh(v, p):
+def _tanh(v, p, math):
     return te.tanh(v)
 
 
@@ -98,8 +106,8 @@ CANONICAL = {
     "hardsigmoid": {"alpha": 0.2, "beta": 0.5},  # ONNX HardSigmoid's defaults
     # x * clip(x + 3, 0, 6) / 6, or x * hardsigmoid(x; 1/6, 1/2) when the match carries alpha/beta
     "hardswish": {"shift": 3.0, "divisor": 6.0, "alpha": 1 / 6, "beta": 0.5},
-    "gelu_erf": {"divisor": math.sqrt(2), "one": 1.0, "half": 0.5},  # x * (erf(x / sqrt 2) + 1) * 0.5
-    "gelu_tanh": {"k": 0.044715, "c": math.sqrt(2 / math.pi), "one": 1.0, "half": 0.5},
+    "gelu_erf": {"divisor": sqrt(2), "one": 1.0, "half": 0.5},  # x * (erf(x / sqrt 2) + 1) * 0.5
+    "gelu_tanh": {"k": 0.044715, "c": sqrt(2 / pi), "one": 1.0, "half": 0.5},
 }
 
 
@@ -107,33 +115,33 @@ def _params(name, p):
     return {**CANONICAL[name], **p}
 
 
-def _hardsigmoid(v, p):
+def _hardsigmoid(v, p, math):
     p = _params("hardsigmoid", p)
     return te.min(te.max(v * const(p["alpha"], v) + const(p["beta"], v), const(0, v)), const(1, v))
 
 
-def _hardswish(v, p):
+def _hardswish(v, p, math):
     """x * hardsigmoid(x; alpha, beta) when the match was that form (alpha/beta carried), else
     x * clip(x + shift, 0, 6) / divisor."""
     if "alpha" in p:
-        return v * _hardsigmoid(v, {"alpha": p["alpha"], "beta": p["beta"]})
+        return v * _hardsigmoid(v, {"alpha": p["alpha"], "beta": p["beta"]}, math)
     p = _params("hardswish", p)
     return v * te.min(te.max(v + const(p["shift"], v), const(0, v)), const(6, v)) / const(p["divisor"], v)
 
 
-def _gelu_erf(v, p):
+def _gelu_erf(v, p, math):
     p = _params("gelu_erf", p)
-    return v * (math_op("erf", v / const(p["divisor"], v)) + const(p["one"], v)) * const(p["half"], v)
+    return v * (math.erf(v / const(p["divisor"], v)) + const(p["one"], v)) * const(p["half"], v)
 
 
-def _gelu_tanh(v, p):
+def _gelu_tanh(v, p, math):
     p = _params("gelu_tanh", p)
     inner = (v + v * v * v * const(p["k"], v)) * const(p["c"], v)
     return v * (te.tanh(inner) + const(p["one"], v)) * const(p["half"], v)
 
 
 ACTIVATIONS = {
-    None: lambda v, p: v,
+    None: lambda v, p, math: v,
     "relu": _relu,
     "relu6": _relu6,
     "clip": _clip,
@@ -149,12 +157,15 @@ ACTIVATIONS = {
 
 
 def register_activation(name: str, fn) -> None:
-    """Adds epilogue activation `name`: fn(v, params) -> the activated TE scalar (v is in the accumulator
-    dtype; params: the constants the rule's match carries). A name taken by another definition is refused."""
+    """Adds epilogue activation `name`: fn(v, params, math) -> the activated TE scalar (v is in the accumulator
+    dtype; params: the constants the rule's match carries; math: the kernel's exp / sigmoid / erf, a
+    `KernelMath`). A name taken by another definition is refused."""
     refuse_another(ACTIVATIONS.get(name), fn, f"duplicate activation {name!r}: the epilogue computes already "
                                                "have one by that name")
     ACTIVATIONS[name] = fn
 
 
-def apply_activation(v, name, params=None):
-    return ACTIVATIONS[name](v, params or {})
+def apply_activation(v, name, params=None, *, fast_math: bool):
+    """Activation `name` of the accumulator value v; `fast_math`: the compute's argument of that name (may the
+    kernel take its target's exp / sigmoid / erf, `fast_math_allowed`)."""
+    return ACTIVATIONS[name](v, params or {}, KernelMath(fast_math))

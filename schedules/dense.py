@@ -41,7 +41,7 @@ def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:
 
 
 @register_compute(DENSE_FAMILY)
-def dense_affine(x, w, b, *, activation=None, activation_params=None, **_):
+def dense_affine(x, w, b, *, activation=None, activation_params=None, fast_math=True, **_):
     m, k = dims(x.shape)  # m may be a symbolic batch
     acc = accumulator_dtype(x.dtype)
 
@@ -58,4 +58,5 @@ def dense_affine(x, w, b, *, activation=None, activation_params=None, **_):
         weight = lambda r, j: w[r, j]  # noqa: E731
     dense = te.compute((m, n), lambda i, j: te.sum(wide(x[i, rk]) * wide(weight(rk, j)), axis=rk), name="dense")
     return te.compute((m, n), lambda i, j: cast_to(apply_activation(dense[i, j] + wide(b[j]), activation,
-                                                                    activation_params), x.dtype), name="epilogue")
+                                                                    activation_params, fast_math=fast_math),
+                                                   x.dtype), name="epilogue")

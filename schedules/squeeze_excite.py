@@ -36,7 +36,8 @@ class SEOperands(NamedTuple):
 
 
 @register_compute(SE_FAMILY)
-def squeeze_excite(x, w1, b1, w2, b2, *, activation, activation_params=None, gate, gate_params=None, **_):
+def squeeze_excite(x, w1, b1, w2, b2, *, activation, activation_params=None, gate, gate_params=None,
+                   fast_math=True, **_):
     n, c, h, w = (int(d) for d in x.shape)
     r = int(w1.shape[0])
     kh, kw = te.reduce_axis((0, h), name="kh"), te.reduce_axis((0, w), name="kw")
@@ -44,9 +45,10 @@ def squeeze_excite(x, w1, b1, w2, b2, *, activation, activation_params=None, gat
     count = tirx.const(float(h * w), x.dtype)
     rc = te.reduce_axis((0, c), name="rc")
     fc1 = te.compute((n, r), lambda i, q: te.sum(w1[q, rc] * (pool[i, rc] / count), axis=rc), name="fc1")
-    hidden = te.compute((n, r), lambda i, q: apply_activation(fc1[i, q] + b1[q], activation, activation_params),
-                        name="hidden")
+    hidden = te.compute((n, r), lambda i, q: apply_activation(fc1[i, q] + b1[q], activation, activation_params,
+                                                              fast_math=fast_math), name="hidden")
     rr = te.reduce_axis((0, r), name="rr")
     fc2 = te.compute((n, c), lambda i, j: te.sum(w2[j, rr] * hidden[i, rr], axis=rr), name="fc2")
-    g = te.compute((n, c), lambda i, j: apply_activation(fc2[i, j] + b2[j], gate, gate_params), name="gate")
+    g = te.compute((n, c), lambda i, j: apply_activation(fc2[i, j] + b2[j], gate, gate_params, fast_math=fast_math),
+                   name="gate")
     return te.compute((n, c, h, w), lambda i, j, y, z: x[i, j, y, z] * g[i, j], name="out")

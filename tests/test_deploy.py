@@ -155,6 +155,44 @@ def test_runtime_alone_loads_and_runs_a_library(tmp_path):
     assert (report["env_threads"], report["threads"]) == ("1", 1)
 
 
+PLAIN_TVM = textwrap.dedent("""
+    import ctypes, json, sys
+    import tvm  # TVM's runtime alone: no tvm_fusion in this process
+    getenv = ctypes.CDLL(None).getenv  # the C environment TVM's pool reads (os.environ is a copy)
+    getenv.restype = ctypes.c_char_p
+    before = getenv(b"TVM_NUM_THREADS")
+    tvm.runtime.load_module(sys.argv[1])
+    after = getenv(b"TVM_NUM_THREADS")
+    print(json.dumps({"before": before and before.decode(), "after": after and after.decode(),
+                      "threads": int(tvm.get_global_func("runtime.NumThreads")())}))
+""")
+
+
+def _load_with_plain_tvm(lib, cores=None, **env) -> dict:
+    """PLAIN_TVM in a fresh process with `env` (and on the CPU set `cores` when given)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")} | {
+        "TVM_USE_RUNTIME_LIB": "1", **env}
+    proc = subprocess.run([sys.executable, "-c", PLAIN_TVM, str(lib)], capture_output=True, text=True, env=env,
+                          timeout=300, preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_library_loaded_by_plain_tvm_sizes_the_pool_to_the_allowed_cores(tmp_path):
+    """An exported library loaded with tvm.runtime.load_module alone (no tvm_fusion) sets TVM_NUM_THREADS to
+    the cores the process may use when it is loaded (thread_pool.c), so TVM's pool takes them instead of half
+    the machine's cores; a TVM_NUM_THREADS or OMP_NUM_THREADS the user set wins."""
+    onnx.save(residual_block(c=16, hw=(8, 8)), str(tmp_path / "m.onnx"))
+    lib = compile_model(tmp_path / "m.onnx", tmp_path / "m.so", "llvm", counts_of_other_builds=False).library
+    cores = len(os.sched_getaffinity(0))
+    assert _load_with_plain_tvm(lib) == {"before": None, "after": str(cores), "threads": cores}
+    one = {min(os.sched_getaffinity(0))}
+    assert _load_with_plain_tvm(lib, cores=one) == {"before": None, "after": "1", "threads": 1}
+    # (TVM takes at most the machine's cores: a value the user set is shown by 1 against this process's cores)
+    assert _load_with_plain_tvm(lib, TVM_NUM_THREADS="1") == {"before": "1", "after": "1", "threads": 1}
+    assert _load_with_plain_tvm(lib, OMP_NUM_THREADS="1") == {"before": None, "after": None, "threads": 1}
+
+
 def test_runtime_load_passes_a_weights_file(tmp_path):
     """A library compiled with --external-weights runs through tvm_fusion.runtime.load as one with its weights
     inside: load reads the weights file the manifest names and passes the tensors after the inputs."""

@@ -89,7 +89,7 @@ def test_a_definition_loaded_again_is_not_a_duplicate():
     from tvm_fusion.patterns.activations import register_activation
     from tvm_fusion.registry import same_definition
 
-    source = "def square(v, params):\n    return v * v\n"
+    source = "def square(v, params, math):\n    return v * v\n"
     first, again, other = {"__name__": "user_rules_x"}, {"__name__": "user_rules_x"}, {"__name__": "user_rules_y"}
     for namespace in (first, again, other):
         exec(compile(source, "/tmp/user_rules_x.py", "exec"), namespace)  # noqa: S102 - a fixed string

@@ -272,11 +272,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
                                      precision=precision) if verify else skipped())
         bar.update()
         try:
-            if linker:
-                built.executable.export_library(str(partial), cc=linker)
-                binary = None
-            else:
-                binary = export_library(built.executable, partial, arch)
+            binary = export_library(built.executable, partial, arch, cc=linker)
             os.replace(partial, output)
         finally:
             partial.unlink(missing_ok=True)

@@ -8,6 +8,10 @@ nvcc when it is on PATH (a fatbin: SASS for the arch + PTX for newer GPUs), else
 `[cuda]` extra (`cuda-bindings`, a cubin). So a build host with a driver and one without produce the
 same kernels. The module is written in the layout TVM's CUDA loader reads (see cuda_binary.py); any
 format TVM produced ("cuda", "ptx", "cubin", "fatbin") is accepted.
+
+Every library exported here links `thread_pool.c`: loaded by any process (a plain `tvm.runtime.load_module`
+too), it sets TVM_NUM_THREADS to the cores that process may run on unless TVM_NUM_THREADS or OMP_NUM_THREADS
+is set, before TVM's CPU thread pool starts (TVM's default halves the machine's cores on x86).
 """
 
 from __future__ import annotations
@@ -153,11 +157,17 @@ def _asm_blob(symbol: str, blob_path: Path) -> str:
     )
 
 
-def export_library(executable, path, arch: str = "sm_90") -> CudaBinary | None:
-    """Export `executable` to a shared library whose CUDA module (if any) carries compiled code."""
+#: C source linked into every exported library: sizes TVM's CPU thread pool when the library is loaded
+THREAD_POOL_SOURCE = Path(__file__).with_name("thread_pool.c")
+
+
+def export_library(executable, path, arch: str = "sm_90", cc: str | None = None) -> CudaBinary | None:
+    """Export `executable` to a shared library whose CUDA module (if any) carries compiled code, linked
+    with `THREAD_POOL_SOURCE` (by `cc`, e.g. a cross gcc; None: TVM's default compiler)."""
     path = Path(path)
+    link = {"addons": [str(THREAD_POOL_SOURCE)], **({"cc": cc} if cc else {})}
     if not list(_cuda_modules(executable.mod)):
-        executable.export_library(str(path))
+        executable.export_library(str(path), **link)
         return None
     compiler = cuda_compiler()
     result = []
@@ -176,7 +186,7 @@ def export_library(executable, path, arch: str = "sm_90") -> CudaBinary | None:
         asm.write_text(_asm_blob(LIBRARY_SYMBOL, blob_path))
         return str(asm)
 
-    executable.export_library(str(path), fpack_imports=pack)
+    executable.export_library(str(path), fpack_imports=pack, **link)
     return result[0]
 
 

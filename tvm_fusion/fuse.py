@@ -19,7 +19,7 @@ from .errors import FusionError, LoweringError
 from .frontend import onnx_node_names
 from .rules import (Decline, Lowering, Match, Rule, RuleSet, batch_shape, declared_batch_dims, shape_text,
                     symbolic_reason, undeclared_dims)
-from .schedules.activations import kernel_dtypes
+from .schedules.activations import fast_math_allowed
 
 __all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm", "unchanged"]
 
@@ -287,8 +287,8 @@ def _build_primfunc(lowering: Lowering, target, scheduled: bool = True, batch_di
     consts = [te.placeholder(c.shape, str(c.dtype), name=f"c{i}") for i, c in enumerate(lowering.constants)]
     # the calling convention of every compute: (first input, *constants, *other inputs)
     args = [tensors[0], *consts, *tensors[1:]]
-    with target, kernel_dtypes(t.dtype for t in args):  # a target's compute may pad to its tile (llvm conv2d)
-        out = compute(*args, **lowering.attrs)
+    with target:  # a target's compute may pad to its tile (llvm conv2d)
+        out = compute(*args, **lowering.attrs, fast_math=fast_math_allowed(t.dtype for t in args))
     func = te.create_prim_func([*tensors, *consts, out])
     func = func.without_attr("global_symbol").with_attr("op_pattern", _tvm.OPAQUE)
     if dims.vars:

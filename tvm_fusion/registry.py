@@ -1,10 +1,12 @@
 """Computes and schedules by name and target kind.
 
-    @register_compute("conv2d_bn_relu")                 # TE compute: (*tensors, **attrs) -> te.Tensor
+    @register_compute("conv2d_bn_relu")                 # TE compute: (*tensors, **attrs, fast_math) -> te.Tensor
     @register_schedule("conv2d_bn_relu", target="cuda")  # (sch, attrs, target) -> None or str, in place
 
 A schedule may return a one-line note of what its kernel runs on (the CUDA dense: tensor cores, or CUDA
 cores and why); it is kept on the group (fuse.Group.kernel) for explain and the manifest.
+A compute gets the rule's attributes and `fast_math` (whether its epilogue may take the target's exp /
+sigmoid / erf: `schedules.activations.apply_activation`); a compute without an epilogue takes `**_`.
 A schedule may carry `supports(attrs, shapes, target) -> str | None`: a returned string is the reason it
 cannot handle a case, and the rule then declines with that reason (the match falls back to TVM).
 It may also carry `pack(constants, attrs, shapes, target) -> list | None`: the group's constants (numpy

@@ -312,6 +312,7 @@ def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=
     padding = (pad,) * 4 if isinstance(pad, int) else tuple(pad)
     attrs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups, activation=activation)
     from ._tvm import te
+    from .schedules.activations import fast_math_allowed
     from .schedules.conv2d import conv2d_affine
     from .schedules.conv2d import conv2d_out_size as _conv_out
 
@@ -323,8 +324,9 @@ def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=
     oh = _conv_out(h, kh, strides[0], padding[0], padding[2], dilation[0])
     ow = _conv_out(w, kw, strides[1], padding[1], padding[3], dilation[1])
     inputs = [x] + ([te.placeholder((n, oc, oh, ow), dtype, name="r")] if residual else [])
+    fast_math = fast_math_allowed(t.dtype for t in (*inputs, wt, b))
     if target is None:
-        out = conv2d_affine(x, wt, b, *inputs[1:], **attrs)
+        out = conv2d_affine(x, wt, b, *inputs[1:], **attrs, fast_math=fast_math)
     else:
         from .registry import get_compute
         from .schedules import load
@@ -332,7 +334,7 @@ def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=
 
         load()
         with target:
-            out = get_compute(CONV_FAMILY, target.kind.name)(x, wt, b, *inputs[1:], **attrs)
+            out = get_compute(CONV_FAMILY, target.kind.name)(x, wt, b, *inputs[1:], **attrs, fast_math=fast_math)
     func = te.create_prim_func([*inputs, wt, b, out]).without_attr("global_symbol")
     shapes = [tuple(int(d) for d in t.shape) for t in (*inputs, wt, b)]
     return func, attrs, shapes

@@ -236,7 +236,7 @@ def _loop_index(sch, block, loop) -> int:
 # A = W (rows of C*kh*kw contiguous elements, copied with cp.async), B = the input patch gathered through
 # shared memory (a 1x1 stride-1 conv's pixels are contiguous: TVM vectorizes those copies into cp.async too).
 CONV_ATTRS = ("strides", "padding", "dilation", "groups", "activation", "activation_params",
-              "residual_after_activation")
+              "residual_after_activation", "fast_math")
 
 
 def tensor_core_plan(attrs: dict, x_shape, w_shape, dtype: str, target) -> TensorCorePlan:
