@@ -9,6 +9,7 @@ as its `fast_math` argument), TVM's intrinsics otherwise."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from math import pi, sqrt
 
@@ -159,13 +160,31 @@ ACTIVATIONS = {
 def register_activation(name: str, fn) -> None:
     """Adds epilogue activation `name`: fn(v, params, math) -> the activated TE scalar (v is in the accumulator
     dtype; params: the constants the rule's match carries; math: the kernel's exp / sigmoid / erf, a
-    `KernelMath`). A name taken by another definition is refused."""
+    `KernelMath`), or fn(v, params) for one that takes none of them (an activation written before `math`
+    existed keeps working). A name taken by another definition is refused."""
     refuse_another(ACTIVATIONS.get(name), fn, f"duplicate activation {name!r}: the epilogue computes already "
                                                "have one by that name")
     ACTIVATIONS[name] = fn
+    if _takes_math(fn):
+        _WITHOUT_MATH.discard(name)
+    else:
+        _WITHOUT_MATH.add(name)
+
+
+#: registered activations written fn(v, params)
+_WITHOUT_MATH: set[str] = set()
+
+
+def _takes_math(fn) -> bool:
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) >= 3
 
 
 def apply_activation(v, name, params=None, *, fast_math: bool):
     """Activation `name` of the accumulator value v; `fast_math`: the compute's argument of that name (may the
     kernel take its target's exp / sigmoid / erf, `fast_math_allowed`)."""
+    if name in _WITHOUT_MATH:
+        return ACTIVATIONS[name](v, params or {})
     return ACTIVATIONS[name](v, params or {}, KernelMath(fast_math))

@@ -97,3 +97,47 @@ def test_a_definition_loaded_again_is_not_a_duplicate():
     assert not same_definition(first["square"], other["square"])
     with pytest.raises(FusionError, match="duplicate activation 'relu'"):
         register_activation("relu", lambda y: None, first["square"])
+
+
+def test_compute_options_reach_only_the_computes_that_name_them():
+    """A compute gets `fast_math` only when it names it: one written without it (a user's, from before the
+    option existed) keeps working; an option name that does not exist is refused."""
+    from tvm_fusion.registry import compute_options
+
+    def old(x, *, alpha):
+        return x
+
+    def loose(x, **_):
+        return x
+
+    def named(x, *, fast_math=True):
+        return x
+
+    assert compute_options(old, fast_math=False) == {}
+    assert compute_options(loose, fast_math=False) == {}
+    assert compute_options(named, fast_math=False) == {"fast_math": False}
+    with pytest.raises(FusionError, match="unknown compute options \\['fast'\\]; known: fast_math"):
+        compute_options(named, fast=True)
+
+
+def test_an_activation_written_without_math_still_applies():
+    """fn(v, params) (an activation from before the kernel's `math` argument) and fn(v, params, math) both
+    apply; the second gets the kernel's exp / sigmoid / erf."""
+    from tvm_fusion._tvm import tirx
+    from tvm_fusion.schedules.activations import KernelMath, apply_activation, register_activation
+
+    seen = []
+
+    def doubled(v, params):
+        return v * 2.0
+
+    def tripled(v, params, math):
+        seen.append(math)
+        return v * 3.0
+
+    register_activation("test_registry_doubled", doubled)
+    register_activation("test_registry_tripled", tripled)
+    v = tirx.Var("v", "float32")
+    assert str(apply_activation(v, "test_registry_doubled", fast_math=True)) == str(v * 2.0)
+    assert str(apply_activation(v, "test_registry_tripled", fast_math=False)) == str(v * 3.0)
+    assert seen == [KernelMath(False)]

@@ -288,7 +288,8 @@ def _build_primfunc(lowering: Lowering, target, scheduled: bool = True, batch_di
     # the calling convention of every compute: (first input, *constants, *other inputs)
     args = [tensors[0], *consts, *tensors[1:]]
     with target:  # a target's compute may pad to its tile (llvm conv2d)
-        out = compute(*args, **lowering.attrs, fast_math=fast_math_allowed(t.dtype for t in args))
+        options = registry.compute_options(compute, fast_math=fast_math_allowed(t.dtype for t in args))
+        out = compute(*args, **lowering.attrs, **options)
     func = te.create_prim_func([*tensors, *consts, out])
     func = func.without_attr("global_symbol").with_attr("op_pattern", _tvm.OPAQUE)
     if dims.vars:

@@ -1,12 +1,14 @@
 """Computes and schedules by name and target kind.
 
-    @register_compute("conv2d_bn_relu")                 # TE compute: (*tensors, **attrs, fast_math) -> te.Tensor
+    @register_compute("conv2d_bn_relu")                 # TE compute: (*tensors, **attrs) -> te.Tensor
     @register_schedule("conv2d_bn_relu", target="cuda")  # (sch, attrs, target) -> None or str, in place
 
 A schedule may return a one-line note of what its kernel runs on (the CUDA dense: tensor cores, or CUDA
 cores and why); it is kept on the group (fuse.Group.kernel) for explain and the manifest.
-A compute gets the rule's attributes and `fast_math` (whether its epilogue may take the target's exp /
-sigmoid / erf: `schedules.activations.apply_activation`); a compute without an epilogue takes `**_`.
+A compute gets the rule's attributes, and the build's options (`COMPUTE_OPTIONS`) that it names as parameters:
+`fast_math` (whether its epilogue may take the target's exp / sigmoid / erf:
+`schedules.activations.apply_activation`). A compute that does not name an option never gets it, so a
+compute written without one keeps working (`compute_options`).
 A schedule may carry `supports(attrs, shapes, target) -> str | None`: a returned string is the reason it
 cannot handle a case, and the rule then declines with that reason (the match falls back to TVM).
 It may also carry `pack(constants, attrs, shapes, target) -> list | None`: the group's constants (numpy
@@ -19,6 +21,8 @@ again is not a duplicate: a rules file that registers its kernel runs again each
 """
 
 from __future__ import annotations
+
+import inspect
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +71,19 @@ def refuse_another(registered: Callable | None, new: Callable, message: str) -> 
     """Raise FusionError(message) when a name already has a definition (`registered`) other than `new`."""
     if registered is not None and not same_definition(registered, new):
         raise FusionError(message)
+
+
+#: options the build passes to a compute that names them as parameters
+COMPUTE_OPTIONS = ("fast_math",)
+
+
+def compute_options(fn: Callable, **options) -> dict:
+    """The `options` (names from COMPUTE_OPTIONS) that compute `fn` names as parameters."""
+    unknown = set(options) - set(COMPUTE_OPTIONS)
+    if unknown:
+        raise FusionError(f"unknown compute options {sorted(unknown)}; known: {', '.join(COMPUTE_OPTIONS)}")
+    declared = inspect.signature(fn).parameters
+    return {name: value for name, value in options.items() if name in declared}
 
 
 def register_compute(*names: str, target: str = GENERIC):

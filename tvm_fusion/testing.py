@@ -328,13 +328,14 @@ def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=
     if target is None:
         out = conv2d_affine(x, wt, b, *inputs[1:], **attrs, fast_math=fast_math)
     else:
-        from .registry import get_compute
+        from .registry import compute_options, get_compute
         from .schedules import load
         from .schedules.conv2d import CONV_FAMILY
 
         load()
         with target:
-            out = get_compute(CONV_FAMILY, target.kind.name)(x, wt, b, *inputs[1:], **attrs, fast_math=fast_math)
+            compute = get_compute(CONV_FAMILY, target.kind.name)
+            out = compute(x, wt, b, *inputs[1:], **attrs, **compute_options(compute, fast_math=fast_math))
     func = te.create_prim_func([*inputs, wt, b, out]).without_attr("global_symbol")
     shapes = [tuple(int(d) for d in t.shape) for t in (*inputs, wt, b)]
     return func, attrs, shapes

@@ -236,7 +236,7 @@ def _loop_index(sch, block, loop) -> int:
 # A = W (rows of C*kh*kw contiguous elements, copied with cp.async), B = the input patch gathered through
 # shared memory (a 1x1 stride-1 conv's pixels are contiguous: TVM vectorizes those copies into cp.async too).
 CONV_ATTRS = ("strides", "padding", "dilation", "groups", "activation", "activation_params",
-              "residual_after_activation", "fast_math")
+              "residual_after_activation")
 
 
 def tensor_core_plan(attrs: dict, x_shape, w_shape, dtype: str, target) -> TensorCorePlan:
@@ -253,12 +253,12 @@ def tensor_core_plan(attrs: dict, x_shape, w_shape, dtype: str, target) -> Tenso
 
 
 @register_compute(CONV_FAMILY, target="cuda")
-def conv2d_affine_cuda(x, w, b, residual=None, **attrs):
+def conv2d_affine_cuda(x, w, b, residual=None, *, fast_math=True, **attrs):
     """The family's compute (schedules/conv2d.py), its products written W * x where the conv takes tensor
     cores on the target in scope (the implicit GEMM's A is W); otherwise exactly the generic compute."""
     target = tvm.target.Target.current(allow_none=True)
     tc = tensor_core_plan(attrs, dims(x.shape), dims(w.shape), str(x.dtype), target) if target else None
-    return conv2d_padded(x, w, b, residual, **{k: attrs[k] for k in CONV_ATTRS if k in attrs},
+    return conv2d_padded(x, w, b, residual, **{k: attrs[k] for k in CONV_ATTRS if k in attrs}, fast_math=fast_math,
                          weight_first=tc is not None and tc.reason is None)
 
 

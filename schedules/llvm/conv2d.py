@@ -269,7 +269,7 @@ def _current_facts() -> CpuFacts:
 
 
 @register_compute(CONV_FAMILY, target="llvm")
-def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, **attrs):
+def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, fast_math=True, **attrs):
     """The conv2d_affine compute over the output padded to `conv_plan`'s tile for the current target."""
     cout = int(b.shape[0])  # W may be packed (pack_conv)
     facts = _current_facts()
@@ -278,7 +278,7 @@ def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, *
     return conv2d_padded(x, w, b, residual, strides=strides, padding=padding, dilation=dilation, groups=groups,
                          activation=attrs.get("activation"), activation_params=attrs.get("activation_params"),
                          residual_after_activation=attrs.get("residual_after_activation", False),
-                         fast_math=attrs.get("fast_math", True), out_padding=plan.padding, taps_first=taps_first)
+                         fast_math=fast_math, out_padding=plan.padding, taps_first=taps_first)
 
 
 def _plan(x_shape, cout: int, w_taps, strides, padding, dilation, groups: int, facts: CpuFacts) -> ConvPlan:
