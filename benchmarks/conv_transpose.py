@@ -14,31 +14,23 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_speed import _zoo, set_tvm_threads
+from cpu_speed import _block, _zoo, set_tvm_threads
 
 from tvm_fusion._tvm import tirx, tvm
 from tvm_fusion.build import build, resolve_target
 
 
 def _cpu_ms(fn, rounds: int, block_ms: float) -> float:
+    """Median over `rounds` blocks of about `block_ms` of the mean CPU time per call, in ms."""
     fn()
-    start = time.process_time()
-    fn()
-    number = max(1, int(block_ms / 1e3 / max(time.process_time() - start, 1e-6)))
-    blocks = []
-    for _ in range(rounds):
-        start = time.process_time()
-        for _ in range(number):
-            fn()
-        blocks.append((time.process_time() - start) / number)
-    return 1e3 * statistics.median(blocks)
+    number = max(1, int(block_ms / 1e3 / max(_block(fn, 1)["cpu"], 1e-6)))
+    return 1e3 * statistics.median(_block(fn, number)["cpu"] for _ in range(rounds))
 
 
 def main(argv=None) -> int:

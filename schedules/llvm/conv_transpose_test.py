@@ -61,9 +61,11 @@ def _sum_terms(func) -> int:
 
 
 @pytest.mark.parametrize("cin,cout,k,stride,pad,hw,head,run", [
-    (24, 24, 2, 2, 0, (6, 48), False, 16),   # ppocr_det's first upsampling: 48 pixels x 2 phases, runs of 16 x 2
-    (24, 24, 2, 2, 0, (12, 20), False, 4),   # 20 pixels per phase: runs of 4 x 2 (one vector)
-    (24, 1, 2, 2, 0, (12, 20), True, 4),     # its last: one channel, bias and sigmoid fused behind the sum
+    (24, 24, 2, 2, 0, (6, 48), False, 8),    # ppocr_det's first upsampling: 48 pixels x 2 phases, runs of
+                                             # 8 x 2 for 2 channels (4 vectors)
+    (24, 24, 2, 2, 0, (12, 20), False, 4),   # 20 pixels per phase: runs of 4 x 2 for 2 channels
+    (24, 1, 2, 2, 0, (12, 20), True, 4),     # its last: one channel, bias and sigmoid fused behind the sum,
+                                             # runs of 4 x 2
     (8, 6, 3, 2, 1, (5, 6), False, None),    # 11 outputs per row: 6 pixels x 2 phases, no whole vectors
 ])
 def test_stride_2_sums_only_the_non_zero_taps_bit_identical_to_tvms_lowering(cin, cout, k, stride, pad, hw, head, run):
