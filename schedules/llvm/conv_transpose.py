@@ -93,7 +93,9 @@ def _axis(analyzer, v_out, v_tap, n_out: int, n_in: int, k: int, s: int, p: int)
     taps = -(-k // s)
     v_t = tirx.IterVar(_range(taps), tirx.Var(v_tap.var.name + "_phase", "int64"), _REDUCE)
     t = v_t.var
-    tap = tirx.floormod(p - v_out, s) + t * s
+    # (p - y) mod s, written with y's coefficient positive: TVM 0.27's simplifier turned the flattened index
+    # `... + floormod(2 - h, 3)` into `... - floormod(h, -3)`, dropping the 2
+    tap = (s - 1) - tirx.floormod(v_out + (s - 1 - p) % s, s) + t * s
     pixel = tirx.floordiv(v_out - p + (s - 1), s) + t
     guards = []
     if k % s:  # some phases have fewer taps than `taps`

@@ -91,6 +91,11 @@ def test_stride_2_sums_only_the_non_zero_taps_bit_identical_to_tvms_lowering(cin
     {"cin": 3, "cout": 4, "k": (3, 2), "stride": (2, 1), "pad": (1, 0), "hw": (5, 8)},  # stride 1 on one axis only
     {"cin": 4, "cout": 3, "k": 3, "stride": 2, "pad": 1, "hw": (5, 6), "dilation": 2},  # TVM dilates the kernel first
     {"cin": 5, "cout": 3, "k": 2, "stride": 2, "pad": 0, "hw": (3, 16), "head": True},  # 32 wide: runs of 16 x 2
+    # tap (p - y) mod s with p = 2: TVM's simplifier dropped the 2 from `floormod(2 - h, 3)` in a flat index
+    {"cin": 2, "cout": 3, "k": (3, 1), "stride": (3, 1), "pad": 0, "hw": (5, 7)},
+    # the same form made TVM's lowering fail ("Binding of variable rmod ... conflicts")
+    {"cin": 6, "cout": 8, "k": (1, 2), "stride": (1, 2), "pad": (0, 1), "hw": (8, 12), "group": 2,
+     "output_padding": (0, 1)},
 ])
 def test_phase_sum_matches_tvms_lowering_and_onnxruntime(case):
     model = _model(**case)
