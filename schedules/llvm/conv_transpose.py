@@ -191,7 +191,8 @@ def _run(target, width: int) -> int | None:
 
 
 def _schedule_padded(sch, target, compute):
-    """Stride 1: the dilation inlined into the padding copy, the sum outside a run of output pixels."""
+    """Stride 1 (or what `phase_sum` declines): the dilation inlined into the padding copy, the sum over the
+    padded input outside a run of output pixels."""
     sch.compute_inline(sch.get_sblock("data_dilate"))
     b, c, h, w, dc, dh, dw = sch.get_loops(compute)
     sch.parallel(sch.fuse(b, c, h))  # before the reduction is split into init and update (parallel checks the dataflow)
