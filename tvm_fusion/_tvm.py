@@ -17,6 +17,7 @@ import tvm  # noqa: E402
 import tvm_ffi  # noqa: E402
 from tvm import relax, te, topi  # noqa: E402,F401  (re-exported)
 from tvm.ir import GenericConst  # relax constants in 0.27
+from tvm.ir.expr import TensorLoad  # noqa: F401  (a TIR buffer load in 0.27; tirx.BufferLoad makes one)
 from tvm.ir.utils import derived_object  # noqa: F401  (a Python subclass of a TVM object: MetaSchedule callbacks)
 from tvm.relax import dpl  # noqa: F401
 from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
@@ -24,7 +25,8 @@ from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
 from tvm.relax.transform import FusionPattern, PatternCheckContext  # noqa: F401
 from tvm.runtime import _ffi_api as runtime_ffi
-from tvm.s_tir import Schedule  # noqa: F401
+from tvm.s_tir import SBlock, SBlockRealize, Schedule  # noqa: F401
+from tvm.sym import Analyzer  # noqa: F401  (tvm.arith before 0.27)
 from tvm.s_tir import dlight  # noqa: F401
 from tvm.s_tir.analysis import verify_gpu_code  # noqa: F401
 from tvm.s_tir.analysis import estimate_tir_flops  # noqa: F401
