@@ -76,14 +76,26 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
 
 def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups, activation=None,
                   activation_params=None, residual_after_activation=False, fast_math=True,
-                  out_padding: ConvPadding | None = None, weight_first: bool = False, taps_first: bool = False):
+                  out_padding: ConvPadding | None = None, weight_first: bool = False, taps_first: bool = False,
+                  flat: bool = False):
     """`weight_first`: the products written W * x (an implicit GEMM whose A operand is W[O, C*kh*kw]: the
     CUDA tensor-core schedule's form); the same sums. `taps_first`: a packed W is in
-    `pack_channel_blocks(..., taps_first=True)`'s layout."""
+    `pack_channel_blocks(..., taps_first=True)`'s layout. `flat` (a 1x1, stride-1, unpadded conv only): the
+    pixels are one row, x read as [n, C, 1, H*W] and `out_padding` given for that one row, so a tile may
+    span image rows; the input is always copied (the `pad` stage, its padded pixels zero) and the epilogue
+    reads conv[n, o, 0, h*W + w]."""
     n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
     packed = len(w.shape) == 5  # channel blocks (pack_channel_blocks)
     cout = int(b.shape[0]) if packed else int(w.shape[0])
     cpg, kh, kw = packed_taps(w.shape, taps_first)
+    if flat:
+        if (kh, kw) != (1, 1) or any(int(v) for v in padding) or any(int(v) != 1 for v in strides):
+            raise ValueError(f"conv2d: flat pixels need a 1x1, stride-1, unpadded conv (got {kh}x{kw}, "
+                             f"strides {strides}, padding {padding})")
+        out_h, out_w, hin, win = hin, win, 1, hin * win
+
+        def src(i, c, h, ww):  # x as [n, C, 1, H*W]
+            return x[i, c, ww // out_w, ww % out_w]
     sh, sw = strides
     pt, pl, pb, pr = padding
     dh, dw = dilation
@@ -99,12 +111,13 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     def wide(v):
         return cast_to(v, acc)
 
-    if (hpad, wpad) != (hin, win):
+    if (hpad, wpad) != (hin, win) or flat:
+        read = src if flat else (lambda i, c, h, ww: x[i, c, h, ww])
         pad = te.compute(
             (n, cin, hpad, wpad),
             lambda i, c, h, ww: tirx.if_then_else(
                 tirx.all(h >= pt, h < hin + pt, ww >= pl, ww < win + pl),
-                x[i, c, h - pt, ww - pl], tirx.const(0, x.dtype)),
+                read(i, c, h - pt, ww - pl), tirx.const(0, x.dtype)),
             name="pad",
         )
     else:
@@ -150,8 +163,11 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     def conv_at(o):  # the padded channel of real channel o
         return o if gp == opg or groups == 1 else o // opg * gp + o % opg
 
+    def conv_value(i, o, h, ww):
+        return conv[i, conv_at(o), 0, h * out_w + ww] if flat else conv[i, conv_at(o), h, ww]
+
     def epilogue(i, o, h, ww):
-        v = conv[i, conv_at(o), h, ww] + wide(b[o])
+        v = conv_value(i, o, h, ww) + wide(b[o])
         if residual is not None and not residual_after_activation:
             v = v + wide(residual[i, o, h, ww])
         v = apply_activation(v, activation, activation_params, fast_math=fast_math)
@@ -159,6 +175,8 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
             v = v + wide(residual[i, o, h, ww])
         return cast_to(v, x.dtype)
 
+    if flat:
+        hout, wout = out_h, out_w
     return te.compute((n, cout, hout, wout), epilogue, name="epilogue")
 
 

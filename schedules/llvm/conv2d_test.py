@@ -15,7 +15,7 @@ from tvm_fusion.cpu_features import host_features
 from tvm_fusion.schedules.conv2d import conv2d_out_size, pack_channel_blocks
 from tvm_fusion.schedules.dense import dense_affine
 from tvm_fusion.hardware import cpu_facts
-from tvm_fusion.schedules.llvm.conv2d import (FLOAT_BYTES, choose_tile, conv2d_llvm, conv_plan,
+from tvm_fusion.schedules.llvm.conv2d import (FLOAT_BYTES, choose_tile, conv2d_llvm, conv_plan, flat_pixels,
                                               max_accumulators, pack_conv, schedule_conv2d_llvm, step_cost,
                                               tiled_accumulators)
 from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
@@ -114,6 +114,25 @@ def test_avx2_squeezenet_classifier_gets_a_full_tile():
     assert tiled_accumulators(avx512, 1) == max_accumulators(avx512) == 28, "AVX-512 budget unchanged"
 
 
+def test_avx2_pointwise_convs_tile_their_pixels_as_one_row():
+    """AVX2: a 1x1, stride-1, unpadded conv plans its pixels as one row when that row's tile has more real
+    outputs per FMA slot (a tile may end on the next image row): 7x7 outputs take 2 x 5 pixels (49 padded
+    to 50) instead of 4 x 2 with 7 columns padded to 8. Not when a row tile divides the image, nor for other
+    convs, nor on AVX-512 (its plans unchanged)."""
+    avx2, avx512 = (cpu_facts(tvm.target.Target(s)) for s in (AVX2, {"kind": "llvm", "mcpu": "znver4"}))
+    pointwise = dict(kh=1, kw=1, strides=(1, 1), padding=(0, 0, 0, 0), groups=1)
+    assert flat_pixels(**pointwise, facts=avx2) and not flat_pixels(**pointwise, facts=avx512)
+    assert not flat_pixels(**{**pointwise, "strides": (2, 2)}, facts=avx2)
+    assert not flat_pixels(**{**pointwise, "padding": (1, 1, 1, 1)}, facts=avx2)
+    assert not flat_pixels(**{**pointwise, "kh": 3, "kw": 3}, facts=avx2)
+    late = conv_plan(1, 512, 7, 7, 2048, 1, 1, 1, avx2, flat=True)
+    assert late.flat and (late.tile.oc_vectors, late.tile.cols) == (2, 5)
+    assert (late.padding.rows, late.padding.cols) == (1, 50)
+    assert not conv_plan(1, 512, 7, 7, 2048, 1, 1, 1, avx2).flat
+    assert not conv_plan(1, 64, 55, 55, 16, 1, 1, 1, avx2, flat=True).flat, "2 x 5 columns divide 55"
+    assert not conv_plan(1, 16, 1, 49, 32, 1, 1, 1, avx2, flat=True).flat, "one row already"
+
+
 def test_depthwise_and_grouped_plans():
     dw = conv_plan(1, 60, 28, 28, 1, 3, 3, 60, FACTS)
     assert dw.kernel == "depthwise" and dw.tile.lanes == LANES and dw.padding.cols % LANES == 0
@@ -195,6 +214,8 @@ CASES = RESNET_SAMPLE + list(_grid()) + [
     dict(n=2, c=48, h=1, w=1, oc=32, k=1),
     dict(n=1, c=8, h=9, w=7, oc=96, k=(1, 3), stride=(1, 2), pad=(0, 1, 0, 1)),
     dict(n=1, c=24, h=13, w=11, oc=48, k=3, dil=(2, 1)),
+    dict(n=2, c=24, h=13, w=13, oc=1000, k=1),  # AVX2: flat pixels, batch 2, channels padded, a residual
+    dict(n=1, c=32, h=7, w=7, oc=64, k=1),  # AVX2: flat pixels, 49 padded to a whole tile
 ]
 
 
@@ -343,8 +364,11 @@ def test_packed_weights_match_numpy(case, target_name):
     AVX2's."""
     target = PACK_TARGETS[target_name]
     executable, func, arrays, out_shape, reference = _packed_build(case, target)
+    stride, pad = case.get("stride", 1), case.get("pad", 0)
     plan = conv_plan(1, case["oc"], *out_shape[2:], case["c"] // case.get("groups", 1), *(case["k"],) * 2,
-                     case.get("groups", 1), cpu_facts(target), strided=case.get("stride", 1) > 1)
+                     case.get("groups", 1), cpu_facts(target), strided=stride > 1,
+                     flat=flat_pixels(case["k"], case["k"], (stride,) * 2, (pad,) * 4 if isinstance(pad, int) else pad,
+                                      case.get("groups", 1), cpu_facts(target)))
     wp = arrays[1]
     if plan.kernel == "tiled":
         assert wp.ndim == 5 and wp.shape[-1] == plan.tile.channels and plan.tile.channels % plan.tile.lanes == 0
