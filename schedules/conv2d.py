@@ -77,12 +77,13 @@ def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
 def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups, activation=None,
                   activation_params=None, residual_after_activation=False, fast_math=True,
                   out_padding: ConvPadding | None = None, weight_first: bool = False, taps_first: bool = False,
-                  flat: bool = False):
+                  flat: bool = False, in_place: bool = False):
     """`weight_first`: the products written W * x (an implicit GEMM whose A operand is W[O, C*kh*kw]: the
     CUDA tensor-core schedule's form); the same sums. `taps_first`: a packed W is in
     `pack_channel_blocks(..., taps_first=True)`'s layout. `flat` (a 1x1, stride-1, unpadded conv only): the
     pixels are one row, x read as [n, C, 1, H*W] and `out_padding` given for that one row, so a tile may
-    span image rows; the input is always copied (the `pad` stage, its padded pixels zero) and the epilogue
+    span image rows; the input is copied (the `pad` stage, its padded pixels zero), or with `in_place` read
+    where it is (the padded pixels read the last real one: their outputs are dropped), and the epilogue
     reads conv[n, o, 0, h*W + w]."""
     n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
     packed = len(w.shape) == 5  # channel blocks (pack_channel_blocks)
@@ -111,7 +112,9 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     def wide(v):
         return cast_to(v, acc)
 
-    if (hpad, wpad) != (hin, win) or flat:
+    if flat and in_place:
+        pad = None
+    elif (hpad, wpad) != (hin, win) or flat:
         read = src if flat else (lambda i, c, h, ww: x[i, c, h, ww])
         pad = te.compute(
             (n, cin, hpad, wpad),
@@ -153,7 +156,8 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
         blk = p.channel_block  # o // gp == (o // blk * blk) // gp: constant over a block of blk channels
         channel = lambda o: (o // blk * blk) // gp * cpg + rc  # noqa: E731
     def product(i, o, h, ww):
-        xv = wide(pad[i, channel(o), h * sh + rh * dh, ww * sw + rw * dw])
+        at = (i, channel(o), h * sh + rh * dh, ww * sw + rw * dw)
+        xv = wide(src(*at[:3], tirx.min(at[3], win - 1)) if pad is None else pad[at])
         wv = wide(weight_at(o, rc, rh, rw))
         return wv * xv if weight_first else xv * wv
 

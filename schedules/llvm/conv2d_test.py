@@ -15,9 +15,9 @@ from tvm_fusion.cpu_features import host_features
 from tvm_fusion.schedules.conv2d import conv2d_out_size, pack_channel_blocks
 from tvm_fusion.schedules.dense import dense_affine
 from tvm_fusion.hardware import cpu_facts
-from tvm_fusion.schedules.llvm.conv2d import (FLOAT_BYTES, choose_tile, conv2d_llvm, conv_plan, flat_pixels,
-                                              max_accumulators, pack_conv, schedule_conv2d_llvm, step_cost,
-                                              tiled_accumulators)
+from tvm_fusion.schedules.llvm.conv2d import (FLAT_COPY_CHANNELS, FLOAT_BYTES, choose_tile, conv2d_llvm, conv_plan,
+                                              flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
+                                              step_cost, tiled_accumulators)
 from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
 from tvm_fusion.testing import RESNET50_CONVS as RESNET50
 from tvm_fusion.testing import assert_close, conv_primfunc
@@ -118,7 +118,7 @@ def test_avx2_pointwise_convs_tile_their_pixels_as_one_row():
     """AVX2: a 1x1, stride-1, unpadded conv plans its pixels as one row when that row's tile has more real
     outputs per FMA slot (a tile may end on the next image row): 7x7 outputs take 2 x 5 pixels (49 padded
     to 50) instead of 4 x 2 with 7 columns padded to 8. Not when a row tile divides the image, nor for other
-    convs, nor on AVX-512 (its plans unchanged)."""
+    convs, nor on AVX-512 (its plans unchanged). Under FLAT_COPY_CHANNELS output channels x is read in place."""
     avx2, avx512 = (cpu_facts(tvm.target.Target(s)) for s in (AVX2, {"kind": "llvm", "mcpu": "znver4"}))
     pointwise = dict(kh=1, kw=1, strides=(1, 1), padding=(0, 0, 0, 0), groups=1)
     assert flat_pixels(**pointwise, facts=avx2) and not flat_pixels(**pointwise, facts=avx512)
@@ -128,6 +128,8 @@ def test_avx2_pointwise_convs_tile_their_pixels_as_one_row():
     late = conv_plan(1, 512, 7, 7, 2048, 1, 1, 1, avx2, flat=True)
     assert late.flat and (late.tile.oc_vectors, late.tile.cols) == (2, 5)
     assert (late.padding.rows, late.padding.cols) == (1, 50)
+    assert not late.in_place, "512 output channels: x copied channels-last"
+    assert conv_plan(1, FLAT_COPY_CHANNELS - 1, 14, 14, 576, 1, 1, 1, avx2, flat=True).in_place
     assert not conv_plan(1, 512, 7, 7, 2048, 1, 1, 1, avx2).flat
     assert not conv_plan(1, 64, 55, 55, 16, 1, 1, 1, avx2, flat=True).flat, "2 x 5 columns divide 55"
     assert not conv_plan(1, 16, 1, 49, 32, 1, 1, 1, avx2, flat=True).flat, "one row already"
@@ -215,7 +217,8 @@ CASES = RESNET_SAMPLE + list(_grid()) + [
     dict(n=1, c=8, h=9, w=7, oc=96, k=(1, 3), stride=(1, 2), pad=(0, 1, 0, 1)),
     dict(n=1, c=24, h=13, w=11, oc=48, k=3, dil=(2, 1)),
     dict(n=2, c=24, h=13, w=13, oc=1000, k=1),  # AVX2: flat pixels, batch 2, channels padded, a residual
-    dict(n=1, c=32, h=7, w=7, oc=64, k=1),  # AVX2: flat pixels, 49 padded to a whole tile
+    dict(n=1, c=32, h=7, w=7, oc=64, k=1),  # AVX2: flat pixels read in place, 49 padded to a whole tile
+    dict(n=2, c=20, h=9, w=11, oc=24, k=1),  # AVX2: flat pixels read in place, batch 2, channels padded
 ]
 
 
