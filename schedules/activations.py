@@ -3,7 +3,7 @@
 Every compute with an epilogue (conv, dense, squeeze-excite, ...) applies `ACTIVATIONS[name](v, params, math)`
 (`apply_activation`), so an activation registered here (`register_activation`, from a rules file too) is taken
 by all of them and by their CPU and CUDA schedules, which schedule the epilogue whatever it computes.
-`math` is the kernel's exp / sigmoid / erf (`KernelMath`): the target's own forms (`register_math`) where the
+`math` is the kernel's exp / sigmoid / erf / tanh (`KernelMath`): the target's own forms (`register_math`) where the
 kernel may take them (`fast_math_allowed`, decided by fuse from the kernel's dtypes and passed to the compute
 as its `fast_math` argument), TVM's intrinsics otherwise."""
 
@@ -20,7 +20,7 @@ __all__ = ["ACTIVATIONS", "CANONICAL", "MATH", "KernelMath", "apply_activation",
            "register_activation", "register_math"]
 
 #: TVM's math intrinsics, as the computes call them unless the target has its own (MATH)
-_INTRINSICS = {"exp": te.exp, "sigmoid": te.sigmoid, "erf": te.erf}
+_INTRINSICS = {"exp": te.exp, "sigmoid": te.sigmoid, "erf": te.erf, "tanh": te.tanh}
 #: (target kind, dtype) -> {name: fn(v)}: a target's own forms of _INTRINSICS' functions (register_math)
 MATH: dict[tuple[str, str], dict] = {}
 
@@ -46,7 +46,7 @@ def fast_math_allowed(dtypes) -> bool:
 
 @dataclass(frozen=True)
 class KernelMath:
-    """exp, sigmoid and erf as one kernel computes them, for the target it is built for (`with target:`):
+    """exp, sigmoid, erf and tanh as one kernel computes them, for the target it is built for (`with target:`):
     the target's own form of the value's dtype (`register_math`) when `fast`, else TVM's intrinsic."""
 
     fast: bool
@@ -59,6 +59,9 @@ class KernelMath:
 
     def erf(self, v):
         return self._op("erf", v)
+
+    def tanh(self, v):
+        return self._op("tanh", v)
 
     def _op(self, name: str, v):
         target = tvm.target.Target.current(allow_none=True)
@@ -97,7 +100,7 @@ def _silu(v, p, math):
 
 
 def _tanh(v, p, math):
-    return te.tanh(v)
+    return math.tanh(v)
 
 
 #: the constants of each activation with constants. A decomposed form carries the values it matched as
@@ -138,7 +141,7 @@ def _gelu_erf(v, p, math):
 def _gelu_tanh(v, p, math):
     p = _params("gelu_tanh", p)
     inner = (v + v * v * v * const(p["k"], v)) * const(p["c"], v)
-    return v * (te.tanh(inner) + const(p["one"], v)) * const(p["half"], v)
+    return v * (math.tanh(inner) + const(p["one"], v)) * const(p["half"], v)
 
 
 ACTIVATIONS = {

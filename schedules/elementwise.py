@@ -11,10 +11,11 @@ result is rounded once (tvm_fusion.precision).
 
 from __future__ import annotations
 
-from tvm_fusion._tvm import topi
+from tvm_fusion._tvm import te, topi
 
 from tvm_fusion.precision import HALF_DTYPES, accumulator_dtype
 from tvm_fusion.registry import register_compute
+from tvm_fusion.schedules.activations import KernelMath
 
 ELEMENTWISE_FAMILY = "elementwise_chain"  # the compute every elementwise rule without a compute of its own lowers to
 
@@ -27,20 +28,31 @@ BINARY = {
     "relax.minimum": topi.minimum,
     "relax.power": topi.power,
 }
+
+
+def _math(name: str):
+    """name(x) element by element as the kernel's `KernelMath` computes it (llvm's vectorizable float32 exp /
+    sigmoid / erf / tanh where the kernel may take them, else TVM's intrinsic); named and tagged as topi's."""
+    return lambda x, p, math: te.compute(x.shape, lambda *i: getattr(math, name)(x(*i)), name="compute",
+                                         tag="elemwise")
+
+
+#: op -> fn(x, params, math): math is the kernel's KernelMath
 UNARY = {
-    "relax.nn.relu": lambda x, p: topi.nn.relu(x),
-    "relax.sigmoid": lambda x, p: topi.sigmoid(x),
-    "relax.tanh": lambda x, p: topi.tanh(x),
-    "relax.exp": lambda x, p: topi.exp(x),
-    "relax.erf": lambda x, p: topi.erf(x),
-    "relax.sqrt": lambda x, p: topi.sqrt(x),
-    "relax.negative": lambda x, p: topi.negative(x),
-    "relax.clip": lambda x, p: topi.clip(x, p[0], p[1]),
+    "relax.nn.relu": lambda x, p, math: topi.nn.relu(x),
+    "relax.sigmoid": _math("sigmoid"),
+    "relax.tanh": _math("tanh"),
+    "relax.exp": _math("exp"),
+    "relax.erf": _math("erf"),
+    "relax.sqrt": lambda x, p, math: topi.sqrt(x),
+    "relax.negative": lambda x, p, math: topi.negative(x),
+    "relax.clip": lambda x, p, math: topi.clip(x, p[0], p[1]),
 }
 
 
 @register_compute(ELEMENTWISE_FAMILY)
-def elementwise_chain(*tensors, recipe, **_):
+def elementwise_chain(*tensors, recipe, fast_math=True, **_):
+    math = KernelMath(fast_math)
     half = next((str(t.dtype) for t in tensors if str(t.dtype) in HALF_DTYPES), None)
     if half is not None:
         tensors = [topi.cast(t, accumulator_dtype(half)) if str(t.dtype) == half else t for t in tensors]
@@ -52,7 +64,7 @@ def elementwise_chain(*tensors, recipe, **_):
     for op, chain_pos, operand, params in recipe:
         value = steps[-1] if steps else None
         if op in UNARY:
-            steps.append(UNARY[op](arg(operand) if value is None else value, params))
+            steps.append(UNARY[op](arg(operand) if value is None else value, params, math))
             continue
         if value is None:
             a, b = arg(operand[0]), arg(operand[1])

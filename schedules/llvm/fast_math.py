@@ -1,4 +1,5 @@
-"""Vectorizable float32 exp, sigmoid and erf for the CPU kernels: exp(x) ==> 2^n * P(r), erf(x) ==> P(x) / Q(x).
+"""Vectorizable float32 exp, sigmoid, erf and tanh for the CPU kernels: exp(x) ==> 2^n * P(r),
+erf(x) and tanh(x) ==> P(x) / Q(x).
 
 LLVM lowers a vector `llvm.exp` or an `erf` to one libm call per lane, so a vectorized epilogue with SiLU
 (x * sigmoid(x)) or exact GELU spent most of its time in scalar `expf` / `erff` calls: EfficientNet's 1x1
@@ -10,9 +11,16 @@ are the same expressions written with arithmetic, floor, shifts and selects, whi
   largest come out right); past float32's range +inf or 0, NaN stays NaN.
 - sigmoid: 1 / (1 + exp(-x)) with the exp above.
 - erf: Eigen's rational approximation on [-4, 4] (TVM's `fast_erf` too); |error| < 2e-7 everywhere.
+- tanh: Eigen's rational approximation on [-7.9, 7.9] (TVM's `fast_tanh` too), +-1 past +-9; <= 5 ulps
+  and 3e-7 absolute (TVM's own llvm tanh is two `expf` calls per lane: Magika's GELU chains, 3.4 ms of 15).
 
-`activations.math_op(name, v)` takes these where the kernel is built for llvm and v is float32
-(`register_math` below); every other target and dtype keeps TVM's intrinsic.
+A NaN test is written on the bits (`_isnan`): TVM's loop vectorizer has no vector `isnan` and kept the
+whole lanes loop scalar around one, so until then only LLVM's own loop vectorizer saved the simplest
+loops; a conv epilogue (strided reads of its accumulators) ran its exp one lane at a time.
+
+`activations.KernelMath` (the epilogue activations, the elementwise chains) takes these where the kernel is
+built for llvm, may take them (`fast_math_allowed`) and v is float32 (`register_math` below); every other
+target and dtype keeps TVM's intrinsic.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from tvm_fusion._tvm import prim_dtype, te, tirx
 
 from ..activations import register_math
 
-__all__ = ["fast_erf", "fast_exp", "fast_sigmoid"]
+__all__ = ["fast_erf", "fast_exp", "fast_sigmoid", "fast_tanh"]
 
 _F32 = "float32"
 _LOG2E = 1.44269504088896341
@@ -31,6 +39,13 @@ _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
 #: past _X_HI e^x overflows float32 (+inf); below _X_LO it is below half the smallest subnormal (0)
 _X_HI, _X_LO = 88.72283935546875, -103.97208404541016
 
+#: Eigen's rational tanh (TVM's topi.fast_tanh too): odd numerator x^13 ... x^1, even denominator x^6 ... x^0
+_TANH_NUM = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
+             1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)
+_TANH_DEN = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
+_TANH_CLAMP = 7.90531110763549805  # the quotient's input range (it grows past +-1 beyond): 0.99999976 there
+_TANH_ONE = 9.0  # past it tanh(x) rounds to +-1 in float32
+_TANH_TINY = 0.0004  # below it tanh(x) rounds to x
 _ERF_NUM = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
             -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)  # odd: x^13 ... x^1
 _ERF_DEN = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
@@ -53,6 +68,14 @@ def _pow2(k):
     return tirx.reinterpret(_F32, tirx.shift_left(k + tirx.const(127, "int32"), tirx.const(23, "int32")))
 
 
+def _isnan(x):
+    """x is NaN, from its bits (exponent all ones, mantissa not zero). TVM's vectorizer has no vector form of
+    `tirx.isnan` and scalarized the whole loop around one (every lane of a conv + SiLU epilogue then ran the
+    exp one at a time), and its simplifier folds `x != x` to false."""
+    bits = tirx.bitwise_and(tirx.reinterpret("int32", x), tirx.const(0x7FFFFFFF, "int32"))
+    return bits > tirx.const(0x7F800000, "int32")
+
+
 def _let(value, body, name: str):
     """body(v) with v bound once to `value` (a Let: the expression is not copied into every use)."""
     var = tirx.Var(name, prim_dtype(value))
@@ -72,7 +95,7 @@ def _exp(x):
     y = _exp_parts(te.max(te.min(x, _c(_X_HI)), _c(_X_LO)), scaled)
     y = tirx.Select(x > _c(_X_HI), _c(float("inf")), y)
     y = tirx.Select(x < _c(_X_LO), _c(0.0), y)
-    return tirx.Select(tirx.isnan(x), x, y)  # NaN in, NaN out (the clamps above would make it finite)
+    return tirx.Select(_isnan(x), x, y)  # NaN in, NaN out (the clamps above would make it finite)
 
 
 def _exp_parts(xc, scaled):
@@ -98,7 +121,21 @@ def fast_erf(x):
 def _erf(x):
     xc = te.max(te.min(x, _c(4.0)), _c(-4.0))
     z = _let(xc * xc, lambda z: xc * _horner(_ERF_NUM, z) / _horner(_ERF_DEN, z), "z")
-    return tirx.Select(tirx.isnan(x), x, z)
+    return tirx.Select(_isnan(x), x, z)
 
 
-register_math("llvm", _F32, exp=fast_exp, sigmoid=fast_sigmoid, erf=fast_erf)
+def fast_tanh(x):
+    """tanh(x) for a float32 TIR expression: Eigen's rational approximation on x clamped to +-7.9053, x itself
+    below 0.0004 in magnitude, +-1 past +-9 (TVM's llvm tanh is two libm `expf` calls per lane)."""
+    return _let(x, _tanh, "x")
+
+
+def _tanh(x):
+    xc = te.max(te.min(x, _c(_TANH_CLAMP)), _c(-_TANH_CLAMP))
+    q = _let(xc * xc, lambda z: xc * _horner(_TANH_NUM, z) / _horner(_TANH_DEN, z), "z")
+    q = tirx.Select(te.abs(x) < _c(_TANH_TINY), x, q)
+    q = tirx.Select(x > _c(_TANH_ONE), _c(1.0), tirx.Select(x < _c(-_TANH_ONE), _c(-1.0), q))
+    return tirx.Select(_isnan(x), x, q)
+
+
+register_math("llvm", _F32, exp=fast_exp, sigmoid=fast_sigmoid, erf=fast_erf, tanh=fast_tanh)

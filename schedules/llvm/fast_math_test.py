@@ -1,6 +1,6 @@
-"""llvm's vectorizable float32 exp / sigmoid / erf: accuracy against float64 over float32's range (specials
-included), no per-lane libm call left in a vectorized kernel, other targets and dtypes keep TVM's
-intrinsics, and a conv + SiLU and a Gemm + GELU element-wise against onnxruntime."""
+"""llvm's vectorizable float32 exp / sigmoid / erf / tanh: accuracy against float64 over float32's range
+(specials included), no per-lane libm call left in a vectorized kernel, other targets and dtypes keep TVM's
+intrinsics, and a conv + SiLU, a Gemm + GELU and a tanh / exp chain element-wise against onnxruntime."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tvm_fusion._tvm import te, tirx, tvm
 from tvm_fusion.build import build, resolve_target
 from tvm_fusion.compare import run_onnxruntime
 from tvm_fusion.schedules.activations import KernelMath, apply_activation, fast_math_allowed
-from tvm_fusion.schedules.llvm.fast_math import fast_erf, fast_exp, fast_sigmoid
+from tvm_fusion.schedules.llvm.fast_math import fast_erf, fast_exp, fast_sigmoid, fast_tanh
 from tvm_fusion.testing import GraphBuilder, apply_activation_onnx, assert_close, run_build
 
 AVX2 = '{"kind": "llvm", "mcpu": "x86-64-v3"}'
@@ -81,12 +81,42 @@ def test_erf_within_4e_7_absolute():
     _same_specials(out, r, np.isnan(r) | np.isinf(xs))
 
 
-@pytest.mark.parametrize("fn", [fast_exp, fast_sigmoid, fast_erf])
+def test_tanh_within_5_ulps_and_3e_7_absolute():
+    xs = np.concatenate([_inputs(-10.0, 10.0), np.logspace(-9, 1, 4096, dtype=np.float32)])
+    xs = np.concatenate([xs, -xs])
+    out = _run(fast_tanh, xs)
+    r = np.tanh(xs.astype(np.float64))
+    nonzero = np.isfinite(r) & (r != 0)
+    assert _ulps(out[nonzero], r[nonzero]).max() <= 5
+    assert np.nanmax(np.abs(out - r)) <= 3e-7
+    _same_specials(out, r, ~np.isfinite(xs) | (r == 0) | (np.abs(xs) > 9.1))  # NaN, +-0, +-1 (float32) past 9.1
+
+
+@pytest.mark.parametrize("fn", [fast_exp, fast_sigmoid, fast_erf, fast_tanh])
 def test_no_libm_call_left(fn):
     ir = _kernel(fn, 64).mod.inspect_source("ll")
-    for libm in ("@expf", "@erff", "llvm.exp."):
+    for libm in ("@expf", "@erff", "@tanhf", "llvm.exp."):
         assert libm not in ir
     assert "<8 x float>" in ir
+
+
+@pytest.mark.parametrize("fn", [fast_exp, fast_sigmoid, fast_erf, fast_tanh])
+def test_tvm_vectorizer_keeps_the_vector_form(fn):
+    """TVM's VectorizeLoop turns the lanes loop into vector expressions: one op it has no vector form for
+    (`tirx.isnan`) made it keep a scalar loop, which LLVM vectorized only where the loop was plain (not the
+    conv epilogues, whose loads are strided: their exp ran one lane at a time)."""
+    x = te.placeholder((64,), "float32", name="x")
+    y = te.compute((64,), lambda i: fn(x[i]), name="y")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
+    (i,) = sch.get_loops(sch.get_sblock("y"))
+    sch.vectorize(sch.split(i, [None, 8])[1])
+    mod = sch.mod
+    for lower in (tvm.s_tir.transform.LowerInitBlock(), tvm.s_tir.transform.ConvertBlocksToOpaque(),
+                  tvm.s_tir.transform.LowerOpaqueBlock(), tvm.tirx.transform.FlattenBuffer(),
+                  tvm.tirx.transform.VectorizeLoop()):
+        mod = lower(mod)
+    loops = [line.strip() for line in mod.script().splitlines() if line.strip().startswith("for ")]
+    assert loops == ["for i_0 in range(8):"], mod.script()  # the outer loop only: the lanes are vectors
 
 
 def test_other_targets_and_dtypes_keep_tvms_intrinsics():
@@ -96,7 +126,7 @@ def test_other_targets_and_dtypes_keep_tvms_intrinsics():
 
     assert isinstance(op_of("exp", "float32", "llvm"), tirx.Let)  # the fast form
     assert op_of("exp", "float32", "llvm", fast=False).op.name == "tirx.exp"
-    for name in ("exp", "sigmoid", "erf"):
+    for name in ("exp", "sigmoid", "erf", "tanh"):
         for dtype, target in (("float32", "cuda"), ("float16", "llvm"), ("float64", "llvm")):
             call = op_of(name, dtype, target)
             assert getattr(getattr(call, "op", None), "name", None) == f"tirx.{name}", (name, dtype, target, call)
@@ -128,3 +158,22 @@ def test_conv_silu_and_gemm_gelu_match_onnxruntime(target):
     assert {"conv2d_bias_silu", "dense_bias_gelu_erf"} <= rules, rules
     sess, _ = run_onnxruntime(model, {"x": x})
     assert_close(run_build(built, [x])[0], sess.run(None, {"x": x})[0], f"{target} conv + SiLU, Gemm + GELU")
+
+
+@pytest.mark.parametrize("target", ["llvm", AVX2])
+def test_gemm_gelu_tanh_and_a_tanh_exp_chain_match_onnxruntime(target):
+    """The tanh of a GELU epilogue and the tanh / exp / sigmoid of an elementwise chain take the fast forms."""
+    g = GraphBuilder(4)
+    x = g.input("x", [1, 48])
+    w = g.const(g.rng.normal(0, 0.5, (48, 256)).astype(np.float32), "w")
+    b = g.const(g.rng.normal(0, 0.1, 256).astype(np.float32), "b")
+    y = apply_activation_onnx(g, g.op("Add", [g.op("MatMul", [x, w]), b]), "tanh-decomposed")
+    f32 = lambda v: g.const(np.array(v, np.float32))  # noqa: E731
+    z = g.op("Mul", [g.op("Tanh", [g.op("Add", [y, f32(-0.5)])]), f32(0.5)])
+    model = g.model([g.op("Sigmoid", [g.op("Exp", [z])])])
+    x = g.rng.normal(0, 2, (1, 48)).astype(np.float32)
+    built = build(frontend.import_onnx(model), resolve_target(target), "fused")
+    rules = {grp.rule for grp in built.fused.groups}
+    assert "dense_bias_gelu_tanh" in rules and any(r.startswith("elementwise_chain") for r in rules), rules
+    sess, _ = run_onnxruntime(model, {"x": x})
+    assert_close(run_build(built, [x])[0], sess.run(None, {"x": x})[0], f"{target} Gemm + GELU(tanh), tanh chain")
