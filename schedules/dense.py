@@ -35,9 +35,13 @@ class DenseOperands(NamedTuple):
 
 
 def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:
-    """W [K, N]  ==>  column tiles [N / cols, K, cols] (cols divides N): Wp[t, k, c] = W[k, t * cols + c]."""
+    """W [K, N]  ==>  column tiles [ceil(N / cols), K, cols]: Wp[t, k, c] = W[k, t * cols + c], zero past N
+    (the kernel computes those columns and its epilogue drops them)."""
     k, n = w.shape
-    return np.ascontiguousarray(w.reshape(k, n // cols, cols).transpose(1, 0, 2))
+    padded = -(-n // cols) * cols
+    if padded != n:
+        w = np.concatenate([w, np.zeros((k, padded - n), w.dtype)], axis=1)
+    return np.ascontiguousarray(w.reshape(k, padded // cols, cols).transpose(1, 0, 2))
 
 
 @register_compute(DENSE_FAMILY)
@@ -49,14 +53,16 @@ def dense_affine(x, w, b, *, activation=None, activation_params=None, fast_math=
         return cast_to(v, acc)
 
     rk = te.reduce_axis((0, k), name="rk")
-    if len(w.shape) == 3:  # column tiles
+    n = int(b.shape[0])  # the real columns
+    if len(w.shape) == 3:  # column tiles, the last one padded past n with zero columns (pack_columns)
         tiles, cols = int(w.shape[0]), int(w.shape[2])
-        n = tiles * cols
+        computed = tiles * cols
         weight = lambda r, j: w[j // cols, r, j % cols]  # noqa: E731
     else:
-        n = int(w.shape[1])
+        computed = int(w.shape[1])
         weight = lambda r, j: w[r, j]  # noqa: E731
-    dense = te.compute((m, n), lambda i, j: te.sum(wide(x[i, rk]) * wide(weight(rk, j)), axis=rk), name="dense")
+    dense = te.compute((m, computed), lambda i, j: te.sum(wide(x[i, rk]) * wide(weight(rk, j)), axis=rk),
+                       name="dense")
     return te.compute((m, n), lambda i, j: cast_to(apply_activation(dense[i, j] + wide(b[j]), activation,
                                                                     activation_params, fast_math=fast_math),
                                                    x.dtype), name="epilogue")

@@ -5,7 +5,8 @@ streams each tile from memory front to back; the output columns of a tile are ve
 in parallel. At batch 1 this is a GEMV: memory-bound, one pass over W in the order it is stored.
 
     parallel for tile t (COLS columns, COLS a divisor of N and a multiple of half a vector of the
-                         target, at most 4 vectors: `hardware.cpu_facts`):
+                         target, at most 4 vectors: `hardware.cpu_facts`; an N without one is padded
+                         to whole tiles of vectors, zero columns the epilogue drops):
         for row block (ROWS rows, registers: ROWS x COLS accumulators):
             acc[ROWS, COLS] = 0
             for k: acc[r, :] += x[m + r, k] * Wp[t, k, :]      # broadcast * vector, Wp loaded once for ROWS rows
@@ -39,10 +40,20 @@ def row_block(m: int, cols: int, facts) -> int:
     return max(r for r in range(1, min(m, most) + 1) if m % r == 0)
 
 
+def packed_columns(n: int, lanes: int) -> int:
+    """The column tile W is packed into: `column_block`; for an N of at least a vector with no vector-sized
+    divisor (PP-OCR's 6625 classes), ACCUMULATOR_VECTORS vectors or the vectors N fills when fewer, the last
+    tile padded with zero columns (`column_block` of the padded N gives it back); 1: W stays [K, N]."""
+    cols = column_block(n, lanes)
+    if cols > 1 or n < lanes:
+        return cols
+    return min(ACCUMULATOR_VECTORS * lanes, -(-n // lanes) * lanes)
+
+
 def pack_dense(constants, attrs, shapes, target):
-    """W [K, N]  ==>  Wp [N / COLS, K, COLS] (None when N has no vector-sized divisor: W stays as it is)."""
+    """W [K, N]  ==>  Wp [ceil(N / COLS), K, COLS] (`packed_columns`; None when 1: W stays as it is)."""
     w, b = constants
-    cols = column_block(w.shape[1], cpu_facts(target).float32_lanes)
+    cols = packed_columns(w.shape[1], cpu_facts(target).float32_lanes)
     return None if cols <= 1 else [pack_columns(w, cols), b]
 
 

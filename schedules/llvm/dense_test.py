@@ -11,7 +11,7 @@ from tvm_fusion.build import build, resolve_target
 from tvm_fusion.compare import run_onnxruntime
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.dense import pack_columns
-from tvm_fusion.schedules.llvm.dense import column_block, row_block
+from tvm_fusion.schedules.llvm.dense import column_block, packed_columns, row_block
 from tvm_fusion.testing import GraphBuilder, assert_close, run_build
 
 AVX2 = '{"kind": "llvm", "mcpu": "x86-64-v3"}'
@@ -46,6 +46,21 @@ def test_column_tiles_are_vectors_of_the_target(n, lanes, cols):
     assert column_block(n, lanes) == cols
 
 
+@pytest.mark.parametrize("n,lanes,cols", [(4096, 8, 32), (1000, 8, 20), (6625, 8, 32), (6625, 16, 64), (13, 8, 16),
+                                          (13, 16, 1), (3, 8, 1)])
+def test_columns_without_a_vector_divisor_pad_to_whole_tiles(n, lanes, cols):
+    assert packed_columns(n, lanes) == cols
+    if cols > 1:
+        assert column_block(-(-n // cols) * cols, lanes) == cols  # the schedule splits the padded N the same
+
+
+def test_pack_columns_pads_the_last_tile_with_zero_columns():
+    w = np.arange(3 * 5, dtype=np.float32).reshape(3, 5) + 1
+    packed = pack_columns(w, 4)
+    assert packed.shape == (2, 3, 4)
+    assert np.array_equal(packed[1, :, 1:], np.zeros((3, 3), np.float32)) and np.array_equal(packed[1, :, 0], w[:, 4])
+
+
 def test_row_blocks_fit_half_the_vector_registers():
     avx512, avx2 = cpu_facts(resolve_target('{"kind": "llvm", "mcpu": "znver4"}')), cpu_facts(resolve_target(AVX2))
     assert (avx512.vector_registers, avx2.vector_registers) == (32, 16)
@@ -57,16 +72,18 @@ def test_row_blocks_fit_half_the_vector_registers():
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
-@pytest.mark.parametrize("m,k,n", [(1, 2304, 1024), (1, 300, 1000), (8, 96, 96), (6, 40, 13), (3, 20, 12)])
+@pytest.mark.parametrize("m,k,n", [(1, 2304, 1024), (1, 300, 1000), (8, 96, 96), (6, 40, 13), (3, 20, 12),
+                                   (40, 120, 6625), (2, 7, 3)])
 def test_packed_dense_matches_onnxruntime(target, m, k, n):
-    """Batch 1 and row blocks; N with and without a vector-sized divisor (13: W stays [K, N])."""
+    """Batch 1 and row blocks; N with and without a vector-sized divisor (13 and 6625: padded to whole
+    tiles, except 13 for AVX-512's 16 lanes; 3: W stays [K, N])."""
     tgt = resolve_target(TARGETS[target])
     model = _gemm_relu(m, k, n)
     built = build(frontend.import_onnx(model), tgt, "fused")
     assert {r: c for r, c in built.counts.items() if c} == {"dense_bias_relu": 1}
-    cols = column_block(n, cpu_facts(tgt).float32_lanes)
+    cols = packed_columns(n, cpu_facts(tgt).float32_lanes)
     weight = _dense_func(built).params[1]
-    want = (k, n) if cols == 1 else (n // cols, k, cols)
+    want = (k, n) if cols == 1 else (-(-n // cols), k, cols)
     assert tuple(int(d) for d in weight.shape) == want
     x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
     sess, _ = run_onnxruntime(model, {"x": x})
