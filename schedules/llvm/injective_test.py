@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+from onnx import TensorProto
 
 from tvm_fusion import frontend, pipeline
 from tvm_fusion._tvm import te, tirx, tvm
@@ -73,3 +74,22 @@ def test_declines_reductions_and_symbolic_extents():
     assert rule.apply(_prim((tirx.Var("n", "int64"), 64), reduce=False), AVX2, False) is None
     assert rule.apply(_prim((4, 64), reduce=False), tvm.target.Target("cuda"), False) is None
     assert rule.apply(_prim((4, 64), reduce=False), AVX2, False) is not None
+
+
+def test_long_rows_run_as_vectors_then_a_scalar_tail_equal_to_onnxruntime():
+    """Magika's one-hot: rows of 257 (not whole vectors) are not fused with the rows before them, whose
+    every lane would then take an int64 division and remainder by 257."""
+    g = GraphBuilder(0)
+    x = g.input("x", [64, 1], dtype=TensorProto.INT32)
+    classes = g.const(np.arange(257, dtype=np.int32).reshape(1, 257), "classes")
+    model = g.model([g.op("Cast", [g.op("Equal", [x, classes])], to=1)])
+    built = build(frontend.import_onnx(model), AVX2, "fused")
+    (func,) = [f for gv, f in built.module.functions.items() if isinstance(f, tirx.PrimFunc) and "equal" in gv.name_hint]
+    script = func.script()
+    assert re.search(r"T\.vectorized\((T\.int64\()?8\)", script) and "// T.int64(257)" not in script, script
+    assert re.search(r"range\((T\.int64\()?256\)?, (T\.int64\()?257\)?\)", script), script  # the scalar tail
+    xs = np.random.default_rng(2).integers(0, 300, (64, 1)).astype(np.int32)
+    sess, _ = run_onnxruntime(model, {"x": xs})
+    out = run_build(built, [xs])[0]
+    np.testing.assert_array_equal(out, sess.run(None, {"x": xs})[0])
+    np.testing.assert_array_equal(out, run_build(build(frontend.import_onnx(model), AVX2, "unfused"), [xs])[0])
