@@ -814,7 +814,6 @@ FAIL_WITH_SIMPLIFIER: dict[str, list[str]] = {
         'test_layer_normalization_4d_axis_negative_4',
         'test_layer_normalization_default_axis',
         'test_mish',
-        'test_mish_expanded',
         'test_mod_float_edge_cases_fmod_0_float16',
         'test_mod_float_edge_cases_fmod_0_float32',
         'test_mod_float_edge_cases_fmod_0_float64',
