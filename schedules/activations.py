@@ -5,7 +5,7 @@ Every compute with an epilogue (conv, dense, squeeze-excite, ...) applies `ACTIV
 by all of them and by their CPU and CUDA schedules, which schedule the epilogue whatever it computes.
 `math` is the kernel's exp / sigmoid / erf / tanh (`KernelMath`): the target's own forms (`register_math`) where the
 kernel may take them (`fast_math_allowed`, decided by fuse from the kernel's dtypes and passed to the compute
-as its `fast_math` argument), TVM's intrinsics otherwise."""
+as its `fast_math` argument, with the build's target as its `target` argument), TVM's intrinsics otherwise."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import inspect
 from dataclasses import dataclass
 from math import pi, sqrt
 
-from tvm_fusion._tvm import prim_dtype, te, tirx, tvm
+from tvm_fusion._tvm import prim_dtype, te, tirx
 from tvm_fusion.registry import refuse_another
 
 __all__ = ["ACTIVATIONS", "CANONICAL", "MATH", "KernelMath", "apply_activation", "const", "fast_math_allowed",
@@ -46,10 +46,17 @@ def fast_math_allowed(dtypes) -> bool:
 
 @dataclass(frozen=True)
 class KernelMath:
-    """exp, sigmoid, erf and tanh as one kernel computes them, for the target it is built for (`with target:`):
-    the target's own form of the value's dtype (`register_math`) when `fast`, else TVM's intrinsic."""
+    """exp, sigmoid, erf and tanh as one kernel computes them: the own form of the value's dtype that target
+    kind `target` registered (`register_math`) when `fast`, else TVM's intrinsic (also with no target)."""
 
     fast: bool
+    target: str | None = None  # the kind of the target the kernel is built for ("llvm", "cuda")
+
+    @classmethod
+    def of(cls, fast_math: bool, target=None) -> "KernelMath":
+        """The math of a kernel built for `target` (a tvm Target, a kind name or None)."""
+        kind = getattr(getattr(target, "kind", None), "name", target)
+        return cls(bool(fast_math), None if kind is None else str(kind))
 
     def exp(self, v):
         return self._op("exp", v)
@@ -64,10 +71,9 @@ class KernelMath:
         return self._op("tanh", v)
 
     def _op(self, name: str, v):
-        target = tvm.target.Target.current(allow_none=True)
-        if target is None or not self.fast:
+        if self.target is None or not self.fast:
             return _INTRINSICS[name](v)
-        return MATH.get((target.kind.name, prim_dtype(v)), {}).get(name, _INTRINSICS[name])(v)
+        return MATH.get((self.target, prim_dtype(v)), {}).get(name, _INTRINSICS[name])(v)
 
 
 def const(v, like):
@@ -185,9 +191,10 @@ def _takes_math(fn) -> bool:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) >= 3
 
 
-def apply_activation(v, name, params=None, *, fast_math: bool):
-    """Activation `name` of the accumulator value v; `fast_math`: the compute's argument of that name (may the
-    kernel take its target's exp / sigmoid / erf, `fast_math_allowed`)."""
+def apply_activation(v, name, params=None, *, fast_math: bool, target=None):
+    """Activation `name` of the accumulator value v; `fast_math` and `target`: the compute's arguments of those
+    names (may the kernel take its target's exp / sigmoid / erf, `fast_math_allowed`; the build's target:
+    without one, TVM's intrinsics)."""
     if name in _WITHOUT_MATH:
         return ACTIVATIONS[name](v, params or {})
-    return ACTIVATIONS[name](v, params or {}, KernelMath(fast_math))
+    return ACTIVATIONS[name](v, params or {}, KernelMath.of(fast_math, target))

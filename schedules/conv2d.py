@@ -68,14 +68,15 @@ class ConvPadding:
 
 @register_compute(CONV_FAMILY)
 def conv2d_affine(x, w, b, residual=None, *, strides, padding, dilation, groups,
-                  activation=None, activation_params=None, residual_after_activation=False, fast_math=True, **_):
+                  activation=None, activation_params=None, residual_after_activation=False, fast_math=True,
+                  target=None, **_):
     return conv2d_padded(x, w, b, residual, strides=strides, padding=padding, dilation=dilation, groups=groups,
                          activation=activation, activation_params=activation_params,
-                         residual_after_activation=residual_after_activation, fast_math=fast_math)
+                         residual_after_activation=residual_after_activation, fast_math=fast_math, target=target)
 
 
 def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups, activation=None,
-                  activation_params=None, residual_after_activation=False, fast_math=True,
+                  activation_params=None, residual_after_activation=False, fast_math=True, target=None,
                   out_padding: ConvPadding | None = None, weight_first: bool = False, taps_first: bool = False,
                   flat: bool = False, in_place: bool = False):
     """`weight_first`: the products written W * x (an implicit GEMM whose A operand is W[O, C*kh*kw]: the
@@ -174,7 +175,7 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
         v = conv_value(i, o, h, ww) + wide(b[o])
         if residual is not None and not residual_after_activation:
             v = v + wide(residual[i, o, h, ww])
-        v = apply_activation(v, activation, activation_params, fast_math=fast_math)
+        v = apply_activation(v, activation, activation_params, fast_math=fast_math, target=target)
         if residual is not None and residual_after_activation:  # YOLO's bottleneck: act(conv) + skip
             v = v + wide(residual[i, o, h, ww])
         return cast_to(v, x.dtype)

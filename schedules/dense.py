@@ -45,7 +45,7 @@ def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:
 
 
 @register_compute(DENSE_FAMILY)
-def dense_affine(x, w, b, *, activation=None, activation_params=None, fast_math=True, **_):
+def dense_affine(x, w, b, *, activation=None, activation_params=None, fast_math=True, target=None, **_):
     m, k = dims(x.shape)  # m may be a symbolic batch
     acc = accumulator_dtype(x.dtype)
 
@@ -64,5 +64,6 @@ def dense_affine(x, w, b, *, activation=None, activation_params=None, fast_math=
     dense = te.compute((m, computed), lambda i, j: te.sum(wide(x[i, rk]) * wide(weight(rk, j)), axis=rk),
                        name="dense")
     return te.compute((m, n), lambda i, j: cast_to(apply_activation(dense[i, j] + wide(b[j]), activation,
-                                                                    activation_params, fast_math=fast_math),
+                                                                    activation_params, fast_math=fast_math,
+                                                                    target=target),
                                                    x.dtype), name="epilogue")

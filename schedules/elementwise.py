@@ -51,8 +51,8 @@ UNARY = {
 
 
 @register_compute(ELEMENTWISE_FAMILY)
-def elementwise_chain(*tensors, recipe, fast_math=True, **_):
-    math = KernelMath(fast_math)
+def elementwise_chain(*tensors, recipe, fast_math=True, target=None, **_):
+    math = KernelMath.of(fast_math, target)
     half = next((str(t.dtype) for t in tensors if str(t.dtype) in HALF_DTYPES), None)
     if half is not None:
         tensors = [topi.cast(t, accumulator_dtype(half)) if str(t.dtype) == half else t for t in tensors]

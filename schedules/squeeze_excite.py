@@ -37,7 +37,7 @@ class SEOperands(NamedTuple):
 
 @register_compute(SE_FAMILY)
 def squeeze_excite(x, w1, b1, w2, b2, *, activation, activation_params=None, gate, gate_params=None,
-                   fast_math=True, **_):
+                   fast_math=True, target=None, **_):
     n, c, h, w = (int(d) for d in x.shape)
     r = int(w1.shape[0])
     kh, kw = te.reduce_axis((0, h), name="kh"), te.reduce_axis((0, w), name="kw")
@@ -46,9 +46,9 @@ def squeeze_excite(x, w1, b1, w2, b2, *, activation, activation_params=None, gat
     rc = te.reduce_axis((0, c), name="rc")
     fc1 = te.compute((n, r), lambda i, q: te.sum(w1[q, rc] * (pool[i, rc] / count), axis=rc), name="fc1")
     hidden = te.compute((n, r), lambda i, q: apply_activation(fc1[i, q] + b1[q], activation, activation_params,
-                                                              fast_math=fast_math), name="hidden")
+                                                              fast_math=fast_math, target=target), name="hidden")
     rr = te.reduce_axis((0, r), name="rr")
     fc2 = te.compute((n, c), lambda i, j: te.sum(w2[j, rr] * hidden[i, rr], axis=rr), name="fc2")
-    g = te.compute((n, c), lambda i, j: apply_activation(fc2[i, j] + b2[j], gate, gate_params, fast_math=fast_math),
-                   name="gate")
+    g = te.compute((n, c), lambda i, j: apply_activation(fc2[i, j] + b2[j], gate, gate_params, fast_math=fast_math,
+                                                         target=target), name="gate")
     return te.compute((n, c, h, w), lambda i, j, y, z: x[i, j, y, z] * g[i, j], name="out")

@@ -113,10 +113,14 @@ def test_compute_options_reach_only_the_computes_that_name_them():
     def named(x, *, fast_math=True):
         return x
 
-    assert compute_options(old, fast_math=False) == {}
-    assert compute_options(loose, fast_math=False) == {}
-    assert compute_options(named, fast_math=False) == {"fast_math": False}
-    with pytest.raises(FusionError, match="unknown compute options \\['fast'\\]; known: fast_math"):
+    def targeted(x, *, target=None, **_):
+        return x
+
+    assert compute_options(old, fast_math=False, target="llvm") == {}
+    assert compute_options(loose, fast_math=False, target="llvm") == {}
+    assert compute_options(named, fast_math=False, target="llvm") == {"fast_math": False}
+    assert compute_options(targeted, fast_math=False, target="llvm") == {"target": "llvm"}
+    with pytest.raises(FusionError, match="unknown compute options \\['fast'\\]; known: fast_math, target"):
         compute_options(named, fast=True)
 
 

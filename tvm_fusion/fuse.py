@@ -287,9 +287,9 @@ def _build_primfunc(lowering: Lowering, target, scheduled: bool = True, batch_di
     consts = [te.placeholder(c.shape, str(c.dtype), name=f"c{i}") for i, c in enumerate(lowering.constants)]
     # the calling convention of every compute: (first input, *constants, *other inputs)
     args = [tensors[0], *consts, *tensors[1:]]
-    with target:  # a target's compute may pad to its tile (llvm conv2d)
-        options = registry.compute_options(compute, fast_math=fast_math_allowed(t.dtype for t in args))
-        out = compute(*args, **lowering.attrs, **options)
+    # a target's compute may pad to its tile (llvm conv2d) and take its math: it names `target` to get it
+    options = registry.compute_options(compute, fast_math=fast_math_allowed(t.dtype for t in args), target=target)
+    out = compute(*args, **lowering.attrs, **options)
     func = te.create_prim_func([*tensors, *consts, out])
     func = func.without_attr("global_symbol").with_attr("op_pattern", _tvm.OPAQUE)
     if dims.vars:

@@ -7,8 +7,10 @@ A schedule may return a one-line note of what its kernel runs on (the CUDA dense
 cores and why); it is kept on the group (fuse.Group.kernel) for explain and the manifest.
 A compute gets the rule's attributes, and the build's options (`COMPUTE_OPTIONS`) that it names as parameters:
 `fast_math` (whether its epilogue may take the target's exp / sigmoid / erf:
-`schedules.activations.apply_activation`). A compute that does not name an option never gets it, so a
-compute written without one keeps working (`compute_options`).
+`schedules.activations.apply_activation`) and `target` (the tvm Target the kernel is built for: a compute
+that pads to the target's tile or takes its math reads it there, never from a `with target:` scope). A
+compute that does not name an option never gets it, so a compute written without one keeps working
+(`compute_options`).
 A schedule may carry `supports(attrs, shapes, target) -> str | None`: a returned string is the reason it
 cannot handle a case, and the rule then declines with that reason (the match falls back to TVM).
 It may also carry `pack(constants, attrs, shapes, target) -> list | None`: the group's constants (numpy
@@ -74,7 +76,7 @@ def refuse_another(registered: Callable | None, new: Callable, message: str) -> 
 
 
 #: options the build passes to a compute that names them as parameters
-COMPUTE_OPTIONS = ("fast_math",)
+COMPUTE_OPTIONS = ("fast_math", "target")
 
 
 def compute_options(fn: Callable, **options) -> dict:

@@ -305,8 +305,8 @@ def _pair(v):
 
 def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=False, activation="relu",
                   target=None, dtype="float32"):
-    """The fused conv PrimFunc as tvm_fusion.fuse builds it for `target` (its kind's compute, built under
-    it; None: the generic compute): (func, attrs, input shapes) for the schedule tests.
+    """The fused conv PrimFunc as tvm_fusion.fuse builds it for `target` (its kind's compute, given the
+    target; None: the generic compute): (func, attrs, input shapes) for the schedule tests.
     `dtype`: of x, W, the residual and the output; the bias is in the accumulator dtype (float32 for half)."""
     (kh, kw), strides, dilation = _pair(k), _pair(stride), _pair(dil)
     padding = (pad,) * 4 if isinstance(pad, int) else tuple(pad)
@@ -333,9 +333,8 @@ def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=
         from .schedules.conv2d import CONV_FAMILY
 
         load()
-        with target:
-            compute = get_compute(CONV_FAMILY, target.kind.name)
-            out = compute(x, wt, b, *inputs[1:], **attrs, **compute_options(compute, fast_math=fast_math))
+        compute = get_compute(CONV_FAMILY, target.kind.name)
+        out = compute(x, wt, b, *inputs[1:], **attrs, **compute_options(compute, fast_math=fast_math, target=target))
     func = te.create_prim_func([*inputs, wt, b, out]).without_attr("global_symbol")
     shapes = [tuple(int(d) for d in t.shape) for t in (*inputs, wt, b)]
     return func, attrs, shapes

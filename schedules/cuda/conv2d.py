@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm_fusion._tvm import tvm
 from tvm_fusion.hardware import CudaFacts, cuda_facts
 from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
@@ -253,13 +252,12 @@ def tensor_core_plan(attrs: dict, x_shape, w_shape, dtype: str, target) -> Tenso
 
 
 @register_compute(CONV_FAMILY, target="cuda")
-def conv2d_affine_cuda(x, w, b, residual=None, *, fast_math=True, **attrs):
+def conv2d_affine_cuda(x, w, b, residual=None, *, fast_math=True, target=None, **attrs):
     """The family's compute (schedules/conv2d.py), its products written W * x where the conv takes tensor
-    cores on the target in scope (the implicit GEMM's A is W); otherwise exactly the generic compute."""
-    target = tvm.target.Target.current(allow_none=True)
+    cores on `target` (the implicit GEMM's A is W); otherwise exactly the generic compute."""
     tc = tensor_core_plan(attrs, dims(x.shape), dims(w.shape), str(x.dtype), target) if target else None
     return conv2d_padded(x, w, b, residual, **{k: attrs[k] for k in CONV_ATTRS if k in attrs}, fast_math=fast_math,
-                         weight_first=tc is not None and tc.reason is None)
+                         target=target, weight_first=tc is not None and tc.reason is None)
 
 
 @register_schedule(CONV_FAMILY, target="cuda", supports=supports)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm_fusion._tvm import tirx, tvm
+from tvm_fusion._tvm import tirx
 from tvm_fusion.errors import FusionError
 from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_compute, register_schedule
@@ -298,26 +298,26 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     return ConvPlan("tiled", tile, padding)
 
 
-def _current_facts() -> CpuFacts:
-    target = tvm.target.Target.current(allow_none=True)
+def _llvm_facts(target) -> CpuFacts:
     if target is None or target.kind.name != "llvm":
-        raise FusionError("the llvm conv2d compute pads to the target's tile: build it inside `with target:` "
-                          f"of an llvm target (got {target})")
+        raise FusionError("the llvm conv2d compute pads to the target's tile: call it with `target=` an llvm "
+                          f"target (got {target})")
     return cpu_facts(target)
 
 
 @register_compute(CONV_FAMILY, target="llvm")
-def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, fast_math=True, **attrs):
-    """The conv2d_affine compute over the output padded to `conv_plan`'s tile for the current target."""
+def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, fast_math=True, target=None,
+                **attrs):
+    """The conv2d_affine compute over the output padded to `conv_plan`'s tile for `target`."""
     cout = int(b.shape[0])  # W may be packed (pack_conv)
-    facts = _current_facts()
+    facts = _llvm_facts(target)
     taps_first = step_cost(facts).taps_first
     taps = packed_taps(w.shape, taps_first)
     plan = _plan(dims(x.shape), cout, taps, strides, padding, dilation, groups, facts)
     return conv2d_padded(x, w, b, residual, strides=strides, padding=padding, dilation=dilation, groups=groups,
                          activation=attrs.get("activation"), activation_params=attrs.get("activation_params"),
                          residual_after_activation=attrs.get("residual_after_activation", False),
-                         fast_math=fast_math, out_padding=plan.padding, taps_first=taps_first,
+                         fast_math=fast_math, target=target, out_padding=plan.padding, taps_first=taps_first,
                          flat=plan.flat, in_place=plan.in_place)
 
 

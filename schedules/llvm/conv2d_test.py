@@ -341,8 +341,7 @@ def _packed_build(case, target, seed=2):
     xs = te.placeholder(x.shape, "float32", name="x")
     ws = te.placeholder(packed[0].shape, "float32", name="w")
     bs = te.placeholder(b.shape, "float32", name="b")
-    with target:
-        out = conv2d_llvm(xs, ws, bs, **attrs)
+    out = conv2d_llvm(xs, ws, bs, **attrs, target=target)
     func = te.create_prim_func([xs, ws, bs, out]).without_attr("global_symbol")
     scheduled = _schedule(func, schedule_conv2d_llvm, attrs, target)
     executable = tvm.compile(tvm.IRModule({"main": scheduled}), target)

@@ -121,11 +121,13 @@ def test_tvm_vectorizer_keeps_the_vector_form(fn):
 
 def test_other_targets_and_dtypes_keep_tvms_intrinsics():
     def op_of(name, dtype, target, fast=True):
-        with tvm.target.Target(target):
-            return getattr(KernelMath(fast), name)(tirx.Var("v", dtype))
+        return getattr(KernelMath.of(fast, tvm.target.Target(target)), name)(tirx.Var("v", dtype))
 
     assert isinstance(op_of("exp", "float32", "llvm"), tirx.Let)  # the fast form
     assert op_of("exp", "float32", "llvm", fast=False).op.name == "tirx.exp"
+    # the target is the kernel's argument, never a `with target:` scope: without one, TVM's intrinsic
+    with tvm.target.Target("llvm"):
+        assert KernelMath(True).exp(tirx.Var("v", "float32")).op.name == "tirx.exp"
     for name in ("exp", "sigmoid", "erf", "tanh"):
         for dtype, target in (("float32", "cuda"), ("float16", "llvm"), ("float64", "llvm")):
             call = op_of(name, dtype, target)
@@ -136,10 +138,9 @@ def test_kernels_with_bfloat16_tensors_keep_tvms_intrinsics():
     """TVM's bfloat16 legalization copies the epilogue and its vectorizer refuses the copies' Let bindings:
     fuse passes such a kernel's compute fast_math=False, and the epilogue keeps TVM's sigmoid."""
     assert fast_math_allowed(["float32", "float16"]) and not fast_math_allowed(["bfloat16", "float32"])
-    with tvm.target.Target("llvm"):
-        v = tirx.Var("v", "float32")
-        assert isinstance(apply_activation(v, "silu", fast_math=True).b, tirx.Div)  # v * 1 / (1 + fast_exp(-v))
-        assert apply_activation(v, "silu", fast_math=False).b.op.name == "tirx.sigmoid"
+    llvm, v = tvm.target.Target("llvm"), tirx.Var("v", "float32")
+    assert isinstance(apply_activation(v, "silu", fast_math=True, target=llvm).b, tirx.Div)  # v / (1 + fast_exp(-v))
+    assert apply_activation(v, "silu", fast_math=False, target=llvm).b.op.name == "tirx.sigmoid"
 
 
 @pytest.mark.parametrize("target", ["llvm", AVX2])
