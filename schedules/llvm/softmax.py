@@ -14,11 +14,11 @@ schedules well (`rewrite`):
   results in one vector (`j*lanes + v` for the whole vectors, the last `n % lanes` elements folded into
   lanes `v < n % lanes`), then reduced across the lanes; the exp and the normalize as whole vectors and a
   scalar tail. Rows run in parallel, each row's steps together (its exp row stays in cache).
-- the axis before the last (`a` of shape (outer, a, inner)): the reductions run along `a` for a vector of
-  `lanes` consecutive inner positions at a time, in TVM's order (the same sums, lane by lane); vectors of
-  inner positions in parallel. An inner size that is not whole vectors is declined, and so is an axis with
-  two dims or more after it (YOLOv8's box softmax, (1, 16, 4, 2100) over axis 1: a vector of the fused inner
-  dims, placed by `compute_at`, covered whole rows of the last one).
+- another axis: the reductions run along it for a vector of consecutive elements of the last dim at a time
+  (the most lanes, a power of two, that divide it: YOLOv8's box softmax, (1, 16, 4, 2100) over axis 1, runs
+  4 of 8 AVX2 lanes), in TVM's order (the same sums, lane by lane); the other dims and the vectors of the
+  last one in parallel. A last dim that no vector of MIN_WIDTH lanes divides is declined. (Not a vector of
+  the inner dims fused: `compute_at` then covered whole rows of the last one.)
 
 The exp is the kernel's exp (`activations.KernelMath`): llvm's vectorizable float32 form
 (`schedules/llvm/fast_math.py`) where `fast_math_allowed` says the kernel may take it (its dtypes, as for
@@ -42,6 +42,8 @@ from .injective import PARALLEL_ELEMENTS
 __all__ = ["LeftoverSoftmax", "Softmax", "recognise", "rewrite"]
 
 _SPATIAL, _REDUCE = tirx.IterVar.DataPar, tirx.IterVar.CommReduce
+#: a softmax over another axis than the last runs vectors of at least this many of the last dim's elements
+MIN_WIDTH = 4
 
 
 class Softmax(NamedTuple):
@@ -232,12 +234,13 @@ def _schedule_last_axis(sch, kind: str, lanes: int, elements: int):
         sch.parallel(row)
 
 
-def _schedule_other_axis(sch, kind: str, axis: int, lanes: int, elements: int):
+def _schedule_other_axis(sch, kind: str, axis: int, width: int, elements: int):
+    """Tasks of (the dims but the axis and the last, a vector of `width` of the last): the axis inside."""
     out = sch.get_sblock(kind)
     loops = sch.get_loops(out)
-    outer, a, inner = loops[:axis], loops[axis], loops[axis + 1]
-    chunk, vector = sch.split(inner, [None, lanes])
-    sch.reorder(chunk, a, vector)
+    outer, a, last = loops[:axis] + loops[axis + 1:-1], loops[axis], loops[-1]
+    chunk, vector = sch.split(last, [None, width])
+    sch.reorder(*outer, chunk, a, vector)
     task = sch.fuse(*outer, chunk) if outer else chunk
     stages = ["row_sum", "row_exp", "row_max"] if kind == "softmax" else ["row_sum", "row_max"]
     for name in stages:
@@ -281,7 +284,7 @@ class LeftoverSoftmax(dlight.ScheduleRule):
         if found.axis == len(shape) - 1:
             _schedule_last_axis(sch, found.kind, lanes, math.prod(shape))
         else:
-            _schedule_other_axis(sch, found.kind, found.axis, lanes, math.prod(shape))
+            _schedule_other_axis(sch, found.kind, found.axis, _other_axis_width(shape[-1], lanes), math.prod(shape))
         return sch
 
 
@@ -293,12 +296,14 @@ def _unfit(func, found: Softmax, target) -> str:
         if shape[-1] < 2 * lanes:
             return f"rows of {shape[-1]} elements, fewer than two vectors of {lanes}: nothing to gain"
         return ""
-    inner = shape[found.axis + 1:]
-    if len(inner) > 1:  # a vector across two of them: compute_at would cover whole rows of the last (see module doc)
-        return f"{len(inner)} dims after axis {found.axis}, expected 1"
-    if inner[0] % lanes:
-        return f"{inner[0]} positions after axis {found.axis}, not whole vectors of {lanes}"
+    if _other_axis_width(shape[-1], lanes) < MIN_WIDTH:
+        return f"a last dim of {shape[-1]}: no vector of {MIN_WIDTH} to {lanes} lanes divides it"
     return ""
+
+
+def _other_axis_width(last: int, lanes: int) -> int:
+    """The vector for a softmax over another axis: the most lanes (a power of two) dividing the last dim."""
+    return math.gcd(last, lanes)
 
 
 def _lanes(func, target) -> int:
