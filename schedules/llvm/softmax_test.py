@@ -1,0 +1,145 @@
+"""The fused build's leftover softmax / log_softmax on llvm: rows in parallel, max / exp / sum / normalize in
+vectors of the target's lanes (the sums as `lanes` partial sums), the exp llvm's vectorizable float32 form
+only where the fast-math policy allows it; element-wise within tolerance of the unfused build and
+onnxruntime (edge rows: tails, -inf, large values); rows under two vectors, an axis with two dims or more
+after it, and functions that are not a softmax are declined with a reason."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tvm_fusion import frontend
+from tvm_fusion._tvm import relax, tirx
+from tvm_fusion.build import build, resolve_target
+from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.schedules.llvm.softmax import LeftoverSoftmax, recognise, rewrite
+from tvm_fusion.testing import GraphBuilder, as_float16, assert_close, run_build
+
+AVX2 = resolve_target('{"kind": "llvm", "mcpu": "x86-64-v3"}')
+SSE2 = resolve_target('{"kind": "llvm", "mcpu": "x86-64"}')
+
+
+def _model(shape, op: str = "Softmax", axis: int = -1):
+    g = GraphBuilder(0)
+    x = g.input("x", list(shape))
+    return g.model([g.op(op, [x], axis=axis)])
+
+
+def _softmax_func(built):
+    (func,) = [f for gv, f in built.module.functions.items()
+               if isinstance(f, tirx.PrimFunc) and "softmax" in gv.name_hint]
+    return func
+
+
+def _legalized(shape, op=relax.op.nn.softmax, axis: int = -1, dtype: str = "float32"):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(op(x, axis=axis)))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    (func,) = [f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+    return func
+
+
+def _check(model, x, target=AVX2, dtype=None):
+    """The fused build against the unfused one and onnxruntime, element by element; returns the fused build."""
+    built = build(frontend.import_onnx(model), target, "fused")
+    unfused = build(frontend.import_onnx(model), target, "unfused")
+    got = run_build(built, [x])[0]
+    assert_close(got, run_build(unfused, [x])[0], "against the unfused build", dtype)
+    sess, _ = run_onnxruntime(model, {"x": x})
+    assert_close(got, sess.run(None, {"x": x})[0], "against onnxruntime", dtype)
+    return built
+
+
+def _edge_rows(shape, seed: int = 1):
+    """Normal rows, then a row with -inf entries, a row of large values (exp overflows unless the max is
+    subtracted) and a row of large negative ones."""
+    x = np.random.default_rng(seed).normal(size=shape).astype(np.float32) * 4
+    rows = x.reshape(-1, shape[-1])
+    rows[0, ::3] = -np.inf
+    rows[1] = 80 + 20 * np.abs(rows[1])
+    rows[2] = -1e4 + rows[2]
+    return x
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("n", [1003, 24, 19])  # a tail of 3, whole vectors, two vectors and a tail
+def test_last_axis_is_vectorized_and_within_tolerance(op, n):
+    shape = (70, n) if n == 1003 else (4, 3, n)  # 70 x 1003: enough elements for parallel rows
+    built = _check(_model(shape, op), _edge_rows(shape))
+    func = _softmax_func(built)
+    assert func.attrs["tirx.is_scheduled"]
+    script = func.script()
+    assert re.search(r"T\.vectorized\((T\.int64\()?8\)", script), script  # AVX2: 8 float32 lanes
+    assert "T.exp(" not in script, script  # llvm's vectorizable exp, float32 may take it
+    assert ("T.parallel" in script) == (n == 1003), script
+    assert len(re.findall(r'T\.sblock\("(max|sum)_lanes"\)', script)) == 2, script  # the lanes partial sums
+
+
+def test_lanes_come_from_the_target():
+    func = _legalized((6, 40))
+    assert re.search(r"T\.vectorized\(4\)", LeftoverSoftmax().apply(func, SSE2, False).mod.script())  # SSE: 4
+    assert re.search(r"T\.vectorized\(8\)", LeftoverSoftmax().apply(func, AVX2, False).mod.script())
+
+
+@pytest.mark.parametrize("shape, axis, width", [
+    ((2, 5, 24), 1, 8),
+    ((1, 16, 2, 20), 1, 4),  # YOLOv8's box softmax in small: the last dim takes 4 lanes of 8
+    ((6, 4, 8), 0, 8),
+])
+def test_another_axis_reduces_along_it_in_vectors_of_the_last_dim(shape, axis, width):
+    built = _check(_model(shape, "Softmax", axis=axis), _edge_rows(shape))
+    script = _softmax_func(built).script()
+    assert re.search(rf"T\.vectorized\((T\.int64\()?{width}\)", script), script
+    assert "max_lanes" not in script  # the sum runs along the axis, in TVM's order
+
+
+@pytest.mark.parametrize("shape, axis, why", [
+    ((4, 13), -1, "fewer than two vectors"),
+    ((2, 5, 6), 1, "no vector of 4 to 8 lanes"),
+])
+def test_declined_cases_keep_tvms_lowering(shape, axis, why):
+    func = _legalized(shape, axis=axis)
+    assert why in LeftoverSoftmax.declined(func, AVX2)
+    assert LeftoverSoftmax().apply(func, AVX2, False) is None
+    x = np.random.default_rng(2).normal(size=shape).astype(np.float32)
+    built = _check(_model(shape, "Softmax", axis=axis), x)
+    assert "T.vectorized" not in _softmax_func(built).script()
+
+
+def test_other_functions_are_declined_with_a_reason():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 32), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.sum(relax.op.exp(x), axis=[1])))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    for func in (f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)):
+        found = recognise(func)
+        assert found.kind is None and found.declined, found
+        assert LeftoverSoftmax().apply(func, AVX2, False) is None
+
+
+@pytest.mark.parametrize("dtype, fast", [("float32", True), ("float16", False), ("bfloat16", False)])
+def test_exp_follows_the_fast_math_policy(dtype, fast):
+    """llvm's float32 exp where fast_math_allowed says yes; TVM's exp for half (no fast form) and bfloat16
+    (the policy says no)."""
+    func = _legalized((6, 64), dtype=dtype)
+    found = recognise(func)
+    assert found.kind == "softmax"
+    assert ("T.exp(" not in rewrite(func, found, AVX2, 8).script()) == fast
+
+
+def test_float16_softmax_within_half_tolerance():
+    shape = (8, 100)
+    model = as_float16(_model(shape))
+    x = np.random.default_rng(3).normal(size=shape).astype(np.float16)
+    built = _check(model, x, dtype="float16")
+    assert re.search(r"T\.vectorized\((T\.int64\()?16\)", _softmax_func(built).script())  # 16 halves
