@@ -195,12 +195,11 @@ def rewrite(func, found: Softmax, target, lanes: int):
     target's own where the fast-math policy allows it; the same parameters and attributes."""
     x_buf, out_buf = func.params
     x = te.placeholder(x_buf.shape, x_buf.dtype, name=x_buf.name)
-    math_ = KernelMath(fast_math_allowed([x_buf.dtype, out_buf.dtype]))
-    with target:
-        if found.axis == len(x_buf.shape) - 1:
-            out = _last_axis(x, found.kind, lanes, math_.exp)
-        else:
-            out = _other_axis(x, found.kind, found.axis, math_.exp)
+    math_ = KernelMath.of(fast_math_allowed([x_buf.dtype, out_buf.dtype]), target)
+    if found.axis == len(x_buf.shape) - 1:
+        out = _last_axis(x, found.kind, lanes, math_.exp)
+    else:
+        out = _other_axis(x, found.kind, found.axis, math_.exp)
     new = te.create_prim_func([x, out]).without_attr("global_symbol")
     for key, value in (func.attrs or {}).items():
         new = new.with_attr(key, value)
