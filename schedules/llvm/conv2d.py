@@ -311,7 +311,7 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
         pixels = choose_pixel_tile(cout, hout * wout, cpg, facts)
         if pixels is not None:
             padding = ConvPadding(padded_channels(cout, pixels.rows, cpg), 1, hout * wout, pixels.rows)
-            return ConvPlan("pointwise", pixels, padding, flat=True, in_place=True)
+            return ConvPlan("pointwise", pixels, padding, flat=True)
         row = choose_tile(cout, 1, hout * wout, cpg * kh * kw, n, facts.threads, facts, groups)
         cost, opg = step_cost(facts), cout // groups
         if row.cols > 1 and _tile_efficiency(row, opg, 1, hout * wout, cost) > _tile_efficiency(tile, opg, hout, wout,
@@ -552,7 +552,7 @@ def schedule_conv2d_llvm(sch, attrs, target):
                           f"{groups * p.group_channels}x{p.rows}x{p.cols}: build the PrimFunc with the llvm "
                           "compute (registry.get_compute(name, 'llvm')) under the same target")
     pad = _optional_block(sch, "pad")
-    if pad is not None:
+    if pad is not None and plan.kernel != "pointwise":
         _schedule_pad(sch, pad, channels_last=plan.kernel == "tiled" and step_cost(facts).taps_first, flat=flat)
     if plan.kernel == "depthwise":
         _schedule_depthwise(sch, conv, epi, plan.tile)

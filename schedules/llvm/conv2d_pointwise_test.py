@@ -44,7 +44,7 @@ def test_avx2_resnet50_pointwise_plans():
             tile = plan.tile
             assert tile.accumulators + tile.vectors + 1 <= avx2.vector_registers and tile.accumulators >= 8
             assert h * w % tile.cols == 0 and (plan.padding.rows, plan.padding.cols) == (1, h * w)
-            assert plan.in_place and plan.padding.group_channels * 49 <= oc * 50, plan
+            assert plan.padding.group_channels * 49 <= oc * 50, plan
             kernels.add((c, oc, h))
     assert len(kernels) == 7
 
@@ -115,13 +115,13 @@ def _schedule(func, attrs, target):
 
 
 def test_pointwise_schedule_vectorizes_pixels_and_stores_whole_vectors():
-    """The accumulators are local, x is read in place (no `pad` copy), the conv's pixel lanes and the
-    epilogue's store are vectorized at the target's width (whole vectors of one output row), and the
-    built kernel has no gathers or scalar stores of outputs."""
+    """The accumulators are local, x is copied into strips [tile, C_in, tile pixels] inside the parallel
+    loop, the conv's pixel lanes and the epilogue's store are vectorized at the target's width (whole
+    vectors of one output row), and the built kernel has no gathers."""
     case = dict(n=1, c=64, h=56, w=56, oc=256, k=1)
     executable, func, *_ = _packed_build(case, AVX2_TARGET)
     script = func.script()
-    assert 'scope="local"' in script and 'T.sblock("pad")' not in script
+    assert 'scope="local"' in script and "pad = T.sblock_alloc_buffer((1, 196, 64, 16))" in script
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     for name in ("conv_update", "epilogue"):
         loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(name))]
