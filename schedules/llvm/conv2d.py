@@ -25,6 +25,9 @@ Depthwise convs (one input channel per output channel, `depthwise`): output colu
             for rh, rw: acc[i, :] += x[c, y + i + rh, x + rw : + k * L] * W[c, 0, rh, rw]   # vector * broadcast
             out[n, c, real pixels] = epilogue(acc)
 
+Flat 1x1 convs whose H * W is whole pixel tiles, on an ISA whose step cost says `pixel_vectors` (AVX2):
+`pointwise`, pixels vectorized and the NCHW output stored as whole vectors (`conv2d_pointwise.py`).
+
 Padding is materialised by its own parallel loop nest first (inlining it into the reduction is ~10x
 slower on 3x3).
 """
@@ -301,7 +304,9 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     loops). Measured on Zen 2 (AVX2, one thread, CPU time, one conv + ReLU): 1x1 2048 -> 512 on 7x7 2.09
     -> 1.48 ms (2 x 6 pixels, 49 padded to 54, instead of 4 x 2 with 7 columns padded to 8), 1024 -> 256 on
     14x14 1.48 -> 1.30 ms, 512 -> 1000 on 13x13 3.20 -> 2.86 ms; 16 -> 64 on 55x55, which 2 x 5 columns
-    divide, ran 0.12 -> 0.13 ms flat (the epilogue's pixel addresses cost more in a 16-channel reduction)."""
+    divide, ran 0.12 -> 0.13 ms flat (the epilogue's pixel addresses cost more in a 16-channel reduction).
+    A flat conv takes the pointwise kernel wherever `choose_pixel_tile` finds a tile (its pixels whole
+    tiles of vectors)."""
     if cpg == 1 and groups > 1:  # depthwise (any channel multiplier): one input channel per output
         tile = choose_row_tile(hout, wout, facts, strided=strided)
         padding = ConvPadding(cout // groups, _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols))

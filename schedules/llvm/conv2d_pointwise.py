@@ -19,8 +19,8 @@ step's broadcasts are consecutive; the output channels are padded to whole chunk
 weights (the epilogue drops them); the pixels are not padded (the plan exists only where a tile divides
 H * W: a lane-dependent predicate would scalarize the vector loops).
 Measured on Zen 2 (AVX2, one thread, CPU time, one conv + ReLU, channel-vectorized tile -> this kernel):
-64 -> 256 on 56x56 1.24 -> 1.05 ms, 256 -> 64 on 56x56 1.34 -> 1.19 ms, 320 -> 64 on 28x28 0.46 -> 0.36 ms,
-PP-OCR's 240 -> 240 on 12x80 1.56 -> 1.25 ms and 480 -> 480 on 6x80 2.74 -> 2.34 ms (README, "CPU
+64 -> 256 on 56x56 1.34 -> 1.12 ms, 256 -> 64 on 56x56 1.45 -> 1.28 ms, 320 -> 64 on 28x28 0.45 -> 0.39 ms,
+PP-OCR's 240 -> 240 on 12x80 1.67 -> 1.35 ms and 480 -> 480 on 6x80 3.09 -> 2.68 ms (README, "CPU
 convolution kernels", for every shape).
 """
 
