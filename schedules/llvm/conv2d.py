@@ -287,9 +287,9 @@ def choose_pixel_tile(cout: int, pixels: int, reduction: int, facts: CpuFacts) -
         return None
     best, best_key = None, None
     for tile in pixel_tiles(pixels, facts.float32_lanes, facts.vector_registers):
-        key = (_efficiency(tile.accumulators, tile.loads_per_step, (cout,), (padded_channels(cout, tile.rows, reduction),),
-                           cost),
-               tile.accumulators, -tile.loads_per_step)
+        padded = padded_channels(cout, tile.rows, reduction)
+        key = (_efficiency(tile.accumulators, tile.loads_per_step, (cout,), (padded,), cost), tile.accumulators,
+               -tile.loads_per_step)
         if best_key is None or key > best_key:
             best, best_key = tile, key
     return best
