@@ -158,7 +158,7 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
         channel = lambda o: (o // blk * blk) // gp * cpg + rc  # noqa: E731
     def product(i, o, h, ww):
         at = (i, channel(o), h * sh + rh * dh, ww * sw + rw * dw)
-        xv = wide(src(*at[:3], tirx.min(at[3], win - 1)) if pad is None else pad[at])
+        xv = wide(src(*at[:3], tirx.min(at[3], win - 1) if p.cols > win else at[3]) if pad is None else pad[at])
         wv = wide(weight_at(o, rc, rh, rw))
         return wv * xv if weight_first else xv * wv
 

@@ -25,6 +25,9 @@ Depthwise convs (one input channel per output channel, `depthwise`): output colu
             for rh, rw: acc[i, :] += x[c, y + i + rh, x + rw : + k * L] * W[c, 0, rh, rw]   # vector * broadcast
             out[n, c, real pixels] = epilogue(acc)
 
+Flat 1x1 convs whose H * W is whole pixel tiles, on an ISA whose step cost says `pixel_vectors` (AVX2):
+`pointwise`, pixels vectorized and the NCHW output stored as whole vectors (`conv2d_pointwise.py`).
+
 Padding is materialised by its own parallel loop nest first (inlining it into the reduction is ~10x
 slower on 3x3).
 """
@@ -40,6 +43,7 @@ from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvOperands, ConvPadding, conv2d_out_size, conv2d_padded,
                                          pack_channel_blocks, packed_taps)
+from tvm_fusion.schedules.llvm.conv2d_pointwise import PixelTile, padded_channels, pixel_tiles, schedule_pointwise
 
 __all__ = ["ConvTile", "RowTile", "ConvPlan", "choose_tile", "choose_row_tile", "conv_plan", "flat_pixels",
            "max_accumulators",
@@ -88,6 +92,7 @@ class StepCost:
     broadcast_registers: int | None = None
     panel_bytes: int = PANEL_BYTES  # the largest weight panel of a tile wider than one vector
     flat_pointwise: bool = False  # 1x1 stride-1 unpadded convs tile their pixels as one row (`flat_pixels`)
+    pixel_vectors: bool = False  # flat convs may vectorize their pixels (`conv2d_pointwise`, `choose_pixel_tile`)
 
 
 #: per vector ISA (`hardware.cpu_facts`), the tiled kernel's step cost; others: StepCost(). With AVX2 a core
@@ -111,7 +116,8 @@ class StepCost:
 #: outputs take 2 x 6 pixels (49 padded to 54) instead of 4 x 2 (7 padded to 8 columns: 8 FMA chains) and
 #: 14x14 / 28x28 / 56x56 ones no longer pad each row to the tile (14 -> 15, 28 -> 30, 56 -> 60 columns).
 TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=9, taps_first=True, broadcast_registers=2,
-                                     panel_bytes=2 * PANEL_BYTES, flat_pointwise=True)}
+                                     panel_bytes=2 * PANEL_BYTES, flat_pointwise=True,
+                                     pixel_vectors=True)}
 
 
 def step_cost(facts: CpuFacts) -> StepCost:
@@ -182,8 +188,8 @@ class RowTile:
 
 @dataclass(frozen=True)
 class ConvPlan:
-    kernel: str  # "tiled" or "depthwise"
-    tile: ConvTile | RowTile
+    kernel: str  # "tiled", "depthwise" or "pointwise" (`conv2d_pointwise`)
+    tile: ConvTile | RowTile | PixelTile
     padding: ConvPadding
     flat: bool = False  # the pixels tiled as one row (`flat_pixels`): padding.rows is 1
     in_place: bool = False  # flat, x read where it is (NCHW), not copied channels-last (FLAT_COPY_CHANNELS)
@@ -271,6 +277,24 @@ def flat_pixels(kh: int, kw: int, strides, padding, groups: int, facts: CpuFacts
             and all(int(s) == 1 for s in strides) and not any(int(p) for p in padding))
 
 
+def choose_pixel_tile(cout: int, pixels: int, reduction: int, facts: CpuFacts) -> PixelTile | None:
+    """The pixel-vectorized tile (`conv2d_pointwise`) of a flat conv with `pixels` = H * W on an ISA whose
+    step cost says `pixel_vectors`: the most real outputs per FMA slot (`_efficiency`, the output channels
+    padded to whole chunks of the tile's rows: `padded_channels`), ties to more accumulators, then to fewer
+    loads; None when no pixel vector divides the pixels."""
+    cost = step_cost(facts)
+    if not cost.pixel_vectors:
+        return None
+    best, best_key = None, None
+    for tile in pixel_tiles(pixels, facts.float32_lanes, facts.vector_registers):
+        padded = padded_channels(cout, tile.rows, reduction)
+        key = (_efficiency(tile.accumulators, tile.loads_per_step, (cout,), (padded,), cost), tile.accumulators,
+               -tile.loads_per_step)
+        if best_key is None or key > best_key:
+            best, best_key = tile, key
+    return best
+
+
 def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: int, groups: int,
               facts: CpuFacts, strided: bool = False, flat: bool = False) -> ConvPlan:
     """The kernel, tile and padded output of a conv for a target (`facts`); a pure function of the shape,
@@ -280,13 +304,19 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     loops). Measured on Zen 2 (AVX2, one thread, CPU time, one conv + ReLU): 1x1 2048 -> 512 on 7x7 2.09
     -> 1.48 ms (2 x 6 pixels, 49 padded to 54, instead of 4 x 2 with 7 columns padded to 8), 1024 -> 256 on
     14x14 1.48 -> 1.30 ms, 512 -> 1000 on 13x13 3.20 -> 2.86 ms; 16 -> 64 on 55x55, which 2 x 5 columns
-    divide, ran 0.12 -> 0.13 ms flat (the epilogue's pixel addresses cost more in a 16-channel reduction)."""
+    divide, ran 0.12 -> 0.13 ms flat (the epilogue's pixel addresses cost more in a 16-channel reduction).
+    A flat conv takes the pointwise kernel wherever `choose_pixel_tile` finds a tile (its pixels whole
+    tiles of vectors)."""
     if cpg == 1 and groups > 1:  # depthwise (any channel multiplier): one input channel per output
         tile = choose_row_tile(hout, wout, facts, strided=strided)
         padding = ConvPadding(cout // groups, _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols))
         return ConvPlan("depthwise", tile, padding)
     tile = choose_tile(cout, hout, wout, cpg * kh * kw, n, facts.threads, facts, groups)
     if flat and hout > 1 and cpg > 1:
+        pixels = choose_pixel_tile(cout, hout * wout, cpg, facts)
+        if pixels is not None:
+            padding = ConvPadding(padded_channels(cout, pixels.rows, cpg), 1, hout * wout, pixels.rows)
+            return ConvPlan("pointwise", pixels, padding, flat=True)
         row = choose_tile(cout, 1, hout * wout, cpg * kh * kw, n, facts.threads, facts, groups)
         cost, opg = step_cost(facts), cout // groups
         if row.cols > 1 and _tile_efficiency(row, opg, 1, hout * wout, cost) > _tile_efficiency(tile, opg, hout, wout,
@@ -340,7 +370,7 @@ def pack_conv(constants, attrs, shapes, target):
     w, b = constants
     plan = _plan(ConvOperands.of(shapes).x, int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"], attrs["dilation"],
                  attrs.get("groups", 1), cpu_facts(target))
-    if plan.kernel != "tiled":
+    if plan.kernel == "depthwise":
         return None
     return [pack_channel_blocks(w, attrs.get("groups", 1), plan.padding.group_channels, plan.tile.channels,
                                 taps_first=packs_taps_first(target)), b]
@@ -527,10 +557,12 @@ def schedule_conv2d_llvm(sch, attrs, target):
                           f"{groups * p.group_channels}x{p.rows}x{p.cols}: build the PrimFunc with the llvm "
                           "compute (registry.get_compute(name, 'llvm')) under the same target")
     pad = _optional_block(sch, "pad")
-    if pad is not None:
+    if pad is not None and plan.kernel != "pointwise":
         _schedule_pad(sch, pad, channels_last=plan.kernel == "tiled" and step_cost(facts).taps_first, flat=flat)
     if plan.kernel == "depthwise":
         _schedule_depthwise(sch, conv, epi, plan.tile)
+    elif plan.kernel == "pointwise":
+        schedule_pointwise(sch, conv, epi, plan.tile)
     else:
         _schedule_tiled(sch, conv, epi, plan.tile, regrouped=groups > 1 and cp != cout,
                         padded_columns=wp != (hout * wout if flat else wout), flat=flat)

@@ -372,8 +372,9 @@ def test_packed_weights_match_numpy(case, target_name):
                      flat=flat_pixels(case["k"], case["k"], (stride,) * 2, (pad,) * 4 if isinstance(pad, int) else pad,
                                       case.get("groups", 1), cpu_facts(target)))
     wp = arrays[1]
-    if plan.kernel == "tiled":
-        assert wp.ndim == 5 and wp.shape[-1] == plan.tile.channels and plan.tile.channels % plan.tile.lanes == 0
+    if plan.kernel != "depthwise":  # tiled: blocks of channel vectors; pointwise: blocks of its rows
+        assert wp.ndim == 5 and wp.shape[-1] == plan.tile.channels
+        assert plan.kernel == "pointwise" or plan.tile.channels % plan.tile.lanes == 0
         script = func.script()
         assert "w_global" not in script and 'T.sblock("weight"' not in script, "no weight copy in the kernel"
     else:

@@ -1,0 +1,146 @@
+"""The pixel-vectorized 1x1 conv (`conv2d_pointwise`): which shapes take it, its tiles per target, its
+schedule's structure, and numerics against float64 numpy (run on the host: AVX2 here)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tvm_fusion._tvm import te, tvm
+from tvm_fusion.cpu_features import host_features
+from tvm_fusion.hardware import cpu_facts
+from tvm_fusion.schedules.llvm import conv2d as llvm_conv2d
+from tvm_fusion.schedules.llvm.conv2d import conv_plan, flat_pixels, pack_conv
+from tvm_fusion.schedules.llvm.conv2d_pointwise import CHUNK_BYTES, channel_chunks, pixel_tiles
+from tvm_fusion.schedules.llvm.conv2d_test import AVX2, _id, _packed_build, _run, conv_reference
+from tvm_fusion.testing import RESNET50_CONVS, assert_close, conv_primfunc
+
+AVX2_TARGET = tvm.target.Target(AVX2)
+AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
+NO_AVX2 = pytest.mark.skipif("avx2" not in (host_features() or ()), reason="this host cannot run AVX2 code")
+
+
+def _plan(facts, c, oc, h, w, k=1, stride=1, pad=0):
+    flat = flat_pixels(k, k, (stride,) * 2, (pad,) * 4, 1, facts)
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    return conv_plan(1, oc, oh, ow, c, k, k, 1, facts, strided=stride > 1, flat=flat)
+
+
+def test_avx2_resnet50_pointwise_plans():
+    """AVX2: every stride-1 1x1 conv whose pixels are whole vectors (56x56, 28x28) takes the pixel tile;
+    its accumulators, its x vectors and a broadcast fit the 16 ymm, its pixel vectors divide H * W and its
+    padded channels waste under 2%. 14x14 and 7x7 (196 and 49 pixels), strided and 3x3 convs keep the
+    channel-vectorized tile; AVX-512 targets keep every plan (TILED_STEP_COSTS says no `pixel_vectors`)."""
+    avx2, avx512 = cpu_facts(AVX2_TARGET), cpu_facts(tvm.target.Target(AVX512))
+    kernels = set()
+    for n, c, h, w, oc, k, stride, pad in RESNET50_CONVS:
+        plan = _plan(avx2, c, oc, h, w, k, stride, pad)
+        pointwise = k == 1 and stride == 1 and h * w % avx2.float32_lanes == 0
+        assert (plan.kernel == "pointwise") == pointwise, (c, oc, h, w, k, stride, plan)
+        assert _plan(avx512, c, oc, h, w, k, stride, pad).kernel == "tiled"
+        if pointwise:
+            tile = plan.tile
+            assert tile.accumulators + tile.vectors + 1 <= avx2.vector_registers and tile.accumulators >= 8
+            assert h * w % tile.cols == 0 and (plan.padding.rows, plan.padding.cols) == (1, h * w)
+            assert plan.padding.group_channels * 49 <= oc * 50, plan
+            kernels.add((c, oc, h))
+    assert len(kernels) == 7
+
+
+def test_pixel_tiles_follow_the_registers():
+    """A tile's accumulators + its x vectors + one broadcast fit the register file, its vectors divide the
+    pixels; no tile when a vector does not (196 pixels, 8 lanes)."""
+    for lanes, registers in ((8, 16), (16, 32), (4, 32)):
+        tiles = pixel_tiles(960, lanes, registers)
+        assert tiles and all(t.accumulators + t.vectors + 1 <= registers and 960 % t.cols == 0 for t in tiles)
+    assert not pixel_tiles(196, 8, 16)
+
+
+def test_channel_chunks_keep_the_weights_in_cache_and_pad_little():
+    """PP-OCR's 480 -> 480: 120 blocks of 4 rows in chunks whose weights fit CHUNK_BYTES; 512 -> 256 in
+    blocks of 6 rows: 43 blocks spread over 4 chunks of 11 (264 channels, not 13 + 13 + 13 + 4)."""
+    chunks, blocks = channel_chunks(480, 4, 480)
+    assert chunks * blocks * 4 == 480 and blocks * 4 * 480 * 4 <= CHUNK_BYTES
+    assert channel_chunks(256, 6, 512) == (4, 11)
+    assert channel_chunks(256, 6, 64) == (1, 43)
+
+
+#: 56x56 ResNet-50 shapes, 28x28, a residual-less PP-OCR-like wide map, channels padded to the rows and to
+#: whole chunks, batch 2, pixels that are exactly one tile
+CASES = [
+    dict(n=1, c=64, h=56, w=56, oc=256, k=1),
+    dict(n=1, c=512, h=28, w=28, oc=256, k=1),
+    dict(n=2, c=40, h=6, w=80, oc=60, k=1),
+    dict(n=1, c=24, h=3, w=16, oc=13, k=1),
+    dict(n=1, c=480, h=2, w=40, oc=120, k=1),
+]
+
+
+@NO_AVX2
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_pointwise_matches_numpy(case):
+    """W packed in blocks of the tile's rows (zero rows beyond cout), a residual, the same element-wise
+    verdict (numerics.TOLERANCES) as every conv kernel; run for the AVX2 target."""
+    target = AVX2_TARGET
+    plan = _plan(cpu_facts(target), case["c"], case["oc"], case["h"], case["w"])
+    assert plan.kernel == "pointwise", plan
+    _, attrs, shapes = conv_primfunc(**case, residual=True, target=target)
+    rng = np.random.default_rng(3)
+    x, r, wt, b = (rng.standard_normal(s).astype("float32") for s in shapes)
+    wp, _ = pack_conv([wt, b], attrs, shapes, target)
+    assert wp.shape == (plan.padding.group_channels // plan.tile.rows, 1, 1, case["c"], plan.tile.rows)
+    scheduled = _schedule(_func_with_packed(case, attrs, wp.shape, target), attrs, target)
+    executable = tvm.compile(tvm.IRModule({"main": scheduled}), target)
+    got = _run(executable, [x, r, wp, b], [case["n"], case["oc"], case["h"], case["w"]])
+    assert_close(got, conv_reference(x, wt, b, r, attrs).astype("float32"), _id(case))
+
+
+def _func_with_packed(case, attrs, w_shape, target):
+    """The llvm compute of `case` with a residual, on W packed to `w_shape` (as fuse builds it)."""
+    n, c, h, w, oc = (case[k] for k in ("n", "c", "h", "w", "oc"))
+    xs, rs = te.placeholder((n, c, h, w), "float32", name="x"), te.placeholder((n, oc, h, w), "float32", name="r")
+    ws, bs = te.placeholder(w_shape, "float32", name="w"), te.placeholder((oc,), "float32", name="b")
+    with target:
+        out = llvm_conv2d.conv2d_llvm(xs, ws, bs, rs, **attrs)
+    return te.create_prim_func([xs, rs, ws, bs, out]).without_attr("global_symbol")
+
+
+def _schedule(func, attrs, target):
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    with target:
+        llvm_conv2d.schedule_conv2d_llvm(sch, attrs, target)
+    return sch.mod["main"].with_attr("global_symbol", "main")
+
+
+def test_pointwise_schedule_vectorizes_pixels_and_stores_whole_vectors():
+    """The accumulators are local, x is copied into strips [tile, C_in, tile pixels] inside the parallel
+    loop, the conv's pixel lanes and the epilogue's store are vectorized at the target's width (whole
+    vectors of one output row), and the built kernel has no gathers."""
+    case = dict(n=1, c=64, h=56, w=56, oc=256, k=1)
+    executable, func, *_ = _packed_build(case, AVX2_TARGET)
+    script = func.script()
+    assert 'scope="local"' in script and "pad = T.sblock_alloc_buffer((1, 196, 64, 16))" in script
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    for name in ("conv_update", "epilogue"):
+        loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(name))]
+        assert loops[0].kind == tvm.tirx.ForKind.PARALLEL
+        assert (loops[-1].kind, int(loops[-1].extent)) == (tvm.tirx.ForKind.VECTORIZED, 8), name
+    asm = executable.mod.inspect_source("asm")
+    assert "vgather" not in asm and "vfmadd231ps" in asm and "zmm" not in asm
+
+
+def test_avx512_pointwise_compiles(monkeypatch):
+    """Compile only (an AVX-512 kernel cannot run on an AVX2 host): with `pixel_vectors` turned on for
+    AVX-512, the plan asks the target for 16 lanes and 32 zmm and the kernel builds with zmm FMAs."""
+    avx512 = tvm.target.Target(AVX512)
+    facts = cpu_facts(avx512)
+    cost = dataclasses.replace(llvm_conv2d.step_cost(facts), pixel_vectors=True, flat_pointwise=True)
+    monkeypatch.setitem(llvm_conv2d.TILED_STEP_COSTS, facts.isa, cost)
+    plan = _plan(facts, 64, 256, 56, 56)
+    assert plan.kernel == "pointwise" and plan.tile.lanes == 16
+    assert 16 < plan.tile.accumulators + plan.tile.vectors + 1 <= 32, plan.tile
+    executable, func, *_ = _packed_build(dict(n=1, c=64, h=56, w=56, oc=256, k=1), avx512)
+    asm = executable.mod.inspect_source("asm")
+    assert "zmm" in asm and "vfmadd231ps" in asm
