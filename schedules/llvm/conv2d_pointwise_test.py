@@ -102,8 +102,7 @@ def _func_with_packed(case, attrs, w_shape, target):
     n, c, h, w, oc = (case[k] for k in ("n", "c", "h", "w", "oc"))
     xs, rs = te.placeholder((n, c, h, w), "float32", name="x"), te.placeholder((n, oc, h, w), "float32", name="r")
     ws, bs = te.placeholder(w_shape, "float32", name="w"), te.placeholder((oc,), "float32", name="b")
-    with target:
-        out = llvm_conv2d.conv2d_llvm(xs, ws, bs, rs, **attrs)
+    out = llvm_conv2d.conv2d_llvm(xs, ws, bs, rs, **attrs, target=target)
     return te.create_prim_func([xs, rs, ws, bs, out]).without_attr("global_symbol")
 
 
