@@ -1,0 +1,68 @@
+"""Grouped 1x1 convs as GEMMs over pixel vectors (conv2d_grouped): the plan per target, numerics against
+numpy, bit-identical to the tiled kernel it replaces, and an AVX-512 build (compiled only)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_fusion._tvm import tvm
+from tvm_fusion.hardware import cpu_facts
+from tvm_fusion.schedules.llvm import conv2d_grouped
+from tvm_fusion.schedules.llvm.conv2d import conv_plan
+from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET, _packed_build, _run
+
+AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
+#: ShuffleNet's grouped 1x1 convs whose pixels are whole AVX2 vectors, one spanning groups (34 channels per
+#: group in tiles of 4), and AlexNet-like odd ones that keep the tiled kernel
+SHUFFLENET = [dict(n=1, c=136, h=28, w=28, oc=136, k=1, groups=4), dict(n=1, c=24, h=56, w=56, oc=112, k=1, groups=4),
+              dict(n=1, c=112, h=28, w=28, oc=112, k=1, groups=4), dict(n=2, c=30, h=4, w=8, oc=45, k=1, groups=3)]
+
+
+def _id(case):
+    return "{c}-{oc}g{groups}_{h}x{w}_n{n}".format(**case)
+
+
+def _plan(case, spec):
+    facts = cpu_facts(tvm.target.Target(spec))
+    return conv_plan(case["n"], case["oc"], case["h"], case["w"], case["c"] // case["groups"], 1, 1, case["groups"],
+                     facts, pixels=True)
+
+
+def test_plans_per_target():
+    """AVX2: 4 channels x 2 vectors of 8 pixels (16 registers: accumulators and their input vectors); AVX-512
+    fits twice the accumulators in 32 zmm; pixels that are not whole vectors keep the tiled kernel."""
+    plan = _plan(SHUFFLENET[0], AVX2)
+    assert plan.kernel == "pixels" and plan.tile == conv2d_grouped.PixelTile(4, 2, 8)
+    assert plan.padding.group_channels == 136, "136 channels are whole tiles of 4"
+    wide = _plan(SHUFFLENET[0], AVX512)
+    assert wide.kernel == "pixels" and wide.tile.lanes == 16 and 2 * wide.tile.accumulators <= 32
+    assert _plan(dict(n=1, c=272, h=14, w=14, oc=272, k=1, groups=4), AVX2).kernel == "tiled", "196 pixels"
+    assert not conv2d_grouped.grouped_pointwise(3, 3, (1, 1), (1, 1, 1, 1), 4, 34)
+    assert not conv2d_grouped.grouped_pointwise(1, 1, (1, 1), (0, 0, 0, 0), 34, 1), "depthwise"
+
+
+@pytest.mark.parametrize("target_name", ["host", pytest.param("avx2", marks=NO_AVX2)])
+@pytest.mark.parametrize("case", SHUFFLENET, ids=_id)
+def test_matches_numpy_and_the_tiled_kernel_bit_for_bit(case, target_name, monkeypatch):
+    """Against float64 numpy (the numerics table), and equal bit for bit to the tiled kernel (the same
+    left-to-right sum over each group's channels)."""
+    target = TARGET if target_name == "host" else tvm.target.Target(AVX2)
+    executable, func, arrays, out_shape, reference = _packed_build(case, target)
+    if _plan(case, target).kernel != "pixels":
+        pytest.skip("this target's vectors do not divide the pixels")
+    assert "conv_local" in func.script() and arrays[1].ndim == 4, "accumulators in registers, W unpacked"
+    got = _run(executable, arrays, out_shape)
+    from tvm_fusion.testing import assert_close
+
+    assert_close(got, reference, _id(case))
+    monkeypatch.setattr(conv2d_grouped, "choose_pixel_tile", lambda *_: None)
+    tiled, _, tiled_arrays, *_ = _packed_build(case, target)
+    np.testing.assert_array_equal(got, _run(tiled, tiled_arrays, out_shape))
+
+
+def test_avx512_build_compiles():
+    """The AVX-512 plan builds (compiled only: this host may not run it) and uses zmm vectors."""
+    executable, func, *_ = _packed_build(SHUFFLENET[0], tvm.target.Target(AVX512))
+    assert "conv_local" in func.script()
+    assert "zmm" in executable.mod.inspect_source("asm")
