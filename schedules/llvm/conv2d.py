@@ -283,10 +283,9 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     14x14 1.48 -> 1.30 ms, 512 -> 1000 on 13x13 3.20 -> 2.86 ms; 16 -> 64 on 55x55, which 2 x 5 columns
     divide, ran 0.12 -> 0.13 ms flat (the epilogue's pixel addresses cost more in a 16-channel reduction).
     `pixels` (`conv2d_grouped.grouped_pointwise`): a grouped 1x1 conv, planned as GEMMs over pixel vectors
-    (kernel "pixels") when the target's vectors divide its pixels."""
+    (kernel "pixels") when its pixels padded to whole vectors waste less than its channels padded to them."""
     if pixels and (pixel_tile := grouped.choose_pixel_tile(cout // groups, hout * wout, facts)) is not None:
-        opg = cout // groups
-        padding = ConvPadding(_ceil_to(cout, pixel_tile.channels), 1, hout * wout)
+        padding = ConvPadding(_ceil_to(cout, pixel_tile.channels), 1, _ceil_to(hout * wout, pixel_tile.lanes))
         return ConvPlan("pixels", pixel_tile, padding)
     if cpg == 1 and groups > 1:  # depthwise (any channel multiplier): one input channel per output
         tile = choose_row_tile(hout, wout, facts, strided=strided)
@@ -526,7 +525,8 @@ def schedule_conv2d_llvm(sch, attrs, target):
     conv = sch.get_sblock("conv")
     epi = sch.get_sblock("epilogue")
     if len(sch.get_loops(conv)) == 4:  # (n, channel, pixel, rc): conv2d_grouped's GEMMs
-        grouped.schedule_grouped_pointwise(sch, conv, epi, attrs["groups"], cpu_facts(target))
+        grouped.schedule_grouped_pointwise(sch, conv, epi, _optional_block(sch, "pad"), attrs["groups"],
+                                           cpu_facts(target))
         return
     batch, *loops = sch.get_loops(conv)
     cp, hp, wp, rc, rh, rw = (_extent(sch, loop) for loop in loops)

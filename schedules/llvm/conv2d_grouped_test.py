@@ -13,14 +13,19 @@ from tvm_fusion.schedules.llvm.conv2d import conv_plan
 from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET, _packed_build, _run
 
 AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
-#: ShuffleNet's grouped 1x1 convs whose pixels are whole AVX2 vectors, one spanning groups (34 channels per
-#: group in tiles of 4), and AlexNet-like odd ones that keep the tiled kernel
+#: ShuffleNet's grouped 1x1 convs on 28x28 and 56x56 (34 channels per group: tiles of 4 span groups), odd
+#: channels and a batch of 2, and pixels that are not whole vectors
 SHUFFLENET = [dict(n=1, c=136, h=28, w=28, oc=136, k=1, groups=4), dict(n=1, c=24, h=56, w=56, oc=112, k=1, groups=4),
-              dict(n=1, c=112, h=28, w=28, oc=112, k=1, groups=4), dict(n=2, c=30, h=4, w=8, oc=45, k=1, groups=3)]
+              dict(n=1, c=112, h=28, w=28, oc=112, k=1, groups=4), dict(n=2, c=30, h=4, w=8, oc=45, k=1, groups=3),
+              dict(n=1, c=24, h=7, w=9, oc=36, k=1, groups=3)]  # 63 pixels: padded to 64, x copied
 
 
 def _id(case):
     return "{c}-{oc}g{groups}_{h}x{w}_n{n}".format(**case)
+
+
+def target_lanes(target) -> int:
+    return cpu_facts(target).float32_lanes
 
 
 def _plan(case, spec):
@@ -31,13 +36,16 @@ def _plan(case, spec):
 
 def test_plans_per_target():
     """AVX2: 4 channels x 2 vectors of 8 pixels (16 registers: accumulators and their input vectors); AVX-512
-    fits twice the accumulators in 32 zmm; pixels that are not whole vectors keep the tiled kernel."""
+    fits twice the accumulators in 32 zmm; the tiled kernel where its channels pad no more than the pixels."""
     plan = _plan(SHUFFLENET[0], AVX2)
     assert plan.kernel == "pixels" and plan.tile == conv2d_grouped.PixelTile(4, 2, 8)
     assert plan.padding.group_channels == 136, "136 channels are whole tiles of 4"
     wide = _plan(SHUFFLENET[0], AVX512)
     assert wide.kernel == "pixels" and wide.tile.lanes == 16 and 2 * wide.tile.accumulators <= 32
-    assert _plan(dict(n=1, c=272, h=14, w=14, oc=272, k=1, groups=4), AVX2).kernel == "tiled", "196 pixels"
+    stage2 = _plan(dict(n=1, c=272, h=14, w=14, oc=272, k=1, groups=4), AVX2)
+    assert stage2.kernel == "pixels" and stage2.padding.cols == 200, "196 pixels pad less than 68 channels"
+    assert _plan(dict(n=1, c=544, h=7, w=7, oc=544, k=1, groups=4), AVX2).kernel == "tiled", "136 channels"
+    assert _plan(dict(n=1, c=256, h=13, w=13, oc=256, k=1, groups=2), AVX2).kernel == "tiled", "AlexNet-like"
     assert not conv2d_grouped.grouped_pointwise(3, 3, (1, 1), (1, 1, 1, 1), 4, 34)
     assert not conv2d_grouped.grouped_pointwise(1, 1, (1, 1), (0, 0, 0, 0), 34, 1), "depthwise"
 
@@ -52,6 +60,7 @@ def test_matches_numpy_and_the_tiled_kernel_bit_for_bit(case, target_name, monke
     if _plan(case, target).kernel != "pixels":
         pytest.skip("this target's vectors do not divide the pixels")
     assert "conv_local" in func.script() and arrays[1].ndim == 4, "accumulators in registers, W unpacked"
+    assert ('T.sblock("pad"' in func.script()) == (case["h"] * case["w"] % target_lanes(target) != 0)
     got = _run(executable, arrays, out_shape)
     from tvm_fusion.testing import assert_close
 
