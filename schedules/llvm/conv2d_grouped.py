@@ -14,7 +14,9 @@ output are read and written contiguously, and each step broadcasts `channels` we
             out[n, real channels of the block, tile] = epilogue(acc)
 
 Taken where the pixels padded to whole vectors waste less than the channels of a group padded to them (the
-tiled kernel's padding); padded pixels read a copy of x (the `pad` stage: each plane's pixels, then zeros).
+tiled kernel's padding). Pixels that are not whole vectors are padded to whole tiles: x is copied first (the
+`pad` stage: each plane's pixels, then zeros), and each tile's accumulators are stored, the epilogue run
+apart with the last partial vector partitioned off (a predicate on the vector lanes would make it scalar).
 A tile's channels may span two groups: each reads its own group's input channels. The output channels are
 padded to whole tiles, the padded ones repeating the last channel (their outputs are dropped). Each output is
 the same left-to-right sum over its group's channels as the tiled kernel's: the results are bit-identical.
@@ -59,24 +61,28 @@ def grouped_pointwise(kh: int, kw: int, strides, padding, groups: int, cpg: int)
 
 
 def choose_pixel_tile(opg: int, pixels: int, facts: CpuFacts) -> PixelTile | None:
-    """The tile with the most real outputs (channels padded to the tile), ties to fewer pixel vectors; None
-    when the pixels padded to whole vectors waste as much as the channels padded to them (the tiled kernel). Its accumulators take at most half the vector registers: each
-    channel's input vectors are loaded for it (a tile may span two groups, so LLVM cannot share them).
-    Measured on Zen 2 (AVX2, one thread, CPU time, conv + ReLU): 136 -> 136 in 4 groups on 28x28 ran 0.101 ms
-    with 4 channels x 2 vectors, 0.137 ms with 6 x 2, 0.133 ms with 5 x 2, 0.126 ms with 3 x 2; 24 -> 112
-    on 56x56 0.075 ms with 4 x 2, 0.102 ms with 6 x 2 (the tiled kernel: 0.203 and 0.230 ms); 272 -> 272 in 4
-    groups on 14x14 (196 pixels padded to 200, x copied) 0.114 ms (tiled: 0.134 ms)."""
+    """The tile with the most real outputs (channels and pixels padded to the tile), ties to fewer pixel
+    vectors; None when the pixels padded to whole vectors waste as much as the channels padded to them (the
+    tiled kernel's padding). Pixels that are whole vectors take tiles that divide them. The accumulators take
+    at most half the vector registers: each channel's input vectors are loaded for it (a tile may span two
+    groups, so LLVM cannot share them). Measured on Zen 2 (AVX2, one thread, CPU time, conv + ReLU):
+    136 -> 136 in 4 groups on 28x28 ran 0.101 ms with 4 channels x 2 vectors, 0.137 ms with 6 x 2, 0.133 ms
+    with 5 x 2, 0.126 ms with 3 x 2; 24 -> 112 on 56x56 0.075 ms with 4 x 2, 0.102 ms with 6 x 2 (the tiled
+    kernel: 0.203 and 0.230 ms); 272 -> 272 on 14x14 (196 pixels padded to 208) 0.112 ms, 0.117 ms with a
+    residual (tiled: 0.134, 0.138 ms)."""
     lanes = facts.float32_lanes
     padded = _ceil_to(pixels, lanes)
     if padded * opg >= _ceil_to(opg, lanes) * pixels:
         return None
     best, best_key = None, None
-    for vectors in (v for v in range(1, padded // lanes + 1) if padded // lanes % v == 0):
+    for vectors in range(1, padded // lanes + 1):
+        if pixels % lanes == 0 and pixels % (vectors * lanes):
+            continue  # whole vectors of pixels: tiles that divide them (no x copy, no epilogue apart)
         for channels in range(1, min(opg, MAX_CHANNELS) + 1):
             tile = PixelTile(channels, vectors, lanes)
             if 2 * tile.accumulators > facts.vector_registers:
                 break
-            real = tile.accumulators * opg / _ceil_to(opg, channels)
+            real = tile.accumulators * opg / _ceil_to(opg, channels) * pixels / _ceil_to(pixels, tile.pixels)
             key = (round(real, 6), -vectors)
             if best_key is None or key > best_key:
                 best, best_key = tile, key
@@ -120,14 +126,20 @@ def conv2d_grouped_pointwise(x, w, b, residual=None, *, groups: int, out_padding
 
 
 def schedule_grouped_pointwise(sch, conv, epi, pad, groups: int, facts: CpuFacts):
-    """Tiles of `choose_pixel_tile`: the conv's accumulators in registers, the epilogue applied to each tile."""
+    """Tiles of `choose_pixel_tile`: the conv's accumulators in registers, the epilogue applied to each tile
+    (or, for pixels that are not whole vectors, to the stored tiles in a loop nest of its own)."""
     _, cout, height, width = (int(sch.get(loop).extent) for loop in sch.get_loops(epi))
     tile = choose_pixel_tile(cout // groups, height * width, facts)
-    if pad is not None:
+    real = height * width
+    if pad is not None:  # whole vectors of real pixels, then the last one with its zeros
         n, c, p = sch.get_loops(pad)
         sch.parallel(sch.fuse(n, c))
-        sch.vectorize(sch.split(p, [None, tile.lanes])[1])
+        body, _ = sch.loop_partition(p, [real // tile.lanes * tile.lanes, None])
+        sch.vectorize(sch.split(body, [None, tile.lanes])[1])
     sch.transform_block_layout(epi, lambda n_, o_, h_, w_: (n_, o_, h_ * width + w_))
+    later = None
+    if real % tile.pixels:  # the epilogue apart, its last vector partitioned off (a predicate on vector lanes
+        later, epi = epi, sch.cache_write(conv, 0, "global")  # would make it scalar), each tile stored
     n, o, p, rc = sch.get_loops(conv)
     oo, oi = sch.split(o, [None, tile.channels])
     po, pv, pl = sch.split(p, [None, tile.vectors, tile.lanes])
@@ -144,3 +156,8 @@ def schedule_grouped_pointwise(sch, conv, epi, pad, groups: int, facts: CpuFacts
     sch.unroll(eo)
     sch.unroll(epv)
     sch.vectorize(epl)
+    if later is not None:
+        n, o, p = sch.get_loops(later)
+        sch.parallel(sch.fuse(n, o))
+        body, _ = sch.loop_partition(p, [real // tile.lanes * tile.lanes, None])
+        sch.vectorize(sch.split(body, [None, tile.lanes])[1])
