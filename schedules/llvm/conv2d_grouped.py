@@ -128,7 +128,7 @@ def conv2d_grouped_pointwise(x, w, b, residual=None, *, groups: int, out_padding
 def schedule_grouped_pointwise(sch, conv, epi, pad, groups: int, facts: CpuFacts):
     """Tiles of `choose_pixel_tile`: the conv's accumulators in registers, the epilogue applied to each tile
     (or, for pixels that are not whole vectors, to the stored tiles in a loop nest of its own)."""
-    _, cout, height, width = (int(sch.get(loop).extent) for loop in sch.get_loops(epi))
+    cout, height, width = (int(sch.get(loop).extent) for loop in sch.get_loops(epi)[1:])  # n may be symbolic
     tile = choose_pixel_tile(cout // groups, height * width, facts)
     real = height * width
     if pad is not None:  # whole vectors of real pixels, then the last one with its zeros

@@ -79,3 +79,26 @@ def test_avx512_build_compiles():
     executable, func, *_ = _packed_build(SHUFFLENET[0], tvm.target.Target(AVX512))
     assert LOCAL_ACCUMULATORS.search(func.script())
     assert "zmm" in executable.mod.inspect_source("asm")
+
+
+@pytest.mark.parametrize("hw", [8, 7], ids=["whole-vectors", "padded-pixels"])
+def test_symbolic_batch_and_residual_through_the_fused_build(hw):
+    """A grouped 1x1 conv + BN + residual add + ReLU with a symbolic batch, through the whole fused build (the
+    llvm compute under the host target): batches 1 and 3 of one build against onnxruntime, element-wise."""
+    from tvm_fusion._tvm import relax
+    from tvm_fusion.build import build
+    from tvm_fusion.compare import run_onnxruntime
+    from tvm_fusion.frontend import SymDim, import_onnx
+    from tvm_fusion.testing import GraphBuilder, assert_close
+
+    g = GraphBuilder(seed=5)
+    x = g.input("x", ["N", 36, hw, hw])
+    y = g.bn(g.conv(x, 36, 36, k=1, pads=[0, 0, 0, 0], groups=3), 36)  # 12 channels per group
+    model = g.model([g.op("Relu", [g.op("Add", [y, x])])])
+    built = build(import_onnx(model, {"x": (SymDim("N", 4), 36, hw, hw)}), "llvm", "fused")
+    assert sum(built.counts.values()) == 1, built.counts
+    vm = relax.VirtualMachine(built.executable, tvm.cpu())
+    sess, _ = run_onnxruntime(model, {}, optimize=False)
+    for n in (1, 3):
+        xs = np.random.default_rng(n).standard_normal((n, 36, hw, hw)).astype("float32")
+        assert_close(vm["main"](tvm.runtime.tensor(xs)).numpy(), sess.run(None, {"x": xs})[0], f"batch {n}")
