@@ -102,3 +102,22 @@ def test_symbolic_batch_and_residual_through_the_fused_build(hw):
     for n in (1, 3):
         xs = np.random.default_rng(n).standard_normal((n, 36, hw, hw)).astype("float32")
         assert_close(vm["main"](tvm.runtime.tensor(xs)).numpy(), sess.run(None, {"x": xs})[0], f"batch {n}")
+
+
+@pytest.mark.parametrize("case", [SHUFFLENET[0], SHUFFLENET[-1]], ids=_id)
+def test_float16_widens_to_float32(case):
+    """float16 x and W: the products summed in float32, the output rounded once (the float16 tolerance)."""
+    from tvm_fusion.schedules.llvm.conv2d import schedule_conv2d_llvm
+    from tvm_fusion.schedules.llvm.conv2d_test import _schedule, conv_reference
+    from tvm_fusion.testing import assert_close, conv_primfunc
+
+    func, attrs, shapes = conv_primfunc(**case, target=TARGET, dtype="float16")
+    scheduled = _schedule(func, schedule_conv2d_llvm, attrs)
+    assert LOCAL_ACCUMULATORS.search(scheduled.script())
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal(s).astype("float16") for s in shapes[:2])
+    b = rng.standard_normal(shapes[2]).astype("float32")
+    out = tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].shape], "float16"))
+    tvm.compile(tvm.IRModule({"main": scheduled}), TARGET)["main"](*[tvm.runtime.tensor(a) for a in (x, w, b)], out)
+    want = conv_reference(x.astype("float32"), w.astype("float32"), b, None, attrs).astype("float16")
+    assert_close(out.numpy(), want, "float16 " + _id(case))
