@@ -171,18 +171,30 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     def conv_value(i, o, h, ww):
         return conv[i, conv_at(o), 0, h * out_w + ww] if flat else conv[i, conv_at(o), h, ww]
 
-    def epilogue(i, o, h, ww):
-        v = conv_value(i, o, h, ww) + wide(b[o])
-        if residual is not None and not residual_after_activation:
-            v = v + wide(residual[i, o, h, ww])
-        v = apply_activation(v, activation, activation_params, fast_math=fast_math, target=target)
-        if residual is not None and residual_after_activation:  # YOLO's bottleneck: act(conv) + skip
-            v = v + wide(residual[i, o, h, ww])
-        return cast_to(v, x.dtype)
-
     if flat:
         hout, wout = out_h, out_w
-    return te.compute((n, cout, hout, wout), epilogue, name="epilogue")
+    return affine_epilogue((n, cout, hout, wout), conv_value, b, residual, x.dtype, activation=activation,
+                           activation_params=activation_params,
+                           residual_after_activation=residual_after_activation, fast_math=fast_math,
+                           target=target)
+
+
+def affine_epilogue(shape, conv_value, b, residual, out_dtype, *, activation, activation_params,
+                    residual_after_activation, fast_math, target=None):
+    """The `epilogue` stage: out[i, o, h, w] = act(conv_value(i, o, h, w) + b[o] (+ residual)), in the
+    accumulator dtype, rounded once to `out_dtype`; `fast_math` and `target` as `apply_activation` takes them."""
+    acc = accumulator_dtype(out_dtype)
+
+    def epilogue(i, o, h, ww):
+        v = conv_value(i, o, h, ww) + cast_to(b[o], acc)
+        if residual is not None and not residual_after_activation:
+            v = v + cast_to(residual[i, o, h, ww], acc)
+        v = apply_activation(v, activation, activation_params, fast_math=fast_math, target=target)
+        if residual is not None and residual_after_activation:  # YOLO's bottleneck: act(conv) + skip
+            v = v + cast_to(residual[i, o, h, ww], acc)
+        return cast_to(v, out_dtype)
+
+    return te.compute(shape, epilogue, name="epilogue")
 
 
 @dataclass(frozen=True)

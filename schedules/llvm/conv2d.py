@@ -41,6 +41,7 @@ from tvm_fusion.errors import FusionError
 from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
+from tvm_fusion.schedules.llvm import conv2d_grouped as grouped
 from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvOperands, ConvPadding, conv2d_out_size, conv2d_padded,
                                          pack_channel_blocks, packed_taps)
 from tvm_fusion.schedules.llvm.conv2d_pointwise import PixelTile, padded_channels, pixel_tiles, schedule_pointwise
@@ -296,7 +297,7 @@ def choose_pixel_tile(cout: int, pixels: int, reduction: int, facts: CpuFacts) -
 
 
 def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: int, groups: int,
-              facts: CpuFacts, strided: bool = False, flat: bool = False) -> ConvPlan:
+              facts: CpuFacts, strided: bool = False, flat: bool = False, pixels: bool = False) -> ConvPlan:
     """The kernel, tile and padded output of a conv for a target (`facts`); a pure function of the shape,
     so the compute and the schedule agree. `flat` (`flat_pixels`): the hout x wout pixels planned as one
     row of hout * wout when its tile has more real outputs per FMA slot than the best tile of rows (a tile
@@ -306,7 +307,12 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     14x14 1.48 -> 1.30 ms, 512 -> 1000 on 13x13 3.20 -> 2.86 ms; 16 -> 64 on 55x55, which 2 x 5 columns
     divide, ran 0.12 -> 0.13 ms flat (the epilogue's pixel addresses cost more in a 16-channel reduction).
     A flat conv takes the pointwise kernel wherever `choose_pixel_tile` finds a tile (its pixels whole
-    tiles of vectors)."""
+    tiles of vectors).
+    `pixels` (`conv2d_grouped.grouped_pointwise`): a grouped 1x1 conv, planned as GEMMs over pixel vectors
+    (kernel "pixels") when its pixels padded to whole vectors waste less than its channels padded to them."""
+    if pixels and (pixel_tile := grouped.choose_pixel_tile(cout // groups, hout * wout, facts)) is not None:
+        padding = ConvPadding(_ceil_to(cout, pixel_tile.channels), 1, _ceil_to(hout * wout, pixel_tile.pixels))
+        return ConvPlan("pixels", pixel_tile, padding)
     if cpg == 1 and groups > 1:  # depthwise (any channel multiplier): one input channel per output
         tile = choose_row_tile(hout, wout, facts, strided=strided)
         padding = ConvPadding(cout // groups, _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols))
@@ -344,6 +350,12 @@ def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, f
     taps_first = step_cost(facts).taps_first
     taps = packed_taps(w.shape, taps_first)
     plan = _plan(dims(x.shape), cout, taps, strides, padding, dilation, groups, facts)
+    if plan.kernel == "pixels":
+        return grouped.conv2d_grouped_pointwise(
+            x, w, b, residual, groups=groups, out_padding=plan.padding, activation=attrs.get("activation"),
+            activation_params=attrs.get("activation_params"),
+            residual_after_activation=attrs.get("residual_after_activation", False), fast_math=fast_math,
+            target=target)
     return conv2d_padded(x, w, b, residual, strides=strides, padding=padding, dilation=dilation, groups=groups,
                          activation=attrs.get("activation"), activation_params=attrs.get("activation_params"),
                          residual_after_activation=attrs.get("residual_after_activation", False),
@@ -359,7 +371,8 @@ def _plan(x_shape, cout: int, w_taps, strides, padding, dilation, groups: int, f
     hout = conv2d_out_size(int(hin), kh, strides[0], padding[0], padding[2], dilation[0])
     wout = conv2d_out_size(int(win), kw, strides[1], padding[1], padding[3], dilation[1])
     return conv_plan(_planned_batch(n), cout, hout, wout, cpg, kh, kw, groups, facts, strided=strides[1] > 1,
-                     flat=flat_pixels(kh, kw, strides, padding, groups, facts))
+                     flat=flat_pixels(kh, kw, strides, padding, groups, facts),
+                     pixels=grouped.grouped_pointwise(kh, kw, strides, padding, groups, cpg))
 
 
 def pack_conv(constants, attrs, shapes, target):
@@ -542,6 +555,10 @@ def _schedule_depthwise(sch, conv, epi, tile: RowTile):
 def schedule_conv2d_llvm(sch, attrs, target):
     conv = sch.get_sblock("conv")
     epi = sch.get_sblock("epilogue")
+    if len(sch.get_loops(conv)) == 4:  # (n, channel, pixel, rc): conv2d_grouped's GEMMs
+        grouped.schedule_grouped_pointwise(sch, conv, epi, _optional_block(sch, "pad"), attrs["groups"],
+                                           cpu_facts(target))
+        return
     batch, *loops = sch.get_loops(conv)
     cp, hp, wp, rc, rh, rw = (_extent(sch, loop) for loop in loops)
     cout, hout, wout = (_extent(sch, loop) for loop in sch.get_loops(epi)[1:])

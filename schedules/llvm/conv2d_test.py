@@ -18,6 +18,7 @@ from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.conv2d import (FLAT_COPY_CHANNELS, FLOAT_BYTES, choose_tile, conv2d_llvm, conv_plan,
                                               flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
                                               step_cost, tiled_accumulators)
+from tvm_fusion.schedules.llvm.conv2d_grouped import grouped_pointwise
 from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
 from tvm_fusion.testing import RESNET50_CONVS as RESNET50
 from tvm_fusion.testing import assert_close, conv_primfunc
@@ -362,7 +363,7 @@ NO_AVX2 = pytest.mark.skipif("avx2" not in (host_features() or ()), reason="this
 @pytest.mark.parametrize("case", PACKED_CASES, ids=_id)
 def test_packed_weights_match_numpy(case, target_name):
     """Every tiled conv reads W packed at compile time in its tile's channel blocks (no panel copy inside the
-    kernel); depthwise keeps W as it is. Numerics against float64 numpy, for the host's vector width and
+    kernel); depthwise and grouped 1x1 GEMMs over pixels (conv2d_grouped) keep W as it is. Numerics against float64 numpy, for the host's vector width and
     AVX2's."""
     target = PACK_TARGETS[target_name]
     executable, func, arrays, out_shape, reference = _packed_build(case, target)
@@ -370,7 +371,9 @@ def test_packed_weights_match_numpy(case, target_name):
     plan = conv_plan(1, case["oc"], *out_shape[2:], case["c"] // case.get("groups", 1), *(case["k"],) * 2,
                      case.get("groups", 1), cpu_facts(target), strided=stride > 1,
                      flat=flat_pixels(case["k"], case["k"], (stride,) * 2, (pad,) * 4 if isinstance(pad, int) else pad,
-                                      case.get("groups", 1), cpu_facts(target)))
+                                      case.get("groups", 1), cpu_facts(target)),
+                     pixels=grouped_pointwise(case["k"], case["k"], (stride,) * 2, (pad,) * 4 if isinstance(pad, int)
+                                              else pad, case.get("groups", 1), case["c"] // case.get("groups", 1)))
     wp = arrays[1]
     if plan.kernel != "depthwise":  # tiled: blocks of channel vectors; pointwise: blocks of its rows
         assert wp.ndim == 5 and wp.shape[-1] == plan.tile.channels

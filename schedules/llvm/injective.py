@@ -7,7 +7,10 @@ channel shuffle) writes every intermediate to its own buffer and each copy runs 
 time. This rule (a dlight `ScheduleRule`, run on the fused build's leftovers, `pipeline.legalize_passes`)
 inlines the intermediate blocks, fuses the output's trailing loops until they hold whole vectors,
 vectorizes them by the target's lanes and, when the kernel is large, runs its outer loop in parallel. A long
-output row that is not whole vectors (LONG_ROW_VECTORS) is split instead: its vectors, then a scalar tail.
+output row that is not whole vectors (LONG_ROW_VECTORS; the trailing loops fused up to that length, so an
+image plane of 14 x 14 is one row of 196) is split instead: its vectors, then a scalar tail. ShuffleNet's
+channel shuffles on 14x14 and 7x7 (Zen 2, one thread): 60 -> 9 us and 29 -> 5 us, the planes fused with
+the channels before (every lane's channel, row and column an int64 division).
 It declines (returns None) a function with a reduction, a symbolic extent or more than one block left.
 """
 
@@ -52,12 +55,15 @@ class LeftoverInjective(dlight.ScheduleRule):
         if not loops or extents is None:
             return None
         lanes = cpu_facts(target).float32_lanes
-        if extents[-1] % lanes and extents[-1] >= LONG_ROW_VECTORS * lanes:
-            return self._long_rows(sch, loops, extents, lanes)
         inner, run = len(loops) - 1, extents[-1]
-        while inner > 0 and run % lanes:  # the trailing loops, fused, cover whole vectors
+        while inner > 0 and run % lanes and run < LONG_ROW_VECTORS * lanes:  # trailing loops, fused: whole vectors
             inner -= 1
             run *= extents[inner]
+        if run % lanes and run >= LONG_ROW_VECTORS * lanes:  # or a long row (an image plane of 14 x 14)
+            if inner < len(loops) - 1:
+                loops = [*loops[:inner], sch.fuse(*loops[inner:])]
+                extents = [*extents[:inner], run]
+            return self._long_rows(sch, loops, extents, lanes)
         fused = sch.fuse(*loops[inner:]) if inner < len(loops) - 1 else loops[-1]
         if run % lanes == 0:  # a run that is not whole vectors stays scalar (no predicated tail)
             sch.vectorize(sch.split(fused, [None, lanes])[1])
