@@ -379,11 +379,11 @@ def pack_conv(constants, attrs, shapes, target):
     """W [O, C/G, KH, KW]  ==>  Wp [O' / B, C/G, KH, KW, B] (`pack_channel_blocks`; B: the tile's output
     channels, O': the channels padded per group to the tile; [O' / B, KH, KW, C/G, B] where
     `packs_taps_first`), packed once at compile time so the kernel reads each reduction step's weights as one
-    vector per `lanes` channels; None for depthwise (its weights are broadcast, one per tap)."""
+    vector per `lanes` channels; None for the depthwise and grouped "pixels" kernels, which read W as it is."""
     w, b = constants
     plan = _plan(ConvOperands.of(shapes).x, int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"], attrs["dilation"],
                  attrs.get("groups", 1), cpu_facts(target))
-    if plan.kernel == "depthwise":
+    if plan.kernel not in ("tiled", "pointwise"):  # depthwise broadcasts W per tap; "pixels" reads OIHW
         return None
     return [pack_channel_blocks(w, attrs.get("groups", 1), plan.padding.group_channels, plan.tile.channels,
                                 taps_first=packs_taps_first(target)), b]

@@ -362,9 +362,9 @@ NO_AVX2 = pytest.mark.skipif("avx2" not in (host_features() or ()), reason="this
 @pytest.mark.parametrize("target_name", ["host", pytest.param("avx2", marks=NO_AVX2)])
 @pytest.mark.parametrize("case", PACKED_CASES, ids=_id)
 def test_packed_weights_match_numpy(case, target_name):
-    """Every tiled conv reads W packed at compile time in its tile's channel blocks (no panel copy inside the
-    kernel); depthwise and grouped 1x1 GEMMs over pixels (conv2d_grouped) keep W as it is. Numerics against float64 numpy, for the host's vector width and
-    AVX2's."""
+    """Every tiled and pointwise conv reads W packed at compile time in its tile's channel blocks (no panel
+    copy inside the kernel); depthwise and grouped 1x1 GEMMs over pixels (conv2d_grouped) keep W as it is.
+    Numerics against float64 numpy, for the host's vector width and AVX2's."""
     target = PACK_TARGETS[target_name]
     executable, func, arrays, out_shape, reference = _packed_build(case, target)
     stride, pad = case.get("stride", 1), case.get("pad", 0)
@@ -375,7 +375,7 @@ def test_packed_weights_match_numpy(case, target_name):
                      pixels=grouped_pointwise(case["k"], case["k"], (stride,) * 2, (pad,) * 4 if isinstance(pad, int)
                                               else pad, case.get("groups", 1), case["c"] // case.get("groups", 1)))
     wp = arrays[1]
-    if plan.kernel != "depthwise":  # tiled: blocks of channel vectors; pointwise: blocks of its rows
+    if plan.kernel in ("tiled", "pointwise"):  # tiled: blocks of channel vectors; pointwise: of its rows
         assert wp.ndim == 5 and wp.shape[-1] == plan.tile.channels
         assert plan.kernel == "pointwise" or plan.tile.channels % plan.tile.lanes == 0
         script = func.script()
