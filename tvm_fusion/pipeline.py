@@ -46,8 +46,9 @@ def _llvm_leftovers():
     maps vectorized (`schedules/llvm/injective.py`), transposed convolutions (`schedules/llvm/conv_transpose.py`)."""
     from tvm_fusion.schedules.llvm.conv_transpose import LeftoverConvTranspose
     from tvm_fusion.schedules.llvm.injective import LeftoverInjective
+    from tvm_fusion.schedules.llvm.pooling import LeftoverPool
 
-    return dlight.ApplyDefaultSchedule(LeftoverInjective(), LeftoverConvTranspose())
+    return dlight.ApplyDefaultSchedule(LeftoverInjective(), LeftoverConvTranspose(), LeftoverPool())
 
 
 #: target kind -> passes (made on use) scheduling what the fused build left to TVM's default lowering
