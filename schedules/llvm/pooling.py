@@ -16,9 +16,10 @@ unrolled, LLVM's SLP pass packs the copies), and the average's division follows 
 Measured on one AVX2 core (Zen 2), each pool alone (`benchmarks/pooling.py`): the four models' stride-2
 pools up to 40% faster than TVM's default (the 112 x 112 max pools tie with warm caches and were 25-45%
 faster inside the models, where TVM's whole padded copy goes through memory). Declined, as TVM's loop
-measured as fast: global pools (one output pixel per plane) and stride-1 rows that are not whole vectors
-(Inception v2's 28 / 14 / 7 columns; half vectors on its 28 columns tied too). `match_pool` / `pool_plan`
-say why a function is declined.
+measured as fast: global pools (one output pixel per plane), stride-1 rows that are not whole vectors
+(Inception v2's 28 / 14 / 7 columns; half vectors on its 28 columns tied too) and unpadded pools whose rows
+run pixel by pixel (AlexNet, ZFNet, VGG-19, SqueezeNet, DenseNet: 2-20% slower scheduled). `match_pool` /
+`pool_plan` say why a function is declined.
 """
 
 from __future__ import annotations
@@ -154,6 +155,9 @@ def pool_plan(func, target) -> PoolMatch:
     if run is None:
         return match._replace(declined=f"output rows of {match.width} pixels (stride {match.stride}) are not "
                                        "whole vectors: TVM's per-pixel loop measured as fast")
+    if run == 1 and not match.pad:
+        return match._replace(declined=f"output rows of {match.width} pixels (stride {match.stride}) run pixel by "
+                                       "pixel and there is no padding copy to move: TVM's loop measured as fast")
     return match._replace(run=run)
 
 

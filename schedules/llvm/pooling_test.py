@@ -61,8 +61,9 @@ def _pools(built):
 CASES = [
     ("max", 8, (30, 30), 3, 2, (1, 1, 1, 1), 0, 0),  # ResNet-50 / ShuffleNet: 15 pixels a row, one run
     ("max", 8, (33, 33), 3, 2, (0, 0, 1, 1), 0, 0),  # Inception v2's end padding, 16 a row: two vectors
-    ("max", 4, (65, 65), 3, 2, (0, 0, 0, 0), 1, 0),  # SqueezeNet's ceil_mode, 32 a row
-    ("max", 4, (55, 55), 3, 2, (0, 0, 0, 0), 1, 0),  # ceil_mode, 27 a row: per pixel
+    ("max", 4, (56, 56), 3, 2, (0, 0, 0, 0), 1, 0),  # ceil_mode adds a column: 28 a row, per pixel, padded
+    ("max", 4, (65, 65), 3, 2, (0, 0, 0, 0), 1, 0),  # ceil_mode, 32 a row: vectors
+    ("max", 4, (55, 55), 3, 2, (1, 1, 1, 1), 1, 0),  # ceil_mode, 28 a row: per pixel, padded
     ("max", 4, (16, 16), 3, 1, (1, 1, 1, 1), 0, 0),  # stride 1, vectors
     ("max", 3, (29, 31), 3, 3, (1, 2, 1, 0), 1, 0),  # stride 3, odd, uneven padding
     ("avg", 8, (28, 28), 3, 2, (1, 1, 1, 1), 0, 0),  # ShuffleNet's, padding not counted
@@ -115,6 +116,8 @@ def test_declines_with_reasons():
     odd = _pool_func("max", (1, 64, 14, 14), 3, 1, (1, 1, 1, 1))  # 14 pixels a row, stride 1
     assert match_pool(odd).declined == "" and "not whole vectors" in pool_plan(odd, AVX2).declined
     assert LeftoverPool().apply(odd, AVX2, False) is None
+    unpadded = _pool_func("max", (1, 64, 55, 55), 3, 2, (0, 0, 0, 0))  # SqueezeNet's: 27 a row, pixel by pixel
+    assert "no padding copy to move" in pool_plan(unpadded, AVX2).declined
     x = te.placeholder((4, 64), "float32", name="x")
     r = te.reduce_axis((0, 64), name="r")
     rowsum = te.create_prim_func([x, te.compute((4,), lambda i: te.sum(x[i, r], axis=r), name="y")])
