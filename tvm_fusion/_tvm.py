@@ -26,7 +26,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_conver
 from tvm.relax.transform import FusionPattern, PatternCheckContext  # noqa: F401
 from tvm.runtime import _ffi_api as runtime_ffi
 from tvm.s_tir import SBlock, SBlockRealize, Schedule  # noqa: F401
-from tvm.sym import Analyzer  # noqa: F401  (tvm.arith before 0.27)
+from tvm.sym import Analyzer, detect_linear_equation  # noqa: F401  (tvm.arith before 0.27)
 from tvm.s_tir import dlight  # noqa: F401
 from tvm.s_tir.analysis import verify_gpu_code  # noqa: F401
 from tvm.s_tir.analysis import estimate_tir_flops  # noqa: F401
