@@ -64,13 +64,13 @@ class PixelTile:
         return self.rows + self.vectors
 
 
-def pixel_tiles(pixels: int, lanes: int, vector_registers: int) -> list[PixelTile]:
+def pixel_tiles(pixels: int, lanes: int, vector_registers: int, tail: bool = False) -> list[PixelTile]:
     """Every tile that fits the vector registers (its accumulators, its x vectors of a step and one
-    broadcast) and whose pixel vectors divide `pixels` (the pixels are never padded); none when a vector
-    does not divide them."""
+    broadcast) and whose pixel vectors divide `pixels`; none when a vector does not divide them. With
+    `tail`, every such tile no wider than `pixels` (the conv computes whole tiles, `padded_pixels`)."""
     tiles = []
     for vectors in range(1, vector_registers):
-        if pixels % (vectors * lanes):
+        if (vectors * lanes > pixels) if tail else pixels % (vectors * lanes):
             continue
         rows = (vector_registers - vectors - BROADCAST_REGISTERS) // vectors
         tiles += [PixelTile(r, vectors, lanes) for r in range(1, rows + 1)]
@@ -97,11 +97,22 @@ def padded_channels(cout: int, rows: int, reduction: int) -> int:
     return chunks * blocks * rows
 
 
+def padded_pixels(pixels: int, tile: PixelTile) -> int:
+    """The pixels the conv computes: whole tiles (the last one's pixels beyond `pixels` read zeros)."""
+    return -(-pixels // tile.cols) * tile.cols
+
+
 def _pixel_group(tiles: int, cols: int, reduction: int) -> int:
     """Pixel tiles per group: the largest divisor of `tiles` whose x strips (`reduction` planes x `cols`
     pixels each) fit PIXEL_GROUP_BYTES."""
     want = max(1, PIXEL_GROUP_BYTES // (cols * reduction * FLOAT_BYTES))
     return max(d for d in range(1, min(tiles, want) + 1) if tiles % d == 0)
+
+
+def _tail_group(tiles: int, cols: int, reduction: int) -> int:
+    """Pixel tiles per group when the last tile passes H * W (`tiles` counts it): the whole tiles grouped as
+    `_pixel_group`, so the last group holds only that tile (the one LoopPartition peels and runs serially)."""
+    return _pixel_group(tiles - 1, cols, reduction) if tiles > 1 else 1
 
 
 def _copy_strips(sch, pad, at_loop, cols: int):
@@ -116,6 +127,7 @@ def _copy_strips(sch, pad, at_loop, cols: int):
     po, pi = sch.split(p, [None, cols])
     sch.reorder(po, c, pi)
     sch.vectorize(pi)
+    return po
 
 
 def schedule_pointwise(sch, conv, epi, tile: PixelTile):
@@ -127,14 +139,24 @@ def schedule_pointwise(sch, conv, epi, tile: PixelTile):
     n, o, p = sch.get_loops(epi)
     chunks, blocks = channel_chunks(_extent(sch, o), tile.rows, _extent(sch, sch.get_loops(conv)[4]))
     oc, ob, oi = sch.split(o, [chunks, blocks, tile.rows])
-    tiles = _extent(sch, p) // tile.cols
-    group = _pixel_group(tiles, tile.cols, _extent(sch, sch.get_loops(conv)[4]))
-    pg, po, pv, pl = sch.split(p, [tiles // group, group, tile.vectors, tile.lanes])
+    pixels, reduction = _extent(sch, p), _extent(sch, sch.get_loops(conv)[4])
+    tiles = -(-pixels // tile.cols)
+    tail = pixels % tile.cols != 0
+    group = _tail_group(tiles, tile.cols, reduction) if tail else _pixel_group(tiles, tile.cols, reduction)
+    pg, po, pv, pl = sch.split(p, [-(-tiles // group), group, tile.vectors, tile.lanes])
     sch.reorder(n, oc, pg, ob, po, oi, pv, pl)
-    sch.parallel(sch.fuse(n, oc, pg))
+    if tail:  # the tiles past H * W: LoopPartition peels them, the others stay unpredicated
+        sch.fuse(n, oc)
+        sch.parallel(pg)
+        sch.annotate(pg, "pragma_loop_partition_hint", 1)
+        sch.annotate(po, "pragma_loop_partition_hint", 1)
+    else:
+        sch.parallel(sch.fuse(n, oc, pg))
     sch.compute_at(conv, po)
     *_, co, cw, rc = sch.get_loops(conv)  # the unit loops (one row, a 1x1 kernel) are gone
-    _copy_strips(sch, sch.get_sblock("pad"), sch.get_loops(epi)[0], tile.cols)
+    copy = _copy_strips(sch, sch.get_sblock("pad"), sch.get_loops(epi)[1 if tail else 0], tile.cols)
+    if tail:  # the last tile's pixels beyond H * W: its own loop, the others unpredicated whole vectors
+        sch.annotate(copy, "pragma_loop_partition_hint", 1)
     cv, cl = sch.split(cw, [tile.vectors, tile.lanes])
     sch.reorder(rc, co, cv, cl)
     sch.set_scope(conv, 0, "local")
