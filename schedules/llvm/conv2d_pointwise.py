@@ -16,8 +16,11 @@ each output row (the channel-vectorized tile of `conv2d.py` stores NCHW one elem
 
 W is packed at compile time in blocks of `rows` channels (`conv2d.pack_conv`: Wp[block, ci, row]), so each
 step's broadcasts are consecutive; the output channels are padded to whole chunks of blocks with zero
-weights (the epilogue drops them); the pixels are not padded (the plan exists only where a tile divides
-H * W: a lane-dependent predicate would scalarize the vector loops).
+weights (the epilogue drops them). Where no tile divides H * W (`conv2d._pixels_tail`: shallow convs),
+the conv computes whole tiles (`padded_pixels`, the copy's pixels past H * W zero), the whole tiles are
+grouped and the last tile is a group of its own; the pixel-group, tile and copy loops carry
+`pragma_loop_partition_hint`, so LoopPartition peels that tile (run serially after the parallel groups)
+and only its epilogue stores under a lane predicate (scalar): the main loop keeps whole-vector stores.
 Measured on Zen 2 (AVX2, one thread, CPU time, one conv + ReLU, channel-vectorized tile -> this kernel):
 64 -> 256 on 56x56 1.34 -> 1.12 ms, 256 -> 64 on 56x56 1.45 -> 1.28 ms, 320 -> 64 on 28x28 0.45 -> 0.39 ms,
 PP-OCR's 240 -> 240 on 12x80 1.67 -> 1.35 ms and 480 -> 480 on 6x80 3.09 -> 2.68 ms (README, "CPU
@@ -131,9 +134,9 @@ def _copy_strips(sch, pad, at_loop, cols: int):
 
 
 def schedule_pointwise(sch, conv, epi, tile: PixelTile):
-    """Schedule the flat compute (`conv2d_padded(flat=True, in_place=True)`: conv[n, C', 1, P] with C' the
-    channels padded to `tile.rows`, P = H * W unpadded) with `tile`: the epilogue's pixels fused into one
-    loop, the conv computed at each block of rows x pixel vectors, both vectorized over the pixels."""
+    """Schedule the flat compute (`conv2d_padded(flat=True)`: conv[n, C', 1, P'] with C' the channels padded
+    to `tile.rows`, P' = H * W or its whole tiles, `padded_pixels`) with `tile`: the epilogue's pixels fused
+    into one loop, the conv computed at each block of rows x pixel vectors, both vectorized over the pixels."""
     width = _extent(sch, sch.get_loops(epi)[3])
     sch.transform_block_layout(epi, lambda n_, o_, h_, w_: (n_, o_, h_ * width + w_))
     n, o, p = sch.get_loops(epi)
