@@ -598,7 +598,7 @@ def schedule_conv2d_llvm(sch, attrs, target):
     if plan.kernel == "depthwise":
         _schedule_depthwise(sch, conv, epi, plan.tile)
     elif plan.kernel == "pointwise":
-        schedule_pointwise(sch, conv, epi, plan.tile)
+        schedule_pointwise(sch, conv, epi, plan.tile, facts.threads)
     else:
         _schedule_tiled(sch, conv, epi, plan.tile, regrouped=groups > 1 and cp != cout,
                         padded_columns=wp != (hout * wout if flat else wout), flat=flat)

@@ -112,10 +112,14 @@ def _pixel_group(tiles: int, cols: int, reduction: int) -> int:
     return max(d for d in range(1, min(tiles, want) + 1) if tiles % d == 0)
 
 
-def _tail_group(tiles: int, cols: int, reduction: int) -> int:
+def _tail_group(tiles: int, cols: int, reduction: int, threads: int) -> int:
     """Pixel tiles per group when the last tile passes H * W (`tiles` counts it): the whole tiles grouped as
-    `_pixel_group`, so the last group holds only that tile (the one LoopPartition peels and runs serially)."""
-    return _pixel_group(tiles - 1, cols, reduction) if tiles > 1 else 1
+    `_pixel_group` in at least `threads` groups where they can be, so the last group holds only that tile
+    (the one LoopPartition peels and runs serially after the parallel groups)."""
+    if tiles == 1:
+        return 1
+    want = max(1, min(PIXEL_GROUP_BYTES // (cols * reduction * FLOAT_BYTES), (tiles - 1) // max(threads, 1)))
+    return max(d for d in range(1, min(tiles - 1, want) + 1) if (tiles - 1) % d == 0)
 
 
 def _copy_strips(sch, pad, at_loop, cols: int):
@@ -133,10 +137,11 @@ def _copy_strips(sch, pad, at_loop, cols: int):
     return po
 
 
-def schedule_pointwise(sch, conv, epi, tile: PixelTile):
+def schedule_pointwise(sch, conv, epi, tile: PixelTile, threads: int = 1):
     """Schedule the flat compute (`conv2d_padded(flat=True)`: conv[n, C', 1, P'] with C' the channels padded
     to `tile.rows`, P' = H * W or its whole tiles, `padded_pixels`) with `tile`: the epilogue's pixels fused
-    into one loop, the conv computed at each block of rows x pixel vectors, both vectorized over the pixels."""
+    into one loop, the conv computed at each block of rows x pixel vectors, both vectorized over the pixels.
+    A tail plan's pixel groups (sized for `threads`, the target's) are its outer, parallel loop."""
     width = _extent(sch, sch.get_loops(epi)[3])
     sch.transform_block_layout(epi, lambda n_, o_, h_, w_: (n_, o_, h_ * width + w_))
     n, o, p = sch.get_loops(epi)
@@ -145,15 +150,19 @@ def schedule_pointwise(sch, conv, epi, tile: PixelTile):
     pixels, reduction = _extent(sch, p), _extent(sch, sch.get_loops(conv)[4])
     tiles = -(-pixels // tile.cols)
     tail = pixels % tile.cols != 0
-    group = _tail_group(tiles, tile.cols, reduction) if tail else _pixel_group(tiles, tile.cols, reduction)
+    if tail:
+        group = _tail_group(tiles, tile.cols, reduction, threads)
+    else:
+        group = _pixel_group(tiles, tile.cols, reduction)
     pg, po, pv, pl = sch.split(p, [-(-tiles // group), group, tile.vectors, tile.lanes])
-    sch.reorder(n, oc, pg, ob, po, oi, pv, pl)
     if tail:  # the tiles past H * W: LoopPartition peels them, the others stay unpredicated
+        sch.reorder(pg, n, oc, ob, po, oi, pv, pl)
         sch.fuse(n, oc)
         sch.parallel(pg)
         sch.annotate(pg, "pragma_loop_partition_hint", 1)
         sch.annotate(po, "pragma_loop_partition_hint", 1)
     else:
+        sch.reorder(n, oc, pg, ob, po, oi, pv, pl)
         sch.parallel(sch.fuse(n, oc, pg))
     sch.compute_at(conv, po)
     *_, co, cw, rc = sch.get_loops(conv)  # the unit loops (one row, a 1x1 kernel) are gone
