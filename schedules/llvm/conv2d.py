@@ -72,6 +72,7 @@ MIN_DEPTHWISE_LANES = 4
 LOADS_PER_FMA = 2
 # `_pixels_tail`: the pointwise kernel on pixels no vector divides only for shallow, non-narrowing convs
 TAIL_MAX_REDUCTION = 128
+TAIL_MIN_PIXELS = 128
 # A flat 1x1 conv (`flat_pixels`) with fewer output channels reads x in place (NCHW: each reduction step
 # broadcasts the next input plane's pixels) rather than copying it channels-last first: the copy moves every
 # input element once for cout multiply-adds. Measured on Zen 2 (AVX2, one conv + ReLU, one thread, CPU time,
@@ -281,16 +282,18 @@ def flat_pixels(kh: int, kw: int, strides, padding, groups: int, facts: CpuFacts
             and all(int(s) == 1 for s in strides) and not any(int(p) for p in padding))
 
 
-def _pixels_tail(cout: int, reduction: int) -> bool:
+def _pixels_tail(cout: int, pixels: int, reduction: int) -> bool:
     """Whether a flat conv whose H * W no pixel vector divides takes the pointwise kernel with a last tile
     past H * W (`conv2d_pointwise.padded_pixels`, peeled by LoopPartition): at most TAIL_MAX_REDUCTION input
-    channels and no fewer output channels, where the tiled kernel's scalar NCHW stores weigh most. Measured
+    channels, no fewer output channels and at least TAIL_MIN_PIXELS pixels, where the tiled kernel's scalar
+    NCHW stores weigh most. Measured
     on Zen 2 (AVX2, one thread, CPU time, conv + bias + ReLU, tiled -> pointwise): 16 -> 64 on 55x55 0.114 ->
     0.091 ms, 96 -> 96 on 55x55 0.755 -> 0.606 ms, 32 -> 128 on 27x27 0.093 -> 0.068 ms, 128 -> 512 on 27x27
     1.091 -> 0.999 ms, 64 -> 256 on 13x13 0.069 -> 0.060 ms, 128 -> 128 on 14x14 0.076 -> 0.071 ms; deeper or
     narrowing convs lose (ResNet-50's 1024 -> 256 on 14x14 1.21 -> 1.50 ms, 256 -> 1024 on 14x14 1.07 -> 1.27
-    ms, 2048 -> 512 on 7x7 1.22 -> 2.05 ms; 96 -> 16 on 55x55 0.124 -> 0.147 ms)."""
-    return reduction <= TAIL_MAX_REDUCTION and cout >= reduction
+    ms, 2048 -> 512 on 7x7 1.22 -> 2.05 ms; 96 -> 16 on 55x55 0.124 -> 0.147 ms); 64 -> 128 on 7x7 ties
+    (0.012 ms)."""
+    return reduction <= TAIL_MAX_REDUCTION and cout >= reduction and pixels >= TAIL_MIN_PIXELS
 
 
 def choose_pixel_tile(cout: int, pixels: int, reduction: int, facts: CpuFacts) -> PixelTile | None:
@@ -303,7 +306,7 @@ def choose_pixel_tile(cout: int, pixels: int, reduction: int, facts: CpuFacts) -
         return None
     best, best_key = None, None
     tiles = pixel_tiles(pixels, facts.float32_lanes, facts.vector_registers)
-    if not tiles and _pixels_tail(cout, reduction):
+    if not tiles and _pixels_tail(cout, pixels, reduction):
         tiles = pixel_tiles(pixels, facts.float32_lanes, facts.vector_registers, tail=True)
     for tile in tiles:
         padded = padded_channels(cout, tile.rows, reduction)
