@@ -328,7 +328,7 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     14x14 1.48 -> 1.30 ms, 512 -> 1000 on 13x13 3.20 -> 2.86 ms; 16 -> 64 on 55x55, which 2 x 5 columns
     divide, ran 0.12 -> 0.13 ms flat (the epilogue's pixel addresses cost more in a 16-channel reduction).
     A flat conv takes the pointwise kernel wherever `choose_pixel_tile` finds a tile (its pixels whole
-    tiles of vectors).
+    tiles of vectors, or whole tiles past H * W for `_pixels_tail`'s shallow convs).
     `pixels` (`conv2d_grouped.grouped_pointwise`): a grouped 1x1 conv, planned as GEMMs over pixel vectors
     (kernel "pixels") when its pixels padded to whole vectors waste less than its channels padded to them."""
     if pixels and (pixel_tile := grouped.choose_pixel_tile(cout // groups, hout * wout, facts)) is not None:
