@@ -44,7 +44,8 @@ from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.llvm import conv2d_grouped as grouped
 from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvOperands, ConvPadding, conv2d_out_size, conv2d_padded,
                                          pack_channel_blocks, packed_taps)
-from tvm_fusion.schedules.llvm.conv2d_pointwise import PixelTile, padded_channels, pixel_tiles, schedule_pointwise
+from tvm_fusion.schedules.llvm.conv2d_pointwise import (PixelTile, padded_channels, padded_pixels, pixel_tiles,
+                                                        schedule_pointwise)
 
 __all__ = ["ConvTile", "RowTile", "ConvPlan", "choose_tile", "choose_row_tile", "conv_plan", "flat_pixels",
            "max_accumulators",
@@ -69,6 +70,9 @@ MIN_CHAINS = 6
 # depthwise conv ran 1.12x slower padded to 16 columns than TVM's generic 7-lane schedule
 MIN_DEPTHWISE_LANES = 4
 LOADS_PER_FMA = 2
+# `_pixels_tail`: the pointwise kernel on pixels no vector divides only for shallow, non-narrowing convs
+TAIL_MAX_REDUCTION = 128
+TAIL_MIN_PIXELS = 128
 # A flat 1x1 conv (`flat_pixels`) with fewer output channels reads x in place (NCHW: each reduction step
 # broadcasts the next input plane's pixels) rather than copying it channels-last first: the copy moves every
 # input element once for cout multiply-adds. Measured on Zen 2 (AVX2, one conv + ReLU, one thread, CPU time,
@@ -278,19 +282,36 @@ def flat_pixels(kh: int, kw: int, strides, padding, groups: int, facts: CpuFacts
             and all(int(s) == 1 for s in strides) and not any(int(p) for p in padding))
 
 
+def _pixels_tail(cout: int, pixels: int, reduction: int) -> bool:
+    """Whether a flat conv whose H * W no pixel vector divides takes the pointwise kernel with a last tile
+    past H * W (`conv2d_pointwise.padded_pixels`, peeled by LoopPartition): at most TAIL_MAX_REDUCTION input
+    channels, no fewer output channels and at least TAIL_MIN_PIXELS pixels, where the tiled kernel's scalar
+    NCHW stores weigh most. Measured
+    on Zen 2 (AVX2, one thread, CPU time, conv + bias + ReLU, tiled -> pointwise): 16 -> 64 on 55x55 0.114 ->
+    0.091 ms, 96 -> 96 on 55x55 0.755 -> 0.606 ms, 32 -> 128 on 27x27 0.093 -> 0.068 ms, 128 -> 512 on 27x27
+    1.091 -> 0.999 ms, 64 -> 256 on 13x13 0.069 -> 0.060 ms, 128 -> 128 on 14x14 0.076 -> 0.071 ms; deeper or
+    narrowing convs lose (ResNet-50's 1024 -> 256 on 14x14 1.21 -> 1.50 ms, 256 -> 1024 on 14x14 1.07 -> 1.27
+    ms, 2048 -> 512 on 7x7 1.22 -> 2.05 ms; 96 -> 16 on 55x55 0.124 -> 0.147 ms); 64 -> 128 on 7x7 ties
+    (0.012 ms)."""
+    return reduction <= TAIL_MAX_REDUCTION and cout >= reduction and pixels >= TAIL_MIN_PIXELS
+
+
 def choose_pixel_tile(cout: int, pixels: int, reduction: int, facts: CpuFacts) -> PixelTile | None:
     """The pixel-vectorized tile (`conv2d_pointwise`) of a flat conv with `pixels` = H * W on an ISA whose
     step cost says `pixel_vectors`: the most real outputs per FMA slot (`_efficiency`, the output channels
-    padded to whole chunks of the tile's rows: `padded_channels`), ties to more accumulators, then to fewer
-    loads; None when no pixel vector divides the pixels."""
+    padded to whole chunks of the tile's rows: `padded_channels`, the pixels to whole tiles), ties to more
+    accumulators, then to fewer loads; None when no pixel vector divides the pixels, unless `_pixels_tail`."""
     cost = step_cost(facts)
     if not cost.pixel_vectors:
         return None
     best, best_key = None, None
-    for tile in pixel_tiles(pixels, facts.float32_lanes, facts.vector_registers):
+    tiles = pixel_tiles(pixels, facts.float32_lanes, facts.vector_registers)
+    if not tiles and _pixels_tail(cout, pixels, reduction):
+        tiles = pixel_tiles(pixels, facts.float32_lanes, facts.vector_registers, tail=True)
+    for tile in tiles:
         padded = padded_channels(cout, tile.rows, reduction)
-        key = (_efficiency(tile.accumulators, tile.loads_per_step, (cout,), (padded,), cost), tile.accumulators,
-               -tile.loads_per_step)
+        key = (_efficiency(tile.accumulators, tile.loads_per_step, (cout, pixels),
+                           (padded, padded_pixels(pixels, tile)), cost), tile.accumulators, -tile.loads_per_step)
         if best_key is None or key > best_key:
             best, best_key = tile, key
     return best
@@ -307,7 +328,7 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     14x14 1.48 -> 1.30 ms, 512 -> 1000 on 13x13 3.20 -> 2.86 ms; 16 -> 64 on 55x55, which 2 x 5 columns
     divide, ran 0.12 -> 0.13 ms flat (the epilogue's pixel addresses cost more in a 16-channel reduction).
     A flat conv takes the pointwise kernel wherever `choose_pixel_tile` finds a tile (its pixels whole
-    tiles of vectors).
+    tiles of vectors, or whole tiles past H * W for `_pixels_tail`'s shallow convs).
     `pixels` (`conv2d_grouped.grouped_pointwise`): a grouped 1x1 conv, planned as GEMMs over pixel vectors
     (kernel "pixels") when its pixels padded to whole vectors waste less than its channels padded to them."""
     if pixels and (pixel_tile := grouped.choose_pixel_tile(cout // groups, hout * wout, facts)) is not None:
@@ -321,7 +342,8 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     if flat and hout > 1 and cpg > 1:
         pixels = choose_pixel_tile(cout, hout * wout, cpg, facts)
         if pixels is not None:
-            padding = ConvPadding(padded_channels(cout, pixels.rows, cpg), 1, hout * wout, pixels.rows)
+            padding = ConvPadding(padded_channels(cout, pixels.rows, cpg), 1, padded_pixels(hout * wout, pixels),
+                                  pixels.rows)
             return ConvPlan("pointwise", pixels, padding, flat=True)
         row = choose_tile(cout, 1, hout * wout, cpg * kh * kw, n, facts.threads, facts, groups)
         cost, opg = step_cost(facts), cout // groups
@@ -579,7 +601,7 @@ def schedule_conv2d_llvm(sch, attrs, target):
     if plan.kernel == "depthwise":
         _schedule_depthwise(sch, conv, epi, plan.tile)
     elif plan.kernel == "pointwise":
-        schedule_pointwise(sch, conv, epi, plan.tile)
+        schedule_pointwise(sch, conv, epi, plan.tile, facts.threads)
     else:
         _schedule_tiled(sch, conv, epi, plan.tile, regrouped=groups > 1 and cp != cout,
                         padded_columns=wp != (hout * wout if flat else wout), flat=flat)

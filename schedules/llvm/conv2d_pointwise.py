@@ -16,8 +16,11 @@ each output row (the channel-vectorized tile of `conv2d.py` stores NCHW one elem
 
 W is packed at compile time in blocks of `rows` channels (`conv2d.pack_conv`: Wp[block, ci, row]), so each
 step's broadcasts are consecutive; the output channels are padded to whole chunks of blocks with zero
-weights (the epilogue drops them); the pixels are not padded (the plan exists only where a tile divides
-H * W: a lane-dependent predicate would scalarize the vector loops).
+weights (the epilogue drops them). Where no tile divides H * W (`conv2d._pixels_tail`: shallow convs),
+the conv computes whole tiles (`padded_pixels`, the copy's pixels past H * W zero), the whole tiles are
+grouped and the last tile is a group of its own; the pixel-group, tile and copy loops carry
+`pragma_loop_partition_hint`, so LoopPartition peels that tile (run serially after the parallel groups)
+and only its epilogue stores under a lane predicate (scalar): the main loop keeps whole-vector stores.
 Measured on Zen 2 (AVX2, one thread, CPU time, one conv + ReLU, channel-vectorized tile -> this kernel):
 64 -> 256 on 56x56 1.34 -> 1.12 ms, 256 -> 64 on 56x56 1.45 -> 1.28 ms, 320 -> 64 on 28x28 0.45 -> 0.39 ms,
 PP-OCR's 240 -> 240 on 12x80 1.67 -> 1.35 ms and 480 -> 480 on 6x80 3.09 -> 2.68 ms (README, "CPU
@@ -64,13 +67,13 @@ class PixelTile:
         return self.rows + self.vectors
 
 
-def pixel_tiles(pixels: int, lanes: int, vector_registers: int) -> list[PixelTile]:
+def pixel_tiles(pixels: int, lanes: int, vector_registers: int, tail: bool = False) -> list[PixelTile]:
     """Every tile that fits the vector registers (its accumulators, its x vectors of a step and one
-    broadcast) and whose pixel vectors divide `pixels` (the pixels are never padded); none when a vector
-    does not divide them."""
+    broadcast) and whose pixel vectors divide `pixels`; none when a vector does not divide them. With
+    `tail`, every such tile no wider than `pixels` (the conv computes whole tiles, `padded_pixels`)."""
     tiles = []
     for vectors in range(1, vector_registers):
-        if pixels % (vectors * lanes):
+        if (vectors * lanes > pixels) if tail else pixels % (vectors * lanes):
             continue
         rows = (vector_registers - vectors - BROADCAST_REGISTERS) // vectors
         tiles += [PixelTile(r, vectors, lanes) for r in range(1, rows + 1)]
@@ -97,11 +100,26 @@ def padded_channels(cout: int, rows: int, reduction: int) -> int:
     return chunks * blocks * rows
 
 
+def padded_pixels(pixels: int, tile: PixelTile) -> int:
+    """The pixels the conv computes: whole tiles (the last one's pixels beyond `pixels` read zeros)."""
+    return -(-pixels // tile.cols) * tile.cols
+
+
 def _pixel_group(tiles: int, cols: int, reduction: int) -> int:
     """Pixel tiles per group: the largest divisor of `tiles` whose x strips (`reduction` planes x `cols`
     pixels each) fit PIXEL_GROUP_BYTES."""
     want = max(1, PIXEL_GROUP_BYTES // (cols * reduction * FLOAT_BYTES))
     return max(d for d in range(1, min(tiles, want) + 1) if tiles % d == 0)
+
+
+def _tail_group(tiles: int, cols: int, reduction: int, threads: int) -> int:
+    """Pixel tiles per group when the last tile passes H * W (`tiles` counts it): the whole tiles grouped as
+    `_pixel_group` in at least `threads` groups where they can be, so the last group holds only that tile
+    (the one LoopPartition peels and runs serially after the parallel groups)."""
+    if tiles == 1:
+        return 1
+    want = max(1, min(PIXEL_GROUP_BYTES // (cols * reduction * FLOAT_BYTES), (tiles - 1) // max(threads, 1)))
+    return max(d for d in range(1, min(tiles - 1, want) + 1) if (tiles - 1) % d == 0)
 
 
 def _copy_strips(sch, pad, at_loop, cols: int):
@@ -116,25 +134,41 @@ def _copy_strips(sch, pad, at_loop, cols: int):
     po, pi = sch.split(p, [None, cols])
     sch.reorder(po, c, pi)
     sch.vectorize(pi)
+    return po
 
 
-def schedule_pointwise(sch, conv, epi, tile: PixelTile):
-    """Schedule the flat compute (`conv2d_padded(flat=True, in_place=True)`: conv[n, C', 1, P] with C' the
-    channels padded to `tile.rows`, P = H * W unpadded) with `tile`: the epilogue's pixels fused into one
-    loop, the conv computed at each block of rows x pixel vectors, both vectorized over the pixels."""
+def schedule_pointwise(sch, conv, epi, tile: PixelTile, threads: int = 1):
+    """Schedule the flat compute (`conv2d_padded(flat=True)`: conv[n, C', 1, P'] with C' the channels padded
+    to `tile.rows`, P' = H * W or its whole tiles, `padded_pixels`) with `tile`: the epilogue's pixels fused
+    into one loop, the conv computed at each block of rows x pixel vectors, both vectorized over the pixels.
+    A tail plan's pixel groups (sized for `threads`, the target's) are its outer, parallel loop."""
     width = _extent(sch, sch.get_loops(epi)[3])
     sch.transform_block_layout(epi, lambda n_, o_, h_, w_: (n_, o_, h_ * width + w_))
     n, o, p = sch.get_loops(epi)
     chunks, blocks = channel_chunks(_extent(sch, o), tile.rows, _extent(sch, sch.get_loops(conv)[4]))
     oc, ob, oi = sch.split(o, [chunks, blocks, tile.rows])
-    tiles = _extent(sch, p) // tile.cols
-    group = _pixel_group(tiles, tile.cols, _extent(sch, sch.get_loops(conv)[4]))
-    pg, po, pv, pl = sch.split(p, [tiles // group, group, tile.vectors, tile.lanes])
-    sch.reorder(n, oc, pg, ob, po, oi, pv, pl)
-    sch.parallel(sch.fuse(n, oc, pg))
+    pixels, reduction = _extent(sch, p), _extent(sch, sch.get_loops(conv)[4])
+    tiles = -(-pixels // tile.cols)
+    tail = pixels % tile.cols != 0
+    if tail:
+        group = _tail_group(tiles, tile.cols, reduction, threads)
+    else:
+        group = _pixel_group(tiles, tile.cols, reduction)
+    pg, po, pv, pl = sch.split(p, [-(-tiles // group), group, tile.vectors, tile.lanes])
+    if tail:  # the tiles past H * W: LoopPartition peels them, the others stay unpredicated
+        sch.reorder(pg, n, oc, ob, po, oi, pv, pl)
+        sch.fuse(n, oc)
+        sch.parallel(pg)
+        sch.annotate(pg, "pragma_loop_partition_hint", 1)
+        sch.annotate(po, "pragma_loop_partition_hint", 1)
+    else:
+        sch.reorder(n, oc, pg, ob, po, oi, pv, pl)
+        sch.parallel(sch.fuse(n, oc, pg))
     sch.compute_at(conv, po)
     *_, co, cw, rc = sch.get_loops(conv)  # the unit loops (one row, a 1x1 kernel) are gone
-    _copy_strips(sch, sch.get_sblock("pad"), sch.get_loops(epi)[0], tile.cols)
+    copy = _copy_strips(sch, sch.get_sblock("pad"), sch.get_loops(epi)[1 if tail else 0], tile.cols)
+    if tail:  # the last tile's pixels beyond H * W: its own loop, the others unpredicated whole vectors
+        sch.annotate(copy, "pragma_loop_partition_hint", 1)
     cv, cl = sch.split(cw, [tile.vectors, tile.lanes])
     sch.reorder(rc, co, cv, cl)
     sch.set_scope(conv, 0, "local")

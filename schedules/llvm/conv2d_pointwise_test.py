@@ -8,12 +8,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tvm_fusion._tvm import te, tvm
+from tvm_fusion._tvm import device_lowering_passes, te, tvm
 from tvm_fusion.cpu_features import host_features
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm import conv2d as llvm_conv2d
 from tvm_fusion.schedules.llvm.conv2d import conv_plan, flat_pixels, pack_conv
-from tvm_fusion.schedules.llvm.conv2d_pointwise import CHUNK_BYTES, channel_chunks, pixel_tiles
+from tvm_fusion.schedules.llvm.conv2d_pointwise import CHUNK_BYTES, channel_chunks, padded_pixels, pixel_tiles
 from tvm_fusion.schedules.llvm.conv2d_test import AVX2, _id, _packed_build, _run, conv_reference
 from tvm_fusion.testing import RESNET50_CONVS, assert_close, conv_primfunc
 
@@ -49,6 +49,31 @@ def test_avx2_resnet50_pointwise_plans():
     assert len(kernels) == 7
 
 
+#: (C_in, C_out, H, W) of flat convs whose pixels no vector divides: the shallow, non-narrowing ones take
+#: the pointwise kernel with a last tile past H * W (SqueezeNet-like 55x55, 27x27, 13x13; 14x14)
+TAIL_PLANS = [(16, 64, 55, 55), (32, 128, 27, 27), (64, 256, 13, 13), (128, 128, 14, 14)]
+#: deep, narrowing or small ones keep the tiled kernel (ResNet-50's 14x14 and 7x7, DenseNet's 14x14 and 7x7,
+#: Inception-v2's 14x14, a squeeze, 7x7)
+TILED_PLANS = [(1024, 256, 14, 14), (256, 1024, 14, 14), (1024, 512, 14, 14), (512, 2048, 7, 7),
+               (2048, 512, 7, 7), (512, 128, 14, 14), (992, 128, 7, 7), (576, 64, 14, 14), (96, 16, 55, 55),
+               (64, 128, 7, 7)]
+
+
+def test_avx2_tail_plans():
+    """A tail plan computes whole tiles (padding.cols = the pixels rounded up to the tile's), its tile fits
+    the registers and is no wider than the pixels; AVX-512 keeps the tiled kernel."""
+    avx2, avx512 = cpu_facts(AVX2_TARGET), cpu_facts(tvm.target.Target(AVX512))
+    for c, oc, h, w in TAIL_PLANS:
+        plan = _plan(avx2, c, oc, h, w)
+        tile = plan.tile
+        assert plan.kernel == "pointwise" and h * w % avx2.float32_lanes, (c, oc, h, w, plan)
+        assert tile.accumulators + tile.vectors + 1 <= avx2.vector_registers and tile.cols <= h * w
+        assert plan.padding.cols == padded_pixels(h * w, tile) == -(-h * w // tile.cols) * tile.cols
+        assert _plan(avx512, c, oc, h, w).kernel == "tiled"
+    for c, oc, h, w in TILED_PLANS:
+        assert _plan(avx2, c, oc, h, w).kernel == "tiled", (c, oc, h, w)
+
+
 def test_pixel_tiles_follow_the_registers():
     """A tile's accumulators + its x vectors + one broadcast fit the register file, its vectors divide the
     pixels; no tile when a vector does not (196 pixels, 8 lanes)."""
@@ -56,6 +81,9 @@ def test_pixel_tiles_follow_the_registers():
         tiles = pixel_tiles(960, lanes, registers)
         assert tiles and all(t.accumulators + t.vectors + 1 <= registers and 960 % t.cols == 0 for t in tiles)
     assert not pixel_tiles(196, 8, 16)
+    tails = pixel_tiles(49, 8, 16, tail=True)
+    assert tails and all(t.cols <= 49 and t.accumulators + t.vectors + 1 <= 16 for t in tails)
+    assert {t.vectors for t in tails} == set(range(1, 7))
 
 
 def test_channel_chunks_keep_the_weights_in_cache_and_pad_little():
@@ -75,14 +103,23 @@ CASES = [
     dict(n=2, c=40, h=6, w=80, oc=60, k=1),
     dict(n=1, c=24, h=3, w=16, oc=13, k=1),
     dict(n=1, c=480, h=2, w=40, oc=120, k=1),
+    # pixels no vector divides: a last tile past H * W (odd counts, 14x14, 7x7, batch 2, channels padded)
+    dict(n=1, c=16, h=55, w=55, oc=64, k=1),
+    dict(n=1, c=32, h=27, w=27, oc=128, k=1),
+    dict(n=1, c=128, h=14, w=14, oc=128, k=1),
+    dict(n=1, c=64, h=7, w=7, oc=128, k=1),
+    dict(n=2, c=24, h=9, w=9, oc=40, k=1),
+    dict(n=1, c=48, h=13, w=13, oc=200, k=1),
 ]
 
 
 @NO_AVX2
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_pointwise_matches_numpy(case):
+def test_pointwise_matches_numpy(case, monkeypatch):
     """W packed in blocks of the tile's rows (zero rows beyond cout), a residual, the same element-wise
-    verdict (numerics.TOLERANCES) as every conv kernel; run for the AVX2 target."""
+    verdict (numerics.TOLERANCES) as every conv kernel; run for the AVX2 target. Tail plans on any pixel
+    count here (7x7 and 9x9 too, under TAIL_MIN_PIXELS)."""
+    monkeypatch.setattr(llvm_conv2d, "TAIL_MIN_PIXELS", 1)
     target = AVX2_TARGET
     plan = _plan(cpu_facts(target), case["c"], case["oc"], case["h"], case["w"])
     assert plan.kernel == "pointwise", plan
@@ -143,3 +180,21 @@ def test_avx512_pointwise_compiles(monkeypatch):
     executable, func, *_ = _packed_build(dict(n=1, c=64, h=56, w=56, oc=256, k=1), avx512)
     asm = executable.mod.inspect_source("asm")
     assert "zmm" in asm and "vfmadd231ps" in asm
+
+
+def test_tail_schedule_keeps_the_main_loop_whole_vectors():
+    """196 pixels (14x14): the conv computes whole tiles, LoopPartition peels the last one (the tile loops
+    carry its hint), and the lowered main loop stores each accumulator as one whole 8-lane vector with no
+    lane predicate; only the peeled tile's epilogue, after it, is scalar. No gathers, ymm only."""
+    case = dict(n=1, c=128, h=14, w=14, oc=128, k=1)
+    tile = _plan(cpu_facts(AVX2_TARGET), 128, 128, 14, 14).tile
+    executable, func, *_ = _packed_build(case, AVX2_TARGET)
+    assert func.script().count("pragma_loop_partition_hint") == 3  # pixel groups, tiles, copy
+    with AVX2_TARGET:
+        lowered = tvm.transform.Sequential(device_lowering_passes())(tvm.IRModule({"main": func}))["main"]
+    stores = [line.strip() for line in lowered.script().splitlines() if line.strip().startswith("epilogue_1[")]
+    whole = [i for i, line in enumerate(stores) if ":" in line.split("]")[0]]
+    assert len(whole) == tile.accumulators and whole == list(range(len(whole))), stores
+    assert len(stores) > len(whole)  # the peeled tile
+    asm = executable.mod.inspect_source("asm")
+    assert "vgather" not in asm and "vfmadd231ps" in asm and "zmm" not in asm
