@@ -32,15 +32,16 @@ from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import ConvPadding, affine_epilogue
 
-__all__ = ["PixelTile", "grouped_pointwise", "choose_pixel_tile", "conv2d_grouped_pointwise",
+__all__ = ["GroupTile", "grouped_pointwise", "choose_group_tile", "conv2d_grouped_pointwise",
            "schedule_grouped_pointwise"]
 
 MAX_CHANNELS = 8  # output channels (broadcast weights) per tile
 
 
 @dataclass(frozen=True)
-class PixelTile:
-    """`channels` output channels x `vectors` vectors of `lanes` pixels."""
+class GroupTile:
+    """A grouped 1x1 conv's register tile: `channels` output channels (which may span two groups) x `vectors`
+    vectors of `lanes` pixels (`conv2d_pointwise.PixelTile` is the groups=1 kernel's)."""
     channels: int
     vectors: int
     lanes: int
@@ -60,7 +61,7 @@ def grouped_pointwise(kh: int, kw: int, strides, padding, groups: int, cpg: int)
             and not any(int(p) for p in padding))
 
 
-def choose_pixel_tile(opg: int, pixels: int, facts: CpuFacts) -> PixelTile | None:
+def choose_group_tile(opg: int, pixels: int, facts: CpuFacts) -> GroupTile | None:
     """The tile with the most real outputs (channels and pixels padded to the tile), ties to fewer pixel
     vectors; None when the pixels padded to whole vectors waste as much as the channels padded to them (the
     tiled kernel's padding). Pixels that are whole vectors take tiles that divide them. The accumulators take
@@ -79,7 +80,7 @@ def choose_pixel_tile(opg: int, pixels: int, facts: CpuFacts) -> PixelTile | Non
         if pixels % lanes == 0 and pixels % (vectors * lanes):
             continue  # whole vectors of pixels: tiles that divide them (no x copy, no epilogue apart)
         for channels in range(1, min(opg, MAX_CHANNELS) + 1):
-            tile = PixelTile(channels, vectors, lanes)
+            tile = GroupTile(channels, vectors, lanes)
             if 2 * tile.accumulators > facts.vector_registers:
                 break
             real = tile.accumulators * opg / _ceil_to(opg, channels) * pixels / _ceil_to(pixels, tile.pixels)
@@ -128,10 +129,10 @@ def conv2d_grouped_pointwise(x, w, b, residual=None, *, groups: int, out_padding
 
 
 def schedule_grouped_pointwise(sch, conv, epi, pad, groups: int, facts: CpuFacts):
-    """Tiles of `choose_pixel_tile`: the conv's accumulators in registers, the epilogue applied to each tile
+    """Tiles of `choose_group_tile`: the conv's accumulators in registers, the epilogue applied to each tile
     (or, for pixels that are not whole vectors, to the stored tiles in a loop nest of its own)."""
     cout, height, width = (int(sch.get(loop).extent) for loop in sch.get_loops(epi)[1:])  # n may be symbolic
-    tile = choose_pixel_tile(cout // groups, height * width, facts)
+    tile = choose_group_tile(cout // groups, height * width, facts)
     real = height * width
     if pad is not None:  # whole vectors of real pixels, then the last one with its zeros
         n, c, p = sch.get_loops(pad)
