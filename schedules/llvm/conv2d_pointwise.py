@@ -165,16 +165,18 @@ def schedule_pointwise(sch, conv, epi, tile: PixelTile, threads: int = 1):
         sch.reorder(n, oc, pg, ob, po, oi, pv, pl)
         sch.parallel(sch.fuse(n, oc, pg))
     sch.compute_at(conv, po)
-    *_, co, cw, rc = sch.get_loops(conv)  # the unit loops (one row, a 1x1 kernel) are gone
+    # the unit loops (one image row, a 1x1 kernel; the channel loop of a one-row tile) are gone
+    *_, co, cw, rc = sch.get_loops(conv) if tile.rows > 1 else (None, *sch.get_loops(conv)[-2:])
     copy = _copy_strips(sch, sch.get_sblock("pad"), sch.get_loops(epi)[1 if tail else 0], tile.cols)
     if tail:  # the last tile's pixels beyond H * W: its own loop, the others unpredicated whole vectors
         sch.annotate(copy, "pragma_loop_partition_hint", 1)
     cv, cl = sch.split(cw, [tile.vectors, tile.lanes])
-    sch.reorder(rc, co, cv, cl)
+    sch.reorder(rc, *([co] if co is not None else []), cv, cl)
     sch.set_scope(conv, 0, "local")
     sch.vectorize(cl)
     sch.unroll(cv)
-    sch.unroll(co)
+    if co is not None:
+        sch.unroll(co)
     sch.decompose_reduction(conv, rc)
     sch.unroll(oi)
     sch.unroll(pv)

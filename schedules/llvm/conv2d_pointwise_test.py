@@ -110,6 +110,8 @@ CASES = [
     dict(n=1, c=64, h=7, w=7, oc=128, k=1),
     dict(n=2, c=24, h=9, w=9, oc=40, k=1),
     dict(n=1, c=48, h=13, w=13, oc=200, k=1),
+    # one output channel: a one-row tile, whose conv has no channel loop (YOLOv8's DFL conv, 16 -> 1 on 4x2100)
+    dict(n=1, c=16, h=4, w=2100, oc=1, k=1),
 ]
 
 
