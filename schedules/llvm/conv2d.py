@@ -296,17 +296,19 @@ def _pixels_tail(cout: int, pixels: int, reduction: int) -> bool:
     return reduction <= TAIL_MAX_REDUCTION and cout >= reduction and pixels >= TAIL_MIN_PIXELS
 
 
-def choose_pixel_tile(cout: int, pixels: int, reduction: int, facts: CpuFacts) -> PixelTile | None:
+def choose_pixel_tile(cout: int, pixels: int, reduction: int, facts: CpuFacts,
+                      tail: bool = False) -> PixelTile | None:
     """The pixel-vectorized tile (`conv2d_pointwise`) of a flat conv with `pixels` = H * W on an ISA whose
     step cost says `pixel_vectors`: the most real outputs per FMA slot (`_efficiency`, the output channels
     padded to whole chunks of the tile's rows: `padded_channels`, the pixels to whole tiles), ties to more
-    accumulators, then to fewer loads; None when no pixel vector divides the pixels, unless `_pixels_tail`."""
+    accumulators, then to fewer loads; None when no pixel vector divides the pixels, unless `_pixels_tail`
+    or `tail` (`conv_plan`: the tiled kernel would pad the output channels)."""
     cost = step_cost(facts)
     if not cost.pixel_vectors:
         return None
     best, best_key = None, None
     tiles = pixel_tiles(pixels, facts.float32_lanes, facts.vector_registers)
-    if not tiles and _pixels_tail(cout, pixels, reduction):
+    if not tiles and (tail or _pixels_tail(cout, pixels, reduction)):
         tiles = pixel_tiles(pixels, facts.float32_lanes, facts.vector_registers, tail=True)
     for tile in tiles:
         padded = padded_channels(cout, tile.rows, reduction)
@@ -328,7 +330,12 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     14x14 1.48 -> 1.30 ms, 512 -> 1000 on 13x13 3.20 -> 2.86 ms; 16 -> 64 on 55x55, which 2 x 5 columns
     divide, ran 0.12 -> 0.13 ms flat (the epilogue's pixel addresses cost more in a 16-channel reduction).
     A flat conv takes the pointwise kernel wherever `choose_pixel_tile` finds a tile (its pixels whole
-    tiles of vectors, or whole tiles past H * W for `_pixels_tail`'s shallow convs).
+    tiles of vectors, or whole tiles past H * W for `_pixels_tail`'s shallow convs and for any conv whose
+    output channels the flat tiled tile would pad: that tile's epilogue then runs under a channel predicate,
+    scalar. Measured on Zen 2 (AVX2, one thread, CPU time, conv + ReLU, tiled -> pointwise with a tail):
+    SqueezeNet's 512 -> 1000 on 13x13 2.58 -> 1.95 ms (2 x 5 tile, 1000 padded to 1008; 512 -> 1024 ran
+    2.02 ms tiled), 256 -> 1000 on 13x13 1.56 -> 0.94 ms, 512 -> 1000 on 14x14 2.83 -> 2.29 ms, 576 -> 120
+    on 14x14 0.344 -> 0.317 ms; 576 -> 127 on 14x14 lost 0.325 -> 0.342 ms.
     `pixels` (`conv2d_grouped.grouped_pointwise`): a grouped 1x1 conv, planned as GEMMs over pixel vectors
     (kernel "pixels") when its pixels padded to whole vectors waste less than its channels padded to them."""
     if pixels and (pixel_tile := grouped.choose_group_tile(cout // groups, hout * wout, facts)) is not None:
@@ -340,12 +347,12 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
         return ConvPlan("depthwise", tile, padding)
     tile = choose_tile(cout, hout, wout, cpg * kh * kw, n, facts.threads, facts, groups)
     if flat and hout > 1 and cpg > 1:
-        pixels = choose_pixel_tile(cout, hout * wout, cpg, facts)
+        row = choose_tile(cout, 1, hout * wout, cpg * kh * kw, n, facts.threads, facts, groups)
+        pixels = choose_pixel_tile(cout, hout * wout, cpg, facts, tail=cout % row.channels != 0)
         if pixels is not None:
             padding = ConvPadding(padded_channels(cout, pixels.rows, cpg), 1, padded_pixels(hout * wout, pixels),
                                   pixels.rows)
             return ConvPlan("pointwise", pixels, padding, flat=True)
-        row = choose_tile(cout, 1, hout * wout, cpg * kh * kw, n, facts.threads, facts, groups)
         cost, opg = step_cost(facts), cout // groups
         if row.cols > 1 and _tile_efficiency(row, opg, 1, hout * wout, cost) > _tile_efficiency(tile, opg, hout, wout,
                                                                                                cost):

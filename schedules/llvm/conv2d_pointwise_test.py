@@ -74,6 +74,36 @@ def test_avx2_tail_plans():
         assert _plan(avx2, c, oc, h, w).kernel == "tiled", (c, oc, h, w)
 
 
+#: flat convs whose channels the tiled kernel's tile would pad (its epilogue then runs under a channel
+#: predicate): the pointwise kernel with a tail whatever their depth (SqueezeNet's classifier, 1000 classes)
+PADDED_PLANS = [(512, 1000, 13, 13), (256, 1000, 13, 13), (512, 1000, 14, 14)]
+
+
+def test_avx2_padded_channel_plans():
+    """A flat conv the tiled kernel would pad to its channel tile takes the pointwise kernel (tail tile past
+    H * W); 1024 classes, a multiple of the tile, keep the tiled kernel; AVX-512 keeps it too."""
+    avx2, avx512 = cpu_facts(AVX2_TARGET), cpu_facts(tvm.target.Target(AVX512))
+    for c, oc, h, w in PADDED_PLANS:
+        plan = _plan(avx2, c, oc, h, w)
+        assert plan.kernel == "pointwise" and plan.padding.cols == padded_pixels(h * w, plan.tile), plan
+        assert _plan(avx512, c, oc, h, w).kernel == "tiled"
+    assert _plan(avx2, 512, 1024, 13, 13).kernel == "tiled"
+
+
+@NO_AVX2
+def test_padded_channel_plan_is_bit_identical_to_the_tiled_kernel(monkeypatch):
+    """SqueezeNet's classifier (512 -> 1000 on 13x13): the pointwise kernel returns the very bits of the
+    tiled kernel it replaces (the same reduction order)."""
+    case = dict(n=1, c=512, h=13, w=13, oc=1000, k=1)
+    outputs = []
+    for pixel_tile in (llvm_conv2d.choose_pixel_tile, lambda *a, **k: None):
+        monkeypatch.setattr(llvm_conv2d, "choose_pixel_tile", pixel_tile)
+        executable, _, arrays, out_shape, reference = _packed_build(case, AVX2_TARGET)
+        outputs.append(_run(executable, arrays, out_shape))
+    assert_close(outputs[0], reference, _id(case))
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
 def test_pixel_tiles_follow_the_registers():
     """A tile's accumulators + its x vectors + one broadcast fit the register file, its vectors divide the
     pixels; no tile when a vector does not (196 pixels, 8 lanes)."""
@@ -110,6 +140,7 @@ CASES = [
     dict(n=1, c=64, h=7, w=7, oc=128, k=1),
     dict(n=2, c=24, h=9, w=9, oc=40, k=1),
     dict(n=1, c=48, h=13, w=13, oc=200, k=1),
+    dict(n=1, c=512, h=13, w=13, oc=1000, k=1),  # deep, channels the tiled kernel pads (`PADDED_PLANS`)
     # one output channel: a one-row tile, whose conv has no channel loop (YOLOv8's DFL conv, 16 -> 1 on 4x2100)
     dict(n=1, c=16, h=4, w=2100, oc=1, k=1),
 ]

@@ -130,7 +130,8 @@ def test_avx2_pointwise_convs_tile_their_pixels_as_one_row():
     assert late.flat and (late.tile.oc_vectors, late.tile.cols) == (2, 5)
     assert (late.padding.rows, late.padding.cols) == (1, 50)
     assert not late.in_place, "512 output channels: x copied channels-last"
-    assert conv_plan(1, FLAT_COPY_CHANNELS - 1, 14, 14, 576, 1, 1, 1, avx2, flat=True).in_place
+    # under FLAT_COPY_CHANNELS and a multiple of the tile's channels (channels it would pad: `pointwise`)
+    assert conv_plan(1, FLAT_COPY_CHANNELS - 16, 14, 14, 576, 1, 1, 1, avx2, flat=True).in_place
     assert not conv_plan(1, 512, 7, 7, 2048, 1, 1, 1, avx2).flat
     assert not conv_plan(1, 32, 55, 55, 256, 1, 1, 1, avx2, flat=True).flat, "2 x 5 columns divide 55"
     assert not conv_plan(1, 16, 1, 49, 32, 1, 1, 1, avx2, flat=True).flat, "one row already"
