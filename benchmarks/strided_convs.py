@@ -24,9 +24,11 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "schedules" / "llvm"))
 
 import conv2d_test  # noqa: E402  (the packed build the tests use)
+from cpu_speed import set_tvm_threads  # noqa: E402
 
 import tvm_fusion.schedules.llvm.conv2d as llvm_conv  # noqa: E402
 from tvm_fusion._tvm import tvm  # noqa: E402
@@ -85,6 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args(argv)
     target = resolve_target(args.target)
+    set_tvm_threads(1)
     for name in args.shapes or SHAPES:
         shape = SHAPES[name]
         case = dict(zip(("n", "c", "h", "w", "oc", "k", "stride", "pad"), shape), activation=args.activation)
