@@ -29,7 +29,8 @@ Flat 1x1 convs whose H * W is whole pixel tiles, on an ISA whose step cost says 
 `pointwise`, pixels vectorized and the NCHW output stored as whole vectors (`conv2d_pointwise.py`).
 
 Padding is materialised by its own parallel loop nest first (inlining it into the reduction is ~10x
-slower on 3x3).
+slower on 3x3), channels-last where the ISA packs W taps first, NCHW for shallow strided convs
+(`channels_last_input`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from tvm_fusion.schedules.llvm.conv2d_pointwise import (PixelTile, padded_channe
 
 __all__ = ["ConvTile", "RowTile", "ConvPlan", "choose_tile", "choose_row_tile", "conv_plan", "flat_pixels",
            "max_accumulators",
-           "tiled_accumulators", "packs_taps_first",
+           "tiled_accumulators", "packs_taps_first", "channels_last_input",
            "conv2d_llvm", "pack_conv", "schedule_conv2d_llvm"]
 
 FLOAT_BYTES = 4
@@ -80,6 +81,18 @@ TAIL_MIN_PIXELS = 128
 # 14x14 0.24 -> 0.18 ms, 576 -> 96 on 14x14 0.31 -> 0.25 ms; 512 -> 128 on 28x28 1.38 -> 1.42 ms,
 # 64 -> 256 on 56x56 1.38 -> 1.56 ms, 2048 -> 512 on 7x7 1.30 -> 1.84 ms.
 FLAT_COPY_CHANNELS = 128
+# A strided conv with at most STRIDED_NCHW_CHANNELS input channels (per group) and at most STRIDED_NCHW_MACS
+# multiply-adds per input element, cout * KH * KW / (stride_h * stride_w), writes its padded input NCHW even
+# where the ISA's step cost says `taps_first` (channels-last): the transposing copy then costs more than the
+# plane jumps of its reduction steps. Measured on Zen 2 (AVX2, one conv + ReLU, one thread, CPU time,
+# channels-last -> NCHW; the sums unchanged, bit-identical): YOLOv8n's 3x3/2 3 -> 16 on 320x320 0.50 -> 0.47
+# ms (36 per element), 16 -> 32 on 160x160 1.08 -> 0.77 ms (72), 32 -> 64 on 80x80 0.70 -> 0.66 ms (144),
+# ShuffleNet's 3x3/2 stem 3 -> 24 0.36 -> 0.34 ms (54), 1x1/2 64 -> 32 on 56x56 0.117 -> 0.078 ms (8); more
+# multiply-adds or channels lose: 3x3/2 64 -> 128 on 40x40 0.65 -> 0.68 ms and 128 -> 128 on 56x56 2.72 ->
+# 3.15 ms (288), ResNet-50's 1x1/2 256 -> 512 on 56x56 3.28 -> 3.92 ms (128, 256 planes); its 7x7/2 stem
+# (784) ties.
+STRIDED_NCHW_MACS = 144
+STRIDED_NCHW_CHANNELS = 64
 
 
 @dataclass(frozen=True)
@@ -273,6 +286,16 @@ def _vector_lanes(full: int) -> list[int]:
     """The target's vector and its halves down to MIN_DEPTHWISE_LANES: a narrow output row (7 columns)
     pads to the narrower vector, its input copy and column gathers half as long."""
     return [full >> i for i in range(full.bit_length()) if full >> i >= min(full, MIN_DEPTHWISE_LANES)]
+
+
+def channels_last_input(kernel: str, cpg: int, cout: int, kh: int, kw: int, strides, facts: CpuFacts) -> bool:
+    """Whether the llvm schedule writes a conv's padded input [n, h, w, c]: a tiled conv on an ISA whose step
+    cost says `taps_first`, unless strided with at most STRIDED_NCHW_CHANNELS input channels per group (`cpg`)
+    and STRIDED_NCHW_MACS multiply-adds per input element."""
+    if kernel != "tiled" or not step_cost(facts).taps_first:
+        return False
+    sh, sw = (int(s) for s in strides)
+    return sh * sw == 1 or cpg > STRIDED_NCHW_CHANNELS or cout * kh * kw > STRIDED_NCHW_MACS * sh * sw
 
 
 def flat_pixels(kh: int, kw: int, strides, padding, groups: int, facts: CpuFacts) -> bool:
@@ -604,7 +627,9 @@ def schedule_conv2d_llvm(sch, attrs, target):
                           "compute (registry.get_compute(name, 'llvm')) under the same target")
     pad = _optional_block(sch, "pad")
     if pad is not None and plan.kernel != "pointwise":
-        _schedule_pad(sch, pad, channels_last=plan.kernel == "tiled" and step_cost(facts).taps_first, flat=flat)
+        _schedule_pad(sch, pad, channels_last=channels_last_input(plan.kernel, rc, cout, rh, rw, attrs["strides"],
+                                                                 facts),
+                      flat=flat)
     if plan.kernel == "depthwise":
         _schedule_depthwise(sch, conv, epi, plan.tile)
     elif plan.kernel == "pointwise":

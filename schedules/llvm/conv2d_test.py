@@ -15,8 +15,9 @@ from tvm_fusion.cpu_features import host_features
 from tvm_fusion.schedules.conv2d import conv2d_out_size, pack_channel_blocks
 from tvm_fusion.schedules.dense import dense_affine
 from tvm_fusion.hardware import cpu_facts
-from tvm_fusion.schedules.llvm.conv2d import (FLAT_COPY_CHANNELS, FLOAT_BYTES, choose_tile, conv2d_llvm, conv_plan,
-                                              flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
+from tvm_fusion.schedules.llvm.conv2d import (FLAT_COPY_CHANNELS, FLOAT_BYTES, STRIDED_NCHW_CHANNELS,
+                                              STRIDED_NCHW_MACS,
+                                              channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
                                               step_cost, tiled_accumulators)
 from tvm_fusion.schedules.llvm.conv2d_grouped import grouped_pointwise
 from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
@@ -407,3 +408,40 @@ def test_weight_and_input_layout_follow_the_target(spec):
     shape = [int(d) for d in re.search(r"\(\((\d+, \d+, \d+, \d+)\)", pad).group(1).split(", ")]
     assert (shape[3] if taps_first else shape[1]) == 24, pad
     assert ("zmm" in executable.mod.inspect_source("asm")) != taps_first
+
+
+#: strided convs with few multiply-adds per input element (YOLOv8n's 3x3/2 3 -> 16 and 16 -> 32 on small
+#: images, ShuffleNet's 3 -> 24 stem, a 1x1/2 narrowing conv) and deeper ones that keep the channels-last copy
+#: on AVX2 (3x3/2 128 -> 128, the 7x7/2 3 -> 64 stem); image sizes odd so rows and columns are padded
+STRIDED_CASES = [
+    (dict(n=1, c=3, h=33, w=31, oc=16, k=3, stride=2, pad=1), False),
+    (dict(n=1, c=16, h=21, w=22, oc=32, k=3, stride=2, pad=1), False),
+    (dict(n=1, c=3, h=29, w=29, oc=24, k=3, stride=2, pad=1), False),
+    (dict(n=1, c=64, h=56, w=56, oc=32, k=1, stride=2), False),  # 28 columns padded to the tile: a copy
+    (dict(n=1, c=128, h=15, w=15, oc=128, k=3, stride=2, pad=1), True),
+    (dict(n=1, c=3, h=37, w=37, oc=64, k=7, stride=2, pad=3), True),
+    (dict(n=1, c=128, h=15, w=15, oc=256, k=1, stride=2), True),  # ResNet-50's 1x1/2 downsampling: many planes
+]
+
+
+@pytest.mark.parametrize("spec", [AVX2, {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}], ids=["avx2", "avx512"])
+@pytest.mark.parametrize("case,channels_last", STRIDED_CASES, ids=[_id(c) for c, _ in STRIDED_CASES])
+def test_shallow_strided_convs_read_their_input_nchw(case, channels_last, spec):
+    """A strided tiled conv with at most STRIDED_NCHW_CHANNELS input channels and STRIDED_NCHW_MACS
+    multiply-adds per input element writes its padded input NCHW on AVX2 (W still packed taps first); deeper ones, and every conv on AVX-512 (not taps first),
+    keep their layout. Numerics against float64 numpy where the host runs the code (AVX-512: compiled only)."""
+    target = tvm.target.Target(spec)
+    executable, func, arrays, out_shape, reference = _packed_build(case, target)
+    taps_first = spec is AVX2
+    macs = case["oc"] * case["k"] ** 2 / case["stride"] ** 2
+    shallow = macs <= STRIDED_NCHW_MACS and case["c"] <= STRIDED_NCHW_CHANNELS
+    assert channels_last_input("tiled", case["c"], case["oc"], case["k"], case["k"], (case["stride"],) * 2,
+                               cpu_facts(target)) == (taps_first and channels_last) == (taps_first and not shallow)
+    pad = next((b for b in func.script().splitlines() if "pad = T.sblock_alloc_buffer" in b), None)
+    if pad is not None:  # none where the tile divides the output of an unpadded conv: x read as it is
+        shape = [int(d) for d in re.search(r"\(\((\d+, \d+, \d+, \d+)\)", pad).group(1).split(", ")]
+        assert shape[3 if taps_first and channels_last else 1] == case["c"], pad
+    if taps_first:
+        assert arrays[1].shape[1:4] == (case["k"], case["k"], case["c"])
+    if taps_first and "avx2" in (host_features() or ()):
+        assert_close(_run(executable, arrays, out_shape), reference, _id(case))
