@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from tvm_fusion._tvm import Schedule, dlight, tirx
+from tvm_fusion._tvm import Schedule, TensorLoad, dlight, tirx
 from tvm_fusion.hardware import cpu_facts
 
 __all__ = ["LeftoverInjective", "PARALLEL_ELEMENTS"]
@@ -34,6 +34,11 @@ LONG_ROW_VECTORS = 4
 def _extents(sch, loops) -> list[int] | None:
     values = [sch.get(loop).extent for loop in loops]
     return [int(v) for v in values] if all(isinstance(v, tirx.IntImm) for v in values) else None
+
+
+def _pure_copy(sch, block) -> bool:
+    """Whether the block stores one load of its input as it is (a channel shuffle, a reshape, a transpose)."""
+    return isinstance(getattr(sch.get(block).body, "value", None), TensorLoad)
 
 
 class LeftoverInjective(dlight.ScheduleRule):
@@ -55,11 +60,17 @@ class LeftoverInjective(dlight.ScheduleRule):
         if not loops or extents is None:
             return None
         lanes = cpu_facts(target).float32_lanes
+        # a pure copy is fused up to a long row (an image plane); anything else keeps the rule from before
+        # (a map that calls sinh / cosh, fused into a long row, reached TVM's llvm codegen as a vector call it
+        # cannot lower: the ONNX backend's test_sinh / test_cosh)
+        long_limit = LONG_ROW_VECTORS * lanes if _pure_copy(sch, blocks[0].block_rv) else None
+        if long_limit is None and extents[-1] % lanes and extents[-1] >= LONG_ROW_VECTORS * lanes:
+            return self._long_rows(sch, loops, extents, lanes)
         inner, run = len(loops) - 1, extents[-1]
-        while inner > 0 and run % lanes and run < LONG_ROW_VECTORS * lanes:  # trailing loops, fused: whole vectors
+        while inner > 0 and run % lanes and (long_limit is None or run < long_limit):  # fused: whole vectors
             inner -= 1
             run *= extents[inner]
-        if run % lanes and run >= LONG_ROW_VECTORS * lanes:  # or a long row (an image plane of 14 x 14)
+        if long_limit is not None and run % lanes and run >= long_limit:  # or a long row (a 14 x 14 plane)
             if inner < len(loops) - 1:
                 loops = [*loops[:inner], sch.fuse(*loops[inner:])]
                 extents = [*extents[:inner], run]

@@ -81,7 +81,8 @@ def recognise(func) -> Softmax:
     if len(func.params) != 2:
         return Softmax(None, declined=f"{len(func.params)} parameters, expected 2 (input, output)")
     x, out = func.params
-    if not all(isinstance(n, tirx.IntImm) for n in x.shape) or [int(n) for n in x.shape] != [int(n) for n in out.shape]:
+    static = all(isinstance(n, tirx.IntImm) for n in (*x.shape, *out.shape))
+    if not static or [int(n) for n in x.shape] != [int(n) for n in out.shape]:
         return Softmax(None, declined=f"symbolic or different shapes: {list(x.shape)} -> {list(out.shape)}")
     try:
         blocks = _blocks(func)
