@@ -17,8 +17,9 @@ It declines (returns None) a function with a reduction, a symbolic extent or mor
 from __future__ import annotations
 
 import math
+import re
 
-from tvm_fusion._tvm import Schedule, TensorLoad, dlight, tirx
+from tvm_fusion._tvm import Schedule, dlight, tirx
 from tvm_fusion.hardware import cpu_facts
 
 __all__ = ["LeftoverInjective", "PARALLEL_ELEMENTS"]
@@ -36,9 +37,16 @@ def _extents(sch, loops) -> list[int] | None:
     return [int(v) for v in values] if all(isinstance(v, tirx.IntImm) for v in values) else None
 
 
-def _pure_copy(sch, block) -> bool:
-    """Whether the block stores one load of its input as it is (a channel shuffle, a reshape, a transpose)."""
-    return isinstance(getattr(sch.get(block).body, "value", None), TensorLoad)
+#: what a row fused up to a long row may compute: loads, arithmetic, selects and the math TVM's llvm codegen
+#: lowers for vectors; any other call (sinh, cosh: "unknown intrinsic" at codegen) keeps the rule from before
+_LONG_ROW_OPS = frozenset({"if_then_else", "likely", "max", "min", "Cast", "Select", "exp", "sigmoid", "tanh",
+                           "sqrt", "log", "fabs", "floordiv", "floormod", "truncdiv", "truncmod", "int64", "int32",
+                           "float32", "float16", "float64", "bfloat16", "bool", "int8", "uint8", "Buffer"})
+
+
+def _long_row_ok(sch, block) -> bool:
+    """Whether the block computes only what a vector row may (`_LONG_ROW_OPS`), read from its printed body."""
+    return set(re.findall(r"\bT\.(\w+)\(", str(sch.get(block).body))) <= _LONG_ROW_OPS
 
 
 class LeftoverInjective(dlight.ScheduleRule):
@@ -60,10 +68,9 @@ class LeftoverInjective(dlight.ScheduleRule):
         if not loops or extents is None:
             return None
         lanes = cpu_facts(target).float32_lanes
-        # a pure copy is fused up to a long row (an image plane); anything else keeps the rule from before
-        # (a map that calls sinh / cosh, fused into a long row, reached TVM's llvm codegen as a vector call it
-        # cannot lower: the ONNX backend's test_sinh / test_cosh)
-        long_limit = LONG_ROW_VECTORS * lanes if _pure_copy(sch, blocks[0].block_rv) else None
+        # fused up to a long row (an image plane) unless the row calls what TVM cannot vectorize (a sinh /
+        # cosh row reached its llvm codegen as a vector call it cannot lower: the ONNX backend's test_sinh)
+        long_limit = LONG_ROW_VECTORS * lanes if _long_row_ok(sch, blocks[0].block_rv) else None
         if long_limit is None and extents[-1] % lanes and extents[-1] >= LONG_ROW_VECTORS * lanes:
             return self._long_rows(sch, loops, extents, lanes)
         inner, run = len(loops) - 1, extents[-1]
