@@ -207,7 +207,7 @@ class RowTile:
 @dataclass(frozen=True)
 class ConvPlan:
     kernel: str  # "tiled", "depthwise" or "pointwise" (`conv2d_pointwise`)
-    tile: ConvTile | RowTile | PixelTile | grouped.GroupTile
+    tile: ConvTile | RowTile | PixelTile
     padding: ConvPadding
     flat: bool = False  # the pixels tiled as one row (`flat_pixels`): padding.rows is 1
     in_place: bool = False  # flat, x read where it is (NCHW), not copied channels-last (FLAT_COPY_CHANNELS)
@@ -362,7 +362,7 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     `pixels` (`conv2d_grouped.grouped_pointwise`): a grouped 1x1 conv, planned as GEMMs over pixel vectors
     (kernel "pixels") when its pixels padded to whole vectors waste less than its channels padded to them."""
     if pixels and (pixel_tile := grouped.choose_group_tile(cout // groups, hout * wout, facts)) is not None:
-        padding = ConvPadding(_ceil_to(cout, pixel_tile.channels), 1, _ceil_to(hout * wout, pixel_tile.pixels))
+        padding = ConvPadding(_ceil_to(cout, pixel_tile.channels), 1, _ceil_to(hout * wout, pixel_tile.cols))
         return ConvPlan("pixels", pixel_tile, padding)
     if cpg == 1 and groups > 1:  # depthwise (any channel multiplier): one input channel per output
         tile = choose_row_tile(hout, wout, facts, strided=strided)

@@ -24,35 +24,18 @@ the same left-to-right sum over its group's channels as the tiled kernel's: the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion.hardware import CpuFacts
 from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import ConvPadding, affine_epilogue
+from tvm_fusion.schedules.llvm.conv2d_pointwise import PixelTile  # rows: channels (may span groups); cols: pixels
 
-__all__ = ["GroupTile", "grouped_pointwise", "choose_group_tile", "conv2d_grouped_pointwise",
+__all__ = ["grouped_pointwise", "choose_group_tile", "conv2d_grouped_pointwise",
            "schedule_grouped_pointwise"]
 
 MAX_CHANNELS = 8  # output channels (broadcast weights) per tile
-
-
-@dataclass(frozen=True)
-class GroupTile:
-    """A grouped 1x1 conv's register tile: `channels` output channels (which may span two groups) x `vectors`
-    vectors of `lanes` pixels (`conv2d_pointwise.PixelTile` is the groups=1 kernel's)."""
-    channels: int
-    vectors: int
-    lanes: int
-
-    @property
-    def pixels(self) -> int:
-        return self.vectors * self.lanes
-
-    @property
-    def accumulators(self) -> int:
-        return self.channels * self.vectors
 
 
 def grouped_pointwise(kh: int, kw: int, strides, padding, groups: int, cpg: int) -> bool:
@@ -61,7 +44,7 @@ def grouped_pointwise(kh: int, kw: int, strides, padding, groups: int, cpg: int)
             and not any(int(p) for p in padding))
 
 
-def choose_group_tile(opg: int, pixels: int, facts: CpuFacts) -> GroupTile | None:
+def choose_group_tile(opg: int, pixels: int, facts: CpuFacts) -> PixelTile | None:
     """The tile with the most real outputs (channels and pixels padded to the tile), ties to fewer pixel
     vectors; None when the pixels padded to whole vectors waste as much as the channels padded to them (the
     tiled kernel's padding). Pixels that are whole vectors take tiles that divide them. The accumulators take
@@ -80,10 +63,10 @@ def choose_group_tile(opg: int, pixels: int, facts: CpuFacts) -> GroupTile | Non
         if pixels % lanes == 0 and pixels % (vectors * lanes):
             continue  # whole vectors of pixels: tiles that divide them (no x copy, no epilogue apart)
         for channels in range(1, min(opg, MAX_CHANNELS) + 1):
-            tile = GroupTile(channels, vectors, lanes)
+            tile = PixelTile(channels, vectors, lanes)
             if 2 * tile.accumulators > facts.vector_registers:
                 break
-            real = tile.accumulators * opg / _ceil_to(opg, channels) * pixels / _ceil_to(pixels, tile.pixels)
+            real = tile.accumulators * opg / _ceil_to(opg, channels) * pixels / _ceil_to(pixels, tile.cols)
             key = (round(real, 6), -vectors)
             if best_key is None or key > best_key:
                 best, best_key = tile, key
@@ -141,7 +124,7 @@ def schedule_grouped_pointwise(sch, conv, epi, pad, groups: int, facts: CpuFacts
         sch.vectorize(sch.split(body, [None, tile.lanes])[1])
     sch.transform_block_layout(epi, lambda n_, o_, h_, w_: (n_, o_, h_ * width + w_))
     later = None
-    if real % tile.pixels:  # the epilogue apart, its last vector partitioned off (a predicate on vector lanes
+    if real % tile.cols:  # the epilogue apart, its last vector partitioned off (a predicate on vector lanes
         later, epi = epi, sch.cache_write(conv, 0, "global")  # would make it scalar), each tile stored
     n, o, p, rc = sch.get_loops(conv)
     oo, oi = sch.split(o, [None, tile.channels])

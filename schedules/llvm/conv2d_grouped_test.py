@@ -11,6 +11,7 @@ import pytest
 from tvm_fusion._tvm import tvm
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm import conv2d_grouped
+from tvm_fusion.schedules.llvm.conv2d_pointwise import PixelTile
 from tvm_fusion.schedules.llvm.conv2d import conv_plan
 from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET, _packed_build, _run
 
@@ -41,13 +42,13 @@ def test_plans_per_target():
     """AVX2: 4 channels x 2 vectors of 8 pixels (16 registers: accumulators and their input vectors); AVX-512
     fits twice the accumulators in 32 zmm; the tiled kernel where its channels pad no more than the pixels."""
     plan = _plan(SHUFFLENET[0], AVX2)
-    assert plan.kernel == "pixels" and plan.tile == conv2d_grouped.GroupTile(4, 2, 8)
+    assert plan.kernel == "pixels" and plan.tile == PixelTile(4, 2, 8)
     assert plan.padding.group_channels == 136, "136 channels are whole tiles of 4"
     wide = _plan(SHUFFLENET[0], AVX512)
     assert wide.kernel == "pixels" and wide.tile.lanes == 16 and 2 * wide.tile.accumulators <= 32
     stage2 = _plan(dict(n=1, c=272, h=14, w=14, oc=272, k=1, groups=4), AVX2)
     assert stage2.kernel == "pixels" and stage2.padding.cols == 208, "196 pixels pad less than 68 channels"
-    assert stage2.tile == conv2d_grouped.GroupTile(4, 2, 8)
+    assert stage2.tile == PixelTile(4, 2, 8)
     assert _plan(dict(n=1, c=544, h=7, w=7, oc=544, k=1, groups=4), AVX2).kernel == "tiled", "136 channels"
     assert _plan(dict(n=1, c=256, h=13, w=13, oc=256, k=1, groups=2), AVX2).kernel == "tiled", "AlexNet-like"
     assert not conv2d_grouped.grouped_pointwise(3, 3, (1, 1), (1, 1, 1, 1), 4, 34)
