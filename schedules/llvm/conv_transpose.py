@@ -18,7 +18,9 @@ are constants, each input pixel loaded serves both channels). Rows (batch, outpu
 row) run in parallel, the sum (input channel, tap row, tap column) outside the run.
 Every output sums the same non-zero terms in the same order as TVM's lowering (the dropped terms are
 products with zero), so the results are bit-identical to the unfused build for finite weights (an
-infinite or NaN weight times a dropped zero was NaN there). Where `phase_sum` declines (stride 1 has no
+infinite or NaN weight times a dropped zero was NaN there, at outputs the weight never reaches; the phase
+sum agrees with onnxruntime, the ONNX definition, on those: `test_infinite_weight_gives_onnxruntimes_result_not_nan`).
+Where `phase_sum` declines (stride 1 has no
 zero taps; a lowering it does not recognise; its `declined` says which), the dilation is inlined into the
 padding copy and the sum runs in TVM's order over the padded input. Epilogues TVM fused behind the sum
 (bias, sigmoid) are left as they are. The rule declines any other function.

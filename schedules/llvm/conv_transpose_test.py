@@ -129,3 +129,29 @@ def test_declines_other_functions_and_targets():
     (func,) = [f for gv, f in legal.functions.items() if "conv2d_transpose" in gv.name_hint]
     assert rule.apply(func, tvm.target.Target("cuda"), False) is None
     assert rule.apply(func, AVX2, False) is not None
+
+
+def test_infinite_weight_gives_onnxruntimes_result_not_nan():
+    """out = sum over the taps that exist: an infinite weight makes its outputs inf, and only those.
+
+    TVM's lowering (the unfused build) dilates the input with zeros and multiplies them by every weight, so
+    there inf * 0 made NaN at the outputs the weight never reaches; the phase sum skips those products and
+    agrees with onnxruntime (the ONNX definition), NaN for NaN and inf for inf."""
+    g = GraphBuilder(0)
+    x = g.input("x", [1, 4, 5, 5])
+    weights = np.random.default_rng(0).normal(size=(4, 3, 3, 3)).astype(np.float32)
+    weights[1, 2, 0, 0] = np.inf
+    y = g.op("ConvTranspose", [x, g.const(weights, "w")], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+             output_padding=[1, 1])
+    model = g.model([y])
+    built = build(frontend.import_onnx(model), AVX2, "fused")
+    assert "data_dilate" not in _conv_transpose_func(built).script()  # the phase sum, not TVM's lowering
+    data = np.random.default_rng(1).normal(size=(1, 4, 5, 5)).astype(np.float32)
+    ours = run_build(built, [data])[0]
+    sess, _ = run_onnxruntime(model, {"x": data})
+    reference = sess.run(None, {"x": data})[0]
+    assert np.isinf(reference).sum() == 16 and not np.isnan(reference).any()
+    np.testing.assert_array_equal(np.isinf(ours), np.isinf(reference))
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(reference))
+    finite = np.isfinite(reference)
+    assert_close(ours[finite], reference[finite], "conv transpose, finite outputs")
