@@ -236,6 +236,15 @@ def structural_hash(node) -> int:
     return int(tvm_ffi.structural_hash(node))
 
 
+def called_ops(node) -> frozenset[str]:
+    """The names of the ops a TIR statement or expression calls (`exp`, `sinh`, `if_then_else`, ...), without their
+    namespace (`tirx.exp`, `prim.if_then_else`): tvm-ffi's structural walk (TVM 0.27's Python has no TIR visitor; `tirx.stmt_functor` was
+    removed). Arithmetic, selects, casts, min / max and loads are nodes, not calls."""
+    names: set[str] = set()
+    tvm_ffi.structural_walk(node, (tvm.ir.expr.Call, lambda call: names.add(str(call.op.name).rsplit(".", 1)[-1])))
+    return frozenset(names)
+
+
 def has_cuda_device() -> bool:
     """Whether a CUDA device is present (a driver and a GPU)."""
     return bool(tvm.cuda(0).exist)

@@ -17,9 +17,8 @@ It declines (returns None) a function with a reduction, a symbolic extent or mor
 from __future__ import annotations
 
 import math
-import re
 
-from tvm_fusion._tvm import Schedule, dlight, tirx
+from tvm_fusion._tvm import Schedule, called_ops, dlight, tirx
 from tvm_fusion.hardware import cpu_facts
 
 __all__ = ["LeftoverInjective", "PARALLEL_ELEMENTS"]
@@ -37,16 +36,15 @@ def _extents(sch, loops) -> list[int] | None:
     return [int(v) for v in values] if all(isinstance(v, tirx.IntImm) for v in values) else None
 
 
-#: what a row fused up to a long row may compute: loads, arithmetic, selects and the math TVM's llvm codegen
-#: lowers for vectors; any other call (sinh, cosh: "unknown intrinsic" at codegen) keeps the rule from before
-_LONG_ROW_OPS = frozenset({"if_then_else", "likely", "max", "min", "Cast", "Select", "exp", "sigmoid", "tanh",
-                           "sqrt", "log", "fabs", "floordiv", "floormod", "truncdiv", "truncmod", "int64", "int32",
-                           "float32", "float16", "float64", "bfloat16", "bool", "int8", "uint8", "Buffer"})
+#: the calls a row fused up to a long row may make: the math TVM's llvm codegen lowers for vectors (loads,
+#: arithmetic, selects, casts and min / max are not calls); any other call (sinh, cosh: "unknown intrinsic" at
+#: codegen) keeps the rule from before
+_LONG_ROW_CALLS = frozenset({"if_then_else", "likely", "exp", "sigmoid", "tanh", "sqrt", "log", "fabs"})
 
 
 def _long_row_ok(sch, block) -> bool:
-    """Whether the block computes only what a vector row may (`_LONG_ROW_OPS`), read from its printed body."""
-    return set(re.findall(r"\bT\.(\w+)\(", str(sch.get(block).body))) <= _LONG_ROW_OPS
+    """Whether the block calls only what a vector row may (`_LONG_ROW_CALLS`)."""
+    return called_ops(sch.get(block).body) <= _LONG_ROW_CALLS
 
 
 class LeftoverInjective(dlight.ScheduleRule):
