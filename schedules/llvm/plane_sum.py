@@ -4,8 +4,10 @@
 TVM legalizes `R.mean(x, axis=[2, 3])` into a sum block over the trailing axes (`x_red`) and a division,
 and leaves them unscheduled on the CPU: one output at a time, a single scalar add chain waiting on the add
 latency. This rule (a dlight `ScheduleRule`, `pipeline.legalize_passes`) splits the outputs into groups of
-CHAINS and moves the group's lanes inside the reduction: CHAINS independent add chains per step, each
-output still summed in TVM's order (bit-identical to the unfused build); the map follows each group.
+CHAINS (fewer where CHAINS consecutive outputs would cross an axis boundary: each group must be a box of
+the output, `group_size`) and moves the group's lanes inside the reduction: CHAINS independent add chains
+per step, each output still summed in TVM's order (bit-identical to the unfused build); the map follows
+each group.
 
     parallel for group of CHAINS outputs (one thread when small, pooling.PARALLEL_TAPS):
         acc[CHAINS] = 0
