@@ -149,8 +149,8 @@ class LeftoverPlaneSum(dlight.ScheduleRule):
 
 def _covers_group(sch, block, group, chains: int) -> bool:
     """The map's loops under `group` run exactly `chains` constant iterations: its group's outputs only.
-    TVM allocates the sum per group (only the group's loop uses it), so a map over a bounding box larger
-    than the group would read sums this group never computed."""
+    Only the group's loop uses the sum buffer, so TVM compacts it to one group's region with indices relative
+    to the group: a map over a bounding box larger than the group reads slots this group never wrote."""
     loops = [sch.get(loop) for loop in sch.get_loops(block)]
     outer = [loop.same_as(sch.get(group)) for loop in loops]
     if True not in outer:
