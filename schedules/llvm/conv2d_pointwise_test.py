@@ -337,3 +337,16 @@ def test_grouped_float16_widens_to_float32(case):
     tvm.compile(tvm.IRModule({"main": scheduled}), TARGET)["main"](*[tvm.runtime.tensor(a) for a in (x, w, b)], out)
     want = conv_reference(x.astype("float32"), w.astype("float32"), b, None, attrs).astype("float16")
     assert_close(out.numpy(), want, "float16 " + _group_id(case))
+
+
+@pytest.mark.parametrize("case,residual,kernel", [
+    (SHUFFLENET[0], False, "pixels"), (SHUFFLENET[-1], True, "pixels"),
+    (dict(n=1, c=64, h=56, w=56, oc=256, k=1), True, "pointwise"), (dict(n=1, c=64, h=56, w=56, oc=64, k=3, pad=1),
+                                                                    False, "tiled")],
+    ids=["grouped-28x28", "grouped-7x9-residual", "pointwise-56x56-residual", "tiled-3x3"])
+def test_schedule_dispatches_on_the_plan_of_its_operands(case, residual, kernel):
+    """schedule_conv2d_llvm picks the loop nest from the plan of its PrimFunc's operand shapes (x, [residual],
+    W, b: the plan the compute padded to), not from the conv stage's loops."""
+    func, attrs, _ = conv_primfunc(**case, residual=residual, target=AVX2_TARGET)
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    assert llvm_conv2d._scheduled_plan(sch, attrs, cpu_facts(AVX2_TARGET)).kernel == kernel
