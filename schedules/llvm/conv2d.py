@@ -42,9 +42,9 @@ from tvm_fusion.errors import FusionError
 from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
-from tvm_fusion.schedules.llvm import conv2d_grouped as grouped
 from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvOperands, ConvPadding, conv2d_out_size, conv2d_padded,
                                          pack_channel_blocks, packed_taps)
+from tvm_fusion.schedules.llvm import conv2d_pointwise as pointwise
 from tvm_fusion.schedules.llvm.conv2d_pointwise import (PixelTile, padded_channels, padded_pixels, pixel_tiles,
                                                         schedule_pointwise)
 
@@ -359,9 +359,9 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     SqueezeNet's 512 -> 1000 on 13x13 2.58 -> 1.95 ms (2 x 5 tile, 1000 padded to 1008; 512 -> 1024 ran
     2.02 ms tiled), 256 -> 1000 on 13x13 1.56 -> 0.94 ms, 512 -> 1000 on 14x14 2.83 -> 2.29 ms, 576 -> 120
     on 14x14 0.344 -> 0.317 ms; 576 -> 127 on 14x14 lost 0.325 -> 0.342 ms.
-    `pixels` (`conv2d_grouped.grouped_pointwise`): a grouped 1x1 conv, planned as GEMMs over pixel vectors
+    `pixels` (`conv2d_pointwise.grouped_pointwise`): a grouped 1x1 conv, planned as GEMMs over pixel vectors
     (kernel "pixels") when its pixels padded to whole vectors waste less than its channels padded to them."""
-    if pixels and (pixel_tile := grouped.choose_group_tile(cout // groups, hout * wout, facts)) is not None:
+    if pixels and (pixel_tile := pointwise.choose_group_tile(cout // groups, hout * wout, facts)) is not None:
         padding = ConvPadding(_ceil_to(cout, pixel_tile.channels), 1, _ceil_to(hout * wout, pixel_tile.cols))
         return ConvPlan("pixels", pixel_tile, padding)
     if cpg == 1 and groups > 1:  # depthwise (any channel multiplier): one input channel per output
@@ -403,7 +403,7 @@ def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, f
     taps = packed_taps(w.shape, taps_first)
     plan = _plan(dims(x.shape), cout, taps, strides, padding, dilation, groups, facts)
     if plan.kernel == "pixels":
-        return grouped.conv2d_grouped_pointwise(
+        return pointwise.conv2d_grouped_pointwise(
             x, w, b, residual, groups=groups, out_padding=plan.padding, activation=attrs.get("activation"),
             activation_params=attrs.get("activation_params"),
             residual_after_activation=attrs.get("residual_after_activation", False), fast_math=fast_math,
@@ -424,7 +424,7 @@ def _plan(x_shape, cout: int, w_taps, strides, padding, dilation, groups: int, f
     wout = conv2d_out_size(int(win), kw, strides[1], padding[1], padding[3], dilation[1])
     return conv_plan(_planned_batch(n), cout, hout, wout, cpg, kh, kw, groups, facts, strided=strides[1] > 1,
                      flat=flat_pixels(kh, kw, strides, padding, groups, facts),
-                     pixels=grouped.grouped_pointwise(kh, kw, strides, padding, groups, cpg))
+                     pixels=pointwise.grouped_pointwise(kh, kw, strides, padding, groups, cpg))
 
 
 def pack_conv(constants, attrs, shapes, target):
@@ -439,6 +439,14 @@ def pack_conv(constants, attrs, shapes, target):
         return None
     return [pack_channel_blocks(w, attrs.get("groups", 1), plan.padding.group_channels, plan.tile.channels,
                                 taps_first=packs_taps_first(target)), b]
+
+
+def _scheduled_plan(sch, attrs, facts: CpuFacts) -> ConvPlan:
+    """The plan `conv2d_llvm` computed the scheduled PrimFunc with: `_plan` of its operands' shapes
+    (x, [residual], W, b, out: `ConvOperands`), as the compute and `pack_conv` make it."""
+    ops = ConvOperands.of(param.shape for param in sch.mod[sch.func_working_on].params[:-1])
+    return _plan(dims(ops.x), int(ops.b[0]), packed_taps(ops.w, step_cost(facts).taps_first), attrs["strides"],
+                 attrs["padding"], attrs["dilation"], attrs.get("groups", 1), facts)
 
 
 def _planned_batch(n) -> int:
@@ -607,9 +615,9 @@ def _schedule_depthwise(sch, conv, epi, tile: RowTile):
 def schedule_conv2d_llvm(sch, attrs, target):
     conv = sch.get_sblock("conv")
     epi = sch.get_sblock("epilogue")
-    if len(sch.get_loops(conv)) == 4:  # (n, channel, pixel, rc): conv2d_grouped's GEMMs
-        grouped.schedule_grouped_pointwise(sch, conv, epi, _optional_block(sch, "pad"), attrs["groups"],
-                                           cpu_facts(target))
+    planned = _scheduled_plan(sch, attrs, cpu_facts(target))
+    if planned.kernel == "pixels":  # grouped 1x1: GEMMs over pixel vectors, their own loop nest
+        pointwise.schedule_grouped_pointwise(sch, conv, epi, _optional_block(sch, "pad"), planned.tile)
         return
     batch, *loops = sch.get_loops(conv)
     cp, hp, wp, rc, rh, rw = (_extent(sch, loop) for loop in loops)

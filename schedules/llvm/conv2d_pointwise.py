@@ -1,9 +1,31 @@
-"""CPU (llvm) 1x1 conv vectorized over pixels: `conv2d_1x1(x, W) + epilogue  ==>  out[co, p] tiles of
-channel rows x pixel vectors` (groups=1, stride 1, unpadded: `conv2d.flat_pixels`). In NCHW both x and the
-output are contiguous in the pixels p = h * W + w, so the conv is the GEMM out[C_out, P] = W[C_out, C_in] @
-x[C_in, P] in its natural layout: each reduction step loads `vectors` pixel vectors of one input plane and
-broadcasts `rows` weights, and the epilogue (bias / folded BN, residual, activation) stores whole vectors of
-each output row (the channel-vectorized tile of `conv2d.py` stores NCHW one element at a time).
+"""CPU (llvm) 1x1 convs over pixel vectors: `conv2d_1x1(x, W, groups=G) + epilogue  ==>  tiles of output
+channel rows x pixel vectors` (NCHW in, NCHW out). The two kernels of `conv2d.conv_plan` that broadcast
+weights and keep pixel vectors as accumulators (the tiled kernel of `conv2d.py` does the reverse): per group,
+out[o, P] = W[o, C] @ x[C, P] over the H * W pixels, read and written contiguously, in tiles of `PixelTile`.
+
+- groups = 1, plan kind "pointwise" (`schedule_pointwise`): AVX2 only (`conv2d.StepCost.pixel_vectors`);
+  the compute is `conv2d.conv2d_padded(flat=True)`, W packed, x copied into strips, the output channels in
+  L2-sized chunks, a last tile past H * W peeled by LoopPartition.
+- groups > 1, plan kind "pixels" (`conv2d_grouped_pointwise`, `schedule_grouped_pointwise`): any ISA; W read
+  as it is (OIHW), a tile's channels may span two groups, pixels padded to whole vectors by a copy of x.
+
+They share the tile, its register schedule (`_accumulate_in_registers`, `_store_whole_vectors`), the
+epilogue's pixels fused into one loop (`_flatten_epilogue`) and the whole-vector loop over planes
+(`_planes_in_vectors`). Their computes and loop nests differ (packed against unpacked W, strips against a
+padded copy, chunks of channels, a tail tile peeled against pixels partitioned off), and so do their tile
+choices (`conv2d.choose_pixel_tile`: real outputs per FMA slot at the ISA's step cost, channels padded to
+whole chunks, against the channel-vectorized flat tile; `choose_group_tile`: real outputs with the channels
+of a group and the pixels padded to the tile, half the registers as accumulators, against the tiled
+kernel's channel padding), each measured where it is taken: one kernel for both would change the code of
+every model that takes either.
+
+## groups = 1 ("pointwise"): `conv2d_1x1(x, W) + epilogue  ==>  out[co, p] tiles of rows x pixel vectors`
+
+Stride 1, unpadded (`conv2d.flat_pixels`). In NCHW both x and the output are contiguous in the pixels
+p = h * W + w, so the conv is the GEMM out[C_out, P] = W[C_out, C_in] @ x[C_in, P] in its natural layout:
+each reduction step loads `vectors` pixel vectors of one input plane and broadcasts `rows` weights, and the
+epilogue (bias / folded BN, residual, activation) stores whole vectors of each output row (the
+channel-vectorized tile of `conv2d.py` stores NCHW one element at a time).
 
     parallel for (n, chunk of output channels, group of pixel tiles of vectors * L pixels):
         strips[tile, ci, :] = x[n, ci, tile's pixels]  for the group's tiles    # copied (`_copy_strips`)
@@ -25,13 +47,43 @@ Measured on Zen 2 (AVX2, one thread, CPU time, one conv + ReLU, channel-vectoriz
 64 -> 256 on 56x56 1.34 -> 1.12 ms, 256 -> 64 on 56x56 1.45 -> 1.28 ms, 320 -> 64 on 28x28 0.45 -> 0.39 ms,
 PP-OCR's 240 -> 240 on 12x80 1.67 -> 1.35 ms and 480 -> 480 on 6x80 3.09 -> 2.68 ms (README, "CPU
 convolution kernels", for every shape).
+
+## groups > 1 ("pixels"): `conv2d(x, W, groups=G) + epilogue  ==>  G GEMMs over pixel vectors`
+
+A grouped pointwise conv (ShuffleNet: 4 groups of 28-136 channels) is per group a small GEMM
+out[o, p] = sum_c W[o, c] * x[c, p] on NCHW planes of H*W pixels. The tiled kernel (`conv2d.py`) puts output
+channels in vectors: 34 channels per group pad to 40, and the channel-vector accumulators store the NCHW
+output element by element (through a regrouped copy). Here the pixels are the vectors instead: x and the
+output are read and written contiguously, and each step broadcasts `channels` weights.
+
+    parallel for (n, group):
+        for pixel tile (vectors * L pixels), channel block (`channels` output channels of the group):
+            acc[channels, vectors * L] = 0
+            for c in the group's input channels:
+                acc[o, :] += W[o, c] * x[c, tile]        # broadcast * vector
+            out[n, real channels of the block, tile] = epilogue(acc)
+
+Taken where the pixels padded to whole vectors waste less than the channels of a group padded to them (the
+tiled kernel's padding). Pixels that are not whole vectors are padded to whole tiles: x is copied first (the
+`pad` stage: each plane's pixels, then zeros), and each tile's accumulators are stored, the epilogue run
+apart with the last partial vector partitioned off (a predicate on the vector lanes would make it scalar).
+A tile's channels may span two groups: each reads its own group's input channels. The output channels are
+padded to whole tiles, the padded ones repeating the last channel (their outputs are dropped). Each output is
+the same left-to-right sum over its group's channels as the tiled kernel's: the results are bit-identical.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PixelTile", "channel_chunks", "padded_channels", "pixel_tiles", "schedule_pointwise"]
+from tvm_fusion._tvm import te, tirx
+from tvm_fusion.hardware import CpuFacts
+from tvm_fusion.precision import accumulator_dtype, cast_to
+from tvm_fusion.schedules import dims
+from tvm_fusion.schedules.conv2d import ConvPadding, affine_epilogue
+
+__all__ = ["PixelTile", "channel_chunks", "choose_group_tile", "conv2d_grouped_pointwise", "grouped_pointwise",
+           "padded_channels", "pixel_tiles", "schedule_grouped_pointwise", "schedule_pointwise"]
 
 # a chunk of output channels' weights (rows x C_in floats) re-read by every pixel tile: kept to about the
 # tiled kernel's panel budget (conv2d.PANEL_BYTES), so it stays in the per-core L2 while x streams
@@ -40,11 +92,13 @@ FLOAT_BYTES = 4
 # the x strips of a group of pixel tiles, re-read by every row block of a chunk (its weights then stay in L1)
 PIXEL_GROUP_BYTES = 256 * 1024
 BROADCAST_REGISTERS = 1  # the weight broadcast of a step (its x vectors are counted by the tile)
+MAX_CHANNELS = 8  # grouped: output channels (broadcast weights) per tile
 
 
 @dataclass(frozen=True)
 class PixelTile:
-    """`rows` output channels x `vectors` vectors of `lanes` pixels: rows * vectors accumulators."""
+    """`rows` output channels x `vectors` vectors of `lanes` pixels: rows * vectors accumulators (grouped:
+    the rows may span two groups)."""
     rows: int
     vectors: int
     lanes: int
@@ -67,6 +121,49 @@ class PixelTile:
         return self.rows + self.vectors
 
 
+def _ceil_to(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _extent(sch, loop) -> int:
+    return int(sch.get(loop).extent)
+
+
+def _flatten_epilogue(sch, epi) -> int:
+    """The epilogue's (n, o, h, w) as (n, o, h * W + w), one pixel loop; returns H * W."""
+    height, width = (_extent(sch, loop) for loop in sch.get_loops(epi)[2:])
+    sch.transform_block_layout(epi, lambda n_, o_, h_, w_: (n_, o_, h_ * width + w_))
+    return height * width
+
+
+def _accumulate_in_registers(sch, conv, rc, rows, vectors, lanes):
+    """The tile's accumulators local (registers): its pixel lanes vectorized, its vectors and `rows` (None:
+    a one-row tile) unrolled, the initialisation split off the reduction `rc`."""
+    sch.set_scope(conv, 0, "local")
+    sch.vectorize(lanes)
+    sch.unroll(vectors)
+    if rows is not None:
+        sch.unroll(rows)
+    sch.decompose_reduction(conv, rc)  # after vectorize: the other order is "not compact dataflow"
+
+
+def _store_whole_vectors(sch, rows, vectors, lanes):
+    """The epilogue of a tile: its rows and vectors unrolled, each vector's lanes stored as one."""
+    sch.unroll(rows)
+    sch.unroll(vectors)
+    sch.vectorize(lanes)
+
+
+def _planes_in_vectors(sch, block, real: int, lanes: int):
+    """A [n, c, P] loop nest parallel over its planes, the first `real` pixels rounded down to whole vectors
+    vectorized and the rest partitioned off (a predicate on the vector lanes would make it scalar)."""
+    n, c, p = sch.get_loops(block)
+    sch.parallel(sch.fuse(n, c))
+    body, _ = sch.loop_partition(p, [real // lanes * lanes, None])
+    sch.vectorize(sch.split(body, [None, lanes])[1])
+
+
+# ---------------------------------------------------------------- groups = 1 ("pointwise")
 def pixel_tiles(pixels: int, lanes: int, vector_registers: int, tail: bool = False) -> list[PixelTile]:
     """Every tile that fits the vector registers (its accumulators, its x vectors of a step and one
     broadcast) and whose pixel vectors divide `pixels`; none when a vector does not divide them. With
@@ -78,10 +175,6 @@ def pixel_tiles(pixels: int, lanes: int, vector_registers: int, tail: bool = Fal
         rows = (vector_registers - vectors - BROADCAST_REGISTERS) // vectors
         tiles += [PixelTile(r, vectors, lanes) for r in range(1, rows + 1)]
     return tiles
-
-
-def _extent(sch, loop) -> int:
-    return int(sch.get(loop).extent)
 
 
 def channel_chunks(cout: int, rows: int, reduction: int) -> tuple[int, int]:
@@ -102,7 +195,7 @@ def padded_channels(cout: int, rows: int, reduction: int) -> int:
 
 def padded_pixels(pixels: int, tile: PixelTile) -> int:
     """The pixels the conv computes: whole tiles (the last one's pixels beyond `pixels` read zeros)."""
-    return -(-pixels // tile.cols) * tile.cols
+    return _ceil_to(pixels, tile.cols)
 
 
 def _pixel_group(tiles: int, cols: int, reduction: int) -> int:
@@ -142,12 +235,11 @@ def schedule_pointwise(sch, conv, epi, tile: PixelTile, threads: int = 1):
     to `tile.rows`, P' = H * W or its whole tiles, `padded_pixels`) with `tile`: the epilogue's pixels fused
     into one loop, the conv computed at each block of rows x pixel vectors, both vectorized over the pixels.
     A tail plan's pixel groups (sized for `threads`, the target's) are its outer, parallel loop."""
-    width = _extent(sch, sch.get_loops(epi)[3])
-    sch.transform_block_layout(epi, lambda n_, o_, h_, w_: (n_, o_, h_ * width + w_))
+    pixels = _flatten_epilogue(sch, epi)
     n, o, p = sch.get_loops(epi)
-    chunks, blocks = channel_chunks(_extent(sch, o), tile.rows, _extent(sch, sch.get_loops(conv)[4]))
+    reduction = _extent(sch, sch.get_loops(conv)[4])
+    chunks, blocks = channel_chunks(_extent(sch, o), tile.rows, reduction)
     oc, ob, oi = sch.split(o, [chunks, blocks, tile.rows])
-    pixels, reduction = _extent(sch, p), _extent(sch, sch.get_loops(conv)[4])
     tiles = -(-pixels // tile.cols)
     tail = pixels % tile.cols != 0
     if tail:
@@ -172,12 +264,102 @@ def schedule_pointwise(sch, conv, epi, tile: PixelTile, threads: int = 1):
         sch.annotate(copy, "pragma_loop_partition_hint", 1)
     cv, cl = sch.split(cw, [tile.vectors, tile.lanes])
     sch.reorder(rc, *([co] if co is not None else []), cv, cl)
-    sch.set_scope(conv, 0, "local")
-    sch.vectorize(cl)
-    sch.unroll(cv)
-    if co is not None:
-        sch.unroll(co)
-    sch.decompose_reduction(conv, rc)
-    sch.unroll(oi)
-    sch.unroll(pv)
-    sch.vectorize(pl)
+    _accumulate_in_registers(sch, conv, rc, co, cv, cl)
+    _store_whole_vectors(sch, oi, pv, pl)
+
+
+# ---------------------------------------------------------------- groups > 1 ("pixels")
+def grouped_pointwise(kh: int, kw: int, strides, padding, groups: int, cpg: int) -> bool:
+    """Whether a conv is a grouped (not depthwise) 1x1, stride-1, unpadded conv."""
+    return (groups > 1 and cpg > 1 and (kh, kw) == (1, 1) and all(int(s) == 1 for s in strides)
+            and not any(int(p) for p in padding))
+
+
+def choose_group_tile(opg: int, pixels: int, facts: CpuFacts) -> PixelTile | None:
+    """The tile with the most real outputs (channels and pixels padded to the tile), ties to fewer pixel
+    vectors; None when the pixels padded to whole vectors waste as much as the channels padded to them (the
+    tiled kernel's padding). Pixels that are whole vectors take tiles that divide them. The accumulators take
+    at most half the vector registers: each channel's input vectors are loaded for it (a tile may span two
+    groups, so LLVM cannot share them). Measured on Zen 2 (AVX2, one thread, CPU time, conv + ReLU):
+    136 -> 136 in 4 groups on 28x28 ran 0.101 ms with 4 channels x 2 vectors, 0.137 ms with 6 x 2, 0.133 ms
+    with 5 x 2, 0.126 ms with 3 x 2; 24 -> 112 on 56x56 0.075 ms with 4 x 2, 0.102 ms with 6 x 2 (the tiled
+    kernel: 0.203 and 0.230 ms); 272 -> 272 on 14x14 (196 pixels padded to 208) 0.112 ms, 0.117 ms with a
+    residual (tiled: 0.134, 0.138 ms).
+    Not `conv2d.choose_pixel_tile` (groups = 1): that one weighs FMA slots at the ISA's step cost with a
+    register per x vector and one broadcast, over channels padded to whole L2 chunks, and declines to the
+    flat tiled kernel; here a tile's input vectors are not shared across its rows and the alternative is
+    the tiled kernel's channel padding per group."""
+    lanes = facts.float32_lanes
+    padded = _ceil_to(pixels, lanes)
+    if padded * opg >= _ceil_to(opg, lanes) * pixels:
+        return None
+    best, best_key = None, None
+    for vectors in range(1, padded // lanes + 1):
+        if pixels % lanes == 0 and pixels % (vectors * lanes):
+            continue  # whole vectors of pixels: tiles that divide them (no x copy, no epilogue apart)
+        for channels in range(1, min(opg, MAX_CHANNELS) + 1):
+            tile = PixelTile(channels, vectors, lanes)
+            if 2 * tile.accumulators > facts.vector_registers:
+                break
+            real = tile.accumulators * opg / _ceil_to(opg, channels) * pixels / _ceil_to(pixels, tile.cols)
+            key = (round(real, 6), -vectors)
+            if best_key is None or key > best_key:
+                best, best_key = tile, key
+    return best
+
+
+def conv2d_grouped_pointwise(x, w, b, residual=None, *, groups: int, out_padding: ConvPadding, activation=None,
+                             activation_params=None, residual_after_activation=False, fast_math=True,
+                             target=None):
+    """conv[n, o, p] = sum_c x[n, group(o)*C/G + c, p] * W[o, c] over the output channels padded to
+    `out_padding.group_channels` (the padded ones repeat the last channel: their outputs are dropped), then the
+    conv2d epilogue over the real channels."""
+    n, _, h, wd = dims(x.shape)
+    cout, cpg = int(w.shape[0]), int(w.shape[1])
+    opg, acc = cout // groups, accumulator_dtype(x.dtype)
+    rc = te.reduce_axis((0, cpg), name="rc")
+    pixels = out_padding.cols
+    if pixels == h * wd:
+        def at(i, c, p):
+            return x[i, c, p // wd, p % wd]
+    else:  # the pixels padded to whole vectors: x copied with zeros after each plane's real pixels
+        pad = te.compute((n, int(x.shape[1]), pixels), lambda i, c, p: tirx.if_then_else(
+            p < h * wd, x[i, c, tirx.min(p, h * wd - 1) // wd, tirx.min(p, h * wd - 1) % wd],
+            tirx.const(0, x.dtype)), name="pad")
+
+        def at(i, c, p):
+            return pad[i, c, p]
+
+    def product(i, o, p):
+        real = tirx.min(o, cout - 1)
+        return cast_to(at(i, real // opg * cpg + rc, p), acc) * cast_to(w[real, rc, 0, 0], acc)
+
+    conv = te.compute((n, out_padding.group_channels, pixels),
+                      lambda i, o, p: te.sum(product(i, o, p), axis=[rc]), name="conv")
+    return affine_epilogue((n, cout, h, wd), lambda i, o, y, z: conv[i, o, y * wd + z], b,
+                           residual, x.dtype, activation=activation, activation_params=activation_params,
+                           residual_after_activation=residual_after_activation, fast_math=fast_math,
+                           target=target)
+
+
+def schedule_grouped_pointwise(sch, conv, epi, pad, tile: PixelTile):
+    """`tile` (the plan's, `choose_group_tile`): the conv's accumulators in registers, the epilogue applied to
+    each tile (or, for pixels that are not whole vectors, to the stored tiles in a loop nest of its own)."""
+    real = _flatten_epilogue(sch, epi)
+    if pad is not None:  # whole vectors of real pixels, then the last one with its zeros
+        _planes_in_vectors(sch, pad, real, tile.lanes)
+    later = None
+    if real % tile.cols:  # the epilogue apart, its last vector partitioned off (a predicate on vector lanes
+        later, epi = epi, sch.cache_write(conv, 0, "global")  # would make it scalar), each tile stored
+    n, o, p, rc = sch.get_loops(conv)
+    oo, oi = sch.split(o, [None, tile.channels])
+    po, pv, pl = sch.split(p, [None, tile.vectors, tile.lanes])
+    sch.reorder(n, po, oo, rc, oi, pv, pl)
+    sch.parallel(sch.fuse(n, po))
+    sch.reverse_compute_at(epi, oo)
+    _accumulate_in_registers(sch, conv, rc, oi, pv, pl)
+    *_, eo, ep = sch.get_loops(epi)
+    epv, epl = sch.split(ep, [tile.vectors, tile.lanes])
+    _store_whole_vectors(sch, eo, epv, epl)
+    if later is not None:
+        _planes_in_vectors(sch, later, real, tile.lanes)

@@ -1,25 +1,28 @@
-"""The pixel-vectorized 1x1 conv (`conv2d_pointwise`): which shapes take it, its tiles per target, its
-schedule's structure, and numerics against float64 numpy (run on the host: AVX2 here)."""
+"""The 1x1 convs over pixel vectors (`conv2d_pointwise`). groups = 1 ("pointwise"): which shapes take it,
+its tiles per target, its schedule's structure, and numerics against float64 numpy (run on the host: AVX2
+here). Grouped ("pixels"): the plan per target, numerics against numpy, bit-identical to the tiled kernel it
+replaces, and an AVX-512 build (compiled only)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
 
 from tvm_fusion._tvm import device_lowering_passes, te, tvm
-from tvm_fusion.cpu_features import host_features
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm import conv2d as llvm_conv2d
+from tvm_fusion.schedules.llvm import conv2d_pointwise
 from tvm_fusion.schedules.llvm.conv2d import conv_plan, flat_pixels, pack_conv
-from tvm_fusion.schedules.llvm.conv2d_pointwise import CHUNK_BYTES, channel_chunks, padded_pixels, pixel_tiles
-from tvm_fusion.schedules.llvm.conv2d_test import AVX2, _id, _packed_build, _run, conv_reference
+from tvm_fusion.schedules.llvm.conv2d_pointwise import (CHUNK_BYTES, PixelTile, channel_chunks, padded_pixels,
+                                                        pixel_tiles)
+from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET, _id, _packed_build, _run, conv_reference
 from tvm_fusion.testing import RESNET50_CONVS, assert_close, conv_primfunc
 
 AVX2_TARGET = tvm.target.Target(AVX2)
 AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
-NO_AVX2 = pytest.mark.skipif("avx2" not in (host_features() or ()), reason="this host cannot run AVX2 code")
 
 
 def _plan(facts, c, oc, h, w, k=1, stride=1, pad=0):
@@ -231,3 +234,119 @@ def test_tail_schedule_keeps_the_main_loop_whole_vectors():
     assert len(stores) > len(whole)  # the peeled tile
     asm = executable.mod.inspect_source("asm")
     assert "vgather" not in asm and "vfmadd231ps" in asm and "zmm" not in asm
+
+
+# ---------------------------------------------------------------- grouped 1x1 convs ("pixels")
+LOCAL_ACCUMULATORS = re.compile(r'conv\w* = T.sblock_alloc_buffer\([^\n]*scope="local"')
+#: ShuffleNet's grouped 1x1 convs on 28x28 and 56x56 (34 channels per group: tiles of 4 span groups), odd
+#: channels and a batch of 2, and pixels that are not whole vectors
+SHUFFLENET = [dict(n=1, c=136, h=28, w=28, oc=136, k=1, groups=4), dict(n=1, c=24, h=56, w=56, oc=112, k=1, groups=4),
+              dict(n=1, c=112, h=28, w=28, oc=112, k=1, groups=4), dict(n=2, c=30, h=4, w=8, oc=45, k=1, groups=3),
+              dict(n=1, c=24, h=7, w=9, oc=36, k=1, groups=3)]  # 63 pixels: padded to 64, x copied
+
+
+def _group_id(case):
+    return "{c}-{oc}g{groups}_{h}x{w}_n{n}".format(**case)
+
+
+def target_lanes(target) -> int:
+    return cpu_facts(target).float32_lanes
+
+
+def _group_plan(case, spec):
+    facts = cpu_facts(tvm.target.Target(spec))
+    return conv_plan(case["n"], case["oc"], case["h"], case["w"], case["c"] // case["groups"], 1, 1, case["groups"],
+                     facts, pixels=True)
+
+
+def test_grouped_plans_per_target():
+    """AVX2: 4 channels x 2 vectors of 8 pixels (16 registers: accumulators and their input vectors); AVX-512
+    fits twice the accumulators in 32 zmm; the tiled kernel where its channels pad no more than the pixels."""
+    plan = _group_plan(SHUFFLENET[0], AVX2)
+    assert plan.kernel == "pixels" and plan.tile == PixelTile(4, 2, 8)
+    assert plan.padding.group_channels == 136, "136 channels are whole tiles of 4"
+    wide = _group_plan(SHUFFLENET[0], AVX512)
+    assert wide.kernel == "pixels" and wide.tile.lanes == 16 and 2 * wide.tile.accumulators <= 32
+    stage2 = _group_plan(dict(n=1, c=272, h=14, w=14, oc=272, k=1, groups=4), AVX2)
+    assert stage2.kernel == "pixels" and stage2.padding.cols == 208, "196 pixels pad less than 68 channels"
+    assert stage2.tile == PixelTile(4, 2, 8)
+    assert _group_plan(dict(n=1, c=544, h=7, w=7, oc=544, k=1, groups=4), AVX2).kernel == "tiled", "136 channels"
+    assert _group_plan(dict(n=1, c=256, h=13, w=13, oc=256, k=1, groups=2), AVX2).kernel == "tiled", "AlexNet-like"
+    assert not conv2d_pointwise.grouped_pointwise(3, 3, (1, 1), (1, 1, 1, 1), 4, 34)
+    assert not conv2d_pointwise.grouped_pointwise(1, 1, (1, 1), (0, 0, 0, 0), 34, 1), "depthwise"
+
+
+@pytest.mark.parametrize("target_name", ["host", pytest.param("avx2", marks=NO_AVX2)])
+@pytest.mark.parametrize("case", SHUFFLENET, ids=_group_id)
+def test_grouped_matches_numpy_and_the_tiled_kernel_bit_for_bit(case, target_name, monkeypatch):
+    """Against float64 numpy (the numerics table), and equal bit for bit to the tiled kernel (the same
+    left-to-right sum over each group's channels)."""
+    target = TARGET if target_name == "host" else tvm.target.Target(AVX2)
+    executable, func, arrays, out_shape, reference = _packed_build(case, target)
+    if _group_plan(case, target).kernel != "pixels":
+        pytest.skip("this target's vectors do not divide the pixels")
+    assert LOCAL_ACCUMULATORS.search(func.script()) and arrays[1].ndim == 4, "accumulators in registers, W unpacked"
+    assert ('T.sblock("pad' in func.script()) == (case["h"] * case["w"] % target_lanes(target) != 0)
+    got = _run(executable, arrays, out_shape)
+    assert_close(got, reference, _group_id(case))
+    monkeypatch.setattr(conv2d_pointwise, "choose_group_tile", lambda *_: None)
+    tiled, _, tiled_arrays, *_ = _packed_build(case, target)
+    np.testing.assert_array_equal(got, _run(tiled, tiled_arrays, out_shape))
+
+
+def test_grouped_avx512_build_compiles():
+    """The AVX-512 plan builds (compiled only: this host may not run it) and uses zmm vectors."""
+    executable, func, *_ = _packed_build(SHUFFLENET[0], tvm.target.Target(AVX512))
+    assert LOCAL_ACCUMULATORS.search(func.script())
+    assert "zmm" in executable.mod.inspect_source("asm")
+
+
+@pytest.mark.parametrize("hw", [8, 7], ids=["whole-vectors", "padded-pixels"])
+def test_grouped_symbolic_batch_and_residual_through_the_fused_build(hw):
+    """A grouped 1x1 conv + BN + residual add + ReLU with a symbolic batch, through the whole fused build (the
+    llvm compute under the host target): batches 1 and 3 of one build against onnxruntime, element-wise."""
+    from tvm_fusion._tvm import relax
+    from tvm_fusion.build import build
+    from tvm_fusion.compare import run_onnxruntime
+    from tvm_fusion.frontend import SymDim, import_onnx
+    from tvm_fusion.testing import GraphBuilder, assert_close
+
+    g = GraphBuilder(seed=5)
+    x = g.input("x", ["N", 36, hw, hw])
+    y = g.bn(g.conv(x, 36, 36, k=1, pads=[0, 0, 0, 0], groups=3), 36)  # 12 channels per group
+    model = g.model([g.op("Relu", [g.op("Add", [y, x])])])
+    built = build(import_onnx(model, {"x": (SymDim("N", 4), 36, hw, hw)}), "llvm", "fused")
+    assert sum(built.counts.values()) == 1, built.counts
+    vm = relax.VirtualMachine(built.executable, tvm.cpu())
+    sess, _ = run_onnxruntime(model, {}, optimize=False)
+    for n in (1, 3):
+        xs = np.random.default_rng(n).standard_normal((n, 36, hw, hw)).astype("float32")
+        assert_close(vm["main"](tvm.runtime.tensor(xs)).numpy(), sess.run(None, {"x": xs})[0], f"batch {n}")
+
+
+@pytest.mark.parametrize("case", [SHUFFLENET[0], SHUFFLENET[-1]], ids=_group_id)
+def test_grouped_float16_widens_to_float32(case):
+    """float16 x and W: the products summed in float32, the output rounded once (the float16 tolerance)."""
+    func, attrs, shapes = conv_primfunc(**case, target=TARGET, dtype="float16")
+    scheduled = _schedule(func, attrs, TARGET)
+    assert LOCAL_ACCUMULATORS.search(scheduled.script())
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal(s).astype("float16") for s in shapes[:2])
+    b = rng.standard_normal(shapes[2]).astype("float32")
+    out = tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].shape], "float16"))
+    tvm.compile(tvm.IRModule({"main": scheduled}), TARGET)["main"](*[tvm.runtime.tensor(a) for a in (x, w, b)], out)
+    want = conv_reference(x.astype("float32"), w.astype("float32"), b, None, attrs).astype("float16")
+    assert_close(out.numpy(), want, "float16 " + _group_id(case))
+
+
+@pytest.mark.parametrize("case,residual,kernel", [
+    (SHUFFLENET[0], False, "pixels"), (SHUFFLENET[-1], True, "pixels"),
+    (dict(n=1, c=64, h=56, w=56, oc=256, k=1), True, "pointwise"), (dict(n=1, c=64, h=56, w=56, oc=64, k=3, pad=1),
+                                                                    False, "tiled")],
+    ids=["grouped-28x28", "grouped-7x9-residual", "pointwise-56x56-residual", "tiled-3x3"])
+def test_schedule_dispatches_on_the_plan_of_its_operands(case, residual, kernel):
+    """schedule_conv2d_llvm picks the loop nest from the plan of its PrimFunc's operand shapes (x, [residual],
+    W, b: the plan the compute padded to), not from the conv stage's loops."""
+    func, attrs, _ = conv_primfunc(**case, residual=residual, target=AVX2_TARGET)
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    assert llvm_conv2d._scheduled_plan(sch, attrs, cpu_facts(AVX2_TARGET)).kernel == kernel

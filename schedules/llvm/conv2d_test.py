@@ -19,7 +19,7 @@ from tvm_fusion.schedules.llvm.conv2d import (FLAT_COPY_CHANNELS, FLOAT_BYTES, S
                                               STRIDED_NCHW_MACS,
                                               channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
                                               step_cost, tiled_accumulators)
-from tvm_fusion.schedules.llvm.conv2d_grouped import grouped_pointwise
+from tvm_fusion.schedules.llvm.conv2d_pointwise import grouped_pointwise
 from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
 from tvm_fusion.testing import RESNET50_CONVS as RESNET50
 from tvm_fusion.testing import assert_close, conv_primfunc
@@ -365,7 +365,7 @@ NO_AVX2 = pytest.mark.skipif("avx2" not in (host_features() or ()), reason="this
 @pytest.mark.parametrize("case", PACKED_CASES, ids=_id)
 def test_packed_weights_match_numpy(case, target_name):
     """Every tiled and pointwise conv reads W packed at compile time in its tile's channel blocks (no panel
-    copy inside the kernel); depthwise and grouped 1x1 GEMMs over pixels (conv2d_grouped) keep W as it is.
+    copy inside the kernel); depthwise and grouped 1x1 GEMMs over pixels (conv2d_pointwise) keep W as it is.
     Numerics against float64 numpy, for the host's vector width and AVX2's."""
     target = PACK_TARGETS[target_name]
     executable, func, arrays, out_shape, reference = _packed_build(case, target)
