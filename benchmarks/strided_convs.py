@@ -1,14 +1,23 @@
-"""Strided llvm convs alone against onnxruntime's Conv node: before / after `channels_last_input`, one thread,
-CPU time, interleaved in one process.
+"""Strided llvm convs alone against onnxruntime's Conv node: before / after a plan rule, one thread, CPU time,
+interleaved in one process; or (`--copies`) what each conv kernel's input copy costs.
 
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py                 # every shape below
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py yolo_3_16 --activation silu
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py --before nchw   # channels_last_input's rule
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py --copies        # ResNet-50's input copies
 
 Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the llvm compute and schedule,
-`conv2d_test._packed_build`), once with the current rule and once with every tiled conv's input copied
-channels-last (STRIDED_NCHW_MACS = -1: the kernel before), and onnxruntime runs Conv + the activation as a
-one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the medians of `--rounds`
-blocks of about 100 ms each, and whether the two builds agree bit for bit.
+`conv2d_test._packed_build`), once with the current rules and once with the rule `--before` names undone
+(BEFORE: "subsample", the default: strided 1x1 convs keep their strided tile, `subsampled_pixels` off;
+"nchw": every tiled conv's input copied channels-last, STRIDED_NCHW_MACS = -1), and onnxruntime runs Conv +
+the activation as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the
+medians of `--rounds` blocks of about 100 ms each, and whether the two builds agree bit for bit.
+
+`--copies`: for each of ResNet-50's 23 conv shapes (tvm_fusion.testing.RESNET50_CONVS, weighted by its calls
+in the model, RESNET50_CALLS), the whole kernel and its input copy alone (the compute's `pad` stage, its
+`subsample` inlined, scheduled as the kernel schedules it: `_schedule_pad`, or the pointwise kernel's strips
+`[n, P / cols, C, cols]`), interleaved; the total is what a layout every conv writes for the next one to read
+(NCHW[x]c) could save at most.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ import conv2d_test  # noqa: E402  (the packed build the tests use)
 from cpu_speed import set_tvm_threads  # noqa: E402
 
 import tvm_fusion.schedules.llvm.conv2d as llvm_conv  # noqa: E402
-from tvm_fusion._tvm import tvm  # noqa: E402
+from tvm_fusion._tvm import te, tvm  # noqa: E402
+from tvm_fusion.testing import RESNET50_CONVS  # noqa: E402
 from tvm_fusion.build import resolve_target  # noqa: E402
 
 #: name: (n, c, h, w, oc, k, stride, pad)
@@ -44,7 +54,13 @@ SHAPES = {
     "resnet50_stem": (1, 3, 224, 224, 64, 7, 2, 3),  # Inception's 7x7/2 stem is the same shape
     "resnet50_3x3s2_128": (1, 128, 56, 56, 128, 3, 2, 1),
     "resnet50_1x1s2_256_512": (1, 256, 56, 56, 512, 1, 2, 0),
+    "resnet50_3x3s2_256": (1, 256, 28, 28, 256, 3, 2, 1),
+    "resnet50_3x3s2_512": (1, 512, 14, 14, 512, 3, 2, 1),
+    "resnet50_1x1s2_512_1024": (1, 512, 28, 28, 1024, 1, 2, 0),
+    "resnet50_1x1s2_1024_2048": (1, 1024, 14, 14, 2048, 1, 2, 0),
     "1x1s2_64_32": (1, 64, 56, 56, 32, 1, 2, 0),
+    "1x1s2_128_64": (1, 128, 56, 56, 64, 1, 2, 0),
+    "1x1s2_256_96": (1, 256, 28, 28, 96, 1, 2, 0),  # subsampled, then read in place (FLAT_COPY_CHANNELS)
 }
 ORT_ACTIVATIONS = {"relu": [("Relu", ["c"], "y")], "silu": [("Sigmoid", ["c"], "s"), ("Mul", ["c", "s"], "y")]}
 
@@ -69,14 +85,101 @@ def _ort(shape, wt, b, activation: str):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _build(case, target, rule: int):
-    keep, llvm_conv.STRIDED_NCHW_MACS = llvm_conv.STRIDED_NCHW_MACS, rule
+#: calls of each RESNET50_CONVS shape in ResNet-50 v1.5 (tvm_fusion.examples' resnet50): 53 convs
+RESNET50_CALLS = [1, 1, 3, 4, 2, 1, 1, 4, 1, 3, 3, 1, 1, 6, 1, 5, 5, 1, 1, 3, 1, 2, 2]
+#: the rules `--before` undoes: module attributes of schedules/llvm/conv2d.py set for the "before" build
+BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
+          "nchw": {"STRIDED_NCHW_MACS": -1}}
+
+
+def _build(case, target, overrides: dict):
+    keep = {name: getattr(llvm_conv, name) for name in overrides}
     try:
+        for name, value in overrides.items():
+            setattr(llvm_conv, name, value)
         executable, _, arrays, out_shape, _ = conv2d_test._packed_build(case, target)
     finally:
-        llvm_conv.STRIDED_NCHW_MACS = keep
+        for name, value in keep.items():
+            setattr(llvm_conv, name, value)
     tensors = [tvm.runtime.tensor(a) for a in arrays] + [tvm.runtime.tensor(np.zeros(out_shape, "float32"))]
     return (lambda: executable["main"](*tensors)), tensors[-1], arrays
+
+
+def _interleaved(runs: dict, rounds: int) -> dict:
+    """{name: median ms} of `rounds` interleaved blocks of about 100 ms of each run's CPU time per call."""
+    number = {}
+    for key, fn in runs.items():
+        fn()
+        number[key] = max(1, int(0.1 / max(_cpu(fn, 2), 1e-6)))
+    times = {key: [] for key in runs}
+    for _ in range(rounds):
+        for key, fn in runs.items():
+            times[key].append(_cpu(fn, number[key]))
+    return {key: 1e3 * statistics.median(v) for key, v in times.items()}
+
+
+def _find_stage(tensor, name: str):
+    """The te stage called `name` among the stages `tensor` reads (depth first), or None."""
+    for t in tensor.op.input_tensors:
+        if t.op.name == name:
+            return t
+        found = _find_stage(t, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _copy_kernel(case, target):
+    """The input copy of `case`'s llvm kernel alone, scheduled as the kernel schedules it, or None (no copy)."""
+    _, attrs, shapes = conv2d_test.conv_primfunc(**case, residual=False, target=target)
+    packed = conv2d_test.pack_conv([np.zeros(shapes[1], "float32"), np.zeros(shapes[2], "float32")], attrs, shapes,
+                                   target)
+    xs = te.placeholder(shapes[0], "float32", name="x")
+    ws = te.placeholder((packed or [np.zeros(shapes[1])])[0].shape, "float32", name="w")
+    out = llvm_conv.conv2d_llvm(xs, ws, te.placeholder(shapes[2], "float32", name="b"), **attrs, target=target)
+    pad = _find_stage(out, "pad")
+    if pad is None:
+        return None
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([xs, pad])}))
+    if (subsample := llvm_conv._optional_block(sch, "subsample")) is not None:
+        sch.compute_inline(subsample)
+    block = sch.get_sblock("pad")
+    facts = llvm_conv.cpu_facts(target)
+    k, stride = case["k"], (case["stride"],) * 2
+    plan = llvm_conv._plan(shapes[0], case["oc"], (case["c"], k, k), stride, attrs["padding"], attrs["dilation"], 1,
+                           facts)
+    if plan.kernel == "pointwise":  # conv2d_pointwise._copy_strips, for the whole image at once
+        cols = plan.tile.cols
+        sch.transform_layout(block, ("write", 0), lambda n_, c_, h_, p_: (n_, p_ // cols, c_, p_ % cols))
+        n, c, _, p = sch.get_loops(block)
+        po, pi = sch.split(p, [None, cols])
+        sch.reorder(n, po, c, pi)
+        sch.parallel(sch.fuse(n, po))
+        sch.vectorize(pi)
+    else:
+        llvm_conv._schedule_pad(sch, block, channels_last=llvm_conv.channels_last_input(
+            plan.kernel, case["c"], case["oc"], k, k, stride, facts), flat=plan.flat)
+    func = sch.mod["main"].with_attr("global_symbol", "main")
+    kernel = tvm.compile(tvm.IRModule({"main": func}), target)["main"]
+    tensors = [tvm.runtime.tensor(np.ones([int(d) for d in p.shape], "float32")) for p in func.params]
+    return lambda: kernel(*tensors)
+
+
+def _copies(target, rounds: int) -> int:
+    total_kernels = total_copies = 0.0
+    for shape, calls in zip(RESNET50_CONVS, RESNET50_CALLS):
+        case = dict(zip(("n", "c", "h", "w", "oc", "k", "stride", "pad"), shape), activation="relu")
+        kernel, _, _ = _build(case, target, {})
+        copy = _copy_kernel(case, target)
+        times = _interleaved({"kernel": kernel, **({"copy": copy} if copy else {})}, rounds)
+        times.setdefault("copy", 0.0)
+        total_kernels += calls * times["kernel"]
+        total_copies += calls * times["copy"]
+        print(f"{str(shape):36s} x{calls}: kernel {times['kernel']:.3f} ms, input copy {times['copy']:.3f} ms "
+              f"({100 * times['copy'] / times['kernel']:.0f}%)", flush=True)
+    print(f"ResNet-50, 53 convs: kernels {total_kernels:.2f} ms, input copies {total_copies:.2f} ms "
+          f"({100 * total_copies / total_kernels:.1f}%)")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -85,27 +188,24 @@ def main(argv=None) -> int:
     ap.add_argument("--activation", default="relu", choices=list(ORT_ACTIVATIONS))
     ap.add_argument("--target", default="llvm")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--before", default="subsample", choices=list(BEFORE))
+    ap.add_argument("--copies", action="store_true", help="ResNet-50's input copies against their kernels")
     args = ap.parse_args(argv)
     target = resolve_target(args.target)
     set_tvm_threads(1)
+    if args.copies:
+        return _copies(target, args.rounds)
     for name in args.shapes or SHAPES:
         shape = SHAPES[name]
         case = dict(zip(("n", "c", "h", "w", "oc", "k", "stride", "pad"), shape), activation=args.activation)
-        before, out_before, _ = _build(case, target, -1)
-        after, out_after, arrays = _build(case, target, llvm_conv.STRIDED_NCHW_MACS)
+        before, out_before, _ = _build(case, target, BEFORE[args.before])
+        after, out_after, arrays = _build(case, target, {})
         wt = np.random.default_rng(2).standard_normal((shape[4], shape[1], shape[5], shape[5])).astype("float32")
         session, feed = _ort(shape, wt, arrays[2], args.activation), {"x": arrays[0]}
         runs = {"before": before, "after": after, "onnxruntime": lambda: session.run(None, feed)}
-        number = {}
-        for key, fn in runs.items():
-            fn()
-            number[key] = max(1, int(0.1 / max(_cpu(fn, 2), 1e-6)))
-        times = {key: [] for key in runs}
-        for _ in range(args.rounds):
-            for key, fn in runs.items():
-                times[key].append(_cpu(fn, number[key]))
+        times = _interleaved(runs, args.rounds)
         same = np.array_equal(out_before.numpy(), out_after.numpy())
-        print(f"{name:24s} " + "  ".join(f"{k} {1e3 * statistics.median(v):.3f} ms" for k, v in times.items())
+        print(f"{name:24s} " + "  ".join(f"{k} {v:.3f} ms" for k, v in times.items())
               + f"  bit-identical {same}", flush=True)
     return 0
 

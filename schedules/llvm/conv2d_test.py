@@ -18,7 +18,7 @@ from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.conv2d import (FLAT_COPY_CHANNELS, FLOAT_BYTES, STRIDED_NCHW_CHANNELS,
                                               STRIDED_NCHW_MACS,
                                               channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
-                                              step_cost, tiled_accumulators)
+                                              one_row_pixels, step_cost, subsampled_pixels, tiled_accumulators)
 from tvm_fusion.schedules.llvm.conv2d_pointwise import grouped_pointwise
 from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
 from tvm_fusion.testing import RESNET50_CONVS as RESNET50
@@ -372,8 +372,9 @@ def test_packed_weights_match_numpy(case, target_name):
     stride, pad = case.get("stride", 1), case.get("pad", 0)
     plan = conv_plan(1, case["oc"], *out_shape[2:], case["c"] // case.get("groups", 1), *(case["k"],) * 2,
                      case.get("groups", 1), cpu_facts(target), strided=stride > 1,
-                     flat=flat_pixels(case["k"], case["k"], (stride,) * 2, (pad,) * 4 if isinstance(pad, int) else pad,
-                                      case.get("groups", 1), cpu_facts(target)),
+                     flat=one_row_pixels(case["k"], case["k"], (stride,) * 2, (pad,) * 4 if isinstance(pad, int) else pad,
+                                         case.get("groups", 1), case["c"] // case.get("groups", 1), case["oc"],
+                                         cpu_facts(target)),
                      pixels=grouped_pointwise(case["k"], case["k"], (stride,) * 2, (pad,) * 4 if isinstance(pad, int)
                                               else pad, case.get("groups", 1), case["c"] // case.get("groups", 1)))
     wp = arrays[1]
@@ -438,10 +439,119 @@ def test_shallow_strided_convs_read_their_input_nchw(case, channels_last, spec):
     assert channels_last_input("tiled", case["c"], case["oc"], case["k"], case["k"], (case["stride"],) * 2,
                                cpu_facts(target)) == (taps_first and channels_last) == (taps_first and not shallow)
     pad = next((b for b in func.script().splitlines() if "pad = T.sblock_alloc_buffer" in b), None)
-    if pad is not None:  # none where the tile divides the output of an unpadded conv: x read as it is
+    subsampled = subsampled_pixels(case["k"], case["k"], (case["stride"],) * 2, (case.get("pad", 0),) * 4, 1,
+                                   case["c"], case["oc"], cpu_facts(target))
+    if pad is not None and not subsampled:  # none where the tile divides an unpadded conv's output: x as it is
         shape = [int(d) for d in re.search(r"\(\((\d+, \d+, \d+, \d+)\)", pad).group(1).split(", ")]
         assert shape[3 if taps_first and channels_last else 1] == case["c"], pad
     if taps_first:
         assert arrays[1].shape[1:4] == (case["k"], case["k"], case["c"])
     if taps_first and "avx2" in (host_features() or ()):
         assert_close(_run(executable, arrays, out_shape), reference, _id(case))
+
+
+# ---------------------------------------------------------------- strided 1x1 convs over their pixels (AVX2)
+
+
+#: strided 1x1 unpadded convs that `subsampled_pixels` plans as a flat 1x1 conv over the pixels they read
+#: (AVX2): ResNet-50's downsampling shortcuts (784 pixels: the pointwise kernel; 196: the flat tiled kernel
+#: with its channels-last copy), odd images (rows and columns odd, pixels not whole vectors, batch 2),
+#: output channels under FLAT_COPY_CHANNELS (the strided pixels written first, then read in place), and
+#: unequal strides
+SUBSAMPLED_CASES = [
+    dict(n=1, c=256, h=56, w=56, oc=512, k=1, stride=2),
+    dict(n=1, c=512, h=28, w=28, oc=1024, k=1, stride=2),
+    dict(n=2, c=96, h=13, w=11, oc=200, k=1, stride=2),
+    dict(n=1, c=256, h=28, w=27, oc=96, k=1, stride=2),
+    dict(n=1, c=80, h=9, w=17, oc=136, k=1, stride=(2, 3)),
+]
+AVX512_TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+
+
+def _subsampled(case, target) -> bool:
+    stride = case["stride"] if isinstance(case["stride"], tuple) else (case["stride"],) * 2
+    return subsampled_pixels(case["k"], case["k"], stride, (case.get("pad", 0),) * 4, case.get("groups", 1),
+                             case["c"], case["oc"], cpu_facts(target))
+
+
+def test_strided_1x1_convs_are_planned_over_their_pixels_on_avx2():
+    """AVX2: a strided 1x1 unpadded conv whose input would be copied channels-last plans its hout * wout
+    pixels as one row (`flat`: its input copy takes the strided pixels only); not a padded, 3x3, grouped or
+    shallow one (`channels_last_input` reads those NCHW), nor a stride-1 one (`flat_pixels`), nor on AVX-512
+    (its plans unchanged)."""
+    avx2, avx512 = cpu_facts(tvm.target.Target(AVX2)), cpu_facts(AVX512_TARGET)
+    for case in SUBSAMPLED_CASES:
+        assert _subsampled(case, tvm.target.Target(AVX2)) and not _subsampled(case, AVX512_TARGET), case
+    shortcut = dict(kh=1, kw=1, strides=(2, 2), padding=(0, 0, 0, 0), groups=1, cpg=256, cout=512)
+    assert subsampled_pixels(**shortcut, facts=avx2) and one_row_pixels(**shortcut, facts=avx2)
+    assert not subsampled_pixels(**{**shortcut, "padding": (1, 1, 1, 1)}, facts=avx2)
+    assert not subsampled_pixels(**{**shortcut, "kh": 3, "kw": 3}, facts=avx2)
+    assert not subsampled_pixels(**{**shortcut, "groups": 2, "cpg": 128}, facts=avx2)
+    assert not subsampled_pixels(**{**shortcut, "cpg": 64, "cout": 32}, facts=avx2), "shallow: x read NCHW"
+    assert not subsampled_pixels(**{**shortcut, "strides": (1, 1)}, facts=avx2), "flat_pixels' conv"
+    assert not one_row_pixels(**shortcut, facts=avx512)
+    plan = conv_plan(1, 512, 28, 28, 256, 1, 1, 1, avx2, strided=True, flat=True)
+    assert plan.flat and plan.kernel == "pointwise" and (plan.padding.rows, plan.padding.cols) == (1, 784)
+    late = conv_plan(1, 1024, 14, 14, 512, 1, 1, 1, avx2, strided=True, flat=True)
+    assert late.flat and late.kernel == "tiled" and not late.in_place
+
+
+def _strided_plan_build(case, target):
+    """`case` built with `subsampled_pixels` off: the strided tile (the kernel before)."""
+    import tvm_fusion.schedules.llvm.conv2d as llvm_conv
+
+    keep, llvm_conv.subsampled_pixels = llvm_conv.subsampled_pixels, lambda *args, **kwargs: False
+    try:
+        return _packed_build(case, target)
+    finally:
+        llvm_conv.subsampled_pixels = keep
+
+
+@NO_AVX2
+@pytest.mark.parametrize("case", SUBSAMPLED_CASES, ids=_id)
+def test_subsampled_convs_match_numpy_and_the_strided_kernel_bit_for_bit(case):
+    """Built for AVX2 (W packed for the flat plan): element-wise against float64 numpy, and bit-identical to
+    the strided tile's kernel (the same sums in the same order, input channels one by one)."""
+    target = tvm.target.Target(AVX2)
+    executable, func, arrays, out_shape, reference = _packed_build(case, target)
+    acc = re.search(r"conv_local = T.sblock_alloc_buffer\(\((\d+), (\d+), (\d+), (\d+)\)", func.script())
+    assert 1 in [int(d) for d in acc.groups()[1:3]], f"the pixels as one row: {acc.group(0)}"
+    got = _run(executable, arrays, out_shape)
+    assert_close(got, reference, _id(case))
+    strided, _, strided_arrays, strided_shape, _ = _strided_plan_build(case, target)
+    np.testing.assert_array_equal(got, _run(strided, strided_arrays, strided_shape))
+
+
+@NO_AVX2
+def test_subsampled_conv_reads_only_the_strided_pixels():
+    """x changed at every pixel off the stride grid (odd rows or columns: no output reads them) leaves the
+    output bit for bit; one pixel on it (row 2, column 4: output 1, 2) changes that output pixel only. A copy
+    that took the wrong pixels (x[h, w] instead of x[2h, 2w], or rows and columns swapped) fails both."""
+    case = dict(n=1, c=128, h=11, w=9, oc=136, k=1, stride=2)
+    target = tvm.target.Target(AVX2)
+    executable, _, arrays, out_shape, reference = _packed_build(case, target)
+    assert _subsampled(case, target)
+    base = _run(executable, arrays, out_shape)
+    assert_close(base, reference, _id(case))
+    x = arrays[0].copy()
+    off_grid = np.ones(x.shape[2:], bool)
+    off_grid[::2, ::2] = False
+    x[:, :, off_grid] = 1e6
+    np.testing.assert_array_equal(_run(executable, [x, *arrays[1:]], out_shape), base)
+    x = arrays[0].copy()
+    x[0, :, 2, 4] += 1.0
+    changed = np.argwhere((_run(executable, [x, *arrays[1:]], out_shape) != base).any(axis=1)[0])
+    assert changed.tolist() == [[1, 2]], changed
+
+
+@NO_AVX2
+@pytest.mark.parametrize("case", SUBSAMPLED_CASES[2:], ids=_id)
+def test_subsampled_convs_with_residual_and_relu_match_numpy(case):
+    """The conv + bias + residual + ReLU epilogue (conv_primfunc's), W as the llvm compute takes it unpacked."""
+    target = tvm.target.Target(AVX2)
+    func, attrs, _ = conv_primfunc(**case, residual=True, target=target)
+    shapes = [[int(d) for d in p.shape] for p in func.params]
+    rng = np.random.default_rng(4)
+    x, r, wt, b = (rng.standard_normal(s).astype("float32") for s in shapes[:-1])
+    got = _run(_build(func, schedule_conv2d_llvm, attrs, target), [x, r, wt, b], shapes[-1])
+    assert_close(got, conv_reference(x, wt, b, r, attrs).astype("float32"), _id(case))
