@@ -668,13 +668,10 @@ def schedule_conv2d_llvm(sch, attrs, target):
     if planned.kernel == "pixels":  # grouped 1x1: GEMMs over pixel vectors, their own loop nest
         pointwise.schedule_grouped_pointwise(sch, conv, epi, _optional_block(sch, "pad"), planned.tile)
         return
-    batch, *loops = sch.get_loops(conv)
+    _, *loops = sch.get_loops(conv)
     cp, hp, wp, rc, rh, rw = (_extent(sch, loop) for loop in loops)
     cout, hout, wout = (_extent(sch, loop) for loop in sch.get_loops(epi)[1:])
-    n = _planned_batch(sch.get(batch).extent)
-    groups, facts = attrs.get("groups", 1), cpu_facts(target)
-    plan = conv_plan(n, cout, hout, wout, rc, rh, rw, groups, facts, strided=attrs["strides"][1] > 1,
-                     flat=one_row_pixels(rh, rw, attrs["strides"], attrs["padding"], groups, rc, cout, facts))
+    groups, facts, plan = attrs.get("groups", 1), cpu_facts(target), planned
     flat = plan.flat
     p = plan.padding
     if (cp, hp, wp) != (groups * p.group_channels, p.rows, p.cols):
