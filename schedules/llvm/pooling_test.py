@@ -83,6 +83,7 @@ CASES = [
     ("max", 4, (12, 11), 3, 1, (2, 1, 0, 2), 0, 0),  # uneven padding: 12 a row
     ("avg", 4, (11, 20), 5, 1, (2, 2, 2, 2), 0, 0),  # a 5 x 5 window
     ("avg", 3, (10, 18), 3, 1, (0, 0, 0, 0), 0, 0),  # no padding: 16 a row, whole vectors
+    ("avg", 8, (7, 7), 7, 1, (0, 0, 1, 1), 0, 0),  # Inception v1's last pool: a 7 x 7 window, 2 x 2 out
 ]
 
 
@@ -165,13 +166,13 @@ def test_compiles_for_other_vector_widths(target):
 def _two_thread_check():
     """Run in a process whose TVM pool has two threads (the pool's size is fixed when it starts)."""
     assert int(tvm.get_global_func("runtime.NumThreads")()) == 2
-    x = np.random.default_rng(4).normal(size=(1, 64, 56, 56)).astype(np.float32)
-    for op in ("max", "avg"):
-        func = _pool_func(op, x.shape, 3, 2, (1, 1, 1, 1)).with_attr("global_symbol", "main")
+    for op, s, hw in (("max", 2, 56), ("avg", 2, 56), ("avg", 1, 28), ("max", 1, 14)):  # stride 1: vectors + tail
+        x = np.random.default_rng(4).normal(size=(1, 64, hw, hw)).astype(np.float32)
+        func = _pool_func(op, x.shape, 3, s, (1, 1, 1, 1)).with_attr("global_symbol", "main")
         outs = []
         for f in (func, LeftoverPool().apply(func, AVX2, False).mod["main"]):
             kernel = tvm.compile(tvm.IRModule({"main": f}), AVX2)["main"]
-            y = tvm.runtime.tensor(np.zeros((1, 64, 28, 28), np.float32), tvm.cpu())
+            y = tvm.runtime.tensor(np.zeros((1, 64, hw // s, hw // s), np.float32), tvm.cpu())
             kernel(tvm.runtime.tensor(x, tvm.cpu()), y)
             outs.append(y.numpy())
         np.testing.assert_array_equal(outs[1], outs[0])
