@@ -3,11 +3,11 @@
     python benchmarks/pooling.py                            # this CPU's target, every shape below
     python benchmarks/pooling.py --target '{"kind":"llvm","mcpu":"x86-64-v3"}' --only max
 
-Each pool shape of Inception v2, ShuffleNet, ResNet-50 and SqueezeNet (kernel, stride, padding, ceil_mode)
-is legalized by TVM, compiled as TVM leaves it and as `LeftoverPool` schedules it (or `declined`), and
-run on the same random input as a one-node onnxruntime session; CPU time per call (time.process_time,
-median of `--rounds` blocks of about `--block-ms`), one thread each. `exact` says whether the schedule's
-output equals TVM's bit for bit.
+Each pool shape of Inception v2, ShuffleNet, ResNet-50 and SqueezeNet (and Inception v1's and YOLOv8n's
+stride-1 pools; kernel, stride, padding, ceil_mode) is legalized by TVM, compiled as TVM leaves it and as
+`LeftoverPool` schedules it (or `declined`), and run on the same random input as a one-node onnxruntime
+session; CPU time per call (time.process_time, median of `--rounds` blocks of about `--block-ms`), one thread
+each. `exact` says whether the schedule's output equals TVM's bit for bit.
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ SHAPES = [
     ("squeezenet max 1", "max", (1, 64, 111, 111), 3, 2, (0, 0, 0, 0), 0),
     ("squeezenet max 2", "max", (1, 128, 55, 55), 3, 2, (0, 0, 0, 0), 0),
     ("squeezenet max 3", "max", (1, 256, 27, 27), 3, 2, (0, 0, 0, 0), 0),
+    ("inception_v1 max s1 28", "max", (1, 256, 28, 28), 3, 1, (1, 1, 1, 1), 0),
+    ("inception_v1 max s1 14", "max", (1, 512, 14, 14), 3, 1, (1, 1, 1, 1), 0),
+    ("inception_v1 max s1 7", "max", (1, 832, 7, 7), 3, 1, (1, 1, 1, 1), 0),
+    ("inception_v1 avg 7x7 end pad", "avg", (1, 1024, 7, 7), 7, 1, (0, 0, 1, 1), 0),
+    ("nudenet_yolov8n sppf max", "max", (1, 128, 10, 10), 5, 1, (2, 2, 2, 2), 0),
 ]
 
 

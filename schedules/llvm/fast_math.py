@@ -9,6 +9,12 @@ are the same expressions written with arithmetic, floor, shifts and selects, whi
 - exp: Cody-Waite range reduction `x = n ln2 + r` (ln2 split in two, |r| <= ln2 / 2), Cephes' degree-6
   polynomial for e^r, 2^n built in the exponent bits (two factors, so subnormal results and float32's
   largest come out right); past float32's range +inf or 0, NaN stays NaN.
+- exp of x <= 0 (`fast_exp_nonpositive`, a softmax's x - max): the same reduction and polynomial, n rounded by
+  adding 1.5 * 2^23 (the sum's low mantissa bits are n: no round / convert instructions), 2^n one factor, 0
+  below ln(2^-126) (subnormal results flush to 0: an absolute error under 2^-126), r taken from x itself so
+  NaN stays NaN without a bit test; -inf gives 0; 1.01 ulps at most where the result is normal (as
+  `fast_exp`). PP-OCR-rec's 40 x 6625 softmax on one AVX2 core: 0.38 -> 0.28 ms with it (floor-rounded),
+  0.268 -> 0.237 ms more with the rounding by addition.
 - sigmoid: 1 / (1 + exp(-x)) with the exp above.
 - erf: Eigen's rational approximation on [-4, 4] (TVM's `fast_erf` too); |error| < 2e-7 everywhere.
 - tanh: Eigen's rational approximation on [-7.9, 7.9] (TVM's `fast_tanh` too), +-1 past +-9; <= 5 ulps
@@ -29,7 +35,7 @@ from tvm_fusion._tvm import prim_dtype, te, tirx
 
 from ..activations import register_math
 
-__all__ = ["fast_erf", "fast_exp", "fast_sigmoid", "fast_tanh"]
+__all__ = ["fast_erf", "fast_exp", "fast_exp_nonpositive", "fast_sigmoid", "fast_tanh"]
 
 _F32 = "float32"
 _LOG2E = 1.44269504088896341
@@ -38,6 +44,10 @@ _LN2_LO = -2.12194440e-4
 _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
 #: past _X_HI e^x overflows float32 (+inf); below _X_LO it is below half the smallest subnormal (0)
 _X_HI, _X_LO = 88.72283935546875, -103.97208404541016
+#: ln(2^-126) rounded up to float32: from it on e^x is a normal float32 (2^n one factor, n >= -126)
+_X_NORMAL = -87.33654022216797
+#: 1.5 * 2^23: v + _ROUNDER rounds v (|v| < 2^22) to an integer held in the sum's low mantissa bits
+_ROUNDER = 12582912.0
 
 #: Eigen's rational tanh (TVM's topi.fast_tanh too): odd numerator x^13 ... x^1, even denominator x^6 ... x^0
 _TANH_NUM = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
@@ -102,10 +112,34 @@ def _exp_parts(xc, scaled):
     """scaled(e^r, n) for x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite), e^r by Cephes' polynomial."""
     def with_n(n):
         nf = n.astype(_F32)
-        return _let(xc - nf * _c(_LN2_HI) - nf * _c(_LN2_LO),
-                    lambda r: scaled(_horner(_EXP_POLY, r) * r * r + r + _c(1.0), n), "r")
+        return _let(xc - nf * _c(_LN2_HI) - nf * _c(_LN2_LO), lambda r: scaled(_exp_poly(r), n), "r")
 
     return _let(tirx.floor(xc * _c(_LOG2E) + _c(0.5)).astype("int32"), with_n, "n")
+
+
+def _exp_poly(r):
+    """e^r for |r| <= ln2 / 2: Cephes' polynomial."""
+    return _horner(_EXP_POLY, r) * r * r + r + _c(1.0)
+
+
+def fast_exp_nonpositive(x):
+    """e^x for a float32 TIR expression x <= 0 (a softmax's x - max; NaN and -inf too): `fast_exp` less what
+    x > 0 and subnormal results need (module docstring); right to 1.5 ulps down to ln(2^-126), 0 below it."""
+    return _let(x, _exp_nonpositive, "x")
+
+
+def _exp_nonpositive(x):
+    # n = round(x / ln2) by the float adder: x log2e + 1.5 * 2^23 holds n in its low mantissa bits (no round /
+    # convert instructions), and 2^n is those bits + 127 shifted into the exponent. x below _X_NORMAL (-inf,
+    # and where n or the integer bits leave their range) selects 0; NaN runs through r and stays NaN.
+    def with_t(t):
+        nf = t - _c(_ROUNDER)
+        scale = tirx.reinterpret(_F32, tirx.shift_left(tirx.reinterpret("int32", t) + tirx.const(127, "int32"),
+                                                       tirx.const(23, "int32")))
+        return _let(x - nf * _c(_LN2_HI) - nf * _c(_LN2_LO), lambda r: _exp_poly(r) * scale, "r")
+
+    y = _let(x * _c(_LOG2E) + _c(_ROUNDER), with_t, "t")
+    return tirx.Select(x < _c(_X_NORMAL), _c(0.0), y)
 
 
 def fast_sigmoid(x):

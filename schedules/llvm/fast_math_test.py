@@ -1,4 +1,4 @@
-"""llvm's vectorizable float32 exp / sigmoid / erf / tanh: accuracy against float64 over float32's range
+"""llvm's vectorizable float32 exp (and its form for x <= 0) / sigmoid / erf / tanh: accuracy against float64 over float32's range
 (specials included), no per-lane libm call left in a vectorized kernel, other targets and dtypes keep TVM's
 intrinsics, and a conv + SiLU, a Gemm + GELU and a tanh / exp chain element-wise against onnxruntime."""
 
@@ -14,7 +14,7 @@ from tvm_fusion._tvm import te, tirx, tvm
 from tvm_fusion.build import build, resolve_target
 from tvm_fusion.compare import run_onnxruntime
 from tvm_fusion.schedules.activations import KernelMath, apply_activation, fast_math_allowed
-from tvm_fusion.schedules.llvm.fast_math import fast_erf, fast_exp, fast_sigmoid, fast_tanh
+from tvm_fusion.schedules.llvm.fast_math import fast_erf, fast_exp, fast_exp_nonpositive, fast_sigmoid, fast_tanh
 from tvm_fusion.testing import GraphBuilder, apply_activation_onnx, assert_close, run_build
 
 AVX2 = '{"kind": "llvm", "mcpu": "x86-64-v3"}'
@@ -73,6 +73,26 @@ def test_exp_and_sigmoid_within_a_few_ulps(fn, ref, max_ulp, subnormal_error):
     _same_specials(out, r, ~np.isfinite(r) | (np.abs(r) > np.finfo(np.float32).max))  # NaN, +inf, 0 at -inf
 
 
+NORMAL_LN = -87.33654022216797  # ln(2^-126) as fast_exp_nonpositive rounds it: 0 below
+
+
+def test_exp_of_nonpositive_within_1_5_ulps_and_0_below_normal_results():
+    """A softmax's exp(x - max): right to 1.5 ulps where e^x is a normal float32, 0 below (subnormal results
+    flushed: an absolute error under 2^-126), exp(-inf) = 0, NaN stays NaN, exp(0) = exp(-0) = 1."""
+    specials = np.array([np.nan, -np.inf, 0.0, -0.0, -1e-8, -1e-30, NORMAL_LN, np.nextafter(np.float32(NORMAL_LN), 0),
+                         np.nextafter(np.float32(NORMAL_LN), -np.inf), -87.0, -88.0, -103.9, -104.0, -1e30,
+                         -float(np.finfo(np.float32).max)], np.float32)
+    xs = np.concatenate([np.linspace(-110.0, 0.0, 1 << 18, dtype=np.float32), -np.logspace(-9, 1, 4096, dtype=np.float32),
+                         specials])
+    out = _run(fast_exp_nonpositive, xs)
+    r = np.exp(xs.astype(np.float64))
+    normal = xs >= np.float32(NORMAL_LN)
+    assert _ulps(out[normal], r[normal]).max() <= 1.5
+    assert np.all(out[xs < np.float32(NORMAL_LN)] == 0) and np.all(r[xs < np.float32(NORMAL_LN)] < TINY)
+    nan, minus_inf, zero, minus_zero = out[-len(specials):][:4]
+    assert np.isnan(nan) and minus_inf == 0 and zero == 1 and minus_zero == 1
+
+
 def test_erf_within_4e_7_absolute():
     xs = _inputs(-6.0, 6.0)
     out = _run(fast_erf, xs)
@@ -92,7 +112,7 @@ def test_tanh_within_5_ulps_and_3e_7_absolute():
     _same_specials(out, r, ~np.isfinite(xs) | (r == 0) | (np.abs(xs) > 9.1))  # NaN, +-0, +-1 (float32) past 9.1
 
 
-@pytest.mark.parametrize("fn", [fast_exp, fast_sigmoid, fast_erf, fast_tanh])
+@pytest.mark.parametrize("fn", [fast_exp, fast_exp_nonpositive, fast_sigmoid, fast_erf, fast_tanh])
 def test_no_libm_call_left(fn):
     ir = _kernel(fn, 64).mod.inspect_source("ll")
     for libm in ("@expf", "@erff", "@tanhf", "llvm.exp."):
@@ -100,7 +120,7 @@ def test_no_libm_call_left(fn):
     assert "<8 x float>" in ir
 
 
-@pytest.mark.parametrize("fn", [fast_exp, fast_sigmoid, fast_erf, fast_tanh])
+@pytest.mark.parametrize("fn", [fast_exp, fast_exp_nonpositive, fast_sigmoid, fast_erf, fast_tanh])
 def test_tvm_vectorizer_keeps_the_vector_form(fn):
     """TVM's VectorizeLoop turns the lanes loop into vector expressions: one op it has no vector form for
     (`tirx.isnan`) made it keep a scalar loop, which LLVM vectorized only where the loop was plain (not the

@@ -12,14 +12,16 @@ reorders them: the padding copy moves inside the (batch, channel) loop (one plan
 windows read it), the planes run in parallel, each output row is split into runs of pixels with the taps
 outside the run; stride 1 runs of whole vectors are vectorized (contiguous loads), other runs are
 unrolled (a stride-2 vector load is a per-lane gather in TVM's codegen, measured slower than TVM's loop;
-unrolled, LLVM's SLP pass packs the copies), and the average's division follows each plane.
+unrolled, LLVM's SLP pass packs the copies), and the average's division follows each plane. A stride-1 row
+that is not whole vectors (Inception v2's 28 / 14 columns) runs its whole vectors, then its last pixels one
+at a time (`loop_partition`, sums and division alike); one shorter than a vector (its 7 columns), pixel by
+pixel with the padding per plane.
 Measured on one AVX2 core (Zen 2), each pool alone (`benchmarks/pooling.py`): the four models' stride-2
 pools up to 40% faster than TVM's default (the 112 x 112 max pools tie with warm caches and were 25-45%
-faster inside the models, where TVM's whole padded copy goes through memory). Declined, as TVM's loop
-measured as fast: global pools (one output pixel per plane), stride-1 rows that are not whole vectors
-(Inception v2's 28 / 14 / 7 columns; half vectors on its 28 columns tied too) and unpadded pools whose rows
-run pixel by pixel (AlexNet, ZFNet, VGG-19, SqueezeNet, DenseNet: 2-20% slower scheduled). `match_pool` /
-`pool_plan` say why a function is declined.
+faster inside the models, where TVM's whole padded copy goes through memory); Inception v2's stride-1 3 x 3
+pools 5-25% (28 columns most, 14 least). Declined, as TVM's loop measured as fast: global pools (one output
+pixel per plane) and unpadded pools whose rows run pixel by pixel (AlexNet, ZFNet, VGG-19, SqueezeNet,
+DenseNet: 2-20% slower scheduled). `match_pool` / `pool_plan` say why a function is declined.
 """
 
 from __future__ import annotations
@@ -133,15 +135,15 @@ def match_pool(func) -> PoolMatch:
     return PoolMatch(reduce.name_hint, pad, divide, strides[0], int(extents[3]))
 
 
-def _run(width: int, stride: int, lanes: int) -> int | None:
-    """Output pixels computed together, the taps outside them: whole vectors (vectorized for stride 1), a
-    row of at most two vectors (stride > 1, unrolled), else one (stride > 1: each pixel's taps in turn, as
-    TVM; a run of a smaller divisor, 7 of 28, measured slower). None: stride 1 without whole vectors, where
-    TVM's loop measured as fast."""
-    if width % lanes == 0:
+def _run(width: int, stride: int, lanes: int) -> int:
+    """Output pixels computed together, the taps outside them: whole vectors (vectorized for stride 1; a
+    stride-1 row that is not whole vectors runs its whole vectors, then its last `width % lanes` pixels one at
+    a time), a row of at most two vectors (stride > 1, unrolled), else one (each pixel's taps in turn, as TVM;
+    a run of a smaller divisor, 7 of 28, measured slower)."""
+    if width >= lanes and (stride == 1 or width % lanes == 0):
         return lanes
     if stride == 1:
-        return None
+        return 1
     return width if width <= 2 * lanes else 1
 
 
@@ -152,9 +154,6 @@ def pool_plan(func, target) -> PoolMatch:
     if match.declined:
         return match
     run = _run(match.width, match.stride, cpu_facts(target).float32_lanes)
-    if run is None:
-        return match._replace(declined=f"output rows of {match.width} pixels (stride {match.stride}) are not "
-                                       "whole vectors: TVM's per-pixel loop measured as fast")
     if run == 1 and not match.pad:
         return match._replace(declined=f"output rows of {match.width} pixels (stride {match.stride}) run pixel by "
                                        "pixel and there is no padding copy to move: TVM's loop measured as fast")
@@ -178,6 +177,8 @@ class LeftoverPool(dlight.ScheduleRule):
         plane = sch.fuse(n, c)
         if math.prod(extents) >= PARALLEL_TAPS:  # before decompose_reduction (parallel checks the dataflow)
             sch.parallel(plane)
+        if match.stride == 1 and match.width % lanes:
+            return _stride_1_rows(sch, match, plane, lanes)
         vector = match.stride == 1
         if match.run > 1:
             wo, wi = sch.split(w, [None, match.run])
@@ -196,3 +197,42 @@ class LeftoverPool(dlight.ScheduleRule):
         if match.pad:
             sch.compute_at(sch.get_sblock(match.pad), plane)
         return sch
+
+
+def _vectors_then_tail(sch, loop, lanes: int):
+    """The loop's whole vectors vectorized, its last `extent % lanes` iterations left scalar; the two loops."""
+    extent = int(sch.get(loop).extent)
+    body, tail = sch.loop_partition(loop, [extent - extent % lanes, None])
+    return sch.split(body, [None, lanes]), tail
+
+
+def _stride_1_rows(sch, match: PoolMatch, plane, lanes: int):
+    """Stride-1 rows that are not whole vectors (Inception v2's 28 / 14 / 7 columns): the padding and the
+    division per plane, each row's whole vectors with the taps outside them and its last pixels one at a time
+    (`loop_partition`: its blocks hide the row from `compute_at`'s region analysis, so the plane's stages
+    move first); rows shorter than one vector run pixel by pixel."""
+    if match.divide:
+        divide = sch.get_sblock(match.divide)
+        sch.reverse_compute_at(divide, plane)
+        if match.run > 1:
+            (_, wi), _ = _vectors_then_tail(sch, sch.get_loops(divide)[-1], lanes)
+            sch.vectorize(wi)
+    if match.pad:
+        sch.compute_at(sch.get_sblock(match.pad), plane)
+    reduce = sch.get_sblock(match.reduce)
+    if match.run == 1:
+        rh, rw = sch.get_loops(reduce)[-2:]
+        sch.unroll(rw)
+        sch.decompose_reduction(reduce, rh)
+        return sch
+    w = sch.get_loops(reduce)[-3]
+    var = sch.get(w).loop_var.name  # loop_partition names the parts' blocks `<block>_<var>0`, `..._<var>1`
+    (wo, wi), _ = _vectors_then_tail(sch, w, lanes)
+    body, tail = (sch.get_sblock(f"{match.reduce}_{var}{i}") for i in (0, 1))
+    taps = {body: sch.get_loops(body)[-2:], tail: sch.get_loops(tail)[-2:]}
+    sch.reorder(wo, *taps[body], wi)
+    sch.vectorize(wi)  # before decompose_reduction (afterwards: "not compact dataflow")
+    for block, (rh, rw) in taps.items():
+        sch.unroll(rw)
+        sch.decompose_reduction(block, rh)
+    return sch

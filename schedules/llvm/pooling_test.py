@@ -1,8 +1,8 @@
 """The fused build's leftover 2-D pools on llvm: TVM's lowering is recognised structurally, scheduled (the
 padding per plane, planes in parallel, vectorized / unrolled runs of pixels) and bit-identical to the
 unfused build (TVM's own lowering) for max and average pools with padding, ceil_mode, count_include_pad and
-strides 1-3; global pools, stride-1 rows that are not whole vectors, other functions and targets are
-declined."""
+strides 1-3 (stride-1 rows of whole vectors, of whole vectors and a scalar tail, or shorter than a vector);
+global pools, unpadded rows run pixel by pixel, other functions and targets are declined."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from tvm_fusion.testing import GraphBuilder, assert_close, run_build
 
 AVX2 = resolve_target('{"kind": "llvm", "mcpu": "x86-64-v3"}')
 SSE = resolve_target('{"kind": "llvm", "mcpu": "x86-64"}')  # 4 lanes
+AVX512 = resolve_target('{"kind": "llvm", "mcpu": "skylake-avx512"}')  # 16 lanes: compiled, not run here
 AARCH64 = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]})
 
 
@@ -71,6 +72,18 @@ CASES = [
     ("avg", 4, (27, 27), 3, 2, (1, 1, 1, 1), 1, 0),  # ceil_mode
     ("avg", 4, (16, 16), 3, 1, (1, 1, 1, 1), 0, 0),  # stride 1, vectors
     ("avg", 3, (17, 23), 2, 3, (0, 1, 1, 0), 1, 1),  # stride 3, odd
+    # stride 1, rows that are not whole vectors: whole vectors then a scalar tail, or pixel by pixel
+    ("avg", 8, (28, 28), 3, 1, (1, 1, 1, 1), 0, 0),  # Inception v2's: 3 vectors + 4 pixels a row
+    ("avg", 8, (14, 14), 3, 1, (1, 1, 1, 1), 0, 0),  # Inception v2's: 1 vector + 6 pixels
+    ("avg", 8, (14, 14), 3, 1, (1, 1, 1, 1), 0, 1),  # padding counted
+    ("avg", 8, (7, 7), 3, 1, (1, 1, 1, 1), 0, 0),  # Inception v2's: shorter than a vector, per pixel
+    ("avg", 4, (7, 7), 3, 1, (1, 1, 1, 1), 0, 1),
+    ("max", 8, (7, 7), 3, 1, (1, 1, 1, 1), 0, 0),  # Inception v2's
+    ("max", 4, (13, 19), 3, 1, (1, 1, 1, 1), 0, 0),  # odd widths: 19 = 2 vectors + 3
+    ("max", 4, (12, 11), 3, 1, (2, 1, 0, 2), 0, 0),  # uneven padding: 12 a row
+    ("avg", 4, (11, 20), 5, 1, (2, 2, 2, 2), 0, 0),  # a 5 x 5 window
+    ("avg", 3, (10, 18), 3, 1, (0, 0, 0, 0), 0, 0),  # no padding: 16 a row, whole vectors
+    ("avg", 8, (7, 7), 7, 1, (0, 0, 1, 1), 0, 0),  # Inception v1's last pool: a 7 x 7 window, 2 x 2 out
 ]
 
 
@@ -98,6 +111,21 @@ def test_stride_1_rows_of_whole_vectors_are_vectorized_and_planes_parallel():
     assert re.search(r"T\.vectorized\((T\.int64\()?4\)", sse.mod["main"].script())
 
 
+def test_stride_1_rows_run_whole_vectors_then_a_scalar_tail():
+    """Inception v2's 14-pixel rows on AVX2: one vector of 8 (the taps outside it) and 6 pixels one at a time,
+    for the window sums and the division; 7-pixel rows run pixel by pixel, the padding per plane."""
+    func = _pool_func("avg", (1, 576, 14, 14), 3, 1, (1, 1, 1, 1))
+    assert pool_plan(func, AVX2).run == 8 and pool_plan(func, SSE).run == 4
+    script = LeftoverPool().apply(func, AVX2, False).mod["main"].script()
+    assert len(re.findall(r"T\.vectorized\((T\.int64\()?8\)", script)) == 3, script  # init, taps, division
+    assert len(re.findall(r"in range\((T\.int64\()?8\), (T\.int64\()?14\)", script)) == 2, script  # sums, division
+    assert script.index('T.sblock("pad_temp")') > script.index("T.parallel"), script
+    short = _pool_func("avg", (1, 1024, 7, 7), 3, 1, (1, 1, 1, 1))
+    assert pool_plan(short, AVX2).run == 1
+    script = LeftoverPool().apply(short, AVX2, False).mod["main"].script()
+    assert "T.vectorized" not in script and script.index('T.sblock("pad_temp")') > script.index("T.parallel")
+
+
 def test_stride_2_rows_are_unrolled_runs_with_the_padding_per_plane():
     func = _pool_func("max", (1, 64, 112, 112), 3, 2, (1, 1, 1, 1))
     assert pool_plan(func, AVX2).run == 8 and pool_plan(func, SSE).run == 4
@@ -113,9 +141,9 @@ def test_declines_with_reasons():
     gap = _pool_func("avg", (1, 64, 7, 7), 7, 1, (0, 0, 0, 0))
     assert "global pool" in match_pool(gap).declined
     assert LeftoverPool().apply(gap, AVX2, False) is None
-    odd = _pool_func("max", (1, 64, 14, 14), 3, 1, (1, 1, 1, 1))  # 14 pixels a row, stride 1
-    assert match_pool(odd).declined == "" and "not whole vectors" in pool_plan(odd, AVX2).declined
-    assert LeftoverPool().apply(odd, AVX2, False) is None
+    short = _pool_func("max", (1, 64, 7, 7), 3, 1, (0, 0, 0, 0))  # 5 pixels a row, stride 1, no padding
+    assert match_pool(short).declined == "" and "no padding copy to move" in pool_plan(short, AVX2).declined
+    assert LeftoverPool().apply(short, AVX2, False) is None
     unpadded = _pool_func("max", (1, 64, 55, 55), 3, 2, (0, 0, 0, 0))  # SqueezeNet's: 27 a row, pixel by pixel
     assert "no padding copy to move" in pool_plan(unpadded, AVX2).declined
     x = te.placeholder((4, 64), "float32", name="x")
@@ -126,25 +154,25 @@ def test_declines_with_reasons():
     assert LeftoverPool().apply(pool, tvm.target.Target("cuda"), False) is None
 
 
-@pytest.mark.parametrize("target", [AVX2, SSE, AARCH64], ids=["avx2", "sse", "aarch64"])
+@pytest.mark.parametrize("target", [AVX2, SSE, AVX512, AARCH64], ids=["avx2", "sse", "avx512", "aarch64"])
 def test_compiles_for_other_vector_widths(target):
-    for op, s in (("max", 2), ("avg", 1)):
-        func = _pool_func(op, (1, 16, 32, 32), 3, s, (1, 1, 1, 1))
+    for op, s, hw in (("max", 2, 32), ("avg", 1, 32), ("avg", 1, 28), ("avg", 1, 14), ("max", 1, 7), ("avg", 1, 19)):
+        func = _pool_func(op, (1, 16, hw, hw), 3, s, (1, 1, 1, 1))
         sch = LeftoverPool().apply(func, target, False)
-        assert sch is not None
+        assert sch is not None, (op, s, hw)
         tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
 
 
 def _two_thread_check():
     """Run in a process whose TVM pool has two threads (the pool's size is fixed when it starts)."""
     assert int(tvm.get_global_func("runtime.NumThreads")()) == 2
-    x = np.random.default_rng(4).normal(size=(1, 64, 56, 56)).astype(np.float32)
-    for op in ("max", "avg"):
-        func = _pool_func(op, x.shape, 3, 2, (1, 1, 1, 1)).with_attr("global_symbol", "main")
+    for op, s, hw in (("max", 2, 56), ("avg", 2, 56), ("avg", 1, 28), ("max", 1, 14)):  # stride 1: vectors + tail
+        x = np.random.default_rng(4).normal(size=(1, 64, hw, hw)).astype(np.float32)
+        func = _pool_func(op, x.shape, 3, s, (1, 1, 1, 1)).with_attr("global_symbol", "main")
         outs = []
         for f in (func, LeftoverPool().apply(func, AVX2, False).mod["main"]):
             kernel = tvm.compile(tvm.IRModule({"main": f}), AVX2)["main"]
-            y = tvm.runtime.tensor(np.zeros((1, 64, 28, 28), np.float32), tvm.cpu())
+            y = tvm.runtime.tensor(np.zeros((1, 64, hw // s, hw // s), np.float32), tvm.cpu())
             kernel(tvm.runtime.tensor(x, tvm.cpu()), y)
             outs.append(y.numpy())
         np.testing.assert_array_equal(outs[1], outs[0])

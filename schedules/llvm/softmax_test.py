@@ -1,7 +1,7 @@
 """The fused build's leftover softmax / log_softmax on llvm: rows in parallel, max / exp / sum / normalize in
 vectors of the target's lanes (the sums as `lanes` partial sums), the exp llvm's vectorizable float32 form
 only where the fast-math policy allows it; element-wise within tolerance of the unfused build and
-onnxruntime (edge rows: tails, -inf, large values); rows under two vectors, an axis with two dims or more
+onnxruntime (edge rows: tails, -inf, large values; NaN / +-inf rows as TVM's lowering); rows under two vectors, an axis with two dims or more
 after it, and functions that are not a softmax are declined with a reason."""
 
 from __future__ import annotations
@@ -80,6 +80,47 @@ def test_last_axis_is_vectorized_and_within_tolerance(op, n):
     assert "T.exp(" not in script, script  # llvm's vectorizable exp, float32 may take it
     assert ("T.parallel" in script) == (n == 1003), script
     assert len(re.findall(r'T\.sblock\("(max|sum)_lanes"\)', script)) == 2, script  # the lanes partial sums
+
+
+def _special_rows(shape):
+    """Rows TVM's lowering turns to NaN (a NaN, a +inf, all -inf, +inf and -inf, all NaN) or to exact zeros
+    (-inf entries, values far below the row's max), among normal rows."""
+    x = np.random.default_rng(5).normal(size=shape).astype(np.float32) * 4
+    n = shape[-1]
+    x[0, ::3] = -np.inf
+    x[1] = -np.inf
+    x[2, 5] = np.inf
+    x[3, 7] = np.nan
+    x[4, n - 1] = np.nan  # in the row's scalar tail
+    x[5, n - 1] = np.inf
+    x[6, :2] = (np.inf, -np.inf)
+    x[7] = np.nan
+    x[8, 100] = 3e38  # every other element's exp(x - max) is 0
+    x[9] = 80 + 20 * np.abs(x[9])
+    return x
+
+
+@pytest.mark.parametrize("n", [6625, 1003])
+def test_softmax_specials_as_tvms_lowering(n):
+    """NaN, +-inf and rows whose exps underflow: the same NaNs and zeros as the unfused build (TVM's lowering,
+    libm's expf), the finite values within tolerance; the exp's vectors summed as they are computed (one pass
+    over the row for both) and the row scaled by 1 / sum."""
+    shape = (12, n)
+    model = _model(shape)
+    x = _special_rows(shape)
+    built = build(frontend.import_onnx(model), AVX2, "fused")
+    got = run_build(built, [x])[0]
+    want = run_build(build(frontend.import_onnx(model), AVX2, "unfused"), [x])[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(want[[1, 2, 3, 4, 5, 6, 7]]).all() and not np.isnan(want[[0, 8, 9, 10, 11]]).any()
+    np.testing.assert_array_equal(got[0] == 0, want[0] == 0)  # exp(-inf) = 0
+    assert_close(got, want, "special rows against the unfused build")
+    script = _softmax_func(built).script()
+    exp_loop = script[script.index('T.sblock("row_exp")'):]
+    assert exp_loop.index('T.sblock("sum_lanes")') < exp_loop.index('T.sblock("row_sum")'), script
+    outputs = re.findall(r"softmax\[v_i0, v_i1\] = (.*)", script)
+    assert outputs and all(o.endswith("* row_inverse[v_i0]") for o in outputs), script  # a multiply, no divide
+    assert "T.floor" not in script and "T.exp(" not in script, script  # the exp for x - max <= 0
 
 
 def test_lanes_come_from_the_target():
