@@ -336,9 +336,9 @@ def test_pack_channel_blocks_pads_each_group_and_puts_the_block_innermost():
 
 def _packed_build(case, target, seed=2, activation="relu"):
     """Build `case` the way fuse does on llvm: W packed by pack_conv for `target`, the llvm compute and
-    schedule under it (epilogue `activation`). Returns (executable, scheduled PrimFunc, arrays in call order,
-    out shape, reference: float64 numpy's conv + bias + ReLU)."""
-    _, attrs, shapes = conv_primfunc(**case, residual=False, target=target, activation=activation)
+    schedule under it (epilogue `activation`, or the case's own "activation"). Returns (executable, scheduled
+    PrimFunc, arrays in call order, out shape, reference: float64 numpy's conv + bias + ReLU)."""
+    _, attrs, shapes = conv_primfunc(**{"activation": activation, **case}, residual=False, target=target)
     rng = np.random.default_rng(seed)
     x, wt, b = (rng.standard_normal(s).astype("float32") for s in shapes)
     packed = pack_conv([wt, b], attrs, shapes, target) or [wt, b]
