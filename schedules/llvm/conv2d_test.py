@@ -334,10 +334,11 @@ def test_pack_channel_blocks_pads_each_group_and_puts_the_block_innermost():
         assert not flat[g * 8 + 5:(g + 1) * 8].any()
 
 
-def _packed_build(case, target, seed=2):
+def _packed_build(case, target, seed=2, activation="relu"):
     """Build `case` the way fuse does on llvm: W packed by pack_conv for `target`, the llvm compute and
-    schedule under it. Returns (executable, scheduled PrimFunc, arrays in call order, out shape, reference)."""
-    _, attrs, shapes = conv_primfunc(**case, residual=False, target=target)
+    schedule under it (epilogue `activation`, or the case's own "activation"). Returns (executable, scheduled
+    PrimFunc, arrays in call order, out shape, reference: float64 numpy's conv + bias + ReLU)."""
+    _, attrs, shapes = conv_primfunc(**{"activation": activation, **case}, residual=False, target=target)
     rng = np.random.default_rng(seed)
     x, wt, b = (rng.standard_normal(s).astype("float32") for s in shapes)
     packed = pack_conv([wt, b], attrs, shapes, target) or [wt, b]
@@ -555,3 +556,64 @@ def test_subsampled_convs_with_residual_and_relu_match_numpy(case):
     x, r, wt, b = (rng.standard_normal(s).astype("float32") for s in shapes[:-1])
     got = _run(_build(func, schedule_conv2d_llvm, attrs, target), [x, r, wt, b], shapes[-1])
     assert_close(got, conv_reference(x, wt, b, r, attrs).astype("float32"), _id(case))
+
+
+# ---------------------------------------------------------------- epilogues over channel vectors
+
+
+#: tiles whose columns are not whole vectors on AVX2 (10 columns, 8 lanes) and not padded: YOLOv8n's 3x3/2
+#: 3 -> 16 stem and its 3x3 16 -> 16 bottleneck conv, on small images
+CHANNEL_EPILOGUE_CASES = [
+    dict(n=1, c=3, h=40, w=40, oc=16, k=3, stride=2, pad=1),
+    dict(n=1, c=16, h=30, w=30, oc=16, k=3, stride=1, pad=1),
+]
+
+
+def _epilogue_bindings(script: str, after: int) -> dict[str, str]:
+    """The iterator bindings (`v_o`: its expression of loop variables) of the block whose axes follow `after`
+    in a scheduled PrimFunc's script: `v = T.axis.spatial(extent, expr)` and `T.axis.remap` lines."""
+    header = script[after:script.index("T.reads", after)]
+    bindings = {}
+    for names, loops in re.findall(r"([\w, ]+) = T\.axis\.remap\(\"\w+\", \[([^\]]*)\]\)", header):
+        bindings.update(zip((n.strip() for n in names.split(",")), (v.strip() for v in loops.split(","))))
+    bindings.update(re.findall(r"(\w+) = T\.axis\.spatial\(\d+, (.*)\)\n", header))
+    return bindings
+
+
+def _column_epilogue_build(case, target, activation):
+    """`case` built with its epilogue vectorized along the tile's columns (the kernel before)."""
+    import tvm_fusion.schedules.llvm.conv2d as llvm_conv
+
+    keep = llvm_conv._epilogue_by_channel_vectors
+    llvm_conv._epilogue_by_channel_vectors = llvm_conv._vectorize_own_inner_loop
+    try:
+        return _packed_build(case, target, activation=activation)
+    finally:
+        llvm_conv._epilogue_by_channel_vectors = keep
+
+
+@NO_AVX2
+@pytest.mark.parametrize("case", CHANNEL_EPILOGUE_CASES, ids=_id)
+def test_silu_epilogue_runs_in_channel_vectors_when_columns_are_not_whole_vectors(case):
+    """A tile of 10 exact columns on AVX2 applies its SiLU epilogue over the tile's channels, whole vectors of
+    the pixel-major accumulators (not 8 + 2 column lanes gathered across them), the fast sigmoid vectorized
+    (no libm `expf`): element-wise against the unfused build (the conv without activation, SiLU in float64
+    numpy) and bit-identical to the column-vectorized epilogue (the same arithmetic per element)."""
+    target = tvm.target.Target(AVX2)
+    plan_tile = choose_tile(case["oc"], *(conv2d_out_size(case["h"], 3, case["stride"], 1, 1, 1),) * 2,
+                            case["c"] * 9, case["n"], threads=2, facts=cpu_facts(target))
+    assert plan_tile.cols % plan_tile.lanes and case["h"] // case["stride"] % plan_tile.cols == 0, plan_tile
+    executable, func, arrays, out_shape, _ = _packed_build(case, target, activation="silu")
+    script = func.script()
+    loop = re.search(r"for (\w+) in T\.vectorized\((\d+)\):\n\s+with T\.sblock\(\"epilogue\"\)", script)
+    assert loop is not None and int(loop.group(2)) == plan_tile.channels, script
+    bindings = _epilogue_bindings(script, loop.end())
+    assert re.search(rf"\b{loop.group(1)}\b", bindings["v_o"]), f"a vector loop over the channels: {bindings}"
+    assert not re.search(rf"\b{loop.group(1)}\b", bindings["v_ww"]), bindings
+    assert "expf" not in executable.mod.inspect_source("ll"), "the sigmoid is the fast vector form"
+    got = _run(executable, arrays, out_shape)
+    plain, _, plain_arrays, _, _ = _packed_build(case, target, activation=None)
+    conv = _run(plain, plain_arrays, out_shape).astype(np.float64)
+    assert_close(got, (conv / (1 + np.exp(-conv))).astype("float32"), _id(case))
+    columns, _, column_arrays, _, _ = _column_epilogue_build(case, target, "silu")
+    np.testing.assert_array_equal(got, _run(columns, column_arrays, out_shape))
