@@ -18,7 +18,9 @@ from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.conv2d import (FLAT_COPY_CHANNELS, FLOAT_BYTES, STRIDED_NCHW_CHANNELS,
                                               STRIDED_NCHW_MACS,
                                               channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
-                                              one_row_pixels, step_cost, subsampled_pixels, tiled_accumulators)
+                                              one_row_pixels, step_cost, subsampled_pixels, tiled_accumulators,
+                                              _ceil_to)
+from tvm_fusion.schedules.conv2d import ConvPadding
 from tvm_fusion.schedules.llvm.conv2d_pointwise import grouped_pointwise
 from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
 from tvm_fusion.testing import RESNET50_CONVS as RESNET50
@@ -144,7 +146,7 @@ def test_depthwise_and_grouped_plans():
     assert 1 < dw.tile.accumulators <= max_accumulators(FACTS)
     narrow = conv_plan(1, 64, 7, 7, 1, 3, 3, 64, FACTS)  # 7 columns: 8 lanes, not 16 with 9 padded
     assert narrow.tile.lanes == min(LANES, 8) and narrow.padding.cols == narrow.tile.lanes
-    strided = conv_plan(1, 120, 14, 14, 1, 3, 3, 120, FACTS, strided=True)
+    strided = conv_plan(1, 116, 14, 14, 1, 3, 3, 116, FACTS, strided=True)  # no whole vectors: channel_depthwise
     assert strided.kernel == "depthwise" and strided.tile.rows == 1, "gathers leave no registers for more rows"
     grouped = conv_plan(1, 256, 27, 27, 48, 5, 5, 2, FACTS)  # AlexNet conv2: the oc block inside a group
     assert grouped.kernel == "tiled" and 128 % grouped.tile.channels == 0 and grouped.padding.group_channels == 128
@@ -617,3 +619,69 @@ def test_silu_epilogue_runs_in_channel_vectors_when_columns_are_not_whole_vector
     assert_close(got, (conv / (1 + np.exp(-conv))).astype("float32"), _id(case))
     columns, _, column_arrays, _, _ = _column_epilogue_build(case, target, "silu")
     np.testing.assert_array_equal(got, _run(columns, column_arrays, out_shape))
+
+
+#: strided depthwise convs: 3x3 and 5x5 stride 2, odd sizes, padded, unpadded and asymmetric, batch 2, 64 or 24
+#: channels (whole AVX2 vectors: `depthwise_channels`) and 20 (not: the column-vectorized kernel)
+STRIDED_DEPTHWISE = [
+    dict(n=1, c=64, h=16, w=16, oc=64, k=3, stride=2, pad=1, groups=64),
+    dict(n=1, c=24, h=15, w=13, oc=24, k=3, stride=2, pad=1, groups=24),
+    dict(n=2, c=16, h=9, w=11, oc=16, k=5, stride=2, pad=2, groups=16),
+    dict(n=1, c=24, h=11, w=9, oc=24, k=3, stride=2, pad=0, groups=24),
+    dict(n=1, c=8, h=12, w=12, oc=8, k=5, stride=2, pad=(1, 2, 2, 1), groups=8),
+    dict(n=1, c=20, h=13, w=13, oc=20, k=3, stride=2, pad=1, groups=20),
+]
+
+
+def test_strided_depthwise_convs_vectorize_their_channels_on_avx2_only():
+    """`channel_depthwise`: AVX2's step cost, strided, one output channel per input channel, whole vectors."""
+    avx2, avx512 = cpu_facts(tvm.target.Target(AVX2)), cpu_facts(TILE_TARGETS["avx512"])
+    plan = conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx2, strided=True)
+    assert plan.kernel == "depthwise_channels" and plan.tile.oc_vectors == 1 and plan.tile.lanes == 8, plan
+    assert plan.padding == ConvPadding(1, _ceil_to(28, plan.tile.rows), _ceil_to(28, plan.tile.cols))
+    assert plan.tile.accumulators <= tiled_accumulators(avx2, 1)
+    assert conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx512, strided=True).kernel == "depthwise", "AVX-512 as before"
+    assert conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx2).kernel == "depthwise", "stride 1: no gathers"
+    assert conv_plan(1, 60, 14, 14, 1, 3, 3, 60, avx2, strided=True).kernel == "depthwise", "60 channels"
+    assert conv_plan(1, 64, 14, 14, 1, 3, 3, 32, avx2, strided=True).kernel == "depthwise", "multiplier 2"
+    assert pack_conv([np.zeros((64, 1, 3, 3), "float32"), np.zeros(64, "float32")],
+                     dict(strides=(2, 2), padding=(1, 1, 1, 1), dilation=(1, 1), groups=64),
+                     [(1, 64, 16, 16), (64, 1, 3, 3), (64,)], tvm.target.Target(AVX2)) is None, "W read as it is"
+
+
+def _depthwise_build(case, activation, channels: bool, target):
+    """`case` built for `target` with `channel_depthwise` as it is (`channels`) or off (the column kernel)."""
+    import tvm_fusion.schedules.llvm.conv2d as llvm_conv
+
+    keep = llvm_conv.channel_depthwise
+    if not channels:
+        llvm_conv.channel_depthwise = lambda *args, **kwargs: False
+    try:
+        func, attrs, _ = conv_primfunc(**case, residual=False, activation=activation, target=target)
+        scheduled = _schedule(func, schedule_conv2d_llvm, attrs, target)
+        return tvm.compile(tvm.IRModule({"main": scheduled}), target), scheduled, attrs
+    finally:
+        llvm_conv.channel_depthwise = keep
+
+
+@NO_AVX2
+@pytest.mark.parametrize("activation", ["relu", "silu"])
+@pytest.mark.parametrize("case", STRIDED_DEPTHWISE, ids=_id)
+def test_strided_depthwise_channel_vectors_match_numpy_and_the_column_kernel(case, activation):
+    """Built for AVX2: element-wise against float64 numpy (ReLU) and the column-vectorized kernel (the same
+    taps summed in the same order: bit-identical with ReLU, within the tolerances with SiLU's exp)."""
+    target = tvm.target.Target(AVX2)
+    executable, scheduled, attrs = _depthwise_build(case, activation, True, target)
+    channels = case["c"] % 8 == 0
+    nhwc = re.search(rf"T.sblock_alloc_buffer\(\(\d+, \d+, \d+, {case['c']}\)\)", scheduled.script())
+    assert channels == (nhwc is not None), "the input copied channels-last for whole vectors of channels"
+    shapes = [[int(d) for d in p.shape] for p in scheduled.params]
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(s).astype("float32") for s in shapes[:-1]]
+    got = _run(executable, arrays, shapes[-1])
+    before = _run(_depthwise_build(case, activation, False, target)[0], arrays, shapes[-1])
+    if activation == "relu":
+        assert_close(got, conv_reference(*arrays, None, attrs).astype("float32"), _id(case))
+        np.testing.assert_array_equal(got, before)
+    else:
+        assert_close(got, before, _id(case))
