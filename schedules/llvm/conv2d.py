@@ -25,6 +25,10 @@ Depthwise convs (one input channel per output channel, `depthwise`): output colu
             for rh, rw: acc[i, :] += x[c, y + i + rh, x + rw : + k * L] * W[c, 0, rh, rw]   # vector * broadcast
             out[n, c, real pixels] = epilogue(acc)
 
+A strided depthwise conv whose channels are whole vectors, on an ISA whose step cost says `channel_depthwise`
+(AVX2): `depthwise_channels`, the tiled loop nest over one vector of channels, each channel block's padded input
+copied channels-last inside the parallel loop (every tap a contiguous vector load, no column gathers).
+
 Flat 1x1 convs whose H * W is whole pixel tiles, on an ISA whose step cost says `pixel_vectors` (AVX2):
 `pointwise`, pixels vectorized and the NCHW output stored as whole vectors (`conv2d_pointwise.py`). A strided
 1x1 unpadded conv there copies only the pixels it reads, x[n, c, h * sh, w * sw], and is planned as a flat
@@ -701,9 +705,11 @@ def _schedule_depthwise_channels(sch, conv, epi, pad, tile: ConvTile, padded_col
     """`depthwise_channels`: the tiled kernel's loop nest (`_schedule_tiled`, one vector of channels), its
     padded input written channels-last per block of channels inside the parallel loop (its copy still in
     cache when the block's taps read it; each copied vector of channels gathers one pixel of 8 planes).
-    Measured on Zen 2 (AVX2, one thread, CPU time, conv + ReLU, column vectors -> this): ShuffleNet's 3x3/2
-    112 on 56x56 0.255 -> 0.122 ms, 136 on 28x28 0.083 -> 0.042 ms, 272 on 14x14 0.051 -> 0.023 ms; 5x5/2 96
-    on 8x8 0.017 -> 0.005 ms. The whole input copied channels-last first, by rows, ran 0.22, 0.063, 0.026 ms."""
+    Measured on Zen 2 (AVX2, one thread, CPU time, conv + ReLU, column vectors -> this, bit-identical):
+    ShuffleNet's 3x3/2 112 on 56x56 0.244 -> 0.121 ms, 136 on 28x28 0.081 -> 0.041 ms, 272 on 14x14 0.051 ->
+    0.023 ms; EfficientNet's 3x3/2 64 on 16x16 0.014 -> 0.010 ms, 5x5/2 96 on 8x8 0.017 -> 0.008 ms. The
+    whole input copied channels-last first (a parallel loop over its rows) ran 0.22, 0.063 and 0.026 ms on
+    ShuffleNet's three; the copy inside the block without vectorizing its channels 0.117, 0.064, 0.030 ms."""
     sch.transform_layout(pad, ("write", 0), lambda n_, c_, h_, w_: (n_, h_, w_, c_))
     _schedule_tiled(sch, conv, epi, tile, regrouped=False, padded_columns=padded_columns)
     outer = sch.get_loops(conv)[0]
