@@ -259,16 +259,16 @@ def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, thr
     lanes, opg = facts.float32_lanes, cout // groups
     cost = step_cost(facts)
     tasks_wanted = max(1, -(-threads // batch))
-    best, best_key = None, None
-    for v in _oc_vector_options(opg, groups, reduction, tasks_wanted, lanes, cost.panel_bytes):
-        budget = tiled_accumulators(facts, v)
-        for cols in range(1, min(wout, budget // v) + 1):
-            for rows in range(1, min(hout, budget // (v * cols)) + 1) if cols == wout else [1]:
-                tile = ConvTile(v, rows, cols, lanes)
-                key = (_tile_efficiency(tile, opg, hout, wout, cost), tile.accumulators, -tile.loads_per_step)
-                if best_key is None or key > best_key:
-                    best, best_key = tile, key
-    return best
+
+    def tiles():
+        for v in _oc_vector_options(opg, groups, reduction, tasks_wanted, lanes, cost.panel_bytes):
+            budget = tiled_accumulators(facts, v)
+            for cols in range(1, min(wout, budget // v) + 1):
+                for rows in range(1, min(hout, budget // (v * cols)) + 1) if cols == wout else [1]:
+                    yield ConvTile(v, rows, cols, lanes)
+
+    return max(tiles(), key=lambda t: (_tile_efficiency(t, opg, hout, wout, cost), t.accumulators,
+                                       -t.loads_per_step))
 
 
 def choose_row_tile(hout: int, wout: int, facts: CpuFacts, strided: bool = False) -> RowTile:
@@ -279,17 +279,14 @@ def choose_row_tile(hout: int, wout: int, facts: CpuFacts, strided: bool = False
     temporaries take registers: one row per tile (measured on Zen 4: stride 2, 14 x 14 outputs, one row
     ran 1.13x faster than 2 and 7 rows)."""
     full, budget = facts.float32_lanes, max_accumulators(facts)
-    best, best_key = None, None
-    for lanes in _vector_lanes(full):
-        for vectors in range(1, min(budget, -(-wout // lanes)) + 1):
-            for rows in range(1, (1 if strided else min(hout, budget // vectors)) + 1):
-                tile = RowTile(rows, vectors, lanes)
-                eff = _efficiency(tile.accumulators, tile.accumulators + 1, (hout, wout, lanes),
-                                  (_ceil_to(hout, rows), _ceil_to(wout, tile.cols), full))
-                key = (eff, tile.accumulators, -_ceil_to(wout, tile.cols), vectors)
-                if best_key is None or key > best_key:
-                    best, best_key = tile, key
-    return best
+    tiles = (RowTile(rows, vectors, lanes)
+             for lanes in _vector_lanes(full)
+             for vectors in range(1, min(budget, -(-wout // lanes)) + 1)
+             for rows in range(1, (1 if strided else min(hout, budget // vectors)) + 1))
+    return max(tiles, key=lambda t: (
+        _efficiency(t.accumulators, t.accumulators + 1, (hout, wout, t.lanes),
+                    (_ceil_to(hout, t.rows), _ceil_to(wout, t.cols), full)),
+        t.accumulators, -_ceil_to(wout, t.cols), t.vectors))
 
 
 def channel_depthwise(cout: int, groups: int, facts: CpuFacts, strided: bool) -> bool:
@@ -307,15 +304,11 @@ def choose_channel_tile(hout: int, wout: int, facts: CpuFacts) -> ConvTile:
     per FMA slot (a step loads each accumulator's input vector and one weight vector), ties to more
     accumulators."""
     cost, budget = step_cost(facts), tiled_accumulators(facts, 1)
-    best, best_key = None, None
-    for rows in range(1, min(hout, budget) + 1):
-        for cols in range(1, min(wout, budget // rows) + 1):
-            tile = ConvTile(1, rows, cols, facts.float32_lanes)
-            key = (_efficiency(tile.accumulators, tile.accumulators + 1, (hout, wout),
-                               (_ceil_to(hout, rows), _ceil_to(wout, cols)), cost), tile.accumulators)
-            if best_key is None or key > best_key:
-                best, best_key = tile, key
-    return best
+    tiles = (ConvTile(1, rows, cols, facts.float32_lanes)
+             for rows in range(1, min(hout, budget) + 1) for cols in range(1, min(wout, budget // rows) + 1))
+    return max(tiles, key=lambda t: (
+        _efficiency(t.accumulators, t.accumulators + 1, (hout, wout),
+                    (_ceil_to(hout, t.rows), _ceil_to(wout, t.cols)), cost), t.accumulators))
 
 
 def _vector_lanes(full: int) -> list[int]:
