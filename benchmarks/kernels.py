@@ -15,13 +15,15 @@ timed once. To compare two versions of a schedule, run it on both checkouts: the
 `--ort` also profiles onnxruntime on the model's own inputs (its profiler, `--threads` intra-op threads, all
 graph optimizations, `--ort-runs` inferences): each node's median `dur` (wall time of the node), a table of
 nodes by time (op type, output shape), and next to each of our kernels the onnxruntime nodes with the same
-output shape. `--threads N` (N > 1) times our kernels on N threads by wall time instead of CPU time.
+first input and output shape (else output shape), the one whose second input (a conv's weights) is nearest
+in size to ours first. `--threads N` (N > 1) times our kernels on N threads by wall time instead of CPU time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -46,10 +48,10 @@ def _cpu_ms(fn, rounds: int, block_ms: float, clock: str = "cpu") -> float:
     return 1e3 * statistics.median(_block(fn, number)[clock] for _ in range(rounds))
 
 
-def _first_shape(args: dict, key: str) -> tuple[int, ...]:
-    """The shape of a profiled node's first input or output (`[{"float": [1, 64, 55, 55]}, ...]`)."""
-    tensors = args.get(key) or [{}]
-    return tuple(next(iter(tensors[0].values()), ()))
+def _shape(args: dict, key: str, i: int = 0) -> tuple[int, ...]:
+    """The shape of a profiled node's i-th input or output (`[{"float": [1, 64, 55, 55]}, ...]`); () if none."""
+    tensors = args.get(key) or []
+    return tuple(next(iter(tensors[i].values()), ())) if i < len(tensors) else ()
 
 
 def ort_nodes(proto, feeds, threads: int, runs: int) -> list[dict]:
@@ -67,9 +69,9 @@ def ort_nodes(proto, feeds, threads: int, runs: int) -> list[dict]:
             continue
         name = e["name"][: -len("_kernel_time")]
         durs[name].append(e["dur"] / 1e3)  # microseconds
-        info.setdefault(name, (e["args"].get("op_name", "?"), _first_shape(e["args"], "input_type_shape"),
-                               _first_shape(e["args"], "output_type_shape")))
-    return [{"name": n, "op": info[n][0], "input": info[n][1], "shape": info[n][2],
+        info.setdefault(name, (e["args"].get("op_name", "?"), _shape(e["args"], "input_type_shape"),
+                               _shape(e["args"], "output_type_shape"), _shape(e["args"], "input_type_shape", 1)))
+    return [{"name": n, "op": info[n][0], "input": info[n][1], "shape": info[n][2], "second": info[n][3],
              "ms": statistics.median(d[len(d) * warm // (warm + runs):]), "calls": len(d) / (warm + runs)}
             for n, d in durs.items()]
 
@@ -130,7 +132,10 @@ def main(argv=None) -> int:
         ms = _cpu_ms(lambda kernel=kernel, tensors=tensors: kernel(*tensors), args.rounds, args.block_ms, clock)
         # the first parameter is the data input and the last the output, as onnxruntime's first input / output
         same = by_shape.get((tuple(shapes[0]), tuple(shapes[-1]))) or by_shape.get(tuple(shapes[-1]), [])
-        ort_col = ("  | ort " + ", ".join(f"{n['op']} {n['ms']:.3f}" for n in sorted(same, key=lambda n: -n["ms"])[:4])
+        # several: the nearest second operand's size first (a conv's weights, ours packed and padded)
+        size = math.prod(shapes[1]) if len(shapes) > 2 else 0
+        same = sorted(same, key=lambda n: (abs(math.log(max(size, 1) / max(math.prod(n["second"]), 1))), -n["ms"]))
+        ort_col = ("  | ort " + ", ".join(f"{n['op']} {n['ms']:.3f}" for n in same[:4])
                    if nodes else "")
         print(f"{gv.name_hint:40s} {' x '.join(map(str, shapes))}: {ms:.3f} ms {clock.upper()}{ort_col}", flush=True)
     if nodes:
