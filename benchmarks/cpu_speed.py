@@ -67,7 +67,9 @@ def set_tvm_threads(n: int) -> int:
     return int(tvm.get_global_func("runtime.NumThreads")())
 
 
-def ort_session(proto, threads: int):
+def ort_session(proto, threads: int, profile_prefix: str | None = None):
+    """onnxruntime on `threads` intra-op threads, all graph optimizations (its default); its profiler
+    writing to `profile_prefix` when given."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -75,6 +77,8 @@ def ort_session(proto, threads: int):
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if profile_prefix:
+        opts.enable_profiling, opts.profile_file_prefix = True, profile_prefix
     return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 

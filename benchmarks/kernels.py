@@ -3,36 +3,88 @@
     python benchmarks/kernels.py --model ppocr_det --match conv2d_transpose     # tests/zoo entry
     python benchmarks/kernels.py --model resnet50 --match conv2d --rounds 9      # a light architecture
     python benchmarks/kernels.py --model shufflenet --target '{"kind":"llvm","mcpu":"x86-64-v3"}'
+    python benchmarks/kernels.py --model squeezenet --ort               # and onnxruntime's nodes
+    python benchmarks/kernels.py --model squeezenet --ort --threads 2   # both at 2 threads, wall time
 
 Builds the model fused, takes every PrimFunc whose name contains `--match` (as the fused build scheduled
 it: rules' kernels and leftovers alike), compiles it alone and times it on random inputs of its parameter
 shapes: `--rounds` blocks of about `--block-ms`, the median of the per-block mean CPU time
 (time.process_time), TVM's pool at one thread. Kernels of the same PrimFunc called at several sites are
 timed once. To compare two versions of a schedule, run it on both checkouts: the names and shapes line up.
+
+`--ort` also profiles onnxruntime on the model's own inputs (its profiler, `--threads` intra-op threads, all
+graph optimizations, `--ort-runs` inferences): each node's median `dur` (wall time of the node), a table of
+nodes by time (op type, output shape), and next to each of our kernels the onnxruntime nodes with the same
+first input and output shape (else output shape), the one whose second input (a conv's weights) is nearest
+in size to ours first. `--threads N` (N > 1) times our kernels on N threads by wall time instead of CPU time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import statistics
 import sys
+import tempfile
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_speed import _block, _light, _zoo, model_names, set_tvm_threads
+from cpu_speed import _block, _light, _zoo, model_names, ort_session, set_tvm_threads
 
 from tvm_fusion._tvm import tirx, tvm
 from tvm_fusion.build import build, resolve_target
 
 
-def _cpu_ms(fn, rounds: int, block_ms: float) -> float:
-    """Median over `rounds` blocks of about `block_ms` of the mean CPU time per call, in ms."""
+def _cpu_ms(fn, rounds: int, block_ms: float, clock: str = "cpu") -> float:
+    """Median over `rounds` blocks of about `block_ms` of the mean time per call on `clock`, in ms."""
     fn()
-    number = max(1, int(block_ms / 1e3 / max(_block(fn, 1)["cpu"], 1e-6)))
-    return 1e3 * statistics.median(_block(fn, number)["cpu"] for _ in range(rounds))
+    number = max(1, int(block_ms / 1e3 / max(_block(fn, 1)[clock], 1e-6)))
+    return 1e3 * statistics.median(_block(fn, number)[clock] for _ in range(rounds))
+
+
+def _shape(args: dict, key: str, i: int = 0) -> tuple[int, ...]:
+    """The shape of a profiled node's i-th input or output (`[{"float": [1, 64, 55, 55]}, ...]`); () if none."""
+    tensors = args.get(key) or []
+    return tuple(next(iter(tensors[i].values()), ())) if i < len(tensors) else ()
+
+
+def ort_nodes(proto, feeds, threads: int, runs: int) -> list[dict]:
+    """onnxruntime's nodes: name, op, output shape (first output), median ms per run, calls per run."""
+    warm = 3  # runs whose events are dropped
+    with tempfile.TemporaryDirectory() as tmp:
+        sess = ort_session(proto, threads, os.path.join(tmp, "ort"))
+        for _ in range(warm + runs):
+            sess.run(None, feeds)
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+    durs, info = defaultdict(list), {}
+    for e in events:
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+            continue
+        name = e["name"][: -len("_kernel_time")]
+        durs[name].append(e["dur"] / 1e3)  # microseconds
+        info.setdefault(name, (e["args"].get("op_name", "?"), _shape(e["args"], "input_type_shape"),
+                               _shape(e["args"], "output_type_shape"), _shape(e["args"], "input_type_shape", 1)))
+    return [{"name": n, "op": info[n][0], "input": info[n][1], "shape": info[n][2], "second": info[n][3],
+             "ms": statistics.median(d[len(d) * warm // (warm + runs):]), "calls": len(d) / (warm + runs)}
+            for n, d in durs.items()]
+
+
+def _print_ort(nodes: list[dict], threads: int) -> None:
+    total = sum(n["ms"] * n["calls"] for n in nodes)
+    print(f"\nonnxruntime nodes, {threads} intra-op thread(s), median wall ms per node: {total:.3f} ms in all")
+    by_op = defaultdict(float)
+    for n in nodes:
+        by_op[n["op"]] += n["ms"] * n["calls"]
+    print("  by op type: " + ", ".join(f"{op} {ms:.3f}" for op, ms in sorted(by_op.items(), key=lambda kv: -kv[1])))
+    for n in sorted(nodes, key=lambda n: -n["ms"]):
+        print(f"  {n['name']:40s} {n['op']:22s} {'x'.join(map(str, n['shape'])):16s} {n['ms']:.3f} ms")
 
 
 def _random(shape, dtype: str, rng) -> np.ndarray:
@@ -48,6 +100,9 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="llvm")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--block-ms", type=float, default=150.0)
+    ap.add_argument("--threads", type=int, default=1, help="TVM pool threads (and onnxruntime's); >1: wall time")
+    ap.add_argument("--ort", action="store_true", help="also onnxruntime's per-node profile of the model")
+    ap.add_argument("--ort-runs", type=int, default=60)
     args = ap.parse_args(argv)
     kinds = model_names()
     if args.model not in kinds:
@@ -55,9 +110,15 @@ def main(argv=None) -> int:
     target = resolve_target(args.target)
     if target.kind.name != "llvm":
         ap.error(f"--target must be an llvm (CPU) target, got {target.kind.name}")
-    mod = (_light if kinds[args.model] == "light" else _zoo)(args.model)[0]
+    mod, proto, feeds = (_light if kinds[args.model] == "light" else _zoo)(args.model)
+    nodes = ort_nodes(proto, feeds, args.threads, args.ort_runs) if args.ort else []
+    by_shape = defaultdict(list)  # (first input, output) and output shape -> nodes
+    for n in nodes:
+        by_shape[n["input"], n["shape"]].append(n)
+        by_shape[n["shape"]].append(n)
     built = build(mod, target, "fused")
-    set_tvm_threads(1)
+    set_tvm_threads(args.threads)
+    clock = "cpu" if args.threads == 1 else "wall"
     rng, dev = np.random.default_rng(0), tvm.cpu()
     for gv, func in sorted(built.module.functions.items(), key=lambda kv: kv[0].name_hint):
         if not (isinstance(func, tirx.PrimFunc) and args.match in gv.name_hint):
@@ -68,8 +129,17 @@ def main(argv=None) -> int:
         kernel = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)["main"]
         shapes = [[int(d) for d in p.shape] for p in func.params]
         tensors = [tvm.runtime.tensor(_random(s, str(p.dtype), rng), dev) for s, p in zip(shapes, func.params)]
-        ms = _cpu_ms(lambda kernel=kernel, tensors=tensors: kernel(*tensors), args.rounds, args.block_ms)
-        print(f"{gv.name_hint:40s} {' x '.join(map(str, shapes))}: {ms:.3f} ms CPU", flush=True)
+        ms = _cpu_ms(lambda kernel=kernel, tensors=tensors: kernel(*tensors), args.rounds, args.block_ms, clock)
+        # the first parameter is the data input and the last the output, as onnxruntime's first input / output
+        same = by_shape.get((tuple(shapes[0]), tuple(shapes[-1]))) or by_shape.get(tuple(shapes[-1]), [])
+        # several: the nearest second operand's size first (a conv's weights, ours packed and padded)
+        size = math.prod(shapes[1]) if len(shapes) > 2 else 0
+        same = sorted(same, key=lambda n: (abs(math.log(max(size, 1) / max(math.prod(n["second"]), 1))), -n["ms"]))
+        ort_col = ("  | ort " + ", ".join(f"{n['op']} {n['ms']:.3f}" for n in same[:4])
+                   if nodes else "")
+        print(f"{gv.name_hint:40s} {' x '.join(map(str, shapes))}: {ms:.3f} ms {clock.upper()}{ort_col}", flush=True)
+    if nodes:
+        _print_ort(nodes, args.threads)
     return 0
 
 

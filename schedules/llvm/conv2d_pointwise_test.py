@@ -350,3 +350,16 @@ def test_schedule_dispatches_on_the_plan_of_its_operands(case, residual, kernel)
     func, attrs, _ = conv_primfunc(**case, residual=residual, target=AVX2_TARGET)
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     assert llvm_conv2d._scheduled_plan(sch, attrs, cpu_facts(AVX2_TARGET)).kernel == kernel
+
+
+def test_pixel_groups_balance_the_threads():
+    """Pixel groups of whole tiles whose parallel tasks split evenly over the threads: SqueezeNet's 16 -> 64 on
+    55x55 (2 x 5 tiles: 75 whole + a tail tile) in 15 groups of 5 on two threads (3 of 25 left one thread 2 of
+    them), one group on one; Inception-v2's 28x28 convs (49 tiles of 5 x 2) one tile a group on two threads, 7 on one;
+    groups whose count already splits evenly (the classifier's 2 groups of 5) unchanged."""
+    tail_group, pixel_group = conv2d_pointwise._tail_group, conv2d_pointwise._pixel_group
+    assert tail_group(76, 40, 16, 2) == 5 and tail_group(76, 40, 16, 1) == 75
+    assert tail_group(11, 16, 512, 2) == 5 and tail_group(31, 24, 32, 2) == 15
+    assert pixel_group(49, 16, 192, 2) == 1 and pixel_group(49, 16, 192, 1) == 7
+    assert pixel_group(49, 16, 320, 2, chunks=2) == 7  # 14 tasks: 7 a thread
+    assert pixel_group(196, 16, 64, 2) == 49  # 4 groups

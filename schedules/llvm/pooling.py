@@ -21,7 +21,9 @@ pools up to 40% faster than TVM's default (the 112 x 112 max pools tie with warm
 faster inside the models, where TVM's whole padded copy goes through memory); Inception v2's stride-1 3 x 3
 pools 5-25% (28 columns most, 14 least). Declined, as TVM's loop measured as fast: global pools (one output
 pixel per plane) and unpadded pools whose rows run pixel by pixel (AlexNet, ZFNet, VGG-19, SqueezeNet,
-DenseNet: 2-20% slower scheduled). `match_pool` / `pool_plan` say why a function is declined.
+DenseNet: 2-20% slower scheduled) keep TVM's loop, only its planes run in parallel when the pool reads at
+least PARALLEL_TAPS taps (`PoolMatch.planes_only`): TVM leaves the loop serial, so on two threads SqueezeNet's
+three max pools ran on one. `match_pool` / `pool_plan` say why a function is declined.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class PoolMatch(NamedTuple):
     width: int = 0
     run: int = 0  # output pixels computed together (`pool_plan`)
     declined: str = ""
+    planes_only: bool = False  # TVM's loop kept, its (batch, channel) planes in parallel (`pool_plan`)
 
 
 def _blocks(func) -> list:
@@ -155,9 +158,18 @@ def pool_plan(func, target) -> PoolMatch:
         return match
     run = _run(match.width, match.stride, cpu_facts(target).float32_lanes)
     if run == 1 and not match.pad:
+        if _taps(func, match) >= PARALLEL_TAPS:
+            return match._replace(run=1, planes_only=True)
         return match._replace(declined=f"output rows of {match.width} pixels (stride {match.stride}) run pixel by "
-                                       "pixel and there is no padding copy to move: TVM's loop measured as fast")
+                                       "pixel, there is no padding copy to move and too few taps for threads: "
+                                       "TVM's loop measured as fast")
     return match._replace(run=run)
+
+
+def _taps(func, match: PoolMatch) -> int:
+    """Output pixels x window taps of the pool's reduction (its block's iteration domain)."""
+    (reduce,) = [b for b in _blocks(func) if b.name_hint == match.reduce]
+    return math.prod(int(iv.dom.extent) for iv in reduce.iter_vars)
 
 
 class LeftoverPool(dlight.ScheduleRule):
@@ -177,6 +189,8 @@ class LeftoverPool(dlight.ScheduleRule):
         plane = sch.fuse(n, c)
         if math.prod(extents) >= PARALLEL_TAPS:  # before decompose_reduction (parallel checks the dataflow)
             sch.parallel(plane)
+        if match.planes_only:
+            return sch
         if match.stride == 1 and match.width % lanes:
             return _stride_1_rows(sch, match, plane, lanes)
         vector = match.stride == 1

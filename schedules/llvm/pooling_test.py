@@ -2,7 +2,8 @@
 padding per plane, planes in parallel, vectorized / unrolled runs of pixels) and bit-identical to the
 unfused build (TVM's own lowering) for max and average pools with padding, ceil_mode, count_include_pad and
 strides 1-3 (stride-1 rows of whole vectors, of whole vectors and a scalar tail, or shorter than a vector);
-global pools, unpadded rows run pixel by pixel, other functions and targets are declined."""
+unpadded rows run pixel by pixel keep TVM's loop with only the planes in parallel, when large; global pools,
+small such pools, other functions and targets are declined."""
 
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ CASES = [
     ("avg", 4, (11, 20), 5, 1, (2, 2, 2, 2), 0, 0),  # a 5 x 5 window
     ("avg", 3, (10, 18), 3, 1, (0, 0, 0, 0), 0, 0),  # no padding: 16 a row, whole vectors
     ("avg", 8, (7, 7), 7, 1, (0, 0, 1, 1), 0, 0),  # Inception v1's last pool: a 7 x 7 window, 2 x 2 out
+    ("max", 64, (55, 55), 3, 2, (0, 0, 0, 0), 0, 0),  # SqueezeNet's: 27 a row, unpadded: planes only
 ]
 
 
@@ -144,7 +146,7 @@ def test_declines_with_reasons():
     short = _pool_func("max", (1, 64, 7, 7), 3, 1, (0, 0, 0, 0))  # 5 pixels a row, stride 1, no padding
     assert match_pool(short).declined == "" and "no padding copy to move" in pool_plan(short, AVX2).declined
     assert LeftoverPool().apply(short, AVX2, False) is None
-    unpadded = _pool_func("max", (1, 64, 55, 55), 3, 2, (0, 0, 0, 0))  # SqueezeNet's: 27 a row, pixel by pixel
+    unpadded = _pool_func("max", (1, 8, 55, 55), 3, 2, (0, 0, 0, 0))  # 27 a row, pixel by pixel, 52488 taps
     assert "no padding copy to move" in pool_plan(unpadded, AVX2).declined
     x = te.placeholder((4, 64), "float32", name="x")
     r = te.reduce_axis((0, 64), name="r")
@@ -152,6 +154,16 @@ def test_declines_with_reasons():
     assert "not a 4-D output over a 2-D window" in match_pool(rowsum).declined
     pool = _pool_func("max", (1, 64, 32, 32), 3, 2, (1, 1, 1, 1))
     assert LeftoverPool().apply(pool, tvm.target.Target("cuda"), False) is None
+
+
+def test_large_unpadded_pixel_by_pixel_pools_keep_tvm_loop_with_planes_in_parallel():
+    """SqueezeNet's max pools (rows of 55 / 27 pixels, stride 2, no padding): TVM's loop, planes parallel."""
+    func = _pool_func("max", (1, 64, 111, 111), 3, 2, (0, 0, 0, 0))
+    plan = pool_plan(func, AVX2)
+    assert plan.declined == "" and plan.planes_only and plan.run == 1
+    script = LeftoverPool().apply(func, AVX2, False).mod["main"].script()
+    assert re.search(r"T\.parallel\((T\.int64\()?64\)", script), script
+    assert "T.unroll" not in script and "T.vectorized" not in script and "_init" not in script, script
 
 
 @pytest.mark.parametrize("target", [AVX2, SSE, AVX512, AARCH64], ids=["avx2", "sse", "avx512", "aarch64"])
@@ -163,19 +175,28 @@ def test_compiles_for_other_vector_widths(target):
         tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
 
 
+def _tvm_and_scheduled(func, x: np.ndarray, out_shape) -> list[np.ndarray]:
+    """The pool's output as TVM lowered it and as LeftoverPool schedules it, on input x."""
+    func = func.with_attr("global_symbol", "main")
+    outs = []
+    for f in (func, LeftoverPool().apply(func, AVX2, False).mod["main"]):
+        kernel = tvm.compile(tvm.IRModule({"main": f}), AVX2)["main"]
+        y = tvm.runtime.tensor(np.zeros(out_shape, np.float32), tvm.cpu())
+        kernel(tvm.runtime.tensor(x, tvm.cpu()), y)
+        outs.append(y.numpy())
+    return outs
+
+
 def _two_thread_check():
     """Run in a process whose TVM pool has two threads (the pool's size is fixed when it starts)."""
     assert int(tvm.get_global_func("runtime.NumThreads")()) == 2
     for op, s, hw in (("max", 2, 56), ("avg", 2, 56), ("avg", 1, 28), ("max", 1, 14)):  # stride 1: vectors + tail
         x = np.random.default_rng(4).normal(size=(1, 64, hw, hw)).astype(np.float32)
-        func = _pool_func(op, x.shape, 3, s, (1, 1, 1, 1)).with_attr("global_symbol", "main")
-        outs = []
-        for f in (func, LeftoverPool().apply(func, AVX2, False).mod["main"]):
-            kernel = tvm.compile(tvm.IRModule({"main": f}), AVX2)["main"]
-            y = tvm.runtime.tensor(np.zeros((1, 64, hw // s, hw // s), np.float32), tvm.cpu())
-            kernel(tvm.runtime.tensor(x, tvm.cpu()), y)
-            outs.append(y.numpy())
+        outs = _tvm_and_scheduled(_pool_func(op, x.shape, 3, s, (1, 1, 1, 1)), x, (1, 64, hw // s, hw // s))
         np.testing.assert_array_equal(outs[1], outs[0])
+    x = np.random.default_rng(5).normal(size=(1, 64, 55, 55)).astype(np.float32)  # SqueezeNet's: planes only
+    outs = _tvm_and_scheduled(_pool_func("max", x.shape, 3, 2, (0, 0, 0, 0)), x, (1, 64, 27, 27))
+    np.testing.assert_array_equal(outs[1], outs[0])
 
 
 def test_parallel_planes_are_bit_identical_on_two_threads():
