@@ -11,15 +11,19 @@ tvm_fusion.numerics table), then timed against onnxruntime at each thread count:
 onnxruntime's intra-op pool both set to that count, `--rounds` interleaved rounds, each one block of
 fused runs then one block of onnxruntime runs (blocks of about `--block-ms`), and the medians of the
 per-block means compared. onnxruntime's worker threads are told not to spin (they would otherwise steal
-the cores from TVM's next block). Prints one markdown table per thread count with the geometric mean of
+the cores from TVM's next block). `--busy N` times a shared host: N other processes spin on the cores while
+the blocks run (`TVM_THREAD_POOL_SPIN_COUNT=0` in the environment makes TVM's idle workers sleep). Prints one markdown table per thread count with the geometric mean of
 fused / onnxruntime; exits 1 if a fused build is out of tolerance.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -106,7 +110,20 @@ def interleaved_ms(fused, ort, rounds: int, block_ms: float) -> dict[str, tuple[
             for c in CLOCKS}
 
 
-def measure(name: str, kind: str, target, threads: list[int], rounds: int, block_ms: float) -> dict:
+@contextlib.contextmanager
+def busy_processes(count: int):
+    """`count` other processes, each spinning on a core, while the block runs (a host shared with other jobs)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def measure(name: str, kind: str, target, threads: list[int], rounds: int, block_ms: float,
+            busy: int = 0) -> dict:
     mod, proto, feeds = (_light if kind == "light" else _zoo)(name)
     built = build(mod, target, "fused")
     dev = tvm.cpu()
@@ -123,7 +140,8 @@ def measure(name: str, kind: str, target, threads: list[int], rounds: int, block
     for n in threads:
         set_tvm_threads(n)
         sess = ort_session(proto, n)
-        ms = interleaved_ms(lambda: main(*args), lambda: sess.run(None, feeds), rounds, block_ms)
+        with busy_processes(busy):
+            ms = interleaved_ms(lambda: main(*args), lambda: sess.run(None, feeds), rounds, block_ms)
         for c in CLOCKS:
             row[c][n] = ms[c]
     return row
@@ -161,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=(*CLOCKS, "both"), default="wall",
                     help="wall: elapsed time; cpu: this process's CPU time (time.process_time: robust to other "
                          "processes taking the cores, at 1 thread); both: one table of each, from the same blocks")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="other processes spinning on the cores while timing (a shared host)")
     args = ap.parse_args(argv)
     groups = {"all": list(names), "light": [n for n, k in names.items() if k == "light"],
               "zoo": [n for n, k in names.items() if k == "zoo"]}
@@ -173,12 +193,16 @@ def main(argv=None) -> int:
     rows = []
     for name in models:
         t0 = time.perf_counter()
-        row = measure(name, names[name], target, threads, args.rounds, args.block_ms)
+        row = measure(name, names[name], target, threads, args.rounds, args.block_ms, args.busy)
         rows.append(row)
         speeds = ", ".join(f"{n}t {c} {f:.1f}/{o:.1f} ms" for c in CLOCKS for n, (f, o) in row[c].items())
         print(f"{name}: {speeds}{'' if row['ok'] else ' FAIL ' + row['error']} "
               f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
-    print(f"\ntarget {target}; batch 1; medians of {args.rounds} interleaved rounds (blocks of ~{args.block_ms:.0f} ms)")
+    busy = f"; {args.busy} other processes spinning" if args.busy else ""
+    spin = os.environ.get("TVM_THREAD_POOL_SPIN_COUNT")
+    spin = f"; TVM_THREAD_POOL_SPIN_COUNT={spin}" if spin is not None else ""
+    print(f"\ntarget {target}; batch 1; medians of {args.rounds} interleaved rounds (blocks of ~{args.block_ms:.0f} ms)"
+          f"{busy}{spin}")
     for clock in (CLOCKS if args.clock == "both" else (args.clock,)):
         for n in threads:
             print(f"\n### {n} thread{'s' if n > 1 else ''} (TVM pool and onnxruntime intra-op), {clock} time\n")
