@@ -9,7 +9,8 @@ interleaved in one process; or (`--copies`) what each conv kernel's input copy c
 Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the llvm compute and schedule,
 `conv2d_test._packed_build`), once with the current rules and once with the rule `--before` names undone
 (BEFORE: "subsample", the default: strided 1x1 convs keep their strided tile, `subsampled_pixels` off;
-"nchw": every tiled conv's input copied channels-last, STRIDED_NCHW_MACS = -1), and onnxruntime runs Conv +
+"nchw": every tiled conv's input copied channels-last, STRIDED_NCHW_MACS = -1; "flat_taps": stride-1 convs
+with a larger kernel keep their rows of tiles, `flat_taps` off), and onnxruntime runs Conv +
 the activation as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the
 medians of `--rounds` blocks of about 100 ms each, and whether the two builds agree bit for bit.
 
@@ -100,7 +101,8 @@ def _ort(shape, wt, b, activation: str):
 RESNET50_CALLS = [1, 1, 3, 4, 2, 1, 1, 4, 1, 3, 3, 1, 1, 6, 1, 5, 5, 1, 1, 3, 1, 2, 2]
 #: the rules `--before` undoes: module attributes of schedules/llvm/conv2d.py set for the "before" build
 BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
-          "nchw": {"STRIDED_NCHW_MACS": -1}}
+          "nchw": {"STRIDED_NCHW_MACS": -1},
+          "flat_taps": {"flat_taps": lambda *args, **kwargs: False}}
 
 
 def _build(case, target, overrides: dict):

@@ -85,12 +85,18 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     pixels are one row, x read as [n, C, 1, H*W] and `out_padding` given for that one row, so a tile may
     span image rows; the input is copied (the `pad` stage, its padded pixels zero), or with `in_place` read
     where it is (the padded pixels read the last real one: their outputs are dropped), and the epilogue
-    reads conv[n, o, 0, h*W + w]."""
+    reads conv[n, o, 0, h*W + w]. A `flat` stride-1 conv with a larger kernel or padding (`flat_taps`) keeps
+    x and its padded copy as they are and computes conv[n, o, 0, p] over the output pixels p = h * wout + w as
+    one row: pixel p reads pad[.., p // wout + r, p % wout + s] (zero rows below the image for the pixels
+    `out_padding` adds past hout * wout)."""
     n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
     packed = len(w.shape) == 5  # channel blocks (pack_channel_blocks)
     cout = int(b.shape[0]) if packed else int(w.shape[0])
     cpg, kh, kw = packed_taps(w.shape, taps_first)
-    if flat:
+    flat_taps = flat and ((kh, kw) != (1, 1) or any(int(v) for v in padding))
+    if flat_taps and any(int(v) != 1 for v in strides):
+        raise ValueError(f"conv2d: flat pixels need a stride-1 conv (got strides {strides})")
+    if flat and not flat_taps:
         if (kh, kw) != (1, 1) or any(int(v) for v in padding) or any(int(v) != 1 for v in strides):
             raise ValueError(f"conv2d: flat pixels need a 1x1, stride-1, unpadded conv (got {kh}x{kw}, "
                              f"strides {strides}, padding {padding})")
@@ -108,6 +114,9 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     # input rows / columns the padded output reads (the real ones, the padding, then zeros)
     hpad = max(hin + pt + pb, (p.rows - 1) * sh + (kh - 1) * dh + 1)
     wpad = max(win + pl + pr, (p.cols - 1) * sw + (kw - 1) * dw + 1)
+    if flat_taps:  # the pixels past hout * wout read zero rows below the padded image
+        out_h, out_w = hout, wout
+        hpad, wpad = max(hin + pt + pb, (p.cols - 1) // wout + (kh - 1) * dh + 1), win + pl + pr
     acc = accumulator_dtype(x.dtype)
 
     def wide(v):
@@ -116,7 +125,7 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     if flat and in_place:
         pad = None
     elif (hpad, wpad) != (hin, win) or flat:
-        read = src if flat else (lambda i, c, h, ww: x[i, c, h, ww])
+        read = src if flat and not flat_taps else (lambda i, c, h, ww: x[i, c, h, ww])
         pad = te.compute(
             (n, cin, hpad, wpad),
             lambda i, c, h, ww: tirx.if_then_else(
@@ -157,6 +166,8 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
         blk = p.channel_block  # o // gp == (o // blk * blk) // gp: constant over a block of blk channels
         channel = lambda o: (o // blk * blk) // gp * cpg + rc  # noqa: E731
     def product(i, o, h, ww):
+        if flat_taps:  # ww: the output pixel h * wout + w
+            h, ww = ww // wout, ww % wout
         at = (i, channel(o), h * sh + rh * dh, ww * sw + rw * dw)
         xv = wide(src(*at[:3], tirx.min(at[3], win - 1) if p.cols > win else at[3]) if pad is None else pad[at])
         wv = wide(weight_at(o, rc, rh, rw))

@@ -18,7 +18,8 @@ from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.conv2d import (FLAT_COPY_CHANNELS, FLOAT_BYTES, STRIDED_NCHW_CHANNELS,
                                               STRIDED_NCHW_MACS,
                                               channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
-                                              one_row_pixels, step_cost, subsampled_pixels, tiled_accumulators,
+                                              flat_taps, one_row_pixels, step_cost, subsampled_pixels,
+                                              tiled_accumulators,
                                               _ceil_to)
 from tvm_fusion.schedules.conv2d import ConvPadding
 from tvm_fusion.schedules.llvm.conv2d_pointwise import grouped_pointwise
@@ -499,15 +500,22 @@ def test_strided_1x1_convs_are_planned_over_their_pixels_on_avx2():
     assert late.flat and late.kernel == "tiled" and not late.in_place
 
 
-def _strided_plan_build(case, target):
-    """`case` built with `subsampled_pixels` off: the strided tile (the kernel before)."""
+def _build_without(rule: str, case, target):
+    """`case` built (`_packed_build`) with the plan predicate `rule` of schedules/llvm/conv2d.py answering
+    False: the kernel before that rule."""
     import tvm_fusion.schedules.llvm.conv2d as llvm_conv
 
-    keep, llvm_conv.subsampled_pixels = llvm_conv.subsampled_pixels, lambda *args, **kwargs: False
+    keep = getattr(llvm_conv, rule)
+    setattr(llvm_conv, rule, lambda *args, **kwargs: False)
     try:
         return _packed_build(case, target)
     finally:
-        llvm_conv.subsampled_pixels = keep
+        setattr(llvm_conv, rule, keep)
+
+
+def _strided_plan_build(case, target):
+    """`case` built with `subsampled_pixels` off: the strided tile (the kernel before)."""
+    return _build_without("subsampled_pixels", case, target)
 
 
 @NO_AVX2
@@ -596,11 +604,16 @@ def _column_epilogue_build(case, target, activation):
 
 @NO_AVX2
 @pytest.mark.parametrize("case", CHANNEL_EPILOGUE_CASES, ids=_id)
-def test_silu_epilogue_runs_in_channel_vectors_when_columns_are_not_whole_vectors(case):
+def test_silu_epilogue_runs_in_channel_vectors_when_columns_are_not_whole_vectors(case, monkeypatch):
     """A tile of 10 exact columns on AVX2 applies its SiLU epilogue over the tile's channels, whole vectors of
     the pixel-major accumulators (not 8 + 2 column lanes gathered across them), the fast sigmoid vectorized
     (no libm `expf`): element-wise against the unfused build (the conv without activation, SiLU in float64
-    numpy) and bit-identical to the column-vectorized epilogue (the same arithmetic per element)."""
+    numpy) and bit-identical to the column-vectorized epilogue (the same arithmetic per element). The
+    stride-1 conv with `flat_taps` off: on AVX2 it is planned as one row of pixels (1 x 12), whose epilogue
+    runs over channel vectors anyway (`_schedule_flat`)."""
+    import tvm_fusion.schedules.llvm.conv2d as llvm_conv
+
+    monkeypatch.setattr(llvm_conv, "flat_taps", lambda *args, **kwargs: False)
     target = tvm.target.Target(AVX2)
     plan_tile = choose_tile(case["oc"], *(conv2d_out_size(case["h"], 3, case["stride"], 1, 1, 1),) * 2,
                             case["c"] * 9, case["n"], threads=2, facts=cpu_facts(target))
@@ -685,3 +698,50 @@ def test_strided_depthwise_channel_vectors_match_numpy_and_the_column_kernel(cas
         np.testing.assert_array_equal(got, before)
     else:
         assert_close(got, before, _id(case))
+
+
+def test_avx2_stride1_convs_tile_their_pixels_as_one_row():
+    """AVX2 (`flat_taps`): a dense stride-1 conv with a kernel larger than 1x1 plans its output pixels as one
+    row where that row's tile has more real outputs per FMA slot: ResNet-50's 3x3 on 28x28 pads 784 pixels to
+    785 instead of 28 columns to 30 (2 x 5 / 2 x 6 tiles), on 7x7 49 to 50 instead of 7 columns to 8 (2 x 4). Not
+    for strided, grouped or 1x1 convs (`flat_pixels`' own), nor on AVX-512 (its plans unchanged)."""
+    avx2, avx512 = (cpu_facts(tvm.target.Target(s)) for s in (AVX2, {"kind": "llvm", "mcpu": "znver4"}))
+    assert flat_taps(3, 3, (1, 1), 1, avx2) and not flat_taps(3, 3, (1, 1), 1, avx512)
+    assert flat_taps(1, 3, (1, 1), 1, avx2) and flat_taps(5, 5, (1, 1), 1, avx2)
+    assert not flat_taps(3, 3, (2, 2), 1, avx2) and not flat_taps(3, 3, (1, 1), 2, avx2)
+    assert not flat_taps(1, 1, (1, 1), 1, avx2)
+    for hw, pixels in ((28, 785), (7, 50), (56, 3138)):
+        plan = conv_plan(1, 128, hw, hw, 128, 3, 3, 1, avx2, flat=True)
+        assert plan.flat and plan.kernel == "tiled" and not plan.in_place, plan
+        assert (plan.tile.oc_vectors, plan.padding.rows, plan.padding.cols) == (2, 1, pixels), plan
+        assert not conv_plan(1, 128, hw, hw, 128, 3, 3, 1, avx2).flat
+    assert not conv_plan(1, 64, 224, 225, 64, 3, 3, 1, avx2, flat=True).flat, "2 x 5 columns divide 225"
+
+
+#: stride-1 convs planned as one row of pixels on AVX2 (`flat_taps`): odd images (the last tile ends past
+#: hout * wout and reads zero rows below the image), a 5x5 and a 1x3 kernel, asymmetric padding, dilation,
+#: batch 2, output channels padded to the tile, ResNet-50's 3x3 on 7x7
+FLAT_TAPS_CASES = [
+    dict(n=1, c=32, h=13, w=11, oc=64, k=3, pad=1),
+    dict(n=2, c=24, h=9, w=11, oc=32, k=5, pad=2),
+    dict(n=1, c=16, h=12, w=10, oc=32, k=3, pad=(0, 1, 2, 0), dil=2),
+    dict(n=1, c=8, h=9, w=13, oc=32, k=(1, 3), pad=(0, 1, 0, 1)),
+    dict(n=1, c=512, h=7, w=7, oc=512, k=3, pad=1),
+]
+
+
+@NO_AVX2
+@pytest.mark.parametrize("case", FLAT_TAPS_CASES, ids=_id)
+def test_flat_taps_convs_match_numpy_and_the_row_tiles_bit_for_bit(case):
+    """Built for AVX2 (W packed for the flat plan): the conv's accumulators one row of pixels, element-wise
+    against float64 numpy, and bit-identical to the kernel with tiles of rows (the same sums in the same
+    order: taps, then input channels one by one)."""
+    target = tvm.target.Target(AVX2)
+    executable, func, arrays, out_shape, reference = _packed_build(case, target)
+    acc = re.search(r"conv_local = T.sblock_alloc_buffer\(\((\d+), (\d+), (\d+), (\d+)\)", func.script())
+    assert int(acc.group(2)) == 1, f"the pixels as one row: {acc.group(0)}"
+    got = _run(executable, arrays, out_shape)
+    assert_close(got, reference, _id(case))
+    rows, rows_func, rows_arrays, rows_shape, _ = _build_without("flat_taps", case, target)
+    assert "conv_local = T.sblock_alloc_buffer((1, 1," not in rows_func.script()
+    np.testing.assert_array_equal(got, _run(rows, rows_arrays, rows_shape))
