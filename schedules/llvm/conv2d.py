@@ -32,7 +32,7 @@ copied channels-last inside the parallel loop (every tap a contiguous vector loa
 On an ISA whose step cost says `flat_taps` (AVX2), a dense stride-1 conv with a larger kernel tiles its output
 pixels as one row (`flat_taps`, `ConvPlan.flat`): tile j of pixel p reads the padded input at (p // wout + rh,
 p % wout + rw), so a tile may end on the next output row and only the last tile is padded (28 x 28 outputs:
-784 -> 785 pixels with 2 x 5 tiles, not 28 -> 30 columns of 2 x 6 tiles: 7% fewer FMAs).
+784 -> 786 pixels, not 28 -> 30 columns, with 2 x 6 tiles: 7% fewer FMAs).
 
 Flat 1x1 convs whose H * W is whole pixel tiles, on an ISA whose step cost says `pixel_vectors` (AVX2):
 `pointwise`, pixels vectorized and the NCHW output stored as whole vectors (`conv2d_pointwise.py`). A strided
@@ -46,7 +46,7 @@ slower on 3x3), channels-last where the ISA packs W taps first, NCHW for shallow
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion.errors import FusionError
@@ -125,7 +125,9 @@ class StepCost:
     flat_pointwise: bool = False  # 1x1 stride-1 unpadded convs tile their pixels as one row (`flat_pixels`)
     pixel_vectors: bool = False  # flat convs may vectorize their pixels (`conv2d_pointwise`, `choose_pixel_tile`)
     channel_depthwise: bool = False  # strided depthwise convs may vectorize their channels (`channel_depthwise`)
-    flat_taps: bool = False  # stride-1 convs with a larger kernel may tile their pixels as one row (`flat_taps`)
+    # stride-1 convs with a larger kernel may tile their pixels as one row (`flat_taps`), their tiles ranked
+    # wanting this many independent FMA chains (0: not at all)
+    flat_taps_chains: int = 0
 
 
 #: per vector ISA (`hardware.cpu_facts`), the tiled kernel's step cost; others: StepCost(). With AVX2 a core
@@ -151,7 +153,7 @@ class StepCost:
 TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=9, taps_first=True, broadcast_registers=2,
                                      panel_bytes=2 * PANEL_BYTES, flat_pointwise=True,
                                      pixel_vectors=True, channel_depthwise=True,
-                                     flat_taps=True)}
+                                     flat_taps_chains=12)}
 
 
 def step_cost(facts: CpuFacts) -> StepCost:
@@ -259,12 +261,12 @@ def _tile_efficiency(tile: ConvTile, opg: int, hout: int, wout: int, cost: StepC
 
 
 def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, threads: int,
-                facts: CpuFacts, groups: int = 1) -> ConvTile:
-    """The register tile with the most real outputs per FMA slot (`_efficiency` at the ISA's
+                facts: CpuFacts, groups: int = 1, cost: StepCost | None = None) -> ConvTile:
+    """The register tile with the most real outputs per FMA slot (`_efficiency` at `cost`, by default the ISA's
     TILED_STEP_COSTS; the output padded to the tile: channels per group, rows, columns), ties to more accumulators, then to fewer loads per step.
     Several rows per tile only when a tile covers whole rows (narrow outputs)."""
     lanes, opg = facts.float32_lanes, cout // groups
-    cost = step_cost(facts)
+    cost = cost or step_cost(facts)
     tasks_wanted = max(1, -(-threads // batch))
 
     def tiles():
@@ -362,7 +364,7 @@ def flat_taps(kh: int, kw: int, strides, groups: int, facts: CpuFacts) -> bool:
     1x1 as one row (`conv2d_padded(flat=True)`: pixel p reads the padded input at p // wout + r, p % wout + s),
     on a target whose step cost says `flat_taps`: a tile then ends on the next output row instead of padding
     each row to whole tiles (28 -> 30 columns with AVX2's 2 x 6 tiles: 7% of the FMAs wasted)."""
-    return (step_cost(facts).flat_taps and (kh, kw) != (1, 1) and groups == 1
+    return (step_cost(facts).flat_taps_chains > 0 and (kh, kw) != (1, 1) and groups == 1
             and all(int(s) == 1 for s in strides))
 
 
@@ -451,14 +453,17 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
         return ConvPlan("depthwise", tile, padding)
     tile = choose_tile(cout, hout, wout, cpg * kh * kw, n, facts.threads, facts, groups)
     if flat and hout > 1 and cpg > 1:
-        row = choose_tile(cout, 1, hout * wout, cpg * kh * kw, n, facts.threads, facts, groups)
+        cost = step_cost(facts)
+        if kh * kw > 1:  # `flat_taps`: its row tiles ranked at the chains it wants
+            cost = replace(cost, min_chains=cost.flat_taps_chains)
+        row = choose_tile(cout, 1, hout * wout, cpg * kh * kw, n, facts.threads, facts, groups, cost)
         pixels = None if kh * kw > 1 else choose_pixel_tile(cout, hout * wout, cpg, facts,
                                                              tail=cout % row.channels != 0)
         if pixels is not None:
             padding = ConvPadding(padded_channels(cout, pixels.rows, cpg), 1, padded_pixels(hout * wout, pixels),
                                   pixels.rows)
             return ConvPlan("pointwise", pixels, padding, flat=True)
-        cost, opg = step_cost(facts), cout // groups
+        opg = cout // groups
         if row.cols > 1 and _tile_efficiency(row, opg, 1, hout * wout, cost) > _tile_efficiency(tile, opg, hout, wout,
                                                                                                cost):
             padding = ConvPadding(_ceil_to(opg, row.channels), 1, _ceil_to(hout * wout, row.cols), row.channels)

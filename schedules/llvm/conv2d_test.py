@@ -702,20 +702,21 @@ def test_strided_depthwise_channel_vectors_match_numpy_and_the_column_kernel(cas
 
 def test_avx2_stride1_convs_tile_their_pixels_as_one_row():
     """AVX2 (`flat_taps`): a dense stride-1 conv with a kernel larger than 1x1 plans its output pixels as one
-    row where that row's tile has more real outputs per FMA slot: ResNet-50's 3x3 on 28x28 pads 784 pixels to
-    785 instead of 28 columns to 30 (2 x 5 / 2 x 6 tiles), on 7x7 49 to 50 instead of 7 columns to 8 (2 x 4). Not
+    row where that row's tile has more real outputs per FMA slot, ranked wanting 12 FMA chains
+    (`StepCost.flat_taps_chains`): ResNet-50's 3x3 on 28x28 pads 784 pixels to 786 instead of 28 columns to 30
+    (2 x 6 tiles), on 7x7 49 to 54 with 2 x 6 (12 chains) instead of 7 columns to 8 with 2 x 4 (8 chains). Not
     for strided, grouped or 1x1 convs (`flat_pixels`' own), nor on AVX-512 (its plans unchanged)."""
     avx2, avx512 = (cpu_facts(tvm.target.Target(s)) for s in (AVX2, {"kind": "llvm", "mcpu": "znver4"}))
     assert flat_taps(3, 3, (1, 1), 1, avx2) and not flat_taps(3, 3, (1, 1), 1, avx512)
     assert flat_taps(1, 3, (1, 1), 1, avx2) and flat_taps(5, 5, (1, 1), 1, avx2)
     assert not flat_taps(3, 3, (2, 2), 1, avx2) and not flat_taps(3, 3, (1, 1), 2, avx2)
     assert not flat_taps(1, 1, (1, 1), 1, avx2)
-    for hw, pixels in ((28, 785), (7, 50), (56, 3138)):
+    for hw, pixels in ((28, 786), (7, 54), (56, 3138)):
         plan = conv_plan(1, 128, hw, hw, 128, 3, 3, 1, avx2, flat=True)
         assert plan.flat and plan.kernel == "tiled" and not plan.in_place, plan
-        assert (plan.tile.oc_vectors, plan.padding.rows, plan.padding.cols) == (2, 1, pixels), plan
+        assert (plan.tile.oc_vectors, plan.tile.cols, plan.padding.rows, plan.padding.cols) == (2, 6, 1, pixels), plan
         assert not conv_plan(1, 128, hw, hw, 128, 3, 3, 1, avx2).flat
-    assert not conv_plan(1, 64, 224, 225, 64, 3, 3, 1, avx2, flat=True).flat, "2 x 5 columns divide 225"
+    assert not conv_plan(1, 64, 224, 228, 64, 3, 3, 1, avx2, flat=True).flat, "2 x 6 columns divide 228"
 
 
 #: stride-1 convs planned as one row of pixels on AVX2 (`flat_taps`): odd images (the last tile ends past
