@@ -171,7 +171,7 @@ def _copy_kernel(case, target):
         sch.vectorize(pi)
     else:
         llvm_conv._schedule_pad(sch, block, channels_last=llvm_conv.channels_last_input(
-            plan.kernel, case["c"], case["oc"], k, k, stride, facts), flat=plan.flat)
+            plan.kernel, case["c"], case["oc"], k, k, stride, facts), flat=plan.flat and k == 1)
     func = sch.mod["main"].with_attr("global_symbol", "main")
     kernel = tvm.compile(tvm.IRModule({"main": func}), target)["main"]
     tensors = [tvm.runtime.tensor(np.ones([int(d) for d in p.shape], "float32")) for p in func.params]
