@@ -105,11 +105,6 @@ FLAT_COPY_CHANNELS = 128
 # 3.15 ms (288), ResNet-50's 1x1/2 256 -> 512 on 56x56 3.28 -> 3.92 ms (128, 256 planes); its 7x7/2 stem
 # (784) ties.
 STRIDED_NCHW_MACS = 144
-# A `flat_taps` tile's input-channel loop unrolled by this much (the sums in the same order): one loop branch
-# and counter per 48 FMAs of a 2 x 6 tile instead of 12. Measured on Zen 2 (AVX2, one conv + ReLU, one thread,
-# CPU time, interleaved, 1 -> 4): 3x3 64 on 56x56 2.41 -> 2.35 ms, 64 -> 192 on 56x56 7.19 -> 6.97 ms,
-# 128 on 28x28 2.34 -> 2.32 ms, 256 on 14x14 2.32 -> 2.31 ms, 512 on 7x7 2.63 -> 2.64 ms; 8: as 4.
-FLAT_TAPS_CHANNEL_UNROLL = 4
 STRIDED_NCHW_CHANNELS = 64
 
 
@@ -704,8 +699,6 @@ def _schedule_flat(sch, conv, epi, tile: ConvTile):
         reduction *= _extent(sch, loop)
     _pack_weights(sch, conv, outer, reduction, tile.lanes)
     sch.reorder(*taps, rc, cw, co)  # the tiled kernel's reduction order: taps, then channels innermost
-    if taps:  # `flat_taps`: FLAT_TAPS_CHANNEL_UNROLL input channels a loop iteration (the same order)
-        sch.unroll(sch.split(rc, [None, _factor(_extent(sch, rc), FLAT_TAPS_CHANNEL_UNROLL)])[1])
     sch.transform_layout(conv, ("write", 0), lambda n_, o_, h_, w_: (n_, h_, w_, o_))
     sch.set_scope(conv, 0, "local")
     sch.vectorize(co)
