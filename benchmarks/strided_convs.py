@@ -73,6 +73,9 @@ SHAPES = {
     "inception_3x3_64_192": (1, 64, 56, 56, 192, 3, 1, 1),
     "inception_3x3_96": (1, 96, 28, 28, 96, 3, 1, 1),
     "inception_3x3_192_256": (1, 192, 14, 14, 256, 3, 1, 1),
+    # ResNet-50's 1x1 convs on 7x7 (flat tiled: 2 x 5 pixels, 49 padded to 50)
+    "resnet50_1x1_2048_512": (1, 2048, 7, 7, 512, 1, 1, 0),
+    "resnet50_1x1_512_2048": (1, 512, 7, 7, 2048, 1, 1, 0),
 }
 ORT_ACTIVATIONS = {"relu": [("Relu", ["c"], "y")], "silu": [("Sigmoid", ["c"], "s"), ("Mul", ["c", "s"], "y")]}
 
