@@ -85,17 +85,15 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     pixels are one row, x read as [n, C, 1, H*W] and `out_padding` given for that one row, so a tile may
     span image rows; the input is copied (the `pad` stage, its padded pixels zero), or with `in_place` read
     where it is (the padded pixels read the last real one: their outputs are dropped), and the epilogue
-    reads conv[n, o, 0, h*W + w]. A `flat` stride-1 conv with a larger kernel or padding (`flat_taps`) keeps
-    x and its padded copy as they are and computes conv[n, o, 0, p] over the output pixels p = h * wout + w as
-    one row: pixel p reads pad[.., p // wout + r, p % wout + s] (zero rows below the image for the pixels
+    reads conv[n, o, 0, h*W + w]. A `flat` conv with a larger kernel or padding (`flat_taps`) keeps x and its
+    padded copy as they are and computes conv[n, o, 0, p] over the output pixels p = h * wout + w as one row:
+    pixel p reads pad[.., p // wout * sh + r, p % wout * sw + s] (zero rows below the image for the pixels
     `out_padding` adds past hout * wout)."""
     n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
     packed = len(w.shape) == 5  # channel blocks (pack_channel_blocks)
     cout = int(b.shape[0]) if packed else int(w.shape[0])
     cpg, kh, kw = packed_taps(w.shape, taps_first)
     flat_taps = flat and ((kh, kw) != (1, 1) or any(int(v) for v in padding))
-    if flat_taps and any(int(v) != 1 for v in strides):
-        raise ValueError(f"conv2d: flat pixels need a stride-1 conv (got strides {strides})")
     if flat and not flat_taps:
         if (kh, kw) != (1, 1) or any(int(v) for v in padding) or any(int(v) != 1 for v in strides):
             raise ValueError(f"conv2d: flat pixels need a 1x1, stride-1, unpadded conv (got {kh}x{kw}, "
@@ -116,7 +114,7 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     wpad = max(win + pl + pr, (p.cols - 1) * sw + (kw - 1) * dw + 1)
     if flat_taps:  # the pixels past hout * wout read zero rows below the padded image
         out_h, out_w = hout, wout
-        hpad, wpad = max(hin + pt + pb, (p.cols - 1) // wout + (kh - 1) * dh + 1), win + pl + pr
+        hpad, wpad = max(hin + pt + pb, (p.cols - 1) // wout * int(sh) + (kh - 1) * dh + 1), win + pl + pr
     acc = accumulator_dtype(x.dtype)
 
     def wide(v):

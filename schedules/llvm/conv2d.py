@@ -29,9 +29,10 @@ A strided depthwise conv whose channels are whole vectors, on an ISA whose step 
 (AVX2): `depthwise_channels`, the tiled loop nest over one vector of channels, each channel block's padded input
 copied channels-last inside the parallel loop (every tap a contiguous vector load, no column gathers).
 
-On an ISA whose step cost says `flat_taps` (AVX2), a dense stride-1 conv with a larger kernel tiles its output
-pixels as one row (`flat_taps`, `ConvPlan.flat`): tile j of pixel p reads the padded input at (p // wout + rh,
-p % wout + rw), so a tile may end on the next output row and only the last tile is padded (28 x 28 outputs:
+On an ISA whose step cost says `flat_taps_chains` (AVX2), a dense conv with a larger kernel (stride 1, or
+strided with a channels-last input copy) tiles its output pixels as one row (`flat_taps`, `ConvPlan.flat`):
+pixel p reads the padded input at (p // wout * sh + rh, p % wout * sw + rw), so a tile may end on the next
+output row and only the last tile is padded (28 x 28 outputs:
 784 -> 786 pixels, not 28 -> 30 columns, with 2 x 6 tiles: 7% fewer FMAs).
 
 Flat 1x1 convs whose H * W is whole pixel tiles, on an ISA whose step cost says `pixel_vectors` (AVX2):
@@ -150,6 +151,10 @@ class StepCost:
 #: `flat_pointwise`: a 1x1 conv's pixels are one row H*W long (no halo: a tile may span image rows), so 7x7
 #: outputs take 2 x 6 pixels (49 padded to 54) instead of 4 x 2 (7 padded to 8 columns: 8 FMA chains) and
 #: 14x14 / 28x28 / 56x56 ones no longer pad each row to the tile (14 -> 15, 28 -> 30, 56 -> 60 columns).
+#: `flat_taps_chains`: convs with a larger kernel tile their output pixels as one row too (`flat_taps`), those
+#: row tiles ranked wanting 12 chains: 3x3 128 on 28x28 ran 2.36 / 2.34 ms with 2 x 6 (786 pixels), 2.50 /
+#: 2.48 ms with 2 x 5 (785); on 7x7 2 x 6 (54 pixels) and 2 x 5 (50) tie. The 1x1 convs keep 9 (2 x 5 on 7x7:
+#: 1.17 ms against 1.23 with 2 x 6 on 2048 -> 512).
 TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=9, taps_first=True, broadcast_registers=2,
                                      panel_bytes=2 * PANEL_BYTES, flat_pointwise=True,
                                      pixel_vectors=True, channel_depthwise=True,
@@ -359,13 +364,17 @@ def subsampled_pixels(kh: int, kw: int, strides, padding, groups: int, cpg: int,
             and channels_last_input("tiled", cpg, cout, kh, kw, strides, facts))
 
 
-def flat_taps(kh: int, kw: int, strides, groups: int, facts: CpuFacts) -> bool:
-    """Whether the llvm compute may tile the output pixels of a dense stride-1 conv with a kernel larger than
-    1x1 as one row (`conv2d_padded(flat=True)`: pixel p reads the padded input at p // wout + r, p % wout + s),
-    on a target whose step cost says `flat_taps`: a tile then ends on the next output row instead of padding
-    each row to whole tiles (28 -> 30 columns with AVX2's 2 x 6 tiles: 7% of the FMAs wasted)."""
+def flat_taps(kh: int, kw: int, strides, groups: int, cpg: int, cout: int, facts: CpuFacts) -> bool:
+    """Whether the llvm compute may tile the output pixels of a dense conv with a kernel larger than 1x1 as
+    one row (`conv2d_padded(flat=True)`: pixel p reads the padded input at (p // wout * sh + r, p % wout * sw
+    + s)), on a target whose step cost says `flat_taps_chains`: a tile then ends on the next output row
+    instead of padding each row to whole tiles (28 -> 30 columns with AVX2's 2 x 6 tiles: 7% of the FMAs
+    wasted). Stride 1, or strided where the input is copied channels-last (`channels_last_input`; the shallow
+    strided convs read theirs NCHW). Measured on Zen 2 (AVX2, one conv + ReLU, one thread, CPU time, rows of
+    tiles -> one row, bit-identical): 3x3 128 on 28x28 3.04 -> 2.79 ms, 512 on 7x7 3.86 -> 2.96 ms; 3x3/2
+    128 on 56x56 2.68 -> 2.52 ms, 512 on 14x14 3.80 -> 3.13 ms (README "CPU speed")."""
     return (step_cost(facts).flat_taps_chains > 0 and (kh, kw) != (1, 1) and groups == 1
-            and all(int(s) == 1 for s in strides))
+            and (all(int(s) == 1 for s in strides) or channels_last_input("tiled", cpg, cout, kh, kw, strides, facts)))
 
 
 def one_row_pixels(kh: int, kw: int, strides, padding, groups: int, cpg: int, cout: int, facts: CpuFacts) -> bool:
@@ -373,7 +382,7 @@ def one_row_pixels(kh: int, kw: int, strides, padding, groups: int, cpg: int, co
     stride-1 conv with a larger kernel (`flat_taps`)."""
     return (flat_pixels(kh, kw, strides, padding, groups, facts)
             or subsampled_pixels(kh, kw, strides, padding, groups, cpg, cout, facts)
-            or flat_taps(kh, kw, strides, groups, facts))
+            or flat_taps(kh, kw, strides, groups, cpg, cout, facts))
 
 
 def _subsample(x, strides):
@@ -489,7 +498,7 @@ def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, f
     taps_first = step_cost(facts).taps_first
     taps = packed_taps(w.shape, taps_first)
     plan = _plan(dims(x.shape), cout, taps, strides, padding, dilation, groups, facts)
-    if plan.flat and any(int(s) > 1 for s in strides):  # subsampled_pixels: a 1x1 stride-1 conv over them
+    if plan.flat and tuple(taps[1:]) == (1, 1) and any(int(s) > 1 for s in strides):  # subsampled_pixels
         x, strides = _subsample(x, strides), (1, 1)
     if plan.kernel == "pixels":
         return pointwise.conv2d_grouped_pointwise(

@@ -707,10 +707,11 @@ def test_avx2_stride1_convs_tile_their_pixels_as_one_row():
     (2 x 6 tiles), on 7x7 49 to 54 with 2 x 6 (12 chains) instead of 7 columns to 8 with 2 x 4 (8 chains). Not
     for strided, grouped or 1x1 convs (`flat_pixels`' own), nor on AVX-512 (its plans unchanged)."""
     avx2, avx512 = (cpu_facts(tvm.target.Target(s)) for s in (AVX2, {"kind": "llvm", "mcpu": "znver4"}))
-    assert flat_taps(3, 3, (1, 1), 1, avx2) and not flat_taps(3, 3, (1, 1), 1, avx512)
-    assert flat_taps(1, 3, (1, 1), 1, avx2) and flat_taps(5, 5, (1, 1), 1, avx2)
-    assert not flat_taps(3, 3, (2, 2), 1, avx2) and not flat_taps(3, 3, (1, 1), 2, avx2)
-    assert not flat_taps(1, 1, (1, 1), 1, avx2)
+    assert flat_taps(3, 3, (1, 1), 1, 64, 64, avx2) and not flat_taps(3, 3, (1, 1), 1, 64, 64, avx512)
+    assert flat_taps(1, 3, (1, 1), 1, 8, 32, avx2) and flat_taps(5, 5, (1, 1), 1, 3, 16, avx2)
+    assert flat_taps(3, 3, (2, 2), 1, 128, 128, avx2), "a strided conv whose input is copied channels-last"
+    assert not flat_taps(3, 3, (2, 2), 1, 16, 32, avx2), "shallow strided: its input copied NCHW"
+    assert not flat_taps(3, 3, (1, 1), 2, 64, 64, avx2) and not flat_taps(1, 1, (1, 1), 1, 64, 64, avx2)
     for hw, pixels in ((28, 786), (7, 54), (56, 3138)):
         plan = conv_plan(1, 128, hw, hw, 128, 3, 3, 1, avx2, flat=True)
         assert plan.flat and plan.kernel == "tiled" and not plan.in_place, plan
@@ -728,6 +729,8 @@ FLAT_TAPS_CASES = [
     dict(n=1, c=16, h=12, w=10, oc=32, k=3, pad=(0, 1, 2, 0), dil=2),
     dict(n=1, c=8, h=9, w=13, oc=32, k=(1, 3), pad=(0, 1, 0, 1)),
     dict(n=1, c=512, h=7, w=7, oc=512, k=3, pad=1),
+    dict(n=2, c=80, h=15, w=15, oc=80, k=3, stride=2, pad=1),  # strided: 8 x 8 outputs, 64 padded to 66
+    dict(n=1, c=128, h=14, w=15, oc=64, k=3, stride=2, pad=(1, 0, 1, 1)),
 ]
 
 
