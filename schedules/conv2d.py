@@ -87,8 +87,8 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     where it is (the padded pixels read the last real one: their outputs are dropped), and the epilogue
     reads conv[n, o, 0, h*W + w]. A `flat` conv with a larger kernel or padding (`flat_taps`) keeps x and its
     padded copy as they are and computes conv[n, o, 0, p] over the output pixels p = h * wout + w as one row:
-    pixel p reads pad[.., p // wout * sh + r, p % wout * sw + s] (zero rows below the image for the pixels
-    `out_padding` adds past hout * wout)."""
+    pixel p reads pad[.., p // wout * sh + r, p % wout * sw + s] (the pixels `out_padding` adds past
+    hout * wout read the last one's: their outputs are dropped)."""
     n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
     packed = len(w.shape) == 5  # channel blocks (pack_channel_blocks)
     cout = int(b.shape[0]) if packed else int(w.shape[0])
@@ -112,9 +112,9 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     # input rows / columns the padded output reads (the real ones, the padding, then zeros)
     hpad = max(hin + pt + pb, (p.rows - 1) * sh + (kh - 1) * dh + 1)
     wpad = max(win + pl + pr, (p.cols - 1) * sw + (kw - 1) * dw + 1)
-    if flat_taps:  # the pixels past hout * wout read zero rows below the padded image
+    if flat_taps:  # the pixels past hout * wout read the last output pixel's inputs (their outputs dropped)
         out_h, out_w = hout, wout
-        hpad, wpad = max(hin + pt + pb, (p.cols - 1) // wout * int(sh) + (kh - 1) * dh + 1), win + pl + pr
+        hpad, wpad = hin + pt + pb, win + pl + pr
     acc = accumulator_dtype(x.dtype)
 
     def wide(v):
@@ -165,7 +165,8 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
         channel = lambda o: (o // blk * blk) // gp * cpg + rc  # noqa: E731
     def product(i, o, h, ww):
         if flat_taps:  # ww: the output pixel h * wout + w
-            h, ww = ww // wout, ww % wout
+            pixel = tirx.min(ww, hout * wout - 1) if p.cols > hout * wout else ww
+            h, ww = pixel // wout, pixel % wout
         at = (i, channel(o), h * sh + rh * dh, ww * sw + rw * dw)
         xv = wide(src(*at[:3], tirx.min(at[3], win - 1) if p.cols > win else at[3]) if pad is None else pad[at])
         wv = wide(weight_at(o, rc, rh, rw))

@@ -720,9 +720,9 @@ def test_avx2_stride1_convs_tile_their_pixels_as_one_row():
     assert not conv_plan(1, 64, 224, 228, 64, 3, 3, 1, avx2, flat=True).flat, "2 x 6 columns divide 228"
 
 
-#: stride-1 convs planned as one row of pixels on AVX2 (`flat_taps`): odd images (the last tile ends past
-#: hout * wout and reads zero rows below the image), a 5x5 and a 1x3 kernel, asymmetric padding, dilation,
-#: batch 2, output channels padded to the tile, ResNet-50's 3x3 on 7x7
+#: convs planned as one row of pixels on AVX2 (`flat_taps`): odd images (the last tile ends past hout * wout,
+#: its pixels there reading the last real pixel's inputs), a 5x5 and a 1x3 kernel, asymmetric padding,
+#: dilation, batch 2, output channels padded to the tile, ResNet-50's 3x3 on 7x7, strided convs
 FLAT_TAPS_CASES = [
     dict(n=1, c=32, h=13, w=11, oc=64, k=3, pad=1),
     dict(n=2, c=24, h=9, w=11, oc=32, k=5, pad=2),
