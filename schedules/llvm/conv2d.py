@@ -32,8 +32,8 @@ copied channels-last inside the parallel loop (every tap a contiguous vector loa
 On an ISA whose step cost says `flat_taps_chains` (AVX2), a dense conv with a larger kernel (stride 1, or
 strided with a channels-last input copy) tiles its output pixels as one row (`flat_taps`, `ConvPlan.flat`):
 pixel p reads the padded input at (p // wout * sh + rh, p % wout * sw + rw), so a tile may end on the next
-output row and only the last tile is padded (28 x 28 outputs:
-784 -> 786 pixels, not 28 -> 30 columns, with 2 x 6 tiles: 7% fewer FMAs).
+output row and only the last tile is padded (28 x 28 outputs: 784 -> 786 pixels, not 28 -> 30 columns, with
+2 x 6 tiles: 7% fewer FMAs).
 
 Flat 1x1 convs whose H * W is whole pixel tiles, on an ISA whose step cost says `pixel_vectors` (AVX2):
 `pointwise`, pixels vectorized and the NCHW output stored as whole vectors (`conv2d_pointwise.py`). A strided
@@ -126,8 +126,8 @@ class StepCost:
     flat_pointwise: bool = False  # 1x1 stride-1 unpadded convs tile their pixels as one row (`flat_pixels`)
     pixel_vectors: bool = False  # flat convs may vectorize their pixels (`conv2d_pointwise`, `choose_pixel_tile`)
     channel_depthwise: bool = False  # strided depthwise convs may vectorize their channels (`channel_depthwise`)
-    # stride-1 convs with a larger kernel may tile their pixels as one row (`flat_taps`), their tiles ranked
-    # wanting this many independent FMA chains (0: not at all)
+    # convs with a larger kernel may tile their pixels as one row (`flat_taps`), their tiles ranked wanting
+    # this many independent FMA chains (0: not at all)
     flat_taps_chains: int = 0
 
 
@@ -379,7 +379,7 @@ def flat_taps(kh: int, kw: int, strides, groups: int, cpg: int, cout: int, facts
 
 def one_row_pixels(kh: int, kw: int, strides, padding, groups: int, cpg: int, cout: int, facts: CpuFacts) -> bool:
     """`conv_plan`'s `flat`: a stride-1 (`flat_pixels`) or subsampled (`subsampled_pixels`) 1x1 conv, or a
-    stride-1 conv with a larger kernel (`flat_taps`)."""
+    conv with a larger kernel (`flat_taps`)."""
     return (flat_pixels(kh, kw, strides, padding, groups, facts)
             or subsampled_pixels(kh, kw, strides, padding, groups, cpg, cout, facts)
             or flat_taps(kh, kw, strides, groups, cpg, cout, facts))
