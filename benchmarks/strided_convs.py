@@ -1,9 +1,10 @@
-"""Strided llvm convs alone against onnxruntime's Conv node: before / after a plan rule, one thread, CPU time,
-interleaved in one process; or (`--copies`) what each conv kernel's input copy costs.
+"""Strided (and stride-1 3x3) llvm convs alone against onnxruntime's Conv node: before / after a plan rule, one
+thread, CPU time, interleaved in one process; or (`--copies`) what each conv kernel's input copy costs.
 
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py                 # every shape below
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py yolo_3_16 --activation silu
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py --before nchw   # channels_last_input's rule
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_3x3_128 --before flat_taps
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py --copies        # ResNet-50's input copies
 
 Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the llvm compute and schedule,
