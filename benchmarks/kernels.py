@@ -41,7 +41,7 @@ from tvm_fusion._tvm import tirx, tvm
 from tvm_fusion.build import build, resolve_target
 
 
-def _cpu_ms(fn, rounds: int, block_ms: float, clock: str = "cpu") -> float:
+def _median_ms(fn, rounds: int, block_ms: float, clock: str = "cpu") -> float:
     """Median over `rounds` blocks of about `block_ms` of the mean time per call on `clock`, in ms."""
     fn()
     number = max(1, int(block_ms / 1e3 / max(_block(fn, 1)[clock], 1e-6)))
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
         kernel = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)["main"]
         shapes = [[int(d) for d in p.shape] for p in func.params]
         tensors = [tvm.runtime.tensor(_random(s, str(p.dtype), rng), dev) for s, p in zip(shapes, func.params)]
-        ms = _cpu_ms(lambda kernel=kernel, tensors=tensors: kernel(*tensors), args.rounds, args.block_ms, clock)
+        ms = _median_ms(lambda kernel=kernel, tensors=tensors: kernel(*tensors), args.rounds, args.block_ms, clock)
         # the first parameter is the data input and the last the output, as onnxruntime's first input / output
         same = by_shape.get((tuple(shapes[0]), tuple(shapes[-1]))) or by_shape.get(tuple(shapes[-1]), [])
         # several: the nearest second operand's size first (a conv's weights, ours packed and padded)
