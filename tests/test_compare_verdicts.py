@@ -98,3 +98,28 @@ def test_given_inputs_are_used_and_the_rest_random():
     assert inputs["a"] is given and inputs["b"].shape == (2, 3) and not np.all(inputs["b"] == 1)
     with pytest.raises(Exception, match="seed -1 is negative"):
         random_inputs(model, seed=-1)
+
+
+def _timed_report(latencies, threads):
+    from tvm_fusion.compare import BuildStats, CompareReport
+
+    stats = {"fused": BuildStats("fused", 1, 1, 0.1, latencies)}
+    return CompareReport("m.onnx", "llvm", ["y"], stats, {}, {}, True, cpu_threads=threads)
+
+
+def test_runs_spread_on_a_shared_host_say_so():
+    """A CPU build whose runs spread over STALL_SPREAD x on a pool of several threads gets a note naming the
+    pool, the remedy and the README section; one thread, or runs within the spread, get none."""
+    from tvm_fusion.compare import STALL_SPREAD
+
+    stalled = str(_timed_report([0.020, 0.210, 0.724], threads=2))
+    assert "note: fused's timed runs spread 36x (fastest to slowest) on TVM's pool of 2 threads" in stalled
+    assert "TVM_NUM_THREADS" in stalled and "A host shared with other busy processes" in stalled
+    assert "note:" not in str(_timed_report([0.020, 0.210, 0.724], threads=1))
+    assert "note:" not in str(_timed_report([0.020, 0.020 * STALL_SPREAD * 0.99], threads=2))
+
+
+def test_a_timed_cpu_compare_records_its_pool(tmp_path):
+    report = compare(_save(tmp_path, conv_bn_relu()), repeat=2, modes=("fused",))
+    assert report.cpu_threads >= 1 and len(report.builds["fused"].latencies) == 2
+    assert compare(_save(tmp_path, conv_bn_relu()), repeat=0, modes=("fused",)).cpu_threads == 0

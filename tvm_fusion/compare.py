@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 
 from . import frontend
-from ._tvm import relax
+from ._tvm import relax, tvm
 from .build import Built, build, resolve_target
 from .console import progress, table
 from .errors import FusionError
@@ -65,6 +65,7 @@ class CompareReport:
     precision: str | None = None  # --precision fp16 / bf16: the model was converted from float32
     reported: list[str] = field(default_factory=list)  # comparisons shown but not judged (precision.half_baseline)
     groups: object = None  # differential.GroupReport: fusion judged per group (a model ill-conditioned for half)
+    cpu_threads: int = 0  # threads of TVM's CPU pool while timing (0: not timed on the CPU)
 
     def judged(self) -> dict[str, list[ErrorStats]]:
         return {pair: stats for pair, stats in self.errors.items() if pair not in self.reported}
@@ -139,11 +140,30 @@ class CompareReport:
             if self.ort_latencies:
                 ratios.append(f"onnxruntime/fused {statistics.median(self.ort_latencies) / med['fused']:.2f}x")
             lines += ["", "speedup of fused (median latency ratio, >1 means fused is faster): " + ", ".join(ratios)]
+        lines += self._stall_note()
         if self.groups is not None:
             lines += ["", str(self.groups)]
         lines += ["", "element-wise: |a - r| <= atol * rms(r) + rtol * |r| per element, (rtol, atol) by the "
                   "reference's dtype (tvm_fusion.numerics)", self.verdict()]
         return "\n".join(lines)
+
+
+    def _stall_note(self) -> list[str]:
+        """A note when a build's timed runs on a CPU pool of several threads spread over STALL_SPREAD x."""
+        spread = {m: max(b.latencies) / min(b.latencies) for m, b in self.builds.items()
+                  if b.latencies and min(b.latencies) > 0}
+        worst = max(spread, key=spread.get, default=None)
+        if self.cpu_threads < 2 or worst is None or spread[worst] < STALL_SPREAD:
+            return []
+        return ["", f"note: {worst}'s timed runs spread {spread[worst]:.0f}x (fastest to slowest) on TVM's pool of "
+                f"{self.cpu_threads} threads: other processes busy on these cores stall that pool at every kernel "
+                "(it waits for each of its threads). Time it on the cores that are free (TVM_NUM_THREADS, taskset); "
+                "README: 'A host shared with other busy processes'"]
+
+
+#: a CPU build's slowest timed run over its fastest beyond which the report says the host looks shared: on the
+#: idle 2-vCPU host ShuffleNet's runs spread 1.1x, with two other processes spinning 35x (20 to 724 ms)
+STALL_SPREAD = 5.0
 
 
 def _lat(values: list[float]) -> list[str]:
@@ -220,7 +240,9 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
         t0 = time.perf_counter()
         sess.run(None, inputs)
         ort_lat.append(time.perf_counter() - t0)
-    return CompareReport(name, str(tgt), outputs, stats, errors, counts, True, "", ort_lat, precision, reported, groups)
+    threads = int(tvm.get_global_func("runtime.NumThreads")()) if kind == "llvm" and repeat else 0
+    return CompareReport(name, str(tgt), outputs, stats, errors, counts, True, "", ort_lat, precision, reported, groups,
+                         threads)
 
 
 def _judge_all(results: dict, ref: list, outputs: list[str], suffix: str = "",
