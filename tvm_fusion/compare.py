@@ -147,7 +147,6 @@ class CompareReport:
                   "reference's dtype (tvm_fusion.numerics)", self.verdict()]
         return "\n".join(lines)
 
-
     def _stall_note(self) -> list[str]:
         """A note when a build's timed runs on a CPU pool of several threads spread over STALL_SPREAD x."""
         spread = {m: max(b.latencies) / min(b.latencies) for m, b in self.builds.items()
