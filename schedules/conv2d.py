@@ -94,10 +94,10 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     cout = int(b.shape[0]) if packed else int(w.shape[0])
     cpg, kh, kw = packed_taps(w.shape, taps_first)
     flat_taps = flat and ((kh, kw) != (1, 1) or any(int(v) for v in padding))
-    if flat and not flat_taps:
-        if (kh, kw) != (1, 1) or any(int(v) for v in padding) or any(int(v) != 1 for v in strides):
-            raise ValueError(f"conv2d: flat pixels need a 1x1, stride-1, unpadded conv (got {kh}x{kw}, "
-                             f"strides {strides}, padding {padding})")
+    if flat and not flat_taps:  # a 1x1 unpadded conv: its pixels read as one row need stride 1
+        if any(int(v) != 1 for v in strides):
+            raise ValueError(f"conv2d: flat pixels of a 1x1 unpadded conv need stride 1 (got strides {strides}; "
+                             "a strided one is subsampled first)")
         out_h, out_w, hin, win = hin, win, 1, hin * win
 
         def src(i, c, h, ww):  # x as [n, C, 1, H*W]
