@@ -11,7 +11,11 @@ output row that is not whole vectors (LONG_ROW_VECTORS; the trailing loops fused
 image plane of 14 x 14 is one row of 196) is split instead: its vectors, then a scalar tail. ShuffleNet's
 channel shuffles on 14x14 and 7x7 (Zen 2, one thread): 60 -> 9 us and 29 -> 5 us, the planes fused with
 the channels before (every lane's channel, row and column an int64 division).
-It declines (returns None) a function with a reduction, a symbolic extent or more than one block left.
+Several blocks left after inlining, each writing an output no other reads (a concat -> split's halves,
+YOLOv8n's detection head: 0.33 -> 0.06 ms, Zen 2, one thread), get a loop nest each. It declines (returns
+None) a function with a reduction, a symbolic extent, blocks left that read another's output, or several
+blocks of which none was inlined (a split alone: TVM's plain loops, which LLVM vectorizes as whole-plane
+copies; YOLOv8n's 80 x 80 split ran 0.022 ms so, 0.029 ms scheduled as rows of 10 vectors).
 """
 
 from __future__ import annotations
@@ -42,6 +46,14 @@ def _extents(sch, loops) -> list[int] | None:
 _LONG_ROW_CALLS = frozenset({"if_then_else", "likely", "exp", "sigmoid", "tanh", "sqrt", "log", "fabs"})
 
 
+def _independent_outputs(sch, blocks) -> bool:
+    """Whether every block left writes a buffer no other block reads (each an output of its own, as a
+    concat -> split's halves): each then gets its own loop nest."""
+    stmts = [sch.get(b.block_rv) for b in blocks]
+    return not any(w.source.same_as(r.source) for i, a in enumerate(stmts) for j, b in enumerate(stmts) if i != j
+                   for w in a.writes for r in b.reads)
+
+
 def _long_row_ok(sch, block) -> bool:
     """Whether the block calls only what a vector row may (`_LONG_ROW_CALLS`)."""
     return called_ops(sch.get(block).body) <= _LONG_ROW_CALLS
@@ -58,17 +70,25 @@ class LeftoverInjective(dlight.ScheduleRule):
         blocks = dlight.normalize_prim_func(sch)
         if blocks is None or any(not b.is_injective() for b in blocks):
             return None
+        before = len(blocks)
         blocks = dlight.try_inline(sch, blocks)
-        if len(blocks) != 1:
-            return None
-        loops = sch.get_loops(blocks[0].block_rv)
+        if not blocks or (len(blocks) > 1 and (len(blocks) == before or not _independent_outputs(sch, blocks))):
+            return None  # several outputs and nothing inlined (a split alone): TVM's loops, LLVM's vectors
+        lanes = cpu_facts(target).float32_lanes
+        for block in blocks:
+            if not self._schedule_block(sch, block.block_rv, lanes):
+                return None
+        return sch
+
+    def _schedule_block(self, sch, block, lanes: int) -> bool:
+        """One output block's loop nest; False where its extents are not all constant."""
+        loops = sch.get_loops(block)
         extents = _extents(sch, loops)
         if not loops or extents is None:
-            return None
-        lanes = cpu_facts(target).float32_lanes
+            return False
         # fused up to a long row (an image plane) unless the row calls what TVM cannot vectorize (a sinh /
         # cosh row reached its llvm codegen as a vector call it cannot lower: the ONNX backend's test_sinh)
-        long_limit = LONG_ROW_VECTORS * lanes if _long_row_ok(sch, blocks[0].block_rv) else None
+        long_limit = LONG_ROW_VECTORS * lanes if _long_row_ok(sch, block) else None
         if long_limit is None and extents[-1] % lanes and extents[-1] >= LONG_ROW_VECTORS * lanes:
             return self._long_rows(sch, loops, extents, lanes)
         inner, run = len(loops) - 1, extents[-1]
@@ -86,7 +106,7 @@ class LeftoverInjective(dlight.ScheduleRule):
         outer = loops[:inner]
         if outer and math.prod(extents) >= PARALLEL_ELEMENTS:
             sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-        return sch
+        return True
 
     @staticmethod
     def _long_rows(sch, loops, extents, lanes):
@@ -97,4 +117,4 @@ class LeftoverInjective(dlight.ScheduleRule):
         outer = loops[:-1]
         if outer and math.prod(extents) >= PARALLEL_ELEMENTS:
             sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-        return sch
+        return True

@@ -96,3 +96,41 @@ def test_long_rows_run_as_vectors_then_a_scalar_tail_equal_to_onnxruntime():
     out = run_build(built, [xs])[0]
     np.testing.assert_array_equal(out, sess.run(None, {"x": xs})[0])
     np.testing.assert_array_equal(out, run_build(build(frontend.import_onnx(model), AVX2, "unfused"), [xs])[0])
+
+
+def test_concat_split_halves_are_scheduled_each_equal_to_onnxruntime():
+    """YOLOv8's detection head: concat -> reshape -> split leaves one kernel with two outputs (the split's
+    halves), each its own vectorized loop nest; a copy, so exactly the unfused build's values."""
+    g = GraphBuilder(0)
+    a, b = g.input("a", [1, 16, 8, 8]), g.input("b", [1, 8, 8, 8])
+    y = g.op("Concat", [g.op("Relu", [a]), g.op("Relu", [b])], axis=1)
+    y = g.op("Reshape", [y, g.const(np.array([1, 24, 64], np.int64), "shape")])
+    halves = g.op("Split", [y, g.const(np.array([16, 8], np.int64), "sizes")], n_out=2, axis=1)
+    model = g.model(list(halves))
+    built = build(frontend.import_onnx(model), AVX2, "fused")
+    (func,) = [f for gv, f in built.module.functions.items()
+               if isinstance(f, tirx.PrimFunc) and "split" in gv.name_hint]
+    script = func.script()
+    assert func.attrs["tirx.is_scheduled"] and "sblock_alloc_buffer" not in script, script
+    assert len(re.findall(r"T\.vectorized\((T\.int64\()?8\)", script)) == 2, script  # one loop nest per half
+    rng = np.random.default_rng(3)
+    feeds = {"a": rng.normal(size=(1, 16, 8, 8)).astype(np.float32),
+             "b": rng.normal(size=(1, 8, 8, 8)).astype(np.float32)}
+    sess, _ = run_onnxruntime(model, feeds)
+    ours = run_build(built, [feeds["a"], feeds["b"]])
+    unfused = run_build(build(frontend.import_onnx(model), AVX2, "unfused"), [feeds["a"], feeds["b"]])
+    for got, want, plain in zip(ours, sess.run(None, feeds), unfused):
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, plain)
+
+
+def test_a_split_alone_keeps_tvms_loops():
+    """Several outputs and nothing to inline (a split of a graph input): TVM's plain loops, which LLVM
+    vectorizes as whole-plane copies."""
+    g = GraphBuilder(0)
+    x = g.input("x", [1, 32, 16, 16])
+    model = g.model(list(g.op("Split", [x, g.const(np.array([16, 16], np.int64), "sizes")], n_out=2, axis=1)))
+    built = build(frontend.import_onnx(model), AVX2, "fused")
+    (func,) = [f for gv, f in built.module.functions.items()
+               if isinstance(f, tirx.PrimFunc) and "split" in gv.name_hint]
+    assert "tirx.is_scheduled" not in func.attrs, func.script()
