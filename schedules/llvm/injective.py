@@ -13,9 +13,10 @@ channel shuffles on 14x14 and 7x7 (Zen 2, one thread): 60 -> 9 us and 29 -> 5 us
 the channels before (every lane's channel, row and column an int64 division).
 Several blocks left after inlining, each writing an output no other reads (a concat -> split's halves,
 YOLOv8n's detection head: 0.33 -> 0.06 ms, Zen 2, one thread), get a loop nest each. It declines (returns
-None) a function with a reduction, a symbolic extent, blocks left that read another's output, or several
-blocks of which none was inlined (a split alone: TVM's plain loops, which LLVM vectorizes as whole-plane
-copies; YOLOv8n's 80 x 80 split ran 0.022 ms so, 0.029 ms scheduled as rows of 10 vectors).
+None) a function with a reduction (a block with an init, also over one element), a symbolic extent, blocks
+left that read another's output, or several blocks of which none was inlined (a split alone: TVM's plain
+loops, which LLVM vectorizes as whole-plane copies; YOLOv8n's 80 x 80 split ran 0.022 ms so, 0.029 ms
+scheduled as rows of 10 vectors).
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ def _extents(sch, loops) -> list[int] | None:
 _LONG_ROW_CALLS = frozenset({"if_then_else", "likely", "exp", "sigmoid", "tanh", "sqrt", "log", "fabs"})
 
 
+def _reduces(sch, block) -> bool:
+    """Whether the block is a reduction (it has an init). A reduction over one element normalizes to a block
+    of spatial iterators only, so `is_injective()` passes it; inlining its consumer into it then puts the
+    epilogue into both its init and its update (a 1 x 1 MatMul + Add added the residual twice:
+    tests/fuzz/regressions/ee6ed9f1e3)."""
+    return sch.get(block).init is not None
+
+
 def _independent_outputs(sch, blocks) -> bool:
     """Whether every block left writes a buffer no other block reads (each an output of its own, as a
     concat -> split's halves): each then gets its own loop nest."""
@@ -68,7 +77,7 @@ class LeftoverInjective(dlight.ScheduleRule):
             return None
         sch = Schedule(func)
         blocks = dlight.normalize_prim_func(sch)
-        if blocks is None or any(not b.is_injective() for b in blocks):
+        if blocks is None or any(not b.is_injective() or _reduces(sch, b.block_rv) for b in blocks):
             return None
         before = len(blocks)
         blocks = dlight.try_inline(sch, blocks)

@@ -79,6 +79,29 @@ def test_declines_reductions_and_symbolic_extents():
     assert rule.apply(_prim((4, 64), reduce=False), AVX2, False) is not None
 
 
+def test_declines_a_reduction_over_one_element_with_its_epilogue():
+    """A 1 x 1 MatMul (K = 1) + a residual Add, as FuseOps makes it: normalized, the reduction has spatial
+    iterators only; inlining the Add into it put the Add into its init and its update (the residual counted
+    twice: tests/fuzz/regressions/ee6ed9f1e3). The rule declines it, and the fused build is exact."""
+    a = te.placeholder((1, 1), "float32", name="a")
+    w = te.placeholder((1, 1), "float32", name="w")
+    k = te.reduce_axis((0, 1), name="k")
+    mm = te.compute((1, 1), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="matmul")
+    out = te.compute((1, 1), lambda i, j: mm[i, j] + a[i, j], name="add")
+    assert LeftoverInjective().apply(te.create_prim_func([a, w, out]), AVX2, False) is None
+
+    g = GraphBuilder(0)
+    x = g.input("x", [1, 2])
+    r = g.op("Relu", [g.op("MatMul", [x, g.const(np.array([[0.5], [-0.25]], np.float32), "w1")])])
+    y = g.op("Add", [g.op("MatMul", [r, g.const(np.array([[0.75]], np.float32), "w2")]), r])
+    model = g.model([y])
+    xv = np.array([[0.5, -1.0]], np.float32)
+    got = run_build(build(frontend.import_onnx(model), "llvm", "fused"), [xv])[0]
+    sess, _ = run_onnxruntime(model, {"x": xv})
+    assert_close(got, sess.run(None, {"x": xv})[0])
+    assert float(got[0, 0]) == 0.5 * 0.75 + 0.5  # relu(0.25 + 0.25) = 0.5, exact in float32 (twice: 1.375)
+
+
 def test_long_rows_run_as_vectors_then_a_scalar_tail_equal_to_onnxruntime():
     """Magika's one-hot: rows of 257 (not whole vectors) are not fused with the rows before them, whose
     every lane would then take an int64 division and remainder by 257."""
