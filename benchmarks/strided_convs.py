@@ -12,7 +12,8 @@ Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the l
 (BEFORE: "subsample", the default: strided 1x1 convs keep their strided tile, `subsampled_pixels` off;
 "nchw": every tiled conv's input copied channels-last, STRIDED_NCHW_MACS = -1; "flat_taps": stride-1 convs
 with a larger kernel keep their rows of tiles, `flat_taps` off; "copy_rows": a flat 1x1 conv's channels-last
-input copied a whole channel row per pixel, not in blocks of COPY_CHANNELS), and onnxruntime runs Conv +
+input copied a whole channel row per pixel, not in blocks of COPY_CHANNELS; "tap_rows": a flat conv's kernel
+columns and input channels reduced in two loops, not one), and onnxruntime runs Conv +
 the activation as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the
 medians of `--rounds` blocks of about 100 ms each, and whether the two builds agree bit for bit.
 
@@ -83,6 +84,14 @@ SHAPES = {
     "resnet50_1x1_1024_256": (1, 1024, 14, 14, 256, 1, 1, 0),
     "resnet50_1x1_256_1024": (1, 256, 14, 14, 1024, 1, 1, 0),
     "resnet50_1x1_1024_512": (1, 1024, 14, 14, 512, 1, 1, 0),
+    # ... and on 56x56 / 28x28 (the pointwise kernel, `conv2d_pointwise.py`)
+    "resnet50_1x1_64_64": (1, 64, 56, 56, 64, 1, 1, 0),
+    "resnet50_1x1_64_256": (1, 64, 56, 56, 256, 1, 1, 0),
+    "resnet50_1x1_256_64": (1, 256, 56, 56, 64, 1, 1, 0),
+    "resnet50_1x1_256_128": (1, 256, 56, 56, 128, 1, 1, 0),
+    "resnet50_1x1_128_512": (1, 128, 28, 28, 512, 1, 1, 0),
+    "resnet50_1x1_512_128": (1, 512, 28, 28, 128, 1, 1, 0),
+    "resnet50_1x1_512_256": (1, 512, 28, 28, 256, 1, 1, 0),
 }
 ORT_ACTIVATIONS = {"relu": [("Relu", ["c"], "y")], "silu": [("Sigmoid", ["c"], "s"), ("Mul", ["c", "s"], "y")]}
 
@@ -110,6 +119,7 @@ def _ort(shape, wt, b, activation: str):
 #: calls of each RESNET50_CONVS shape in ResNet-50 v1.5 (tvm_fusion.examples' resnet50): 53 convs
 RESNET50_CALLS = [1, 1, 3, 4, 2, 1, 1, 4, 1, 3, 3, 1, 1, 6, 1, 5, 5, 1, 1, 3, 1, 2, 2]
 _SCHEDULE_PAD = llvm_conv._schedule_pad
+_SCHEDULE_FLAT = llvm_conv._schedule_flat
 
 
 def _copy_whole_rows(sch, pad, channels_last: bool = False, flat: bool = False):
@@ -126,7 +136,8 @@ def _copy_whole_rows(sch, pad, channels_last: bool = False, flat: bool = False):
 BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
           "nchw": {"STRIDED_NCHW_MACS": -1},
           "flat_taps": {"flat_taps": lambda *args, **kwargs: False},
-          "copy_rows": {"_schedule_pad": _copy_whole_rows}}
+          "copy_rows": {"_schedule_pad": _copy_whole_rows},
+          "tap_rows": {"_schedule_flat": lambda *args, tap_rows=False: _SCHEDULE_FLAT(*args)}}
 
 
 def _build(case, target, overrides: dict):

@@ -781,3 +781,21 @@ def test_flat_input_copies_write_blocks_of_channels(case, monkeypatch):
     monkeypatch.setattr(llvm_conv, "COPY_CHANNELS", 1)
     single, _, single_arrays, single_shape, _ = _packed_build(case, target)
     np.testing.assert_array_equal(got, _run(single, single_arrays, single_shape))
+
+
+@NO_AVX2
+@pytest.mark.parametrize("case", FLAT_TAPS_CASES, ids=_id)
+def test_flat_taps_reduce_each_kernel_row_in_one_loop(case):
+    """AVX2 (`_schedule_flat`'s `tap_rows`): a flat conv reads a kernel row's columns and input channels as one
+    run of its channels-last input and taps-first W, so it reduces them in one loop of KW * C steps (rw = k // C,
+    rc = k % C); not with a dilated width (the run has gaps) nor a kernel one column wide. The sums are in the
+    same order: bit-identical to the rows-of-tiles kernel (`test_flat_taps_convs_match_numpy_and_the_row_tiles_bit_for_bit`)."""
+    target = tvm.target.Target(AVX2)
+    _, func, *_ = _packed_build(case, target)
+    kw = case["k"][1] if isinstance(case["k"], tuple) else case["k"]
+    dil = case.get("dil", 1)
+    update = func.script().split('T.sblock("conv_update")')[1]
+    fused = re.search(rf"v_rw = T.axis.reduce\({kw}, (\w+) // {case['c']}\)", update)
+    assert (fused is not None) == (kw > 1 and dil == 1), update[:800]
+    if fused:
+        assert re.search(rf"v_rc = T.axis.reduce\({case['c']}, {fused.group(1)} % {case['c']}\)", update), update[:800]
