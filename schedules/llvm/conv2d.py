@@ -711,9 +711,9 @@ def _schedule_flat(sch, conv, epi, tile: ConvTile, tap_rows: bool = False):
     and columns fused, and the conv is computed at each tile of pixels (a tile may end on a later image row,
     which a conv tile computed at the epilogue's column loop cannot).
     `tap_rows`: a kernel row's columns and input channels are one run of the channels-last input and of the
-    taps-first W (KW > 1, dilation 1 along the width), so its rw and rc loops are fused into one (the same sums in the
-    same order): a 3x3 conv's reduction runs 3 loops of 3 * C steps per tile instead of 9 of C, a 7x7 stem's
-    (3 channels) 7 of 21 instead of 49 of 3 (per tile, a third of the loop exits).
+    taps-first W (KW > 1, dilation 1 along the width), so its rw and rc loops are fused into one (the same
+    sums in the same order): a 3x3 conv's reduction runs 3 loops of 3 * C steps per tile instead of 9 of C, a
+    7x7 stem's (3 channels) 7 of 21 instead of 49 of 3 (per tile, a third of the loop exits).
     Measured on Zen 2 (AVX2, one thread, CPU time, conv + ReLU, two loops -> one, interleaved, bit-identical,
     on a host loaded by other jobs: times ~30% above quiet ones; three runs): ResNet-50's 3x3 64 on 56x56
     3.48 / 3.34 / 3.49 -> 3.48 / 3.31 / 3.37 ms, 128 on 28x28 3.41 / 3.46 / 3.36 -> 3.02 / 3.45 / 3.36 ms, 512
