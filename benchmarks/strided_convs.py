@@ -11,7 +11,9 @@ Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the l
 `conv2d_test._packed_build`), once with the current rules and once with the rule `--before` names undone
 (BEFORE: "subsample", the default: strided 1x1 convs keep their strided tile, `subsampled_pixels` off;
 "nchw": every tiled conv's input copied channels-last, STRIDED_NCHW_MACS = -1; "flat_taps": stride-1 convs
-with a larger kernel keep their rows of tiles, `flat_taps` off), and onnxruntime runs Conv +
+with a larger kernel keep their rows of tiles, `flat_taps` off; "copy_rows": a flat 1x1 conv's channels-last
+input copied a whole channel row per pixel, not in blocks of COPY_CHANNELS; "tap_rows": a flat conv's kernel
+columns and input channels reduced in two loops, not one), and onnxruntime runs Conv +
 the activation as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the
 medians of `--rounds` blocks of about 100 ms each, and whether the two builds agree bit for bit.
 
@@ -77,6 +79,19 @@ SHAPES = {
     # ResNet-50's 1x1 convs on 7x7 (flat tiled: 2 x 5 pixels, 49 padded to 50)
     "resnet50_1x1_2048_512": (1, 2048, 7, 7, 512, 1, 1, 0),
     "resnet50_1x1_512_2048": (1, 512, 7, 7, 2048, 1, 1, 0),
+    # ... and on 14x14 (flat tiled: 196 pixels are no whole pixel vectors; the 1024-channel input copied
+    # channels-last in blocks of COPY_CHANNELS)
+    "resnet50_1x1_1024_256": (1, 1024, 14, 14, 256, 1, 1, 0),
+    "resnet50_1x1_256_1024": (1, 256, 14, 14, 1024, 1, 1, 0),
+    "resnet50_1x1_1024_512": (1, 1024, 14, 14, 512, 1, 1, 0),
+    # ... and on 56x56 / 28x28 (the pointwise kernel, `conv2d_pointwise.py`)
+    "resnet50_1x1_64_64": (1, 64, 56, 56, 64, 1, 1, 0),
+    "resnet50_1x1_64_256": (1, 64, 56, 56, 256, 1, 1, 0),
+    "resnet50_1x1_256_64": (1, 256, 56, 56, 64, 1, 1, 0),
+    "resnet50_1x1_256_128": (1, 256, 56, 56, 128, 1, 1, 0),
+    "resnet50_1x1_128_512": (1, 128, 28, 28, 512, 1, 1, 0),
+    "resnet50_1x1_512_128": (1, 512, 28, 28, 128, 1, 1, 0),
+    "resnet50_1x1_512_256": (1, 512, 28, 28, 256, 1, 1, 0),
 }
 ORT_ACTIVATIONS = {"relu": [("Relu", ["c"], "y")], "silu": [("Sigmoid", ["c"], "s"), ("Mul", ["c", "s"], "y")]}
 
@@ -103,10 +118,26 @@ def _ort(shape, wt, b, activation: str):
 
 #: calls of each RESNET50_CONVS shape in ResNet-50 v1.5 (tvm_fusion.examples' resnet50): 53 convs
 RESNET50_CALLS = [1, 1, 3, 4, 2, 1, 1, 4, 1, 3, 3, 1, 1, 6, 1, 5, 5, 1, 1, 3, 1, 2, 2]
+_SCHEDULE_PAD = llvm_conv._schedule_pad
+_SCHEDULE_FLAT = llvm_conv._schedule_flat
+
+
+def _copy_whole_rows(sch, pad, channels_last: bool = False, flat: bool = False):
+    """`_schedule_pad` as it was before COPY_CHANNELS: each pixel's whole channel row copied in one scalar loop."""
+    if not (channels_last and flat):
+        return _SCHEDULE_PAD(sch, pad, channels_last, flat)
+    n, c, h, w = sch.get_loops(pad)
+    sch.transform_layout(pad, ("write", 0), lambda n_, c_, h_, w_: (n_, h_, w_, c_))
+    sch.reorder(n, h, w, c)
+    sch.parallel(sch.fuse(n, h, w))
+
+
 #: the rules `--before` undoes: module attributes of schedules/llvm/conv2d.py set for the "before" build
 BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
           "nchw": {"STRIDED_NCHW_MACS": -1},
-          "flat_taps": {"flat_taps": lambda *args, **kwargs: False}}
+          "flat_taps": {"flat_taps": lambda *args, **kwargs: False},
+          "copy_rows": {"_schedule_pad": _copy_whole_rows},
+          "tap_rows": {"_schedule_flat": lambda *args, tap_rows=False: _SCHEDULE_FLAT(*args)}}
 
 
 def _build(case, target, overrides: dict):

@@ -15,7 +15,7 @@ from tvm_fusion.cpu_features import host_features
 from tvm_fusion.schedules.conv2d import conv2d_out_size, pack_channel_blocks
 from tvm_fusion.schedules.dense import dense_affine
 from tvm_fusion.hardware import cpu_facts
-from tvm_fusion.schedules.llvm.conv2d import (FLAT_COPY_CHANNELS, FLOAT_BYTES, STRIDED_NCHW_CHANNELS,
+from tvm_fusion.schedules.llvm.conv2d import (COPY_CHANNELS, FLAT_COPY_CHANNELS, FLOAT_BYTES, STRIDED_NCHW_CHANNELS,
                                               STRIDED_NCHW_MACS,
                                               channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
                                               flat_taps, one_row_pixels, step_cost, subsampled_pixels,
@@ -749,3 +749,53 @@ def test_flat_taps_convs_match_numpy_and_the_row_tiles_bit_for_bit(case):
     rows, rows_func, rows_arrays, rows_shape, _ = _build_without("flat_taps", case, target)
     assert "conv_local = T.sblock_alloc_buffer((1, 1," not in rows_func.script()
     np.testing.assert_array_equal(got, _run(rows, rows_arrays, rows_shape))
+
+
+#: flat 1x1 convs whose input is copied channels-last on AVX2: channels a multiple of COPY_CHANNELS (ResNet-50's
+#: 1024 -> 256 on 14x14 in small: 7x7), not one (200 = 8 blocks of 25), fewer (24: one block), a strided one
+#: (the subsampled pixels read by the copy) and batch 2
+COPY_CASES = [
+    dict(n=1, c=256, h=7, w=7, oc=128, k=1),
+    dict(n=2, c=200, h=5, w=9, oc=128, k=1),
+    dict(n=1, c=24, h=6, w=7, oc=136, k=1),
+    dict(n=1, c=160, h=11, w=13, oc=128, k=1, stride=2),
+]
+
+
+@NO_AVX2
+@pytest.mark.parametrize("case", COPY_CASES, ids=_id)
+def test_flat_input_copies_write_blocks_of_channels(case, monkeypatch):
+    """A flat 1x1 conv's channels-last input copy writes each pixel's channels in vectors of the largest
+    divisor of the channels up to COPY_CHANNELS (a whole channel row per pixel touches a cache line of every
+    input plane): element-wise against float64 numpy, and bit-identical to the copy in blocks of one channel
+    (a copy: the kernel's sums are the same)."""
+    import tvm_fusion.schedules.llvm.conv2d as llvm_conv
+
+    target = tvm.target.Target(AVX2)
+    executable, func, arrays, out_shape, reference = _packed_build(case, target)
+    block = max(d for d in range(1, COPY_CHANNELS + 1) if case["c"] % d == 0)
+    pad = func.script().split('T.sblock("pad")')[0].rsplit("for ", 1)[-1]  # the copy's innermost loop
+    assert f"T.vectorized({block})" in pad, pad
+    got = _run(executable, arrays, out_shape)
+    assert_close(got, reference, _id(case))
+    monkeypatch.setattr(llvm_conv, "COPY_CHANNELS", 1)
+    single, _, single_arrays, single_shape, _ = _packed_build(case, target)
+    np.testing.assert_array_equal(got, _run(single, single_arrays, single_shape))
+
+
+@NO_AVX2
+@pytest.mark.parametrize("case", FLAT_TAPS_CASES, ids=_id)
+def test_flat_taps_reduce_each_kernel_row_in_one_loop(case):
+    """AVX2 (`_schedule_flat`'s `tap_rows`): a flat conv reads a kernel row's columns and input channels as one
+    run of its channels-last input and taps-first W, so it reduces them in one loop of KW * C steps (rw = k // C,
+    rc = k % C); not with a dilated width (the run has gaps) nor a kernel one column wide. The sums are in the
+    same order: bit-identical to the rows-of-tiles kernel (`test_flat_taps_convs_match_numpy_and_the_row_tiles_bit_for_bit`)."""
+    target = tvm.target.Target(AVX2)
+    _, func, *_ = _packed_build(case, target)
+    kw = case["k"][1] if isinstance(case["k"], tuple) else case["k"]
+    dil = case.get("dil", 1)
+    update = func.script().split('T.sblock("conv_update")')[1]
+    fused = re.search(rf"v_rw = T.axis.reduce\({kw}, (\w+) // {case['c']}\)", update)
+    assert (fused is not None) == (kw > 1 and dil == 1), update[:800]
+    if fused:
+        assert re.search(rf"v_rc = T.axis.reduce\({case['c']}, {fused.group(1)} % {case['c']}\)", update), update[:800]
