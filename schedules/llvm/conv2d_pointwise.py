@@ -158,9 +158,12 @@ def _store_whole_vectors(sch, rows, vectors, lanes):
 
 def _planes_in_vectors(sch, block, real: int, lanes: int):
     """A [n, c, P] loop nest parallel over its planes, the first `real` pixels rounded down to whole vectors
-    vectorized and the rest partitioned off (a predicate on the vector lanes would make it scalar)."""
+    vectorized and the rest partitioned off (a predicate on the vector lanes would make it scalar); fewer
+    than `lanes` real pixels stay one scalar loop (a partition at 0 is a ScheduleError: regressions/b9a478f23f)."""
     n, c, p = sch.get_loops(block)
     sch.parallel(sch.fuse(n, c))
+    if real < lanes:
+        return
     body, _ = sch.loop_partition(p, [real // lanes * lanes, None])
     sch.vectorize(sch.split(body, [None, lanes])[1])
 
