@@ -98,6 +98,7 @@ SHAPES = {
     "ppocr_1x1_240": (1, 240, 12, 80, 240, 1, 1, 0),
     "ppocr_1x1_480": (1, 480, 6, 80, 480, 1, 1, 0),
     "densenet_1x1_480_128": (1, 480, 28, 28, 128, 1, 1, 0),
+    "squeezenet_1x1_512_1000": (1, 512, 13, 13, 1000, 1, 1, 0),  # a last tile past H * W, 1000 padded
 }
 ORT_ACTIVATIONS = {"relu": [("Relu", ["c"], "y")], "silu": [("Sigmoid", ["c"], "s"), ("Mul", ["c", "s"], "y")]}
 
