@@ -5,6 +5,7 @@ thread, CPU time, interleaved in one process; or (`--copies`) what each conv ker
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py yolo_3_16 --activation silu
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py --before nchw   # channels_last_input's rule
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_3x3_128 --before flat_taps
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_1x1_512_128 --before chunks
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py --copies        # ResNet-50's input copies
 
 Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the llvm compute and schedule,
@@ -13,7 +14,8 @@ Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the l
 "nchw": every tiled conv's input copied channels-last, STRIDED_NCHW_MACS = -1; "flat_taps": stride-1 convs
 with a larger kernel keep their rows of tiles, `flat_taps` off; "copy_rows": a flat 1x1 conv's channels-last
 input copied a whole channel row per pixel, not in blocks of COPY_CHANNELS; "tap_rows": a flat conv's kernel
-columns and input channels reduced in two loops, not one), and onnxruntime runs Conv +
+columns and input channels reduced in two loops, not one; "chunks": the pointwise kernel's output channels in
+chunks of CHUNK_BYTES of weights only, CHUNK_INPUT_FRACTION 0), and onnxruntime runs Conv +
 the activation as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the
 medians of `--rounds` blocks of about 100 ms each, and whether the two builds agree bit for bit.
 
@@ -92,6 +94,12 @@ SHAPES = {
     "resnet50_1x1_128_512": (1, 128, 28, 28, 512, 1, 1, 0),
     "resnet50_1x1_512_128": (1, 512, 28, 28, 128, 1, 1, 0),
     "resnet50_1x1_512_256": (1, 512, 28, 28, 256, 1, 1, 0),
+    # ... PP-OCR's (wide maps, deep weights) and DenseNet-121's last 28x28 bottleneck
+    "ppocr_1x1_240": (1, 240, 12, 80, 240, 1, 1, 0),
+    "ppocr_1x1_480": (1, 480, 6, 80, 480, 1, 1, 0),
+    "densenet_1x1_480_128": (1, 480, 28, 28, 128, 1, 1, 0),
+    "squeezenet_1x1_512_1000": (1, 512, 13, 13, 1000, 1, 1, 0),  # a last tile past H * W, 1000 padded
+    "1x1_256_1000": (1, 256, 13, 13, 1000, 1, 1, 0),
 }
 ORT_ACTIVATIONS = {"relu": [("Relu", ["c"], "y")], "silu": [("Sigmoid", ["c"], "s"), ("Mul", ["c", "s"], "y")]}
 
@@ -137,18 +145,25 @@ BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
           "nchw": {"STRIDED_NCHW_MACS": -1},
           "flat_taps": {"flat_taps": lambda *args, **kwargs: False},
           "copy_rows": {"_schedule_pad": _copy_whole_rows},
-          "tap_rows": {"_schedule_flat": lambda *args, tap_rows=False: _SCHEDULE_FLAT(*args)}}
+          "tap_rows": {"_schedule_flat": lambda *args, tap_rows=False: _SCHEDULE_FLAT(*args)},
+          "chunks": {"pointwise.CHUNK_INPUT_FRACTION": 0}}
+
+
+def _owner(name: str):
+    """The module and attribute an override names: conv2d.py's, or "pointwise.X" for conv2d_pointwise.py's."""
+    module, _, attr = name.rpartition(".")
+    return (getattr(llvm_conv, module) if module else llvm_conv), attr
 
 
 def _build(case, target, overrides: dict):
-    keep = {name: getattr(llvm_conv, name) for name in overrides}
+    keep = {name: getattr(*_owner(name)) for name in overrides}
     try:
         for name, value in overrides.items():
-            setattr(llvm_conv, name, value)
+            setattr(*_owner(name), value)
         executable, _, arrays, out_shape, _ = conv2d_test._packed_build(case, target)
     finally:
         for name, value in keep.items():
-            setattr(llvm_conv, name, value)
+            setattr(*_owner(name), value)
     tensors = [tvm.runtime.tensor(a) for a in arrays] + [tvm.runtime.tensor(np.zeros(out_shape, "float32"))]
     return (lambda: executable["main"](*tensors)), tensors[-1], arrays
 

@@ -433,7 +433,7 @@ def choose_pixel_tile(cout: int, pixels: int, reduction: int, facts: CpuFacts,
     if not tiles and (tail or _pixels_tail(cout, pixels, reduction)):
         tiles = pixel_tiles(pixels, facts.float32_lanes, facts.vector_registers, tail=True)
     for tile in tiles:
-        padded = padded_channels(cout, tile.rows, reduction)
+        padded = padded_channels(cout, tile.rows, reduction, pixels)
         key = (_efficiency(tile.accumulators, tile.loads_per_step, (cout, pixels),
                            (padded, padded_pixels(pixels, tile)), cost), tile.accumulators, -tile.loads_per_step)
         if best_key is None or key > best_key:
@@ -480,8 +480,8 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
         pixels = None if kh * kw > 1 else choose_pixel_tile(cout, hout * wout, cpg, facts,
                                                              tail=cout % row.channels != 0)
         if pixels is not None:
-            padding = ConvPadding(padded_channels(cout, pixels.rows, cpg), 1, padded_pixels(hout * wout, pixels),
-                                  pixels.rows)
+            padding = ConvPadding(padded_channels(cout, pixels.rows, cpg, hout * wout), 1,
+                                  padded_pixels(hout * wout, pixels), pixels.rows)
             return ConvPlan("pointwise", pixels, padding, flat=True)
         opg = cout // groups
         if row.cols > 1 and _tile_efficiency(row, opg, 1, hout * wout, cost) > _tile_efficiency(tile, opg, hout, wout,

@@ -128,6 +128,49 @@ def test_channel_chunks_keep_the_weights_in_cache_and_pad_little():
     assert channel_chunks(256, 6, 64) == (1, 43)
 
 
+def test_channel_chunks_of_deep_inputs_copy_them_once():
+    """A chunk's weights may take CHUNK_INPUT_FRACTION of the input's bytes where that exceeds CHUNK_BYTES
+    (each chunk copies the input into its strips), all of them where they are at least the input. ResNet-50's
+    512 -> 128 and 512 -> 256 on 28x28 in one chunk, its 1x1/2 256 -> 512 to 28x28 in 2 (4 on CHUNK_BYTES
+    alone), 128 -> 512 on 28x28 keeps its 2; the AVX2 plan of 512 -> 256 pads to one chunk of 6-row blocks
+    (258 channels, not 4 chunks of 5: 260), and AVX-512 targets keep the tiled kernel."""
+    assert channel_chunks(128, 5, 512, 784) == (1, 26) and channel_chunks(128, 5, 512) == (2, 13)
+    assert channel_chunks(256, 5, 512, 784) == (1, 52) and channel_chunks(256, 5, 512) == (4, 13)
+    assert channel_chunks(512, 6, 256, 784) == (2, 43) and channel_chunks(512, 6, 256) == (4, 22)
+    assert channel_chunks(512, 6, 128, 784) == channel_chunks(512, 6, 128) == (2, 43)
+    assert channel_chunks(64, 5, 256, 3136) == channel_chunks(64, 5, 256) == (1, 13)
+    # the weights at least the input (output channels at least the pixels): SqueezeNet's classifier, PP-OCR
+    assert channel_chunks(1000, 6, 512, 169) == (1, 167) and channel_chunks(1000, 6, 512)[0] == 13
+    assert channel_chunks(480, 4, 480, 480) == (1, 120)
+    avx2, avx512 = cpu_facts(AVX2_TARGET), cpu_facts(tvm.target.Target(AVX512))
+    plan = _plan(avx2, 512, 256, 28, 28)
+    assert (plan.kernel, plan.tile.rows, plan.padding.group_channels) == ("pointwise", 6, 258), plan
+    assert _plan(avx2, 512, 128, 28, 28).padding.group_channels == 130
+    assert _plan(avx512, 512, 128, 28, 28).kernel == "tiled"
+
+
+@NO_AVX2
+@pytest.mark.parametrize("case", [dict(n=1, c=512, h=28, w=28, oc=128, k=1),
+                                  dict(n=1, c=384, h=8, w=16, oc=40, k=1),
+                                  dict(n=1, c=256, h=13, w=13, oc=1000, k=1)], ids=_id)
+def test_one_chunk_is_bit_identical_to_chunks_of_weights(case, monkeypatch):
+    """Fewer chunks (CHUNK_INPUT_FRACTION, or weights at least the input: 256 -> 1000 on 13x13, a last tile
+    past H * W) reorder only the loops over output channels: the conv returns the very bits of the chunks
+    CHUNK_BYTES alone gives (the same reduction order), within TOLERANCES of numpy."""
+    outputs = []
+    for fraction in (conv2d_pointwise.CHUNK_INPUT_FRACTION, 0):
+        monkeypatch.setattr(conv2d_pointwise, "CHUNK_INPUT_FRACTION", fraction)
+        monkeypatch.setattr(conv2d_pointwise, "CHUNK_BYTES", 32 * 1024 if case["c"] == 384 else 160 * 1024)
+        plan = _plan(cpu_facts(AVX2_TARGET), case["c"], case["oc"], case["h"], case["w"])
+        assert plan.kernel == "pointwise", plan
+        chunks, _ = channel_chunks(case["oc"], plan.tile.rows, case["c"], case["h"] * case["w"])
+        assert (chunks == 1) if fraction else (chunks > 1)
+        executable, _, arrays, out_shape, reference = _packed_build(case, AVX2_TARGET)
+        outputs.append(_run(executable, arrays, out_shape))
+    assert_close(outputs[0], reference, _id(case))
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
 #: 56x56 ResNet-50 shapes, 28x28, a residual-less PP-OCR-like wide map, channels padded to the rows and to
 #: whole chunks, batch 2, pixels that are exactly one tile
 CASES = [
