@@ -48,6 +48,7 @@ def block_n(tmp_path) -> Path:
     return model
 
 
+@pytest.mark.slow  # the 16-library matrix and its bundle (2.6 min on a busy 2-core host): CI runs it under -m slow
 def test_the_matrix_without_a_gpu_and_its_bundle(tmp_path, block_n):
     """Every configuration is built for sm_90 (the fused library with and without its CUDA graph, unfused, tvm)
     and for the CPU, the CPU build is judged against onnxruntime with the precision's tolerance, the GPU steps

@@ -254,6 +254,7 @@ def test_cuda_bundle_runs_under_the_stub_without_the_compiler(stub, tmp_path):
     assert [la.kernel for la in launches] == ["conv2d_bn_relu_kernel", "conv2d_bn_add_relu_kernel"]
 
 
+@pytest.mark.slow  # the whole matrix and its bundle (2.3 min on a busy 2-core host): CI runs it under -m slow
 def test_gpu_check_bundle_runs_its_gpu_steps_under_the_stub_without_tvm(stub, tmp_path):
     """gpu_check.py --bundle writes what a GPU machine without TVM runs: there gpu_check_device.py (the TVM
     runtime alone; numpy unpacked from the bundled wheel, as this Python has none) runs every GPU step of the
