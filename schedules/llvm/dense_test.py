@@ -107,3 +107,14 @@ def test_avx2_gemv_reads_tiles_of_four_ymm_in_parallel():
     assert tuple(int(d) for d in func.params[1].shape) == (128, 4096, 32)
     text = func.script()
     assert "T.parallel(128)" in text and "T.vectorized(32)" in text
+
+
+@pytest.mark.parametrize("target,shape,cols", [('{"kind": "llvm", "mcpu": "znver4"}', (16, 2048, 64), 64),
+                                               (AVX2, (32, 2048, 32), 32)])
+def test_thousand_classes_are_packed_in_whole_vector_tiles(target, shape, cols):
+    """ResNet-50's classifier (2048 -> 1000): 20 / 40 columns (2.5 vectors) before; now N padded to 1024 in
+    tiles of 4 vectors of the target (compiled for AVX-512 here, not run; run for AVX2 in the test above)."""
+    built = build(frontend.import_onnx(_gemm_relu(1, 2048, 1000)), resolve_target(target), "fused")
+    func = _dense_func(built)
+    assert tuple(int(d) for d in func.params[1].shape) == shape
+    assert f"T.vectorized({cols})" in func.script()
