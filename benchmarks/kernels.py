@@ -5,6 +5,7 @@
     python benchmarks/kernels.py --model shufflenet --target '{"kind":"llvm","mcpu":"x86-64-v3"}'
     python benchmarks/kernels.py --model squeezenet --ort               # and onnxruntime's nodes
     python benchmarks/kernels.py --model squeezenet --ort --threads 2   # both at 2 threads, wall time
+    python benchmarks/kernels.py --model resnet50 --ort --in-model      # each call inside the model too
 
 Builds the model fused, takes every PrimFunc whose name contains `--match` (as the fused build scheduled
 it: rules' kernels and leftovers alike), compiles it alone and times it on random inputs of its parameter
@@ -17,6 +18,13 @@ graph optimizations, `--ort-runs` inferences): each node's median `dur` (wall ti
 nodes by time (op type, output shape), and next to each of our kernels the onnxruntime nodes with the same
 first input and output shape (else output shape), the one whose second input (a conv's weights) is nearest
 in size to ours first. `--threads N` (N > 1) times our kernels on N threads by wall time instead of CPU time.
+
+`--in-model` also times every kernel call inside the model (VirtualMachine.set_instrument around each call,
+`--in-model-runs` inferences, the median per call site on the same clock) and the whole inference without the
+instrument, then prints one row per call site: in the model, alone (the PrimFunc timed above, when `--match`
+took it), and with `--ort` the onnxruntime node run at the same place (nodes and call sites paired in order
+by first input and output shape, else output shape), sorted by the gap to it; and the sums against the whole
+inference (what is left is the VM's own work between kernels: allocation, reshapes, the instrument's calls).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -37,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cpu_speed import _block, _light, _zoo, model_names, ort_session, set_tvm_threads
 
-from tvm_fusion._tvm import tirx, tvm
+from tvm_fusion._tvm import relax, tirx, tvm
 from tvm_fusion.build import build, resolve_target
 
 
@@ -87,6 +96,105 @@ def _print_ort(nodes: list[dict], threads: int) -> None:
         print(f"  {n['name']:40s} {n['op']:22s} {'x'.join(map(str, n['shape'])):16s} {n['ms']:.3f} ms")
 
 
+def in_model_sites(executable, args, runs: int, clock: str, ort_run=None) -> tuple[list[dict], dict]:
+    """Every kernel call of one inference: symbol, first input and output shape, median ms per call over `runs`
+    instrumented inferences on `clock`; and medians (ms) of: a whole inference without the instrument ("whole",
+    on a second VM, one run after each instrumented one), with it ("instrumented"), its VM builtins' calls
+    summed ("builtins": allocation, reshapes); with `ort_run`, one onnxruntime inference after each ("ort")."""
+    read = time.process_time if clock == "cpu" else time.perf_counter
+    vm, plain = (relax.VirtualMachine(executable, tvm.cpu()) for _ in range(2))
+    plain["main"](*args)
+    sites: list[dict] = []
+    times: list[list[float]] = []
+    totals = defaultdict(list)
+    for run in range(runs + 1):  # the first run only lists the calls
+        events, builtins, start = [], [], [0.0]
+
+        def instrument(func, symbol, before_run, ret_value, *call_args, events=events, builtins=builtins,
+                       start=start, first=run == 0):
+            if before_run:
+                start[0] = read()
+                return 0
+            ms = 1e3 * (read() - start[0])
+            if str(symbol).startswith("vm.builtin."):
+                builtins.append(ms)
+                return 0
+            events.append(ms)
+            if first:
+                shapes = [tuple(a.shape) for a in call_args if hasattr(a, "shape")]
+                sites.append({"kernel": str(symbol), "input": shapes[0], "shape": shapes[-1]})
+            return 0
+
+        vm.set_instrument(instrument)
+        t0 = read()
+        vm["main"](*args)
+        if run:
+            times.append(events)
+            totals["instrumented"].append(1e3 * (read() - t0))
+            totals["builtins"].append(sum(builtins))
+            totals["builtin calls"].append(len(builtins))
+            t0 = read()
+            plain["main"](*args)
+            totals["whole"].append(1e3 * (read() - t0))
+            if ort_run is not None:
+                t0 = read()
+                ort_run()
+                totals["ort"].append(1e3 * (read() - t0))
+    for i, site in enumerate(sites):
+        site["ms"] = statistics.median(t[i] for t in times)
+    return sites, {k: statistics.median(v) for k, v in totals.items()}
+
+
+def pair_ort(sites: list[dict], nodes: list[dict]) -> None:
+    """Sets site["ort"] to the onnxruntime node run at the same place: nodes (in execution order) and sites
+    paired in order by (first input, output) shape, else by output shape; a node is paired once."""
+    queues = defaultdict(list)
+    for n in nodes:
+        queues[n["input"], n["shape"]].append(n)
+        queues[n["shape"]].append(n)
+    used = set()
+    for site in sites:
+        for key in ((site["input"], site["shape"]), site["shape"]):
+            queue = queues.get(key, [])
+            while queue and queue[0]["name"] in used:
+                queue.pop(0)
+            if queue:
+                site["ort"] = queue.pop(0)
+                used.add(site["ort"]["name"])
+                break
+
+
+def _print_in_model(sites: list[dict], summary: dict, alone: dict, nodes: list[dict], clock: str) -> None:
+    ort_total = sum(n["ms"] * n["calls"] for n in nodes)
+    print(f"\nIn the model, per call ({clock} ms), sorted by the gap to onnxruntime's node at the same place:")
+    print(f"  {'#':>3s} {'kernel':36s} {'input -> output':32s} {'in model':>9s} {'alone':>7s} {'ort node':18s} "
+          f"{'ort':>7s} {'gap':>7s}")
+
+    def gap(site):
+        return site["ms"] - site["ort"]["ms"] if "ort" in site else site["ms"]
+
+    for i, site in sorted(enumerate(sites), key=lambda kv: -gap(kv[1])):
+        io = f"{'x'.join(map(str, site['input']))} -> {'x'.join(map(str, site['shape']))}"
+        one = f"{alone[site['kernel']]:7.3f}" if site["kernel"] in alone else f"{'':7s}"
+        ort_node = site.get("ort", {"name": "-", "ms": 0.0})
+        print(f"  {i:3d} {site['kernel']:36s} {io:32s} {site['ms']:9.3f} {one} {ort_node['name']:18s} "
+              f"{ort_node['ms']:7.3f} {gap(site):+7.3f}")
+    ours, whole = sum(s["ms"] for s in sites), summary["whole"]
+    print(f"  ours: {len(sites)} calls sum to {ours:.2f} ms of a {whole:.2f} ms inference ({whole - ours:+.2f} ms "
+          f"outside the kernels); instrumented inferences {summary['instrumented']:.2f} ms, of which "
+          f"{summary['builtin calls']:.0f} VM builtin calls {summary['builtins']:.2f} ms")
+    timed = [s for s in sites if s["kernel"] in alone]
+    if timed:
+        print(f"  the {len(timed)} calls also timed alone: {sum(s['ms'] for s in timed):.2f} ms in the model, "
+              f"{sum(alone[s['kernel']] for s in timed):.2f} ms alone")
+    if nodes:
+        paired = {s["ort"]["name"] for s in sites if "ort" in s}
+        rest = [n for n in nodes if n["name"] not in paired]
+        print(f"  onnxruntime: {len(nodes)} nodes sum to {ort_total:.2f} ms (wall, profiled) of a {summary['ort']:.2f} ms "
+              f"inference ({clock}, not profiled); its nodes paired with none of "
+              "ours: " + (", ".join(f"{n['name']} {n['op']} {n['ms'] * n['calls']:.3f}" for n in rest) or "none"))
+
+
 def _random(shape, dtype: str, rng) -> np.ndarray:
     if dtype.startswith(("int", "uint")):
         return rng.integers(0, 2, size=shape).astype(dtype)  # indices and masks: 0 / 1 stay in bounds
@@ -103,6 +211,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="TVM pool threads (and onnxruntime's); >1: wall time")
     ap.add_argument("--ort", action="store_true", help="also onnxruntime's per-node profile of the model")
     ap.add_argument("--ort-runs", type=int, default=60)
+    ap.add_argument("--in-model", action="store_true", help="also time each kernel call inside the model")
+    ap.add_argument("--in-model-runs", type=int, default=40)
     args = ap.parse_args(argv)
     kinds = model_names()
     if args.model not in kinds:
@@ -120,6 +230,7 @@ def main(argv=None) -> int:
     set_tvm_threads(args.threads)
     clock = "cpu" if args.threads == 1 else "wall"
     rng, dev = np.random.default_rng(0), tvm.cpu()
+    alone = {}  # PrimFunc name -> ms alone
     for gv, func in sorted(built.module.functions.items(), key=lambda kv: kv[0].name_hint):
         if not (isinstance(func, tirx.PrimFunc) and args.match in gv.name_hint):
             continue
@@ -129,7 +240,8 @@ def main(argv=None) -> int:
         kernel = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)["main"]
         shapes = [[int(d) for d in p.shape] for p in func.params]
         tensors = [tvm.runtime.tensor(_random(s, str(p.dtype), rng), dev) for s, p in zip(shapes, func.params)]
-        ms = _median_ms(lambda kernel=kernel, tensors=tensors: kernel(*tensors), args.rounds, args.block_ms, clock)
+        ms = alone[gv.name_hint] = _median_ms(lambda kernel=kernel, tensors=tensors: kernel(*tensors), args.rounds,
+                                              args.block_ms, clock)
         # the first parameter is the data input and the last the output, as onnxruntime's first input / output
         same = by_shape.get((tuple(shapes[0]), tuple(shapes[-1]))) or by_shape.get(tuple(shapes[-1]), [])
         # several: the nearest second operand's size first (a conv's weights, ours packed and padded)
@@ -140,6 +252,13 @@ def main(argv=None) -> int:
         print(f"{gv.name_hint:40s} {' x '.join(map(str, shapes))}: {ms:.3f} ms {clock.upper()}{ort_col}", flush=True)
     if nodes:
         _print_ort(nodes, args.threads)
+    if args.in_model:
+        inputs = [tvm.runtime.tensor(feeds[i.name], dev) for i in proto.graph.input if i.name in feeds]
+        sess = ort_session(proto, args.threads) if nodes else None
+        sites, summary = in_model_sites(built.executable, inputs, args.in_model_runs, clock,
+                                        (lambda: sess.run(None, feeds)) if sess else None)
+        pair_ort(sites, nodes)
+        _print_in_model(sites, summary, alone, nodes, clock)
     return 0
 
 
