@@ -5,14 +5,16 @@ schedules (schedules/llvm/) that the small random graphs of strategies.py never 
 
 Three kinds, each a Plan that `build_kernel(plan)` replays:
 
-- conv: an NCHW image [1-2 or a symbolic N, 1..300, 1..64, 1..64] (square or not; cin 3 stems, primes, non-multiples of 4, 8
-  and 16), ONE Conv (kernel 1, 3, 5, 7, (1, 7), (7, 1); stride 1-3; asymmetric pads; dilation 1-3; groups 1,
-  2, depthwise (channel multiplier 1 or 2) or another divisor; cout up to 300, or 1000-1008 classes), then a
-  fusible epilogue: conv bias, BatchNorm, an activation in any ONNX form (SiLU, hardswish, clip, GELU ...), a
-  residual add of a second graph input (before or after the activation), BN + add + relu;
-- pool: MaxPool / AveragePool (kernel 1-3, stride 1-2, pads below the kernel, ceil_mode, count_include_pad)
-  or GlobalAveragePool / GlobalMaxPool;
-- dense: [1-4 or a symbolic batch, K] x [K, N] (MatMul or Gemm, K and N up to 2048, odd ones too), a bias, an activation.
+- conv: an NCHW image [1-2 or a symbolic N, 1..300, 1..64, 1..64] (square or not; cin 3 stems, primes,
+  non-multiples of 4, 8 and 16), ONE Conv (kernel 1, 3, 5, 7, (1, 7), (7, 1); stride 1-3, also on one axis
+  only, (2, 1); asymmetric pads; dilation 1-3, also per axis; groups 1, 2, depthwise (channel multiplier 1 or
+  2) or another divisor; cout up to 300, or 1000-1008 classes), then a fusible epilogue: conv bias,
+  BatchNorm, an activation in any ONNX form (SiLU, hardswish, clip, GELU ...), a residual add of a second
+  graph input (before or after the activation), BN + add + relu;
+- pool: MaxPool / AveragePool (kernel 1, 2, 3, 5, stride 1-2, also per axis (CRNN's (2, 2) / (2, 1)), pads
+  below the kernel, ceil_mode, count_include_pad) or GlobalAveragePool / GlobalMaxPool;
+- dense: [1-4 or a symbolic batch, K] x [K, N] (MatMul or Gemm, K and N up to 2048, odd ones too), or
+  [B, S, K] x [K, N] (MatMul, S up to 64), a bias, an activation.
 
 The work of a kernel is bounded (MAX_MACS multiply-adds: a few seconds to build and check on one core); a
 drawn shape over the bound loses spatial size first, then output channels, then input channels. A symbolic
@@ -33,8 +35,8 @@ from .strategies import (
     Plan,
     RandomGraph,
     _fmt,
-    conv_shape,
     draw_act,
+    emit_conv,
 )
 
 __all__ = ["KERNEL_LAYERS", "MAX_MACS", "SIZES", "build_kernel", "hand_schedule_used", "kernels", "plan_family"]
@@ -52,6 +54,7 @@ SPATIAL = (7, 8, 13, 14, 15, 16, 19, 20, 27, 28, 32, 35, 40, 48, 55, 56, 57, 64)
 #: the size of a symbolic batch ("N": the input's dim_param, kept symbolic by the builds) in the inputs
 SIZES = {"N": 3}
 KERNEL_SIZES = (1, 1, 3, 3, 3, 5, 7, (1, 7), (7, 1))  # int: square
+SEQUENCE = (1, 7, 16, 49, 50, 64)  # tokens of a [B, S, K] dense input
 FEATURES = (1, 3, 8, 17, 64, 127, 128, 255, 256, 384, 500, 512, 768, 1000, 1023, 1024, 1280, 2047, 2048)
 
 
@@ -60,6 +63,24 @@ def _k2(k) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------- layer kinds beyond strategies.py's
+def conv_out(shape, cout, k, stride, pads, dilation, **_) -> tuple:
+    """strategies.conv_shape where the stride and the dilation may be (h, w) pairs."""
+    (kh, kw), (sh, sw), (dh, dw) = _k2(k), _k2(stride), _k2(dilation)
+    n, _, h, w = shape
+    return (n, cout, (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1,
+            (w + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1)
+
+
+def emit_conv_hw(net: Net, cout, k, stride, pads, dilation, groups, bias) -> None:
+    """strategies.emit_conv where the stride and the dilation may be (h, w) pairs (PP-OCR's (2, 1) convs)."""
+    (sh, sw), (dh, dw), before = _k2(stride), _k2(dilation), net.shape
+    emit_conv(net, cout, k, sh, pads, dh, groups, bias)
+    for attr in net.g.nodes[-1].attribute:  # GraphBuilder.conv writes one stride and dilation for both axes
+        if attr.name in ("strides", "dilations"):
+            attr.ints[:] = [sh, sw] if attr.name == "strides" else [dh, dw]
+    net.shapes[net.cur] = conv_out(before, cout, k, stride, pads, dilation)
+
+
 def emit_residual(net: Net, other_first: bool) -> None:
     """Add a second graph input of the current shape (a residual the conv kernel reads)."""
     r = net.g.input(f"r{len(net.inputs)}", list(net.shape))
@@ -72,20 +93,21 @@ def pool_shape(shape, op, k=1, stride=1, pads=(0, 0, 0, 0), ceil_mode=0, **_) ->
     if op.startswith("Global"):
         return (n, c, 1, 1)
 
-    def out(size, lo, hi):
+    def out(size, k, stride, lo, hi):
         span = size + lo + hi - k
         o = (-(-span // stride) if ceil_mode else span // stride) + 1
         # ONNX (and torch): with ceil_mode the last window must start inside the input or its left padding
         return o - 1 if ceil_mode and (o - 1) * stride >= size + lo else o
 
-    return (n, c, out(h, pads[0], pads[2]), out(w, pads[1], pads[3]))
+    (kh, kw), (sh, sw) = _k2(k), _k2(stride)
+    return (n, c, out(h, kh, sh, pads[0], pads[2]), out(w, kw, sw, pads[1], pads[3]))
 
 
 def emit_pool(net: Net, op, k=1, stride=1, pads=(0, 0, 0, 0), ceil_mode=0, count_include_pad=0) -> None:
     if op.startswith("Global"):
         y = net.g.op(op, [net.cur])
     else:
-        attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=list(pads), ceil_mode=ceil_mode)
+        attrs = dict(kernel_shape=list(_k2(k)), strides=list(_k2(stride)), pads=list(pads), ceil_mode=ceil_mode)
         if op == "AveragePool":
             attrs["count_include_pad"] = count_include_pad
         y = net.g.op(op, [net.cur], **attrs)
@@ -96,8 +118,10 @@ def _no_draw(draw, net, keep_shape=False):
     raise NotImplementedError("kernels.py draws its plans whole (`kernels`)")
 
 
-#: strategies.py's layer kinds plus the two a single kernel needs (never drawn by strategies.onnx_graphs)
-KERNEL_LAYERS = {**LAYER_KINDS, "residual": LayerKind(_no_draw, emit_residual),
+#: strategies.py's layer kinds, a conv with a stride and dilation per axis, and the two more a single kernel
+#: needs (never drawn by strategies.onnx_graphs)
+KERNEL_LAYERS = {**LAYER_KINDS, "conv": LayerKind(_no_draw, emit_conv_hw, domains=("image",)),
+                 "residual": LayerKind(_no_draw, emit_residual),
                  "pool": LayerKind(_no_draw, emit_pool, domains=("image",))}
 
 
@@ -122,16 +146,15 @@ def _spatial(draw) -> int:
 def conv_macs(shape, cout, k, stride, pads, dilation, groups, **_) -> int:
     n, c, _, _ = shape
     n = SIZES.get(n, n)
-    _, _, oh, ow = conv_shape(shape, cout, k, stride, pads, dilation)
+    _, _, oh, ow = conv_out(shape, cout, k, stride, pads, dilation)
     kh, kw = _k2(k)
     return n * cout * oh * ow * (c // groups) * kh * kw
 
 
 def _fit_conv(shape: list, conv: dict) -> None:
     """Shrink the image (then cout, then cin) in place until the conv does at most MAX_MACS multiply-adds."""
-    kh, kw = _k2(conv["k"])
-    d, p = conv["dilation"], conv["pads"]
-    min_h, min_w = max(1, (kh - 1) * d + 1 - p[0] - p[2]), max(1, (kw - 1) * d + 1 - p[1] - p[3])
+    (kh, kw), (dh, dw), p = _k2(conv["k"]), _k2(conv["dilation"]), conv["pads"]
+    min_h, min_w = max(1, (kh - 1) * dh + 1 - p[0] - p[2]), max(1, (kw - 1) * dw + 1 - p[1] - p[3])
     while conv_macs(tuple(shape), **conv) > MAX_MACS:
         if shape[2] > min_h or shape[3] > min_w:
             axis = 2 if (shape[2] - min_h >= shape[3] - min_w) else 3
@@ -156,7 +179,12 @@ def conv_kernels(draw) -> Plan:
     kh, kw = _k2(k)
     dilation = 1 if kh == kw == 1 else draw(st.sampled_from([1, 1, 1, 2, 3]))
     stride = draw(st.sampled_from([1, 1, 2, 2, 3]))
-    same = [dilation * (kh // 2), dilation * (kw // 2)] * 2
+    if stride > 1 and draw(st.integers(0, 4)) == 0:  # one axis strided only (PP-OCR, CRNN: (2, 1))
+        stride = draw(st.sampled_from([(stride, 1), (1, stride)]))
+    if dilation > 1 and draw(st.integers(0, 4)) == 0:
+        dilation = draw(st.sampled_from([(dilation, 1), (1, dilation)]))
+    dh, dw = _k2(dilation)
+    same = [dh * (kh // 2), dw * (kw // 2)] * 2
     pads = draw(st.sampled_from(["same", "none", "any"]))
     pads = same if pads == "same" else [0] * 4 if pads == "none" else [draw(st.integers(0, p)) for p in same]
     divisors = [g for g in range(3, cin) if cin % g == 0]
@@ -171,7 +199,7 @@ def conv_kernels(draw) -> Plan:
         cout = max(groups, cout // groups * groups)
     h = _spatial(draw)
     w = h if draw(st.booleans()) else _spatial(draw)
-    span_h, span_w = (kh - 1) * dilation + 1, (kw - 1) * dilation + 1  # the output has at least one pixel
+    span_h, span_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1  # the output has at least one pixel
     h, w = max(h, span_h - pads[0] - pads[2]), max(w, span_w - pads[1] - pads[3])
     conv = dict(cout=cout, k=k, stride=stride, pads=pads, dilation=dilation, groups=groups,
                 bias=draw(st.booleans()))
@@ -202,11 +230,15 @@ def pool_kernels(draw) -> Plan:
                                "GlobalMaxPool"]))
     if op.startswith("Global"):
         return Plan("image", shape, 0, (("pool", dict(op=op)),))
-    k = draw(st.sampled_from([1, 2, 3, 3]))
-    k = min(k, shape[2], shape[3]) if k > 1 else k
+    k = draw(st.sampled_from([1, 2, 2, 3, 3, 5]))  # 5: YOLO's SPPF (stride 1, pads 2)
     stride = draw(st.sampled_from([1, 2, 2]))
-    pads = tuple(draw(st.integers(0, (k - 1) // 2 if k > 2 else 0)) for _ in range(4)) \
-        if draw(st.booleans()) else (0, 0, 0, 0)
+    if draw(st.integers(0, 4)) == 0:  # CRNN / PP-OCR: (2, 2) windows, stride (2, 1); (2, 1) windows
+        k, stride = draw(st.sampled_from([((2, 2), (2, 1)), ((2, 1), (2, 1)), ((3, 3), (2, 1)), ((1, 2), (1, 2))]))
+    (kh, kw) = _k2(k)
+    pads = [draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1))] if draw(st.booleans()) else [0, 0]
+    pads = tuple(pads + [draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1))] if draw(st.booleans())
+                 else pads * 2)  # below the window (ONNX): no window wholly in the padding
+    shape = (*shape[:2], max(shape[2], kh - pads[0] - pads[2]), max(shape[3], kw - pads[1] - pads[3]))
     params = dict(op=op, k=k, stride=stride, pads=pads, ceil_mode=int(draw(st.booleans())))
     if op == "AveragePool":
         params["count_include_pad"] = int(draw(st.booleans()))
@@ -216,10 +248,12 @@ def pool_kernels(draw) -> Plan:
 @st.composite
 def dense_kernels(draw) -> Plan:
     batch = draw(st.sampled_from([1, 2, 3, 4, "N"]))
+    rows = (batch,) if draw(st.integers(0, 3)) else (batch, draw(st.sampled_from(SEQUENCE)))  # tokens [B, S, K]
     k = draw(st.sampled_from(FEATURES) | st.integers(1, MAX_FEATURES))
     n = draw(st.sampled_from(FEATURES) | st.integers(1, MAX_FEATURES))
-    n = max(1, min(n, MAX_MACS // (SIZES.get(batch, batch) * k)))
-    if draw(st.booleans()):
+    m = SIZES.get(batch, batch) * (rows[1] if len(rows) > 1 else 1)
+    n = max(1, min(n, MAX_MACS // (m * k)))
+    if len(rows) == 1 and draw(st.booleans()):
         dense = dict(op="Gemm", n=n, bias=draw(st.sampled_from([None, "C", "C"])), trans_b=draw(st.booleans()),
                      alpha=1.0)
     else:
@@ -228,7 +262,7 @@ def dense_kernels(draw) -> Plan:
     layers = [("dense", dense)]
     if draw(st.booleans()):
         layers.append(("act", draw_act(draw, None)))
-    return Plan("tokens", (batch, k), draw(st.integers(0, 2**16 - 1)), tuple(layers))
+    return Plan("tokens", (*rows, k), draw(st.integers(0, 2**16 - 1)), tuple(layers))
 
 
 KINDS = {"conv": conv_kernels, "pool": pool_kernels, "dense": dense_kernels}
@@ -245,7 +279,7 @@ def _conv_plan(plan: Plan, facts):
 
     conv = dict(plan.layers[0][1])
     kh, kw = _k2(conv["k"])
-    s, p, d = (conv["stride"],) * 2, conv["pads"], (conv["dilation"],) * 2
+    s, p, d = _k2(conv["stride"]), conv["pads"], _k2(conv["dilation"])
     cpg = plan.input_shape[1] // conv["groups"]
     return llvm_conv._plan(plan.input_shape, conv["cout"], (cpg, kh, kw), s, p, d, conv["groups"], facts)
 
@@ -255,6 +289,7 @@ def plan_family(plan: Plan, target=None) -> str:
     TVM_FUSION_CPU), from the shapes alone: 'conv tiled flat_taps tap_rows padded_channels', 'conv pointwise',
     'conv depthwise_channels', 'dense cols=32 padded', 'pool MaxPool'..."""
     from tvm_fusion.schedules.llvm import conv2d as llvm_conv
+    from tvm_fusion.schedules.llvm.conv2d_pointwise import channel_chunks
     from tvm_fusion.schedules.llvm.dense import column_block, packed_columns
 
     from tvm_fusion.build import resolve_target
@@ -272,11 +307,12 @@ def plan_family(plan: Plan, target=None) -> str:
         cols, lanes = packed_columns(params["n"], facts.float32_lanes), facts.float32_lanes
         padded = cols > 1 and column_block(params["n"], lanes) != cols
         batch = {1: " batch1", "N": " symbolic_batch"}.get(plan.input_shape[0], "")
-        return f"dense cols={cols}" + (" padded" if padded else "") + batch
+        tokens = " tokens" if len(plan.input_shape) == 3 else ""
+        return f"dense cols={cols}" + (" padded" if padded else "") + batch + tokens
     conv, c = dict(params), plan.input_shape[1]
     cp = _conv_plan(plan, facts)
     kh, kw = _k2(conv["k"])
-    s, pads = (conv["stride"],) * 2, conv["pads"]
+    s, pads = _k2(conv["stride"]), conv["pads"]
     cpg, groups = c // conv["groups"], conv["groups"]
     tags = [cp.kernel]
     if cp.flat:
@@ -287,11 +323,19 @@ def plan_family(plan: Plan, target=None) -> str:
         tags.append("in_place")
     if groups > 1 and cpg > 1:
         tags.append("grouped")
-    if cp.kernel == "tiled" and llvm_conv.channels_last_input(cp.kernel, cpg, conv["cout"], kh, kw, s, facts):
-        tags.append("tap_rows" if cp.flat and kw > 1 and conv["dilation"] == 1 else "channels_last")
+    if cp.kernel == "tiled" and not cp.in_place and llvm_conv.channels_last_input(cp.kernel, cpg, conv["cout"], kh, kw, s, facts):
+        tags.append("tap_rows" if cp.flat and kw > 1 and _k2(conv["dilation"])[1] == 1 else "channels_last")
     per_group = conv["cout"] // groups
     if cp.kernel in ("tiled", "pointwise") and cp.padding.group_channels != per_group:
         tags.append("padded_channels")
+    _, _, hout, wout = conv_out((1, c, *plan.input_shape[2:]), **conv)
+    if isinstance(conv["stride"], tuple) or isinstance(conv["dilation"], tuple):
+        tags.append("per_axis")
+    if cp.kernel == "pointwise":
+        chunks, _ = channel_chunks(cp.padding.group_channels, cp.tile.rows, cpg, hout * wout)
+        tags += (["tail"] if cp.padding.cols != hout * wout else []) + (["chunks"] if chunks > 1 else [])
+    elif cp.padding.cols != (hout * wout if cp.flat else wout) or cp.padding.rows not in (1, hout):
+        tags.append("padded_pixels")
     if plan.input_shape[0] == "N":
         tags.append("symbolic_batch")
     return "conv " + " ".join(tags)
@@ -318,12 +362,13 @@ def conv_rule_fired(counts: dict) -> bool:
 def hand_schedule_used(plan: Plan, counts: dict) -> bool | None:
     """Whether the fused build ran our rule (so the hand llvm schedule) on the kernel: a conv or dense rule
     fired; None where no rule is meant to take it: pools (TVM's legalized pool, scheduled by the LeftoverPool
-    rule when it matches) and a dense without bias (the dense rules want a bias, BatchNorm or scale after the
-    matmul: a bare matmul, with or without activation, is TVM's)."""
+    rule when it matches), a dense without bias (the dense rules want a bias, BatchNorm or scale after the
+    matmul: a bare matmul, with or without activation, is TVM's) and a dense of [N, S, K] tokens with a
+    symbolic N (declined: its kernel takes a 2-D x only when the batch is symbolic)."""
     kind, params = plan.layers[0]
     if kind == "conv":
         return conv_rule_fired(counts)
-    if kind == "dense" and params.get("bias"):
+    if kind == "dense" and params.get("bias") and not (plan.input_shape[0] == "N" and len(plan.input_shape) > 2):
         return any(n and rule.startswith("dense") for rule, n in counts.items())
     return None
 
