@@ -14,7 +14,9 @@ Three kinds, each a Plan that `build_kernel(plan)` replays:
 - pool: MaxPool / AveragePool (kernel 1, 2, 3, 5, stride 1-2, also per axis (CRNN's (2, 2) / (2, 1)), pads
   below the kernel, ceil_mode, count_include_pad) or GlobalAveragePool / GlobalMaxPool;
 - dense: [1-4 or a symbolic batch, K] x [K, N] (MatMul or Gemm, K and N up to 2048, odd ones too), or
-  [B, S, K] x [K, N] (MatMul, S up to 64), a bias, an activation.
+  [B, S, K] x [K, N] (MatMul, S up to 64), a bias, an activation;
+
+each in float32, or one time in six in float16 (a last plan layer ("half", {})).
 
 The work of a kernel is bounded (MAX_MACS multiply-adds: a few seconds to build and check on one core); a
 drawn shape over the bound loses spatial size first, then output channels, then input channels. A symbolic
@@ -27,6 +29,8 @@ kernel and its options; dense: the packed column tile), computed from the shapes
 from __future__ import annotations
 
 from hypothesis import strategies as st
+
+from tvm_fusion.testing import as_float16
 
 from .strategies import (
     LAYER_KINDS,
@@ -126,12 +130,18 @@ KERNEL_LAYERS = {**LAYER_KINDS, "conv": LayerKind(_no_draw, emit_conv_hw, domain
 
 
 def build_kernel(plan: Plan) -> RandomGraph:
-    """The model of a kernel plan (as strategies.build, with KERNEL_LAYERS)."""
+    """The model of a kernel plan (as strategies.build, with KERNEL_LAYERS); a last layer ("half", {}) turns
+    it into a float16 model (`testing.as_float16`: its weights rounded, its inputs and outputs float16)."""
     net = Net.start(plan.domain, plan.input_shape, plan.seed)
-    for name, params in plan.layers:
+    half = plan.layers[-1][0] == "half"
+    for name, params in plan.layers[:-1] if half else plan.layers:
         KERNEL_LAYERS[name].emit(net, **params)
         net.log.append(f"  {name}({_fmt(params)}) -> {net.cur} {list(net.shape)}")
-    return net.finish(plan)
+    graph = net.finish(plan)
+    if not half:
+        return graph
+    return RandomGraph(as_float16(graph.model), graph.description.replace("\noutputs:", "\n  float16\noutputs:"),
+                       plan)
 
 
 # ---------------------------------------------------------------- drawing
@@ -268,9 +278,16 @@ def dense_kernels(draw) -> Plan:
 KINDS = {"conv": conv_kernels, "pool": pool_kernels, "dense": dense_kernels}
 
 
+def _maybe_half(plan: Plan):
+    """The plan, or one time in six its float16 model (the half kernels sum in float32)."""
+    return st.sampled_from([plan, plan, plan, Plan(plan.domain, plan.input_shape, plan.seed,
+                                                   (*plan.layers, ("half", {}))), plan, plan])
+
+
 def kernels(kinds=("conv", "conv", "conv", "pool", "dense")):
-    """RandomGraph of one kernel plan: a conv (three times in five by default) + epilogue, a pool or a dense."""
-    return st.sampled_from(kinds).flatmap(lambda kind: KINDS[kind]()).map(build_kernel)
+    """RandomGraph of one kernel plan: a conv (three times in five by default) + epilogue, a pool or a dense,
+    one time in six in float16."""
+    return st.sampled_from(kinds).flatmap(lambda kind: KINDS[kind]()).flatmap(_maybe_half).map(build_kernel)
 
 
 # ---------------------------------------------------------------- which plan a kernel takes
@@ -288,6 +305,11 @@ def plan_family(plan: Plan, target=None) -> str:
     """The schedule plan the kernel of `plan` takes for `target` (default: the CPU target of the build, so
     TVM_FUSION_CPU), from the shapes alone: 'conv tiled flat_taps tap_rows padded_channels', 'conv pointwise',
     'conv depthwise_channels', 'dense cols=32 padded', 'pool MaxPool'..."""
+    half = " float16" if plan.layers[-1][0] == "half" else ""
+    return _plan_family(plan, target) + half
+
+
+def _plan_family(plan: Plan, target=None) -> str:
     from tvm_fusion.schedules.llvm import conv2d as llvm_conv
     from tvm_fusion.schedules.llvm.conv2d_pointwise import channel_chunks
     from tvm_fusion.schedules.llvm.dense import column_block, packed_columns

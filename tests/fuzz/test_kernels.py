@@ -26,8 +26,8 @@ from .oracle import InvalidGraph, check_against_onnxruntime
 from .strategies import Plan
 from .test_random_graphs import REGRESSIONS, ROOT, save_regression
 
-#: a kernel builds once and runs in onnxruntime (0.2-1.5 s on one core): 24 derandomized kernels in the
-#: default run (48), 240 others under the slow marker
+#: a kernel builds once and runs in onnxruntime (0.2-1.5 s on one core): 48 derandomized kernels in the
+#: default run, 240 others under the slow marker
 EXAMPLES = 4 * settings.default.max_examples
 SLOW_EXAMPLES = 20 * settings.default.max_examples
 COVERAGE_EXAMPLES = 60  # plans only: no builds
