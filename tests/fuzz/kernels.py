@@ -279,7 +279,11 @@ KINDS = {"conv": conv_kernels, "pool": pool_kernels, "dense": dense_kernels}
 
 
 def _maybe_half(plan: Plan):
-    """The plan, or one time in six its float16 model (the half kernels sum in float32)."""
+    """The plan, or one time in six its float16 model (the half kernels sum in float32). Not a global average
+    pool: TVM legalizes its mean summing in float16 in both builds (precision.half_sums_in_float32 widens
+    conv2d and matmul only), 1 of 34 means of 43 x 43 planes 5% off onnxruntime's (float32 sums)."""
+    if plan.layers[0] == ("pool", {"op": "GlobalAveragePool"}):
+        return st.just(plan)
     return st.sampled_from([plan, plan, plan, Plan(plan.domain, plan.input_shape, plan.seed,
                                                    (*plan.layers, ("half", {}))), plan, plan])
 
