@@ -6,6 +6,15 @@ whose Hypothesis shrinking gives up after five minutes on graphs that take a sec
     python -m tests.fuzz.explore shrink FILE.txt | 'Plan(...)'
                                                               shrink a failing plan greedily while it fails
                                                               the same way, save it to regressions/
+    python -m tests.fuzz.explore kernels N SEED [conv,pool,dense] [compile]
+                                                              draw N single kernels at real sizes (kernels.py),
+                                                              check the fused build of each, print every
+                                                              failure with its class, schedule plan and plan;
+                                                              a conv / dense no rule took is "not_scheduled";
+                                                              `compile`: build only (TVM_FUSION_CPU = AVX-512)
+    python -m tests.fuzz.explore shrink_kernel FILE.txt | 'Plan(...)'
+                                                              `shrink` for a kernel plan (under the same
+                                                              TVM_FUSION_CPU: the .txt records it)
 
 A failure's class (`classify`) is what the shrinker keeps: a known crash message, or the kind of mismatch
 (shape / numeric) and whether unfused fails too.
@@ -13,16 +22,26 @@ A failure's class (`classify`) is what the shrinker keeps: a known crash message
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
+from tvm_fusion.build import build as fused_build
+from tvm_fusion.frontend import import_onnx
 from tvm_fusion.loader import load_rules_for
 
-from .oracle import GraphMismatch, InvalidGraph, check_against_onnxruntime
+from .kernels import SIZES, build_kernel, hand_schedule_used, kernels, plan_family
+from .oracle import (
+    GraphMismatch,
+    InvalidGraph,
+    check_against_onnxruntime,
+    symbolic_shapes,
+)
 from .strategies import Plan, build, onnx_graphs
 from .test_random_graphs import save_regression
 
@@ -74,6 +93,47 @@ def run(n: int, seed_: int, domains: tuple[str, ...]) -> Counter:
     return found
 
 
+def kernel_outcome(plan: Plan, graph, rules, compile_only: bool = False) -> tuple[str, BaseException | None]:
+    """(class or "pass" / "not_scheduled", error) of one kernel: the fused build against onnxruntime (the
+    unfused build skipped: see oracle.check_against_onnxruntime), and our rule must have taken the conv / dense.
+    `compile_only`: the fused build alone (a target this CPU cannot run: AVX-512)."""
+    try:
+        if compile_only:
+            mod = import_onnx(graph.model, shapes=symbolic_shapes(graph.model, SIZES)[0] or None)
+            fused = fused_build(mod, "llvm", "fused", rules=rules)
+        else:
+            fused = check_against_onnxruntime(graph.model, rules, unfused=False, sizes=SIZES)
+    except Exception as err:  # noqa: BLE001
+        return classify(err), err
+    if hand_schedule_used(plan, fused.counts) is False:
+        return "not_scheduled", AssertionError(f"no conv / dense rule fired: {fused.counts}")
+    return "pass", None
+
+
+def run_kernels(n: int, seed_: int, kinds: tuple[str, ...], compile_only: bool = False) -> Counter:
+    rules, found, families = load_rules_for(), Counter(), Counter()
+
+    @seed(seed_)
+    @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(graph=kernels(kinds))
+    def check(graph):
+        family = plan_family(graph.plan)
+        families[family] += 1
+        start = time.perf_counter()
+        cls, err = kernel_outcome(graph.plan, graph, rules, compile_only)
+        found[cls] += 1
+        if cls != "pass":
+            print(f"FAIL {cls} [{family}] ({time.perf_counter() - start:.1f} s)\n{graph.description}\n"
+                  f"PLAN {graph.plan!r}\n{type(err).__name__}: {str(err)[:300]}", flush=True)
+
+    start = time.perf_counter()
+    check()
+    print(f"plans: {dict(sorted(families.items()))}")
+    print(f"{sum(found.values())} kernels in {time.perf_counter() - start:.0f} s: {dict(found)}")
+    return found
+
+
 def smaller(p: Plan):
     """Candidate plans one step simpler than `p`, most promising first."""
     def with_layers(layers):
@@ -111,32 +171,104 @@ def smaller(p: Plan):
         yield Plan(p.domain, p.input_shape, 0, p.layers, p.names)
 
 
-def shrink(plan: Plan):
-    """The smallest plan (greedy, first improvement) that fails with the same class; saved to regressions/."""
-    rules = load_rules_for()
-    target, graph, err = outcome(plan, rules)
+def _greedy(plan: Plan, outcome_of, candidates):
+    """The smallest plan (greedy, first improvement among `candidates(plan)`) that `outcome_of` (plan ->
+    (class, graph, error)) classes as `plan`: (class, plan, graph, error)."""
+    target, graph, err = outcome_of(plan)
     if target in ("pass", "unbuildable", "invalid_graph"):
         raise SystemExit(f"the plan does not fail ({target})")
     improved = True
     while improved:
         improved = False
-        for candidate in smaller(plan):
-            cls, g, e = outcome(candidate, rules)
+        for candidate in candidates(plan):
+            cls, g, e = outcome_of(candidate)
             if cls == target:
                 plan, graph, err, improved = candidate, g, e, True
                 break
+    return target, plan, graph, err
+
+
+def shrink(plan: Plan):
+    """The smallest plan (greedy, first improvement) that fails with the same class; saved to regressions/."""
+    rules = load_rules_for()
+    target, plan, graph, err = _greedy(plan, lambda p: outcome(p, rules), smaller)
     path = save_regression(graph, err)
     print(f"{target}: saved {path.name}\n{graph.description}\n{type(err).__name__}: {err}")
     return plan
 
 
+def smaller_kernel(p: Plan):
+    """Kernel plans one step simpler than `p` (kernels.py): an epilogue layer dropped, fewer images, channels,
+    pixels, output channels or features, no bias / padding / dilation / stride, the weights of seed 0."""
+    def fewer(v: int, step: int = 1):
+        return sorted({d for d in (step, v // 2 // step * step, v - step) if 0 < d < v})
+
+    def with_(shape=None, layers=None):
+        return Plan(p.domain, tuple(shape or p.input_shape), p.seed, tuple(layers or p.layers), p.names)
+
+    (kind, params), rest = p.layers[0], list(p.layers[1:])
+    for i in range(len(rest)):
+        yield with_(layers=[p.layers[0], *rest[:i], *rest[i + 1:]])
+    shape = list(p.input_shape)
+    depthwise = kind == "conv" and params["groups"] == shape[1] > 1
+    for j, d in enumerate(shape):
+        for nd in fewer(d):
+            if j == 1 and depthwise:  # the groups follow the channels
+                per = params["cout"] // params["groups"]
+                yield with_(shape[:1] + [nd] + shape[2:], [(kind, dict(params, groups=nd, cout=per * nd)), *rest])
+            else:
+                yield with_(shape[:j] + [nd] + shape[j + 1:])
+    for key, value in params.items():
+        if key in ("cout", "n"):
+            for nv in fewer(value, params.get("groups", 1)):
+                yield with_(layers=[(kind, dict(params, **{key: nv})), *rest])
+        elif key in ("bias", "stride", "dilation", "pads") and value not in (False, None, 1, [0] * 4, (0,) * 4):
+            simple = {"bias": False if kind == "conv" else None, "stride": 1, "dilation": 1, "pads": [0] * 4}[key]
+            yield with_(layers=[(kind, dict(params, **{key: simple})), *rest])
+    if p.seed:
+        yield Plan(p.domain, p.input_shape, 0, p.layers, p.names)
+
+
+def shrink_kernel(plan: Plan):
+    """`shrink` for a kernel plan (`smaller_kernel`, `kernel_outcome`); saved to regressions/ with its
+    `build_kernel(...)` line and the CPU target (TVM_FUSION_CPU) it failed on."""
+    rules = load_rules_for()
+
+    def outcome_of(p):
+        try:
+            graph = build_kernel(p)
+        except Exception:  # noqa: BLE001 - a shrunk plan may no longer fit its shapes
+            return "unbuildable", None, None
+        cls, err = kernel_outcome(p, graph, rules)
+        return cls, graph, err
+
+    target, plan, graph, err = _greedy(plan, outcome_of, smaller_kernel)
+    path = save_regression(graph, err)
+    about = path.with_suffix(".txt")
+    text = about.read_text().replace("rebuild: build(Plan(", "rebuild: build_kernel(Plan(")  # kernels.py
+    cpu = os.environ.get("TVM_FUSION_CPU", "").strip()
+    about.write_text(text + (f"target: {cpu}\n" if cpu else ""))
+    print(f"{target} [{plan_family(plan)}]: saved {path.name}\n{graph.description}\n{type(err).__name__}: {err}")
+    return plan
+
+
+def _plan_of(arg: str, call: str) -> Plan:
+    """The plan of a saved .txt (its `rebuild: <call>(Plan(...))` line), or a plan's repr."""
+    text = Path(arg).read_text() if arg.endswith(".txt") else arg
+    match = re.search(rf"{call}\((Plan\(.*\))\)\s*$", text, re.M)
+    return eval(match.group(1) if match else text, {"Plan": Plan})  # noqa: S307 - our own plan repr
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["run"] and len(argv) in (3, 4):
         run(int(argv[1]), int(argv[2]), tuple(argv[3].split(",")) if len(argv) == 4 else ("image", "tokens"))
+    elif argv[:1] == ["kernels"] and len(argv) in (3, 4, 5):
+        kinds = argv[3] if len(argv) > 3 and argv[3] != "compile" else "conv,conv,conv,pool,dense"
+        run_kernels(int(argv[1]), int(argv[2]), tuple(kinds.split(",")), compile_only=argv[-1] == "compile")
+    elif argv[:1] == ["shrink_kernel"] and len(argv) == 2:
+        shrink_kernel(_plan_of(argv[1], "build_kernel"))
     elif argv[:1] == ["shrink"] and len(argv) == 2:
-        text = open(argv[1]).read() if argv[1].endswith(".txt") else argv[1]
-        match = re.search(r"build\((Plan\(.*\))\)\s*$", text, re.M)
-        shrink(eval(match.group(1) if match else text, {"Plan": Plan}))  # noqa: S307 - our own plan repr
+        shrink(_plan_of(argv[1], "build"))
     else:
         raise SystemExit(__doc__)
 
