@@ -5,7 +5,7 @@ from onnx import TensorProto, helper
 
 from tvm_fusion import FusionError
 from tvm_fusion._tvm import relax
-from tvm_fusion.frontend import import_onnx, onnx_node_names, parse_shape
+from tvm_fusion.frontend import SymDim, import_onnx, onnx_node_names, parse_shape
 from tvm_fusion.testing import GraphBuilder, assert_close, conv_bn_relu
 
 
@@ -76,6 +76,22 @@ def test_symbolic_dim_bound_from_shapes():
     assert [int(d) for d in mod["main"].params[0].ty.shape] == [2, 3, 8, 8]
 
 
+@pytest.mark.parametrize("dim", ["N", "N<=4", SymDim("N", 4)])
+def test_symbolic_dim_from_python_as_a_string_or_symdim(dim):
+    """shapes= from Python takes the CLI's dims as strings too ('N', 'N<=4'), not only SymDim."""
+    mod = import_onnx(_symbolic(), shapes={"images": (dim, 3, 8, 8)})
+    n, *rest = mod["main"].params[0].ty.shape
+    assert str(n) == "N" and [int(d) for d in rest] == [3, 8, 8]
+
+
+@pytest.mark.parametrize("dims", [("N?", 3, 8, 8), (0, 3, 8, 8), (2.0, 3, 8, 8), (True, 3, 8, 8), 7])
+def test_bad_python_shape_is_a_fusion_error(dims):
+    """A dim that is neither a positive int nor a symbolic name is a FusionError naming it (was a TypeError from
+    deep in the frontend for a string dim)."""
+    with pytest.raises(FusionError, match=r"bad shape .?shapes=\{'images': "):
+        import_onnx(_symbolic(), shapes={"images": dims})
+
+
 def test_shape_for_unknown_input_lists_inputs():
     with pytest.raises(FusionError, match=r"model's inputs are \['images'\]"):
         import_onnx(_symbolic(), shapes={"image": (1, 3, 8, 8)})
@@ -119,7 +135,6 @@ def _output_types(mod):
 def _assert_matches_onnxruntime(model, seed=0):
     """Imported output types == onnxruntime's outputs; fused and unfused llvm builds == onnxruntime,
     element by element (numerics' table; integers exactly). Returns the imported module."""
-    import numpy as np
 
     from tvm_fusion.build import build
     from tvm_fusion.compare import random_inputs, run_onnxruntime

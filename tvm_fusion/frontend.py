@@ -277,6 +277,27 @@ def _check_ops(model: onnx.ModelProto, where: str) -> None:
             )
 
 
+def _given_shape(name: str, shape) -> tuple:
+    """A `shapes=` entry from Python as --shape would give it: ints, SymDim, or strings such as "N" / "N<=64"."""
+    text = f"shapes={{{name!r}: {shape!r}}}"
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise FusionError(f"bad shape {text}: expected a tuple of dims, e.g. (1, 3, 224, 224)") from None
+    out = []
+    for d in dims:
+        if isinstance(d, SymDim):
+            out.append(d)
+        elif isinstance(d, str):
+            out.append(_parse_dim(text, d.strip()))
+        elif isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1:
+            out.append(int(d))
+        else:
+            raise FusionError(f"bad shape {text}: dim {d!r} is neither a positive integer nor a symbolic name "
+                              f"(a string such as 'N' or 'N<=64', or tvm_fusion.SymDim('N', 64))")
+    return tuple(out)
+
+
 def _input_shapes(model, shapes: dict, where: str, renamed: dict[str, str]) -> dict[str, list[int]]:
     inits = {t.name for t in model.graph.initializer}
     given = {renamed.get(k, k): tuple(v) for k, v in (shapes or {}).items()}
@@ -542,6 +563,7 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     proto = load_onnx(model)
     as_named = {i.name: i.name for i in proto.graph.input}
     proto = _labels_as_names(proto)
+    shapes = {k: _given_shape(k, v) for k, v in (shapes or {}).items()}
     bounds = symbolic_dims(shapes)
     proto, simplified = _simplify.front_door(proto, _input_shapes(proto, shapes or {}, where, as_named), simplify)
     _check_ops(proto, where)

@@ -121,6 +121,9 @@ def match_pool(func) -> PoolMatch:
         return PoolMatch(declined=f"the window is not read as x[n, c, h*s + rh*d, w*s + rw*d]: {reduce.reads[0]}")
     if int(extents[2]) * int(extents[3]) == 1:
         return PoolMatch(declined="a global pool (one output pixel per plane): no run of pixels to form")
+    if len(before) > 1 or len(after) > 1:  # avg_pool2d -> relu: the sum, its division, then the relu
+        return PoolMatch(declined=f"more than one block before or after `{reduce.name_hint}`: "
+                                  f"{[b.name_hint for b in blocks]}")
     src = reduce.reads[0].source
     pad = ""
     if before:

@@ -18,7 +18,7 @@ from tvm_fusion.schedules.llvm.pooling import LeftoverPool, match_pool, pool_pla
 
 from tvm_fusion import frontend
 from tvm_fusion._tvm import relax, te, tirx, tvm
-from tvm_fusion.build import build, resolve_target
+from tvm_fusion.build import build, legalize, resolve_target
 from tvm_fusion.compare import run_onnxruntime
 from tvm_fusion.testing import GraphBuilder, assert_close, run_build
 
@@ -154,6 +154,24 @@ def test_declines_with_reasons():
     assert "not a 4-D output over a 2-D window" in match_pool(rowsum).declined
     pool = _pool_func("max", (1, 64, 32, 32), 3, 2, (1, 1, 1, 1))
     assert LeftoverPool().apply(pool, tvm.target.Target("cuda"), False) is None
+
+
+def test_average_pool_then_relu_declines_and_matches_onnxruntime():
+    """AveragePool -> Relu is one fused function of three blocks after the window: the sum, its division and the
+    relu. It crashed the fused build (`(b,) = after`) until match_pool declined more than one block after the
+    sum (found through a float16 average pool, whose float32 sum is cast back the same way)."""
+    g = GraphBuilder(0)
+    x = g.input("x", [1, 16, 28, 28])
+    model = g.model([g.op("Relu", [g.op("AveragePool", [x], kernel_shape=[3, 3], strides=[2, 2])])])
+    mod = frontend.import_onnx(model)
+    (func,) = [f for gv, f in legalize(mod, AVX2, "fused").functions.items()
+               if isinstance(f, tirx.PrimFunc) and "pool" in gv.name_hint]  # the pool, its division and the relu
+    assert "more than one block before or after" in match_pool(func).declined
+    assert LeftoverPool().apply(func, AVX2, False) is None
+    fused = build(mod, "llvm", "fused")
+    inputs = {"x": np.random.default_rng(0).normal(size=(1, 16, 28, 28)).astype(np.float32)}
+    (ref,) = run_onnxruntime(model, inputs)[0].run(None, inputs)
+    assert_close(run_build(fused, [inputs["x"]])[0], ref, "avg pool -> relu, fused")
 
 
 def test_large_unpadded_pixel_by_pixel_pools_keep_tvm_loop_with_planes_in_parallel():
