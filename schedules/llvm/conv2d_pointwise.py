@@ -393,6 +393,10 @@ def schedule_grouped_pointwise(sch, conv, epi, pad, tile: PixelTile):
     _accumulate_in_registers(sch, conv, rc, oi, pv, pl)
     *_, eo, ep = sch.get_loops(epi)
     epv, epl = sch.split(ep, [tile.vectors, tile.lanes])
-    _store_whole_vectors(sch, eo, epv, epl)
+    if sch.get(eo).same_as(sch.get(oo)):  # one channel a tile: reverse_compute_at made no channel loop, and
+        sch.unroll(epv)                   # unrolling `oo` (all the channel tiles) took minutes to compile
+        sch.vectorize(epl)
+    else:
+        _store_whole_vectors(sch, eo, epv, epl)
     if later is not None:
         _planes_in_vectors(sch, later, real, tile.lanes)

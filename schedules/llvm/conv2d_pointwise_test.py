@@ -337,6 +337,29 @@ def test_grouped_matches_numpy_and_the_tiled_kernel_bit_for_bit(case, target_nam
     np.testing.assert_array_equal(got, _run(tiled, tiled_arrays, out_shape))
 
 
+#: 11 channels a group (a prime over 8): the plan's tile is one channel x 8 pixel vectors
+ONE_CHANNEL_TILES = dict(n=1, c=12, h=8, w=8, oc=66, k=1, groups=6)
+
+
+@NO_AVX2
+def test_one_channel_tiles_keep_their_channel_loop(monkeypatch):
+    """With one channel a tile, reverse_compute_at makes no channel loop in the epilogue, so its last two loops
+    were the loop over all the channel tiles and the pixels: unrolling the first (66 tiles here) made a
+    grouped 1x1 conv of 20 groups on 30 x 55 take 3 minutes to compile (found by the kernel fuzzer,
+    tests/fuzz/kernels.py). Now only the tile's vectors are unrolled; the sums are unchanged (numpy, and bit for
+    bit the tiled kernel)."""
+    plan = _group_plan(ONE_CHANNEL_TILES, AVX2)
+    assert plan.kernel == "pixels" and plan.tile == PixelTile(1, 8, 8)
+    executable, func, arrays, out_shape, reference = _packed_build(ONE_CHANNEL_TILES, AVX2_TARGET)
+    unrolled = [int(n) for n in re.findall(r"T\.unroll\((\d+)\)", func.script())]
+    assert unrolled and max(unrolled) <= plan.tile.vectors, unrolled
+    got = _run(executable, arrays, out_shape)
+    assert_close(got, reference, _group_id(ONE_CHANNEL_TILES))
+    monkeypatch.setattr(conv2d_pointwise, "choose_group_tile", lambda *_: None)
+    tiled, _, tiled_arrays, *_ = _packed_build(ONE_CHANNEL_TILES, AVX2_TARGET)
+    np.testing.assert_array_equal(got, _run(tiled, tiled_arrays, out_shape))
+
+
 def test_grouped_avx512_build_compiles():
     """The AVX-512 plan builds (compiled only: this host may not run it) and uses zmm vectors."""
     executable, func, *_ = _packed_build(SHUFFLENET[0], tvm.target.Target(AVX512))
