@@ -84,10 +84,10 @@ def test_symbolic_dim_from_python_as_a_string_or_symdim(dim):
     assert str(n) == "N" and [int(d) for d in rest] == [3, 8, 8]
 
 
-@pytest.mark.parametrize("dims", [("N?", 3, 8, 8), (0, 3, 8, 8), (2.0, 3, 8, 8), (True, 3, 8, 8), 7])
+@pytest.mark.parametrize("dims", [("N?", 3, 8, 8), (-1, 3, 8, 8), (2.0, 3, 8, 8), (True, 3, 8, 8), 7])
 def test_bad_python_shape_is_a_fusion_error(dims):
-    """A dim that is neither a positive int nor a symbolic name is a FusionError naming it (was a TypeError from
-    deep in the frontend for a string dim)."""
+    """A dim that is neither a non-negative int (0: an empty tensor, as the ONNX backend tests bind) nor a
+    symbolic name is a FusionError naming it (was a TypeError from deep in the frontend for a string dim)."""
     with pytest.raises(FusionError, match=r"bad shape .?shapes=\{'images': "):
         import_onnx(_symbolic(), shapes={"images": dims})
 

@@ -290,10 +290,10 @@ def _given_shape(name: str, shape) -> tuple:
             out.append(d)
         elif isinstance(d, str):
             out.append(_parse_dim(text, d.strip()))
-        elif isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1:
+        elif isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0:  # 0: an empty tensor
             out.append(int(d))
         else:
-            raise FusionError(f"bad shape {text}: dim {d!r} is neither a positive integer nor a symbolic name "
+            raise FusionError(f"bad shape {text}: dim {d!r} is neither a non-negative integer nor a symbolic name "
                               f"(a string such as 'N' or 'N<=64', or tvm_fusion.SymDim('N', 64))")
     return tuple(out)
 
