@@ -25,6 +25,9 @@ ZOO_DIR = Path(__file__).resolve().parent
 
 _IMAGE = {"pixels": {"kind": "normal", "shape": [1, 3, 32, 32]}}
 _YOLO = {"images": {"kind": "normal", "shape": [1, 3, 32, 32]}}
+_AUDIO = {"audio": {"kind": "normal", "shape": [1, 1, 4000]}}
+_FEATS = {"feats": {"kind": "normal", "shape": [1, 100, 80]}}
+_YOLOX = {"images": {"kind": "normal", "shape": [1, 3, 64, 64]}}
 _TOKENS = {"input_ids": {"kind": "ids", "shape": [1, 16], "low": 0, "high": 100},
            "attention_mask": {"kind": "mask", "shape": [1, 16]}}
 
@@ -88,6 +91,16 @@ ENTRIES = {
     "bert_dynamo18": _entry("bert", "dynamo", 18, _TOKENS, ["last_hidden_state", "pooled"]),
     "yolo_ts17": _entry("yolo", "torchscript", 17, _YOLO, ["preds"]),
     "yolo_constants_ts13": _entry("yolo", "torchscript", 13, _YOLO, ["preds"], constant_weights=True),
+    # audio, speech and dense-prediction models: conv1d, FSMN memory blocks, ViT attention written out
+    # (MatMul of two activations, rank 4), ConvTranspose decoders, in-graph box decoding
+    "audio1d_ts17": _entry("audio1d", "torchscript", 17, _AUDIO, ["log_probs"]),
+    "audio1d_dynamo18": _entry("audio1d", "dynamo", 18, _AUDIO, ["log_probs"]),
+    "fsmn_ts13": _entry("fsmn", "torchscript", 13, _FEATS, ["probs"]),
+    "fsmn_dynamo18": _entry("fsmn", "dynamo", 18, _FEATS, ["probs"]),
+    "vit_seg_ts17": _entry("vit_seg", "torchscript", 17, _IMAGE, ["scores"]),
+    "vit_seg_dynamo18": _entry("vit_seg", "dynamo", 18, _IMAGE, ["scores"]),
+    "yolox_ts13": _entry("yolox", "torchscript", 13, _YOLOX, ["detections"]),
+    "yolox_dynamo18": _entry("yolox", "dynamo", 18, _YOLOX, ["detections"]),
     # pretrained, from wheels (wheels.WHEEL_MODELS: package, version, sha256), at the sizes the packages use
     "ppocr_det": _entry("PP-OCRv4 text detector (DB)", "paddle2onnx", 12,
                         {"x": _text([1, 3, 96, 192], ["TVM FUSION", "2026"], 2, **_OCR)}, ["sigmoid_0.tmp_0"], wheel=True),
