@@ -110,6 +110,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-counts", action="store_true", help="skip counting the unfused/tvm builds' kernels")
     c.add_argument("--no-verify", action="store_true",
                    help="write the library without first checking the fused build against onnxruntime")
+    c.add_argument("--strict", action="store_true",
+                   help="refuse (exit 1) also a difference from onnxruntime that the unfused TVM build shares (by "
+                        "default written with a warning: TVM's importer and onnxruntime disagree, not fusion)")
+    c.add_argument("--search-timeout", type=float, default=None, metavar="SECONDS",
+                   help="when the fused build differs from the unfused one, stop the search for the rule to blame "
+                        "after SECONDS (default: 120; 0: no search)")
     _inputs(c, " for the verify step", "")
     graph = c.add_mutually_exclusive_group()
     graph.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", default=None,
@@ -200,6 +206,11 @@ def _check_args(args) -> None:
         raise FusionError(f"--seed {args.seed}: the seed must be >= 0")
     if getattr(args, "repeat", 0) < 0:
         raise FusionError(f"--repeat {args.repeat}: use 0 (no timing) or more")
+    if getattr(args, "strict", False) and args.no_verify:
+        raise FusionError("--strict and --no-verify: --strict refuses what the verify step finds; drop one")
+    timeout = getattr(args, "search_timeout", None)
+    if timeout is not None and not timeout >= 0:  # also NaN
+        raise FusionError(f"--search-timeout {timeout:g}: use 0 (no search) or more seconds")
     arch = getattr(args, "arch", None)
     if arch is not None:
         from .build import check_arch
@@ -238,10 +249,17 @@ def _run(args) -> int:
         from .compile import compile_model
 
         tune = _tune_options(args)
+        from .verify import DEFAULT_SEARCH_TIMEOUT
+
+        timeout = DEFAULT_SEARCH_TIMEOUT if args.search_timeout is None else args.search_timeout
         result = compile_model(model, args.output, args.target, arch=args.arch, shapes=shapes, rules=rules,
                                counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
                                seed=args.seed, external_weights=args.external_weights, inputs=args.inputs,
-                               cuda_graph=args.cuda_graph, precision=args.precision, tune=tune)
+                               cuda_graph=args.cuda_graph, precision=args.precision, tune=tune,
+                               strict=args.strict, search_timeout=timeout)
+        warning = result.manifest["verification"].get("warning")
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
         print(result)
         print(_profile_hint(args))
         return 0
