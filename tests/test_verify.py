@@ -190,3 +190,22 @@ def test_culprit_search_bound(capsys, tmp_path, conv_relu):
 def test_verify_flags_refused(capsys, tmp_path, conv_relu, flags, message):
     rc, _, err = _run(capsys, "compile", str(conv_relu), "--target", "llvm", *flags, "-o", str(tmp_path / "m.so"))
     assert rc == 2 and message in err
+
+
+def test_a_qdq_build_within_onnxruntime_s_own_noise_is_written(capsys, tmp_path):
+    """onnxruntime's optimized (int8 QLinearConv) and as-written (float) runs of a QDQ conv are one output step
+    (0.05) apart at a few elements; the fused build lands one step off the as-written run at one of them. It
+    is verified (it was refused: 1 element off), and the manifest says the noise was needed."""
+    from tvm_fusion.testing import qdq_conv
+
+    model, lib = tmp_path / "qdq.onnx", tmp_path / "qdq.so"
+    onnx.save(qdq_conv(), str(model))
+    rc, out, err = _run(capsys, "compile", str(model), "--target", "llvm", "--no-counts", "-o", str(lib))
+    assert rc == 0, err
+    v = json.loads(lib.with_name("qdq.so.json").read_text())["verification"]
+    assert v["agrees_with_reference"] is True and "warning" not in err and "verified: " in out
+    (stats,) = v["outputs"].values()
+    assert stats["ok"] and stats["elements_off"] == 0
+    assert "noise" in stats, "the fused build matches onnxruntime as written exactly: pick a seed that flips one step"
+    assert stats["noise"]["needed_by"] >= 1 and stats["noise"]["max"] == pytest.approx(0.05, rel=1e-3)
+    assert stats["max_abs"] == pytest.approx(0.05, rel=1e-3)  # one int8 step: over the table's 7e-4 alone
