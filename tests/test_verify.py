@@ -209,3 +209,57 @@ def test_a_qdq_build_within_onnxruntime_s_own_noise_is_written(capsys, tmp_path)
     assert "noise" in stats, "the fused build matches onnxruntime as written exactly: pick a seed that flips one step"
     assert stats["noise"]["needed_by"] >= 1 and stats["noise"]["max"] == pytest.approx(0.05, rel=1e-3)
     assert stats["max_abs"] == pytest.approx(0.05, rel=1e-3)  # one int8 step: over the table's 7e-4 alone
+
+
+class _Onnxruntime:
+    """A stand-in for reference.Reference: its outputs and its noise (none)."""
+
+    def __init__(self, values):
+        self.values, self.names = values, ["y"]
+
+    def noise(self):
+        return [None] * len(self.values)
+
+
+class _Plain:
+    def __init__(self, values):
+        self.values = values
+
+    def run(self, tensors):
+        return self.values
+
+
+def _against(fused, unfused, ort, strict=False):
+    """verify._against_unfused on arrays: fused (over tolerance against ort) judged against unfused."""
+    import numpy as np
+
+    from tvm_fusion.numerics import error_stats
+    from tvm_fusion.verify import _against_unfused, _Run
+
+    run = _Run([np.asarray(fused)], _Onnxruntime([np.asarray(ort)]), ["float32"], "", {}, [])
+    stats = {"y": error_stats(fused, ort)}
+    assert not stats["y"].ok
+    return _against_unfused(run, _Plain([np.asarray(unfused)]), ["y"], stats, None, None, None, 0, None, strict, 0)
+
+
+def test_what_the_unfused_build_decides():
+    """Over tolerance against onnxruntime: fusion's (fused differs from unfused: refused, here without the
+    search), TVM's (unfused differs as much: written), or two differences each within tolerance that add up."""
+    import numpy as np
+
+    from tvm_fusion.errors import ToleranceExceeded
+
+    ort = np.linspace(1, 2, 100).astype(np.float32)  # the bound: 3e-4 * rms + 1e-4 * |r|, about 6e-4 to 8e-4
+    with pytest.raises(ToleranceExceeded, match=r"and from the unfused TVM build \(y: 100 of 100 elements off\): "
+                                                r"fusion changed the result; no library written. The culprit search "
+                                                r"is off \(--search-timeout 0\)"):
+        _against(ort * np.float32(1.01), ort, ort)
+    record, warning = _against(ort * np.float32(1.01), ort * np.float32(1.01), ort)
+    assert "gives the same values within tolerance and differs from onnxruntime too (y: 100 of 100 elements off): " \
+           "TVM's importer and onnxruntime disagree there, not fusion; the library is written" in warning
+    assert record["y"]["fused_vs_unfused"]["ok"] and not record["y"]["unfused_vs_onnxruntime"]["ok"]
+    record, warning = _against(ort * np.float32(1 + 6e-4), ort * np.float32(1 + 3e-4), ort)
+    assert "which is itself within tolerance of onnxruntime: the two differences, each within tolerance, add up" in warning
+    assert record["y"]["fused_vs_unfused"]["ok"] and record["y"]["unfused_vs_onnxruntime"]["ok"]
+    with pytest.raises(ToleranceExceeded, match="add up over it; --strict: no library written"):
+        _against(ort * np.float32(1 + 6e-4), ort * np.float32(1 + 3e-4), ort, strict=True)

@@ -1,7 +1,8 @@
 """`tvm-fusion`: compile / compare / profile / explain / rules, from the command line.
 
 Exit status: 0 ok; 1 a comparison exceeds its dtype tolerance (the table is printed, the first failure is
-the `error:` line); 2 bad input (one line `error: ...` naming the file, flag or node and the remedy);
+the `error:` line; compile: fusion changed the result, or --strict and the unfused build differs from
+onnxruntime too, which is otherwise a `warning:` line and exit 0); 2 bad input (one line `error: ...` naming the file, flag or node and the remedy);
 3 an internal error (one line naming where; `--debug` prints the traceback).
 """
 
@@ -103,7 +104,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-fusion", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compile", help="fuse and build a model into a loadable library + JSON manifest")
+    c = sub.add_parser("compile", help="fuse and build a model into a loadable library + JSON manifest",
+                       description="Fuse and build a model into a loadable library + JSON manifest. Before writing "
+                                   "it, the fused build is checked against onnxruntime element by element; an output "
+                                   "over tolerance is checked against the unfused build: a difference fusion made "
+                                   "is refused (exit 1, naming the rule to blame), one the unfused build shares is "
+                                   "written with a warning (--strict: refused).")
     _common(c, target="cuda")
     c.add_argument("-o", "--output", required=True, help="library path to write (e.g. model.so)")
     _precision(c)
@@ -138,7 +144,11 @@ def _parser() -> argparse.ArgumentParser:
                           "of the weights file")
     bnd.add_argument("--numpy", action="store_true", help="carry numpy's wheel for the target Python (unpacked "
                      "by run.py where the target has no numpy)")
-    m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report")
+    m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report",
+                       description="Build unfused / tvm / fused, run them and onnxruntime on the same inputs, and "
+                                   "judge every element: |a - r| <= atol * max(rms(r), max|r|/10) + rtol * |r| + "
+                                   "noise(r), (rtol, atol) by the output's dtype, noise(r) where onnxruntime's "
+                                   "optimized and as-written runs differ. Exit 1 when a comparison is over it.")
     _common(m)
     _precision(m)
     m.add_argument("--repeat", type=int, default=10, help="timed runs per build (interleaved; 0: no timing)")

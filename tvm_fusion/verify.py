@@ -217,10 +217,11 @@ def _against_unfused(run: _Run, unfused: _Unfused, bad: list[str], stats: dict, 
     unfused_off = [n for n in bad if not vs_ort[n].ok]
     off = "; ".join(f"{n}: {vs_ort[n].n_bad} of {vs_ort[n].size} elements off" for n in unfused_off)
     cause = (f"the unfused TVM build (no fusion rule involved) gives the same values within tolerance and differs "
-             f"from onnxruntime too ({off})" if unfused_off else
+             f"from onnxruntime too ({off}): TVM's importer and onnxruntime disagree there, not fusion"
+             if unfused_off else
              "the fused build is within tolerance of the unfused TVM build (no fusion rule involved), which is itself "
-             "within tolerance of onnxruntime: the two differences add up over it")
-    text = f"{head}; {cause}: TVM's importer and onnxruntime disagree there, not fusion"
+             "within tolerance of onnxruntime: the two differences, each within tolerance, add up over it")
+    text = f"{head}; {cause}"
     if strict:
         raise ToleranceExceeded(f"verify: {text}; --strict: no library written (without it the library is written "
                                 "with this warning)")
