@@ -19,10 +19,11 @@ __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close
 OPSET = 17
 
 
-def assert_close(actual, reference, what: str = "output", dtype=None) -> ErrorStats:
-    """Element-wise verdict (numerics.error_stats; `dtype` picks the tolerance, default the reference's);
-    raises ToleranceExceeded naming how many elements are off and the worst one."""
-    stats = error_stats(actual, reference, dtype)
+def assert_close(actual, reference, what: str = "output", dtype=None, noise=None) -> ErrorStats:
+    """Element-wise verdict (numerics.error_stats; `dtype` picks the tolerance, default the reference's;
+    `noise`: the reference's own per element, e.g. reference.Reference(model, inputs).noise()[i]); raises
+    ToleranceExceeded naming how many elements are off and the worst one."""
+    stats = error_stats(actual, reference, dtype, noise)
     if not stats.ok:
         raise ToleranceExceeded(f"{what}: {stats.describe()}")
     return stats

@@ -45,7 +45,8 @@ __all__ = ["Verification", "verify_fused", "DEFAULT_SEARCH_TIMEOUT"]
 METHOD_CPU = "the fused build, run on the host CPU, against onnxruntime on seeded inputs"
 METHOD_CUDA = ("the same fused graph and folded constants built for the host CPU (the target's own "
                "schedules are checked by their CPU-emulation tests), against onnxruntime on seeded inputs")
-#: seconds the culprit search may run (--search-timeout): ResNet-50's per-group check takes about 40 s on 2 cores
+#: seconds the culprit search may run (--search-timeout): a per-group check and a few rebuilds of a ResNet-50-
+#: sized model (its per-group check took 80 s on 2 busy cores, load ~6; README: bisect 14 s on 2 idle ones)
 DEFAULT_SEARCH_TIMEOUT = 120.0
 
 
