@@ -226,3 +226,114 @@ def test_per_group_refuses_what_does_not_fit_in_memory(capsys, model, monkeypatc
 
     monkeypatch.setattr(importlib.import_module("tvm_fusion.io"), "available_memory", lambda: 1000)
     assert "running the model needs at least" in _bad(capsys, "compare", str(model), "--per-group")
+
+
+# ---------------------------------------------------------------- malformed graphs
+def _vi(name, shape=(1, 4)):
+    return onnx.helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def _graph(tmp_path, nodes, opset=17, inputs=None, inits=()) -> str:
+    """A model of `nodes` from x: 1x4 (or `inputs`) to y: 1x4."""
+    h = onnx.helper
+    g = h.make_graph(nodes, "g", inputs or [_vi("x")], [_vi("y")], initializer=list(inits))
+    path = tmp_path / "bad.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", opset)]), str(path))
+    return str(path)
+
+
+def _branch(reads: str, out: str):
+    h = onnx.helper
+    return h.make_graph([h.make_node("Relu", [reads], [out], name=f"in_{out}")], f"b_{out}", [], [_vi(out)])
+
+
+def _if(reads: str, out: str = "y", name: str = "if"):
+    """An If (condition: the initializer c) whose then branch reads `reads`, its else branch x."""
+    return onnx.helper.make_node("If", ["c"], [out], name=name, then_branch=_branch(reads, "t"),
+                                 else_branch=_branch("x", "e"))
+
+
+_COND = onnx.helper.make_tensor("c", TensorProto.BOOL, [], [True])
+_COMMANDS = (["explain"], ["compare", "--repeat", "0"], ["profile"], ["compare", "--per-group"],
+             ["compile", "--target", "llvm", "-o", "{tmp}/m.so"])
+
+
+def _bad_everywhere(capsys, tmp_path, path) -> set[str]:
+    """The one error line of every command that loads the model (identical for all of them)."""
+    errs = set()
+    for command in _COMMANDS:
+        errs.add(_bad(capsys, command[0], path, *[a.format(tmp=tmp_path) for a in command[1:]]))
+    return errs
+
+
+def test_opset_from_the_future(capsys, tmp_path):
+    path = _graph(tmp_path, [onnx.helper.make_node("Relu", ["x"], ["y"], name="r")], opset=999)
+    [err] = _bad_everywhere(capsys, tmp_path, path)
+    newest = onnx.defs.onnx_opset_version()
+    assert err == (f"error: {path}: the model imports ONNX opset 999, but the newest opset released (onnx "
+                   f"{onnx.__version__}) is {newest}; export it with opset {newest} or older\n")
+
+
+def test_tensor_written_twice(capsys, tmp_path):
+    h = onnx.helper
+    path = _graph(tmp_path, [h.make_node("Relu", ["x"], ["a"], name="r1"), h.make_node("Sigmoid", ["x"], ["a"], name="r2"),
+                             h.make_node("Relu", ["a"], ["y"], name="r3")])
+    [err] = _bad_everywhere(capsys, tmp_path, path)
+    assert err == (f"error: {path}: tensor 'a' is written twice, by node 'r1' (Relu) and by node 'r2' (Sigmoid); "
+                   "give each output its own name\n")
+
+
+def test_tensor_written_over_a_graph_input(capsys, tmp_path):
+    h = onnx.helper
+    path = _graph(tmp_path, [h.make_node("Relu", ["x"], ["x"], name="r1"), h.make_node("Relu", ["x"], ["y"])])
+    assert "tensor 'x' is written twice, as a graph input or initializer and by node 'r1' (Relu)" in _bad(
+        capsys, "explain", path)
+
+
+def test_cycle(capsys, tmp_path):
+    h = onnx.helper
+    path = _graph(tmp_path, [h.make_node("Add", ["x", "b2"], ["b1"], name="add1"),
+                             h.make_node("Relu", ["b1"], ["b2"], name="relu2"),
+                             h.make_node("Relu", ["b1"], ["y"], name="r3")])
+    [err] = _bad_everywhere(capsys, tmp_path, path)
+    assert err == (f"error: {path}: the graph has a cycle: node 'add1' (Add) reads 'b2' from node 'relu2' (Relu), "
+                   "which reads 'b1' from node 'add1' (Add); an ONNX graph must be acyclic\n")
+
+
+def test_cycle_through_a_branch(capsys, tmp_path):
+    """The If's then branch reads the outer `b`, which is computed from the If's own output."""
+    h = onnx.helper
+    path = _graph(tmp_path, [_if("b", "yi"), h.make_node("Relu", ["yi"], ["b"], name="rb"),
+                             h.make_node("Relu", ["b"], ["y"], name="ry")], inits=[_COND])
+    assert ("the graph has a cycle: node 'if' (If) reads 'b' from node 'rb' (Relu), which reads 'yi' from "
+            "node 'if' (If)") in _bad(capsys, "explain", path)
+
+
+def test_undefined_tensor(capsys, tmp_path):
+    path = _graph(tmp_path, [onnx.helper.make_node("Add", ["x", "b2"], ["y"], name="add1")])
+    [err] = _bad_everywhere(capsys, tmp_path, path)
+    assert err == (f"error: {path}: node 'add1' (Add) reads tensor 'b2', which no node, graph input or "
+                   "initializer defines; fix the exporter or add the missing node\n")
+
+
+def test_undefined_tensor_in_a_branch(capsys, tmp_path):
+    path = _graph(tmp_path, [onnx.helper.make_node("Relu", ["x"], ["a"], name="r0"), _if("zz")], inits=[_COND])
+    assert "node 'in_t' (Relu) reads tensor 'zz', which no node" in _bad(capsys, "explain", path)
+
+
+def test_branch_reading_an_outer_tensor_is_well_formed(capsys, tmp_path):
+    h = onnx.helper
+    path = _graph(tmp_path, [h.make_node("Relu", ["x"], ["a"], name="r0"), _if("a")], inits=[_COND])
+    assert main(["explain", path]) == 0, capsys.readouterr().err
+
+
+def test_nodes_out_of_order_are_not_a_cycle(capsys, tmp_path):
+    h = onnx.helper
+    path = _graph(tmp_path, [h.make_node("Relu", ["a"], ["y"], name="r2"), h.make_node("Relu", ["x"], ["a"], name="r1")])
+    assert main(["explain", path]) == 0, capsys.readouterr().err
+
+
+def test_input_dim_fixed_to_zero(capsys, tmp_path):
+    path = _graph(tmp_path, [onnx.helper.make_node("Relu", ["x"], ["y"], name="r")], inputs=[_vi("x", (0, 4))])
+    err = _bad(capsys, "explain", path)
+    assert f"{path}: input 'x' declares dim 0 of its shape 0x4 as 0 (an empty tensor" in err and "symbolic" not in err

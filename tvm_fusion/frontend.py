@@ -39,7 +39,7 @@ ONNX_NODES_ATTR = "tvm_fusion.onnx_nodes"
 def load_onnx(model) -> onnx.ModelProto:
     """A ModelProto from a path or a ModelProto, with a clear error for anything else."""
     if isinstance(model, onnx.ModelProto):
-        return model
+        return check_graph(model, model.graph.name or "<ModelProto>")
     path = Path(os.fspath(model))
     if not path.exists():
         raise FusionError(f"{path}: no such file (expected an ONNX model, e.g. model.onnx)")
@@ -54,7 +54,7 @@ def load_onnx(model) -> onnx.ModelProto:
     if not proto.graph.output:
         raise FusionError(f"{path}: the graph has no outputs, so there is nothing to compute; "
                           "add the values you need to graph.output")
-    return proto
+    return check_graph(proto, str(path))
 
 
 @dataclass(frozen=True)
@@ -338,6 +338,7 @@ def _input_shapes(model, shapes: dict, where: str, renamed: dict[str, str]) -> d
                     f"allows ({MAX_ELEMENTS}); use a smaller shape"
                 )
         elif None in static:
+            _check_no_zero_dims(inp, where, original.get(inp.name, inp.name))
             sym = ["?" if s is None else str(s) for s in static]
             raise FusionError(
                 f"{where}: input {original.get(inp.name)!r} has symbolic shape {'x'.join(sym)}; "
@@ -603,3 +604,109 @@ def _with_tir_vars(shape_dict: dict) -> dict:
     made: dict[str, object] = {}
     return {k: [made.setdefault(d.name, tirx.Var(d.name, "int64")) if isinstance(d, SymDim) else d for d in v]
             for k, v in shape_dict.items()}
+
+
+def check_graph(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """The model, if its graphs (If / Loop bodies included) are well formed: an opset this onnx package knows,
+    every tensor a node reads defined (a graph input, an initializer, a node's output, or, in a body, a tensor
+    of an enclosing graph), written once, and no cycle. Else one FusionError naming the node and the tensor."""
+    newest = onnx.defs.onnx_opset_version()
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version > newest:
+            raise FusionError(f"{where}: the model imports ONNX opset {o.version}, but the newest opset released "
+                              f"(onnx {onnx.__version__}) is {newest}; export it with opset {newest} or older")
+    labels = {at: f"node {label!r} ({n.op_type})"
+              for (_, n, at), label in zip(_walk(model.graph), node_labels(model))}
+    _check_scope(model.graph, "", set(), labels, where)
+    return model
+
+
+def _bodies(node, at: str):
+    """(body, prefix) of each graph attribute of the node at `at` (as _walk names them)."""
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.g, f"{at} {attr.name} "
+        for k, g in enumerate(attr.graphs):
+            yield g, f"{at} {attr.name}[{k}] "
+
+
+def _outer_reads(node) -> list[str]:
+    """The tensors of enclosing graphs that `node`'s bodies (If branches, Loop / Scan bodies) read."""
+    out: list[str] = []
+    for g, _ in _bodies(node, ""):
+        inner = {v.name for v in g.input} | {t.name for t in g.initializer} | {o for n in g.node for o in n.output}
+        for n in g.node:
+            out += [x for x in list(n.input) + _outer_reads(n) if x and x not in inner]
+        out += [v.name for v in g.output if v.name not in inner]
+    return out
+
+
+def _check_scope(graph: onnx.GraphProto, prefix: str, outer: set[str], labels: dict, where: str) -> None:
+    """check_graph for one graph (its nodes named `{prefix}node {i}`) whose enclosing graphs define `outer`,
+    then for its bodies."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    writer: dict[str, int] = {}
+    reads = [list(filter(None, list(n.input) + _outer_reads(n))) for n in graph.node]
+    for i, node in enumerate(graph.node):
+        for name in filter(None, node.output):
+            if name in writer or name in defined:
+                first = (f"by {labels[f'{prefix}node {writer[name]}']}" if name in writer
+                         else "as a graph input or initializer")
+                raise FusionError(f"{where}: tensor {name!r} is written twice, {first} and by "
+                                  f"{labels[f'{prefix}node {i}']}; give each output its own name")
+            writer[name] = i
+    known = defined | outer | set(writer)
+    for i, node in enumerate(graph.node):  # what a body reads: named by the body's check, below
+        for name in filter(None, node.input):
+            if name not in known:
+                raise FusionError(f"{where}: {labels[f'{prefix}node {i}']} reads tensor {name!r}, which no node, "
+                                  "graph input or initializer defines; fix the exporter or add the missing node")
+    for v in graph.output:
+        if v.name not in known:
+            raise FusionError(f"{where}: graph output {v.name!r} is not computed by any node, graph input or "
+                              "initializer; fix the exporter or drop it from graph.output")
+    cycle = _cycle(reads, writer)
+    if cycle:
+        steps = ", which".join(f" reads {x!r} from {labels[f'{prefix}node {writer[x]}']}" for x in cycle[1])
+        raise FusionError(f"{where}: the graph has a cycle: {labels[f'{prefix}node {cycle[0]}']}{steps}; an ONNX "
+                          "graph must be acyclic")
+    for i, node in enumerate(graph.node):
+        for g, inner in _bodies(node, f"{prefix}node {i}"):
+            _check_scope(g, inner, known, labels, where)
+
+
+def _cycle(reads: list[list[str]], writer: dict[str, int]) -> tuple[int, list[str]] | None:
+    """(first node, the tensors read around the cycle) of a cycle among nodes that read `reads` (per node)
+    and write `writer` (tensor: node), or None. Depth first, without recursion."""
+    state: dict[int, int] = {}  # node: 1 on the current path, 2 done
+    for start in range(len(reads)):
+        if start in state:
+            continue
+        stack, path = [(start, iter(reads[start]))], []  # path: the tensor read at each step down the stack
+        while stack:
+            node, todo = stack[-1]
+            state.setdefault(node, 1)
+            name = next((x for x in todo if x in writer and state.get(writer[x]) != 2), None)
+            if name is None:
+                state[node] = 2
+                stack.pop()
+                path = path[:-1]
+                continue
+            path.append(name)
+            producer = writer[name]
+            if state.get(producer) == 1:
+                on_stack = [n for n, _ in stack]
+                return producer, path[on_stack.index(producer):]
+            stack.append((producer, iter(reads[producer])))
+    return None
+
+
+def _check_no_zero_dims(inp, where: str, name: str) -> None:
+    """A FusionError for a graph input that declares a dim as 0 (an empty tensor, not a symbolic dim)."""
+    dims = inp.type.tensor_type.shape.dim
+    zero = [i for i, d in enumerate(dims) if d.HasField("dim_value") and d.dim_value == 0]
+    if zero:
+        shape = "x".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims)
+        raise FusionError(f"{where}: input {name!r} declares dim {zero[0]} of its shape {shape} as 0 (an empty "
+                          f"tensor, nothing to compute); export the model with that dim > 0 or dynamic, or give "
+                          f"its size with --shape {name}=...")
