@@ -6,6 +6,7 @@ Everything else in tvm_fusion imports TVM names from here, so a TVM upgrade touc
 from __future__ import annotations
 
 import functools
+import gc
 import os
 
 # TVM's CPU thread pool halves the core count on x86 (to skip hyper-threads) and reads TVM_NUM_THREADS only
@@ -34,7 +35,7 @@ from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock  # noqa: F401  (t
 from tvm.support import nvcc  # noqa: F401
 from tvm import tirx  # noqa: F401
 
-from . import cpu_features  # noqa: E402
+from . import cpu_features, quiet  # noqa: E402
 
 TVM_VERSION = tvm.__version__
 
@@ -110,13 +111,27 @@ def import_onnx_graph(model, shape_dict, opset, dtype_dict):
 
     `dtype_dict`: {input name: dtype}, the model's own input dtypes (a plain string would be a default).
     Returns the module and {var name: node name} for results the importer bound itself."""
-    importer = _NamingImporter(shape_dict, dtype_dict, keep_params_in_input=False, sanitize=False)
-    importer.var_nodes, importer.current_node = {}, None
-    try:
-        return importer.from_onnx(model.graph, opset), importer.var_nodes
-    except Exception as err:
-        err.onnx_node = importer.current_node  # (node name, op) being converted, None before the first
-        raise
+    with quiet.tvm_output(drop=quiet.IMPORTER_LINES, stdout=True):  # its prints repeat the exception's text
+        importer = _NamingImporter(shape_dict, dtype_dict, keep_params_in_input=False, sanitize=False)
+        importer.var_nodes, importer.current_node = {}, None
+        try:
+            return importer.from_onnx(model.graph, opset), importer.var_nodes
+        except Exception as err:
+            err.onnx_node = importer.current_node  # (node name, op) being converted, None before the first
+            failure = err
+        del importer
+        _drop_frames(failure)  # they hold the importer's BlockBuilder, which logs when destroyed: here
+        gc.collect()
+    raise failure
+
+
+def _drop_frames(err: BaseException | None) -> None:
+    """Forget the frames of `err`'s traceback and of the exceptions it chains to."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        err.__traceback__ = None
+        err = err.__cause__ or err.__context__
 
 
 def onnx_importer_ops() -> frozenset[str]:

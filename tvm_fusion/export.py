@@ -26,6 +26,7 @@ from ._tvm import tvm
 from .cuda_binary import (FATBIN_MAGIC, CudaModule, _Reader, _string, _u64, code_format, library_cuda_module,
                           parse_cuda_module, serialize_cuda_module)
 from .errors import FusionError
+from .quiet import SCOPE_LINES, tvm_output
 
 __all__ = ["CudaBinary", "export_library", "cuda_source", "compile_cuda_source", "cuda_compiler",
            "build_time_compiler", "library_cuda_modules", "FATBIN_MAGIC"]
@@ -167,7 +168,8 @@ def export_library(executable, path, arch: str = "sm_90", cc: str | None = None)
     path = Path(path)
     link = {"addons": [str(THREAD_POOL_SOURCE)], **({"cc": cc} if cc else {})}
     if not list(_cuda_modules(executable.mod)):
-        executable.export_library(str(path), **link)
+        with tvm_output(drop=SCOPE_LINES):  # TVM's VM logs a warning per function it saves
+            executable.export_library(str(path), **link)
         return None
     compiler = cuda_compiler()
     result = []
@@ -186,7 +188,8 @@ def export_library(executable, path, arch: str = "sm_90", cc: str | None = None)
         asm.write_text(_asm_blob(LIBRARY_SYMBOL, blob_path))
         return str(asm)
 
-    executable.export_library(str(path), fpack_imports=pack, **link)
+    with tvm_output(drop=SCOPE_LINES):
+        executable.export_library(str(path), fpack_imports=pack, **link)
     return result[0]
 
 

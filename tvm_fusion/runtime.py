@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .cpu_features import arch_of, host_features, missing_features
 from .errors import FusionError
+from .quiet import SCOPE_LINES, tvm_output
 
 # TVM's pool reads TVM_NUM_THREADS when it starts (first parallel kernel); without it, it halves the
 # cores on x86 (one thread on a 2-vCPU machine). Use every core this process may run on.
@@ -128,4 +129,6 @@ def load(path, device=None) -> LoadedModel:
         raise FusionError(f"{library}: no such file (expected a library written by `tvm-fusion compile`)")
     manifest = read_manifest(library)
     check_host(manifest, library)
-    return LoadedModel(library, tvm.runtime.load_module(str(library)), _device(manifest, device), manifest)
+    with tvm_output(drop=SCOPE_LINES):  # TVM's VM logs a warning per function it loads
+        module = tvm.runtime.load_module(str(library))
+    return LoadedModel(library, module, _device(manifest, device), manifest)

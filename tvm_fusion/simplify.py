@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib.metadata
+import re
 import time
 
 import onnx
@@ -182,12 +183,17 @@ def record_of(mod) -> dict:
     return {str(k): (v if isinstance(v, (int, float)) else str(v)) for k, v in rec.items()}
 
 
+#: TVM's type inference names the op by its whole repr: `In ir.Op(span=None, ..., name="relax.nn.conv2d", ...,
+#: support_level=10), layout OIHW requires ...`; the message keeps its name
+_OP_REPR = re.compile(r'^In ir\.Op\(.*?name="([^"]+)".*?support_level=-?\d+\),?\s*')
+
+
 def _first_line(err: BaseException) -> str:
     """The reason in a (TVM) exception: its first line that is not a traceback frame."""
     for line in str(err).splitlines():
         line = line.strip()
         if line and not line.startswith(("File ", "Traceback", "File\"", "0:", "1:", "  ")):
-            return line[:300]
+            return _OP_REPR.sub(r"in \1: ", line)[:300]
     return type(err).__name__
 
 
