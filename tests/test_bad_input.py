@@ -337,3 +337,32 @@ def test_input_dim_fixed_to_zero(capsys, tmp_path):
     path = _graph(tmp_path, [onnx.helper.make_node("Relu", ["x"], ["y"], name="r")], inputs=[_vi("x", (0, 4))])
     err = _bad(capsys, "explain", path)
     assert f"{path}: input 'x' declares dim 0 of its shape 0x4 as 0 (an empty tensor" in err and "symbolic" not in err
+
+
+def test_model_onnxruntime_refuses(capsys, tmp_path):
+    """TVM's importer ignores the unknown attribute; onnxruntime, the reference, refuses the model: every
+    command that runs it says so in one line naming the model and onnxruntime's reason."""
+    path = _graph(tmp_path, [onnx.helper.make_node("Relu", ["x"], ["y"], name="r", alpha=1.0)])
+    inputs = _npz(tmp_path, x=np.zeros((1, 4), np.float32))
+    reason = ("This is an invalid model. In Node, (\"r\", Relu, \"\", -1) : (\"x\": tensor(float),) -> (\"y\": "
+              "tensor(float),) , Error Unrecognized attribute: alpha for operator Relu; check it with "
+              "onnx.checker.check_model(model, full_check=True)\n")
+    for command in (["compare", "--repeat", "0"], ["compare", "--repeat", "0", "--inputs", inputs],
+                    ["compile", "--target", "llvm", "-o", str(tmp_path / "m.so")],
+                    ["compile", "--target", "llvm", "--precision", "bf16", "-o", str(tmp_path / "m.so")]):
+        assert _bad(capsys, command[0], path, *command[1:]) == (
+            f"error: {path}: onnxruntime cannot load the model (its graph as written): {reason}")
+    assert _bad(capsys, "compare", path, "--per-group", "--precision", "fp16") == (
+        f"error: {path}: onnxruntime cannot load the model: {reason}")
+
+
+def test_onnxruntime_reason_drops_code_path_and_function():
+    from tvm_fusion.io import onnxruntime_reason
+
+    err = RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Load model from /tmp/m.onnx failed:/onnxruntime_src/onnxruntime/"
+                       "core/graph/model_load_utils.h:46 void onnxruntime::model_load_utils::ValidateOpsetForDomain("
+                       "const std::unordered_map<std::string, int>&, const onnxruntime::logging::Logger&, bool, "
+                       "const std::string&, int) ONNX Runtime only *guarantees* support for models stamped with "
+                       "official released onnx opset versions. Opset 99 is under development.\n")
+    assert onnxruntime_reason(err) == ("ONNX Runtime only *guarantees* support for models stamped with official "
+                                       "released onnx opset versions. Opset 99 is under development.")

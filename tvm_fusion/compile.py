@@ -276,7 +276,8 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         symbolic = symbolic_record(built, shapes)  # a bound past int32 indexing: refused before any work
         bar.update()
         verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given,
-                                     precision=precision, strict=strict, search_timeout=search_timeout)
+                                     precision=precision, strict=strict, search_timeout=search_timeout,
+                                     name=str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>"))
                         if verify else skipped())
         bar.update()
         try:

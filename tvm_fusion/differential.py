@@ -205,7 +205,7 @@ def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: Rul
     values, args = input_tensors(proto, shapes, seed, dev, given)
     # a model ill-conditioned for the half dtype (precision.half_baseline): its outputs are reported only
     judge_outputs = not check_precision(precision) or all(
-        s.ok for s in half_baseline(proto, values, run_onnxruntime(proto, values)[0].run(None, values), precision))
+        s.ok for s in half_baseline(proto, values, run_onnxruntime(proto, values, name=name)[0].run(None, values), precision))
     _in_time(deadline)
     reference = _run(build(_reference_module(matched, watched), tgt, "unfused").executable, dev, args)
     final, values = reference[0], list(reference)[1:]

@@ -8,6 +8,7 @@ through these, so "the same inputs" and "the same outputs" mean the same everywh
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from .runtime import as_arrays
 
 __all__ = ["INPUTS_SYNTAX", "as_arrays", "available_memory", "check_inputs", "check_memory", "device",
            "gpu_available", "graph_inputs", "input_tensors", "load_inputs", "nbytes", "random_inputs",
-           "run_onnxruntime", "run_vm"]
+           "onnxruntime_reason", "run_onnxruntime", "run_vm"]
 
 _NP_DTYPES = {1: np.float32, 10: np.float16, 11: np.float64, 6: np.int32, 7: np.int64, 9: np.bool_}
 INPUTS_SYNTAX = "--inputs inputs.npz (numpy.savez with one array per graph input name)"
@@ -158,9 +159,30 @@ def available_memory() -> int | None:
     return None
 
 
-def run_onnxruntime(model: onnx.ModelProto, inputs: dict, threads: int | None = None, optimize: bool = True):
+def run_onnxruntime(model: onnx.ModelProto, inputs: dict, threads: int | None = None, optimize: bool = True,
+                    name: str = "the model"):
     """An onnxruntime CPU session of `model`; optimize=False runs the graph as written (the literal reference,
-    and a faster session start)."""
+    and a faster session start). onnxruntime refusing the model is bad input: a FusionError naming `name`."""
+    try:
+        return _session(model, threads, optimize)
+    except Exception as err:  # noqa: BLE001 - onnxruntime raises its own exception types
+        how = "" if optimize else " (its graph as written)"
+        raise FusionError(f"{name}: onnxruntime cannot load the model{how}: {onnxruntime_reason(err)}; check it with "
+                          "onnx.checker.check_model(model, full_check=True)") from None
+
+
+def onnxruntime_reason(err: Exception) -> str:
+    """The reason in an onnxruntime exception, without its error code, the model's path and the C++ function
+    that raised: `[ONNXRuntimeError] : 1 : FAIL : Load model from m.onnx failed:/src/x.h:46 void f(int) The
+    reason.` -> `The reason.`"""
+    text = " ".join(str(err).split())
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"^Load model from .*? failed: ?", "", text)
+    text = re.sub(r"^/\S+:\d+ [^()]*\(.*?\) ", "", text)
+    return text[:400] or type(err).__name__
+
+
+def _session(model: onnx.ModelProto, threads: int | None, optimize: bool):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()

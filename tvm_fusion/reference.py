@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 from .errors import FusionError
-from .io import INPUTS_SYNTAX, run_onnxruntime
+from .io import INPUTS_SYNTAX, onnxruntime_reason, run_onnxruntime
 
 __all__ = ["Reference", "reference_noise"]
 
@@ -68,22 +68,14 @@ def spread(one: list, other: list) -> list[np.ndarray]:
     return out
 
 
-def _first_line(err: Exception) -> str:
-    return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)[:300]
-
-
 def _session(proto, inputs, name: str, optimize: bool):
-    try:
-        return run_onnxruntime(proto, inputs, optimize=optimize)
-    except Exception as err:  # noqa: BLE001 - onnxruntime raises its own exception types
-        how = "" if optimize else " (its graph as written)"
-        raise FusionError(f"{name}: onnxruntime, the reference, cannot load the model{how} ({_first_line(err)})") from None
+    return run_onnxruntime(proto, inputs, optimize=optimize, name=name)  # a model it refuses: FusionError
 
 
 def _run(session, inputs: dict, name: str) -> list[np.ndarray]:
     try:
         return session.run(None, inputs)
     except Exception as err:  # noqa: BLE001
-        raise FusionError(f"{name}: onnxruntime cannot run the model on these inputs ({_first_line(err)}); random "
+        raise FusionError(f"{name}: onnxruntime cannot run the model on these inputs ({onnxruntime_reason(err)}); random "
                           f"integer inputs are drawn from [0, 8): give token ids, indices and masks with "
                           f"{INPUTS_SYNTAX}") from None

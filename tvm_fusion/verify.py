@@ -127,13 +127,14 @@ class _Run:
 def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = None,
                  rules: RuleSet | None = None, seed: int = 0, inputs: dict | None = None,
                  precision: str | None = None, strict: bool = False,
-                 search_timeout: float = DEFAULT_SEARCH_TIMEOUT) -> Verification:
+                 search_timeout: float = DEFAULT_SEARCH_TIMEOUT, name: str = "the model") -> Verification:
     """Run `built` (or, for a non-CPU target, the same fused graph built for the host CPU) on the given
     `inputs` (checked with io.check_inputs) and seeded values for the rest, and compare every output
     with onnxruntime. An output over tolerance is checked against the unfused build: shared with it, the
     result carries a warning (`strict`: ToleranceExceeded); not shared, ToleranceExceeded naming the group to
     blame (the culprit search stops after `search_timeout` seconds; 0 skips it). With `precision` (a float32
-    model converted to fp16 / bf16) the outputs are judged with the half dtype's tolerance."""
+    model converted to fp16 / bf16) the outputs are judged with the half dtype's tolerance. `name`: the model,
+    as errors name it (its path)."""
     start = time.perf_counter()
     on_cpu = _runs_here(built.target)
     cpu = built.target if on_cpu else _quick_cpu()
@@ -152,7 +153,7 @@ def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = 
         run_shapes = concrete_shapes(shapes or {}, size)
         values, tensors = input_tensors(proto, run_shapes, seed, dev, inputs)
         got = as_arrays(vm["main"](*tensors, *weights))
-        reference = Reference(proto, values)
+        reference = Reference(proto, values, name)  # names the model if onnxruntime refuses it
         run = _Run(got, reference, [verdict_dtype(r.dtype, precision) for r in reference.values],
                    f" at {sizes_text(size)}" if size else "", run_shapes, tensors)
         found = run.judge(got, noise=False)
