@@ -7,8 +7,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.cli import main
 from tvm_fusion.testing import conv_bn_relu
@@ -85,3 +87,35 @@ def test_console_script_exit_codes(model, crashing_rules):
     assert "internal error in explain" in crash.stderr and "KeyError" in crash.stderr
     debug = run("--debug", "explain", str(model), "--rules", str(crashing_rules))
     assert debug.returncode == 3 and "Traceback (most recent call last)" in debug.stderr
+
+
+@pytest.mark.skipif(not CONSOLE.exists(), reason="the console script is installed in the virtualenv")
+def test_console_script_bad_graphs_are_one_line(tmp_path):
+    """What reaches the terminal, file descriptors included: a cycle and a Conv TVM's importer refuses (it
+    prints the converter's inputs and logs a BlockBuilder warning) are one line each, exit 2; a compile
+    (export) and a load print nothing."""
+    def model(name, nodes, x_shape, inits=()):
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / name))
+        return str(tmp_path / name)
+
+    cycle = model("cycle.onnx", [helper.make_node("Add", ["x", "b"], ["a"], name="add"),
+                                 helper.make_node("Relu", ["a"], ["b"], name="relu"),
+                                 helper.make_node("Relu", ["a"], ["y"], name="out")], [1, 4])
+    conv = model("conv.onnx", [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], [1, 4, 8, 8],
+                 [numpy_helper.from_array(np.zeros((4, 4), np.float32), "w")])
+    for path, says in ((cycle, "the graph has a cycle: node 'add' (Add) reads 'b' from node 'relu' (Relu)"),
+                       (conv, "TVM's ONNX importer failed at node 'conv' (Conv): ValueError: in relax.nn.conv2d")):
+        run = subprocess.run([str(CONSOLE), "explain", path, "--no-simplify"], capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 2 and run.stdout == "" and run.stderr.count("\n") == 1, run.stderr
+        assert run.stderr.startswith(f"error: {path}: {says}"), run.stderr
+    good = tmp_path / "good.onnx"
+    onnx.save(conv_bn_relu(), str(good))
+    built = subprocess.run([str(CONSOLE), "compile", str(good), "--target", "llvm", "-o", str(tmp_path / "m.so")],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0 and built.stderr == "", built.stderr
+    loaded = subprocess.run([sys.executable, "-c", f"from tvm_fusion.runtime import load; load({str(tmp_path / 'm.so')!r})"],
+                            capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0 and loaded.stderr == "" and loaded.stdout == "", loaded.stderr
