@@ -47,7 +47,7 @@ def test_bundle_runs_in_a_fresh_venv_without_the_compiler(tmp_path, fresh_python
     proc = subprocess.run([fresh_python, str(deploy / "run.py"), "--save", str(tmp_path / "out.npz")],
                           capture_output=True, text=True, cwd=tmp_path,
                           env={k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"})  # run.py sizes it
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # no per-function warning from TVM's VM
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["compiler_loaded"] is False and result["tvm"].startswith(str(deploy / "site"))
     assert result["threads"] == len(os.sched_getaffinity(0))  # run.py sizes TVM's pool, as tvm_fusion.runtime does
