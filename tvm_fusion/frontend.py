@@ -564,6 +564,7 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     proto = load_onnx(model)
     as_named = {i.name: i.name for i in proto.graph.input}
     proto = _labels_as_names(proto)
+    proto = in_topological_order(proto)  # after naming: labels count nodes in the given order
     shapes = {k: _given_shape(k, v) for k, v in (shapes or {}).items()}
     bounds = symbolic_dims(shapes)
     proto, simplified = _simplify.front_door(proto, _input_shapes(proto, shapes or {}, where, as_named), simplify)
@@ -710,3 +711,46 @@ def _check_no_zero_dims(inp, where: str, name: str) -> None:
         raise FusionError(f"{where}: input {name!r} declares dim {zero[0]} of its shape {shape} as 0 (an empty "
                           f"tensor, nothing to compute); export the model with that dim > 0 or dynamic, or give "
                           f"its size with --shape {name}=...")
+
+
+def in_topological_order(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with the nodes of each graph (bodies included) in an order that computes every tensor before
+    it is read (a copy, when some are not: onnxruntime accepts such graphs, TVM's importer does not), keeping
+    the given order where it already does. The graph must pass check_graph (no cycle)."""
+    if all(_order(g) is None for g in [model.graph] + [g for _, n, at in _walk(model.graph) for g, _ in _bodies(n, at)]):
+        return model
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graphs = [model.graph]
+    while graphs:
+        g = graphs.pop()
+        order = _order(g)
+        if order is not None:
+            nodes = [onnx.NodeProto.FromString(g.node[i].SerializeToString()) for i in order]
+            del g.node[:]
+            g.node.extend(nodes)
+        graphs += [body for n in g.node for body, _ in _bodies(n, "")]
+    return model
+
+
+def _order(graph: onnx.GraphProto) -> list[int] | None:
+    """A topological order of `graph`'s nodes (depth first, producers before readers, else the given order),
+    or None when the given order is one."""
+    writer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    reads = [[writer[x] for x in list(n.input) + _outer_reads(n) if x in writer] for n in graph.node]
+    if all(p < i for i, r in enumerate(reads) for p in r):
+        return None
+    order: list[int] = []
+    done: set[int] = set()
+    for start in range(len(reads)):
+        stack = [start]
+        while stack:
+            i = stack[-1]
+            pending = next((p for p in reads[i] if p not in done), None)
+            if i in done or pending is None:
+                if i not in done:
+                    done.add(i)
+                    order.append(i)
+                stack.pop()
+            else:
+                stack.append(pending)
+    return order
