@@ -28,7 +28,8 @@ from tvm_fusion.patterns.priority import priority
 from tvm_fusion.rules import Decline, Lowering, Match, Spec, batch_shape, decline, rule, symbolic_reason
 from tvm_fusion.schedules.elementwise import ELEMENTWISE_FAMILY, FAKE_QUANT
 
-__all__ = ["FAKE_QUANT", "QUANTIZED_DTYPES", "fake_quant_pattern", "fake_quant_params", "fake_quant_text"]
+__all__ = ["FAKE_QUANT", "QUANTIZED_DTYPES", "fake_quant_notes", "fake_quant_pattern", "fake_quant_params",
+           "fake_quant_text"]
 
 #: integer types a fake quantization may go through; float32 holds every value of them (and their sums with a
 #: zero point) exactly
@@ -89,6 +90,20 @@ def fake_quant_text(params: dict) -> str:
     same = (params["scale"], params["zero_point"]) == (params["dq_scale"], params["dq_zero_point"])
     tail = "" if same else f" (dequantized with scale {params['dq_scale']:.4g} zero point {params['dq_zero_point']})"
     return f"{kind} scale {params['scale']:.4g} zero point {params['zero_point']}{tail}"
+
+
+def fake_quant_notes(attrs: dict) -> list[str]:
+    """What a fused group's fake quantizations are (explain prints them under the group): its epilogue's
+    (`activation` fake_quant) and each pair step of its elementwise recipe, in order."""
+    notes = []
+    if attrs.get("activation") == FAKE_QUANT:
+        params = attrs.get("activation_params") or {}
+        inner = f" after {params['inner']}" if params.get("inner") else ""
+        notes.append(f"fake quantization{inner}: {fake_quant_text(params)}")
+    for step in attrs.get("recipe") or ():
+        if step[0] == FAKE_QUANT:
+            notes.append(f"fake quantization: {fake_quant_text(step[3])}")
+    return notes
 
 
 def _match_params(m: Match, tag: str = "fq"):
