@@ -15,7 +15,7 @@ from tvm_fusion import _tvm
 from tvm_fusion._tvm import relax
 from tvm_fusion.explain import op_counts
 from tvm_fusion.io import random_inputs, run_onnxruntime
-from tvm_fusion.testing import GraphBuilder, as_float16, check_cuda_build, run_build
+from tvm_fusion.testing import GraphBuilder, as_float16, check_cuda_build, encoder, run_build
 
 INT8 = (np.int8, -128, 127)
 UINT8 = (np.uint8, 0, 255)
@@ -273,7 +273,7 @@ def test_encoder_quantized_by_onnxruntime(per_channel, tmp_path):
     the output onnxruntime's element for element."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-    float_model = _encoder_layer()
+    float_model = encoder()
     onnx.save(float_model, str(tmp_path / "f.onnx"))
     rng = np.random.default_rng(0)
     calibration = iter([{"x": rng.normal(0, 1, (1, 8, 16)).astype(np.float32)} for _ in range(4)])
@@ -297,31 +297,3 @@ def test_encoder_quantized_by_onnxruntime(per_channel, tmp_path):
 #: attention's second matmul (a matmul of two activations, left to TVM)
 ENCODER_COUNTS = {"dense_fake_quant": 6, "layer_norm": 2, "elementwise_chain_6": 1, "elementwise_chain_4": 2,
                   "elementwise_chain_3": 2, "elementwise_chain_2": 4, "fake_quant": 5}
-
-
-def _encoder_layer(d=16, heads=2, seq=8):
-    g = GraphBuilder(12)
-    x = g.input("x", [1, seq, d])
-
-    def linear(v, n_in, n_out):
-        w = g.const(g.rng.normal(0, n_in ** -0.5, (n_in, n_out)).astype(np.float32), "w")
-        return g.op("Add", [g.op("MatMul", [v, w]), g.const(g.rng.normal(0, 0.1, n_out).astype(np.float32), "b")])
-
-    def norm(v):
-        return g.op("LayerNormalization", [v, g.const(g.rng.uniform(0.5, 1.5, d).astype(np.float32), "g"),
-                                           g.const(g.rng.normal(0, 0.1, d).astype(np.float32), "b")], axis=-1)
-
-    def heads_of(v):
-        v = g.op("Reshape", [v, g.const(np.array([1, seq, heads, d // heads], np.int64))])
-        return g.op("Transpose", [v], perm=[0, 2, 1, 3])
-
-    q, k, v = (heads_of(linear(x, d, d)) for _ in range(3))
-    scores = g.op("Div", [g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])]),
-                          g.const(np.float32(np.sqrt(d // heads)))])
-    ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
-    ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), g.const(np.array([1, seq, d], np.int64))])
-    h = norm(g.op("Add", [x, linear(ctx, d, d)]))
-    f = linear(h, d, 4 * d)
-    gelu = g.op("Mul", [g.op("Mul", [f, g.op("Add", [g.op("Erf", [g.op("Div", [f, g.const(np.float32(np.sqrt(2)))])]),
-                                                     g.const(np.float32(1))])]), g.const(np.float32(0.5))])
-    return g.model([norm(g.op("Add", [h, linear(gelu, 4 * d, d)]))], opset=17)
