@@ -70,6 +70,18 @@ class KernelMath:
     def tanh(self, v):
         return self._op("tanh", v)
 
+    def separate_product(self, a, b):
+        """a * b rounded on its own, as a separate multiply does: never contracted with the add that follows
+        into one fused multiply-add, which TVM's LLVM (AllowFPOpFusion fast) and nvcc (-fmad) otherwise do.
+        After a dequantize that matters: (q - z) * s + c is often exactly halfway between two steps of the
+        next quantize (s = 2/255, c = 1), and an FMA rounds it the other way. llvm: an arithmetic fence on
+        the product (still vectorized); CUDA: __fmul_rn."""
+        if self.target == "llvm":
+            return tirx.call_llvm_pure_intrin(prim_dtype(a), "llvm.arithmetic.fence", a * b)
+        if self.target == "cuda" and prim_dtype(a) == "float32":
+            return tirx.call_pure_extern("float32", "__fmul_rn", a, b)
+        return a * b
+
     def round_half_even(self, v):
         """v rounded to the nearest integer, ties to even (IEEE's default, as x86's cvtps2dq). On llvm TVM's `round`
         is exactly that (llvm.nearbyint) and vectorizes; `nearbyint` is not marked vectorizable (a loop with it
@@ -163,11 +175,11 @@ def fake_quant_value(v, p, math: KernelMath):
     shifted to the dequantize's zero point, times its scale.
     Clamping before rounding equals saturating after it (the bounds are integers); every value before the
     last product is an integer below 2^24, exact in float32, so the one rounding is the product's, as in
-    onnxruntime's float(q - z') * s'."""
+    onnxruntime's float(q - z') * s', a product of its own (`math.separate_product`: no FMA with what follows)."""
     lo, hi = p["qmin"] - p["zero_point"], p["qmax"] - p["zero_point"]
     r = math.round_half_even(te.min(te.max(v / const(p["scale"], v), const(lo, v)), const(hi, v)))
     shift = p["zero_point"] - p["dq_zero_point"]
-    return (r + const(shift, v) if shift else r) * const(p["dq_scale"], v)
+    return math.separate_product(r + const(shift, v) if shift else r, const(p["dq_scale"], v))
 
 
 def _fake_quant(v, p, math):
