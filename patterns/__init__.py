@@ -14,6 +14,7 @@ TABLES = (
     "tvm_fusion.patterns.dense_epilogue",
     "tvm_fusion.patterns.norm",
     "tvm_fusion.patterns.elementwise",
+    "tvm_fusion.patterns.qdq",
 )
 
 

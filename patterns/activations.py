@@ -19,6 +19,7 @@ schedules/activations.py ACTIVATIONS.
     hardswish   y * (clip(y + a, 0, 6) / d)   |   y * hardsigmoid(y)   |   y * clip(y + a, 0, 6) / d
     gelu_erf    gelu(y)   |   y * (erf(y / sqrt2) + 1) * 0.5, the 0.5 also inside or on y
     gelu_tanh   gelu_tanh(y)   |   y * (tanh(sqrt(2/pi) * (y + 0.044715 * y^3)) + 1) * 0.5
+    fake_quant  dequantize(quantize(a(y), s, z), s', z')   a: nothing or one of the above (patterns/qdq.py)
 
 `register_activation(name, pattern, compute)` adds one more, from a rules file too: its pattern here and its
 TE expression in schedules/activations.py, which every epilogue compute and schedule then takes, so
@@ -34,6 +35,7 @@ import numpy as np
 from tvm_fusion import _tvm
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.priority import ACTIVATION_RANK, priority
+from tvm_fusion.patterns.qdq import fake_quant_params, fake_quant_pattern
 from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.registry import refuse_another
 from tvm_fusion.rules import Decline, Rule, Spec, commutative, rule, scalar_constant
@@ -215,6 +217,34 @@ def _single(op_name):
     return build
 
 
+def _fake_quant(y):
+    """A QuantizeLinear -> DequantizeLinear pair on y, or on one other activation of y (conv -> relu -> Q -> DQ,
+    as a symmetric quantizer leaves it; onnxruntime's asymmetric one drops the relu): the params are the
+    pair's constants (patterns/qdq.py) and, with an activation before it, `inner` and `inner_params`."""
+    inner = {"": y}
+    ann, inner_params = {}, {}
+    for name in BY_RANK:  # every other activation of the table, those that contain another first
+        if name != "fake_quant":
+            inner[name], act_ann, inner_params[name] = ACTIVATIONS[name](y)
+            ann.update(act_ann, **{f"fq_inner_{name}": inner[name]})
+    alternatives = list(inner.values())
+    before = alternatives[0]
+    for alt in alternatives[1:]:
+        before = before | alt
+    pattern, fq_ann = fake_quant_pattern(before)
+    ann.update(fq_ann)
+
+    def params(m):
+        got = fake_quant_params(m.value("fq_quantize"), m.value("fq_dequantize"))
+        name = next((n for n in inner_params if f"fq_inner_{n}" in m), None)
+        if isinstance(got, Decline) or name is None:
+            return got
+        carried = inner_params[name](m)
+        return carried if isinstance(carried, Decline) else {**got, "inner": name, "inner_params": carried}
+
+    return pattern, ann, params
+
+
 #: name -> builder(y) -> (pattern, annotations, params(exprs) -> dict | Decline)
 ACTIVATIONS = {
     "relu": _single("relax.nn.relu"),
@@ -227,6 +257,7 @@ ACTIVATIONS = {
     "hardswish": _hardswish,
     "gelu_erf": _gelu_erf,
     "gelu_tanh": _gelu_tanh,
+    "fake_quant": _fake_quant,
 }
 
 

@@ -130,6 +130,10 @@ def conv_checks(m: Match):
         if int(bn_attrs.axis) != 1:
             return decline(f"batch_norm axis is {int(bn_attrs.axis)}; expected 1 (channels of NCHW)")
     if "residual" in m:
+        add_args = m.value("residual_add").args
+        if add_args[0].same_as(add_args[1]):
+            return decline("the residual add adds the epilogue's own value to itself (add(y, y)); the kernel's "
+                           "residual is another tensor")
         res_shape = m.shape("residual")
         if res_shape is None or shape_text(res_shape) != shape_text(out_shape):  # N compares by name
             return decline(f"residual operand has shape {shape_text(m['residual'])}; expected the conv output shape "

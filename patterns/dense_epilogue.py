@@ -1,5 +1,6 @@
 """matmul(x, W) -> [add b] -> [batch_norm] -> [activation]  ==>  dense_<...>(x, W', b')   (Gemm / MatMul).
 matmul(x, W) -> [add b] -> c * .                           ==>  dense_scale(x, W * c, b * c)   (layer scale)
+matmul(x, W) -> quantize -> dequantize                      ==>  dense_fake_quant(x, W, 0)      (QDQ models)
 
 TVM imports Gemm as permute_dims(W) + matmul + add; FoldConstant turns permute_dims(W) into a constant.
 x may be batched ([..., M, K] with a bias over the last axis): the kernel sees x as [rows, K] and its
@@ -115,9 +116,11 @@ STRUCTURES = {
     "bias": ("dense_bias", dict(bias=True), "matmul(x, W) -> add b -> {act}  ==>  {name}(x, W', b')"),
     "scale": ("dense_scale", dict(bias=None, scale=True),
               "matmul(x, W) -> [add b] -> * c -> {act}  ==>  {name}(x, W', b')"),
+    "plain": ("dense", dict(bias=False), "matmul(x, W) -> {act}  ==>  {name}(x, W, 0)"),
 }
 
 
-#: the layer scale comes without an activation (ConvNeXt, CaiT); below dense_bn, which also has the `* c`
-RULES = epilogue_rules(STRUCTURES, [(st, act) for st in ("bn", "bias") for act in [*BY_RANK, None]] + [("scale", None)],
-                       dense_epilogue, dense_checks, __file__)
+#: the layer scale comes without an activation (ConvNeXt, CaiT); below dense_bn, which also has the `* c`. A
+#: bare matmul only with a fake quantization after it (a QDQ model's MatMul -> Q -> DQ -> Add bias)
+RULES = epilogue_rules(STRUCTURES, [(st, act) for st in ("bn", "bias") for act in [*BY_RANK, None]]
+                       + [("scale", None), ("plain", "fake_quant")], dense_epilogue, dense_checks, __file__)

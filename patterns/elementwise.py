@@ -2,8 +2,10 @@
 
     relu(add(a, b))                          ==>  add_relu(a, b)          (a skip connection: both are tensors)
     op_k(... op_2(op_1(a, b), c) ...), k>=3  ==>  elementwise_chain_k(...)
+    fake_quant(op(a, b)) | op(fake_quant(a), b) ==>  elementwise_chain_2(...)  (a QDQ model's Add bias -> Q -> DQ)
 
-Each op is one of schedules/elementwise.py BINARY (either operand order) or UNARY. The other operands of
+Each op is one of schedules/elementwise.py BINARY (either operand order) or UNARY, or a QuantizeLinear ->
+DequantizeLinear pair (one step, `fake_quant`: patterns/qdq.py; the first step too). The other operands of
 the chain may be tensors from anywhere (the dependency check of FuseOpsByPattern keeps the graph acyclic)
 or constants. An intermediate with a consumer outside the chain declines the match (generic check).
 """
@@ -14,8 +16,9 @@ from tvm_fusion import _tvm, registry
 from tvm_fusion._tvm import dpl, relax
 from tvm_fusion.patterns.activations import clip_bounds
 from tvm_fusion.patterns.priority import priority
-from tvm_fusion.rules import Lowering, Match, Spec, batch_shape, decline, rule, symbolic_reason
-from tvm_fusion.schedules.elementwise import BINARY, ELEMENTWISE_FAMILY, UNARY
+from tvm_fusion.patterns.qdq import fake_quant_params, fake_quant_pattern
+from tvm_fusion.rules import Decline, Lowering, Match, Spec, batch_shape, decline, rule, symbolic_reason
+from tvm_fusion.schedules.elementwise import BINARY, ELEMENTWISE_FAMILY, FAKE_QUANT, UNARY
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")  # half: computed in float32, rounded once
 LONGEST_CHAIN = 6
@@ -29,6 +32,7 @@ def _step(prev):
     for op in UNARY:
         extra = [dpl.wildcard(), dpl.wildcard()] if op == "relax.clip" else []
         alternatives.append(dpl.is_op(op)(prev, *extra))
+    alternatives.append(fake_quant_pattern(prev)[0])
     out = alternatives[0]
     for alt in alternatives[1:]:
         out = out | alt
@@ -36,7 +40,7 @@ def _step(prev):
 
 
 def _first():
-    binary = [dpl.is_op(op)(dpl.wildcard(), dpl.wildcard()) for op in BINARY]
+    binary = [dpl.is_op(op)(dpl.wildcard(), dpl.wildcard()) for op in BINARY] + [fake_quant_pattern(dpl.wildcard())[0]]
     out = binary[0]
     for alt in binary[1:]:
         out = out | alt
@@ -81,7 +85,11 @@ def lower_chain(m: Match, length: int) -> Lowering:
         call = m.value(f"s{i}")
         op = str(call.op.name)
         params = clip_bounds(call) if op == "relax.clip" else None
-        if prev is None:
+        if op == "relax.dequantize":  # a QuantizeLinear -> DequantizeLinear pair: one step
+            quantize = _resolve(m, call.args[0])
+            op, params = FAKE_QUANT, fake_quant_params(quantize, call)
+            steps.append((op, None, operand(quantize.args[0]), params) if prev is None else (op, 0, None, params))
+        elif prev is None:
             steps.append((op, None, (operand(call.args[0]), operand(call.args[1])), params))
         elif op in UNARY:
             steps.append((op, 0, None, params))
@@ -98,9 +106,12 @@ def lower_chain(m: Match, length: int) -> Lowering:
             return -(i + 1)
         return 1 + i if kind == "c" else (0 if i == 0 else 1 + len(consts) + i - 1)
 
-    recipe = tuple(
-        (op, pos, tuple(index(r) for r in ref) if pos is None else (None if ref is None else index(ref)), params)
-        for op, pos, ref, params in steps)
+    def refs(pos, ref):
+        if pos is None:  # the first step: both operands of a binary op, the one of a pair
+            return index(ref) if isinstance(ref[0], str) else tuple(index(r) for r in ref)
+        return None if ref is None else index(ref)
+
+    recipe = tuple((op, pos, refs(pos, ref), params) for op, pos, ref, params in steps)
     compute = m.rule if registry.has_compute(m.rule) else ELEMENTWISE_FAMILY
     return Lowering(compute=compute, inputs=tensors, constants=consts, attrs={"recipe": recipe})
 
@@ -115,6 +126,12 @@ def elementwise_checks(m: Match):
     first = m.value("s1")
     if all(_tvm.is_constant(a) for a in first.args):
         return decline("the chain starts from constants only; FoldConstant should have folded it")
+    for i in range(1, LONGEST_CHAIN + 1):
+        step = m.value(f"s{i}") if f"s{i}" in m else None
+        if step is not None and str(step.op.name) == "relax.dequantize":
+            got = fake_quant_params(_resolve(m, step.args[0]), step)
+            if isinstance(got, Decline):
+                return got
     return None
 
 
@@ -137,4 +154,21 @@ def _make_chain_rule(length: int):
     return made
 
 
-RULES = [add_relu] + [_make_chain_rule(n) for n in range(LONGEST_CHAIN, 2, -1)]
+def _two_steps(m: Match) -> Match:
+    """elementwise_chain_2's match with its first step named s1, whichever form matched."""
+    first = m["s1_op"] if "s1_op" in m else m["s1_fq"]
+    return Match(m.rule, {"s1": first, "s2": m["root"], "root": m["root"]}, m._var2val, m.batch_dims)  # noqa: SLF001
+
+
+@rule("elementwise_chain_2", priority=priority("elementwise_chain_<n>", 2),
+      check=lambda m: elementwise_checks(_two_steps(m)))
+def elementwise_chain_2():
+    """fake_quant(op(a, b)) | op(fake_quant(a), ...)  ==>  elementwise_chain_2(...): two steps, one of them a
+    QuantizeLinear -> DequantizeLinear pair (two plain ops stay with TVM's own fusion)"""
+    first = _first()
+    fq_first, _ = fake_quant_pattern(dpl.wildcard())
+    root = fake_quant_pattern(first)[0] | _step(fq_first)
+    return Spec(root, {"s1_op": first, "s1_fq": fq_first, "root": root}, lambda m: lower_chain(_two_steps(m), 2))
+
+
+RULES = [add_relu] + [_make_chain_rule(n) for n in range(LONGEST_CHAIN, 2, -1)] + [elementwise_chain_2]

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 __all__ = ["ACTIVATION_RANK", "TIERS", "convention", "priority"]
 
-#: within an activated tier: activations that contain another first
-ACTIVATION_RANK = {"hardswish": 9, "silu": 8, "gelu_tanh": 7, "gelu_erf": 6, "hardsigmoid": 5,
+#: within an activated tier: activations that contain another first (a fake quantization may hold any other)
+ACTIVATION_RANK = {"fake_quant": 10, "hardswish": 9, "silu": 8, "gelu_tanh": 7, "gelu_erf": 6, "hardsigmoid": 5,
                    "relu6": 4, "leaky_relu": 3, "sigmoid": 2, "tanh": 1, "relu": 0}
 
-#: tier -> base priority, highest first; `<act>`: + ACTIVATION_RANK (0-9), `<n>`: + the chain length (3-6)
+#: tier -> base priority, highest first; `<act>`: + ACTIVATION_RANK (0-10), `<n>`: + the chain length (3-6)
 TIERS = {
     "attention": 600,
     "squeeze_excite_<act>_hardsigmoid": 520,  # above every conv rule, which would take its two 1x1 convs
@@ -38,17 +38,19 @@ TIERS = {
     "conv2d_bias_<act>": 160,
     "conv2d_add": 155,
     "conv2d_<act>": 140,
-    "dense_bn_<act>": 130,
-    "dense_bn": 129,
+    "dense_bn_<act>": 129,
+    "dense_bn": 128,
     "dense_scale": 125,
     "dense_bias_<act>": 111,
     "dense_bias": 110,
+    "dense_<act>": 99,
     "add_layer_norm": 90,
     "layer_norm": 80,
     "elementwise_chain_<n>": 60,
     "conv2d_bias": 50,
     "add_relu": 45,
     "conv2d": 40,
+    "fake_quant": 30,
 }
 
 

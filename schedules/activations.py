@@ -16,8 +16,8 @@ from math import pi, sqrt
 from tvm_fusion._tvm import prim_dtype, te, tirx
 from tvm_fusion.registry import refuse_another
 
-__all__ = ["ACTIVATIONS", "CANONICAL", "MATH", "KernelMath", "apply_activation", "const", "fast_math_allowed",
-           "register_activation", "register_math"]
+__all__ = ["ACTIVATIONS", "CANONICAL", "MATH", "KernelMath", "apply_activation", "const", "fake_quant_value",
+           "fast_math_allowed", "register_activation", "register_math"]
 
 #: TVM's math intrinsics, as the computes call them unless the target has its own (MATH)
 _INTRINSICS = {"exp": te.exp, "sigmoid": te.sigmoid, "erf": te.erf, "tanh": te.tanh}
@@ -69,6 +69,24 @@ class KernelMath:
 
     def tanh(self, v):
         return self._op("tanh", v)
+
+    def separate_product(self, a, b):
+        """a * b rounded on its own, as a separate multiply does: never contracted with the add that follows
+        into one fused multiply-add, which TVM's LLVM (AllowFPOpFusion fast) and nvcc (-fmad) otherwise do.
+        After a dequantize that matters: (q - z) * s + c is often exactly halfway between two steps of the
+        next quantize (s = 2/255, c = 1), and an FMA rounds it the other way. llvm: an arithmetic fence on
+        the product (still vectorized); CUDA: __fmul_rn."""
+        if self.target == "llvm":
+            return tirx.call_llvm_pure_intrin(prim_dtype(a), "llvm.arithmetic.fence", a * b)
+        if self.target == "cuda" and prim_dtype(a) == "float32":
+            return tirx.call_pure_extern("float32", "__fmul_rn", a, b)
+        return a * b
+
+    def round_half_even(self, v):
+        """v rounded to the nearest integer, ties to even (IEEE's default, as x86's cvtps2dq). On llvm TVM's `round`
+        is exactly that (llvm.nearbyint) and vectorizes; `nearbyint` is not marked vectorizable (a loop with it
+        is scalarized) and elsewhere `round` means roundf (ties away from zero, CUDA), so `nearbyint` there."""
+        return te.round(v) if self.target == "llvm" else te.nearbyint(v)
 
     def _op(self, name: str, v):
         if self.target is None or not self.fast:
@@ -150,6 +168,29 @@ def _gelu_tanh(v, p, math):
     return v * (math.tanh(inner) + const(p["one"], v)) * const(p["half"], v)
 
 
+def fake_quant_value(v, p, math: KernelMath):
+    """QuantizeLinear -> DequantizeLinear of the float32 value v as onnxruntime computes them (MLAS): the
+    quotient v / scale (a division, as MLAS's _mm_div_ps, never v * (1 / scale)), clamped to
+    [qmin - zero_point, qmax - zero_point], rounded half to even (as cvtps2dq: `math.round_half_even`),
+    shifted to the dequantize's zero point, times its scale.
+    Clamping before rounding equals saturating after it (the bounds are integers); every value before the
+    last product is an integer below 2^24, exact in float32, so the one rounding is the product's, as in
+    onnxruntime's float(q - z') * s', a product of its own (`math.separate_product`: no FMA with what follows)."""
+    lo, hi = p["qmin"] - p["zero_point"], p["qmax"] - p["zero_point"]
+    r = math.round_half_even(te.min(te.max(v / const(p["scale"], v), const(lo, v)), const(hi, v)))
+    shift = p["zero_point"] - p["dq_zero_point"]
+    return math.separate_product(r + const(shift, v) if shift else r, const(p["dq_scale"], v))
+
+
+def _fake_quant(v, p, math):
+    """fake_quant_value of `inner`(v) (None: v itself), the activation before the quantize (conv -> relu -> Q)."""
+    inner = p.get("inner")
+    if inner is not None:
+        fn, inner_params = ACTIVATIONS[inner], p.get("inner_params") or {}
+        v = fn(v, inner_params) if inner in _WITHOUT_MATH else fn(v, inner_params, math)
+    return fake_quant_value(v, p, math)
+
+
 ACTIVATIONS = {
     None: lambda v, p, math: v,
     "relu": _relu,
@@ -163,6 +204,7 @@ ACTIVATIONS = {
     "hardswish": _hardswish,
     "gelu_erf": _gelu_erf,
     "gelu_tanh": _gelu_tanh,
+    "fake_quant": _fake_quant,
 }
 
 

@@ -4,7 +4,9 @@
 
 `recipe` is a tuple of steps (op, chain_position, operand, params): `chain_position` is the operand slot the
 running value takes (0 or 1; None for the first step, whose operands are both given), `operand` indexes the
-compute's arguments (>= 0), or an earlier step's result as -(step + 1), or is None for unary ops.
+compute's arguments (>= 0), or an earlier step's result as -(step + 1), or is None for unary ops after the
+first step. A step is one relax op (BINARY, UNARY) or a pair of them (COMPOSITE: a QuantizeLinear ->
+DequantizeLinear pair, `fake_quant`, float32 only).
 Stages are inlined into the last one by the schedules. Half tensors are widened to float32 first and the
 result is rounded once (tvm_fusion.precision).
 """
@@ -15,9 +17,10 @@ from tvm_fusion._tvm import te, topi
 
 from tvm_fusion.precision import HALF_DTYPES, accumulator_dtype
 from tvm_fusion.registry import register_compute
-from tvm_fusion.schedules.activations import KernelMath
+from tvm_fusion.schedules.activations import KernelMath, fake_quant_value
 
-ELEMENTWISE_FAMILY = "elementwise_chain"  # the compute every elementwise rule without a compute of its own lowers to
+ELEMENTWISE_FAMILY = "elementwise_chain"
+FAKE_QUANT = "fake_quant"  # the step of a QuantizeLinear -> DequantizeLinear pair (patterns/qdq.py)  # the compute every elementwise rule without a compute of its own lowers to
 
 BINARY = {
     "relax.add": topi.add,
@@ -48,6 +51,11 @@ UNARY = {
     "relax.negative": lambda x, p, math: topi.negative(x),
     "relax.clip": lambda x, p, math: topi.clip(x, p[0], p[1]),
 }
+#: steps made of more than one relax op: name -> fn(x, params, math)
+COMPOSITE = {
+    FAKE_QUANT: lambda x, p, math: te.compute(x.shape, lambda *i: fake_quant_value(x(*i), p, math), name="fake_quant",
+                                              tag="elemwise"),
+}
 
 
 @register_compute(ELEMENTWISE_FAMILY)
@@ -63,8 +71,9 @@ def elementwise_chain(*tensors, recipe, fast_math=True, target=None, **_):
 
     for op, chain_pos, operand, params in recipe:
         value = steps[-1] if steps else None
-        if op in UNARY:
-            steps.append(UNARY[op](arg(operand) if value is None else value, params, math))
+        if op in UNARY or op in COMPOSITE:
+            fn = UNARY.get(op) or COMPOSITE[op]
+            steps.append(fn(arg(operand) if value is None else value, params, math))
             continue
         if value is None:
             a, b = arg(operand[0]), arg(operand[1])

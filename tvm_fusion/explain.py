@@ -11,6 +11,7 @@ from ._tvm import relax, tvm
 from .build import resolve_target
 from .fuse import Decision, FuseResult, fuse, normalize_batch_norm
 from .rules import RuleSet
+from .patterns.qdq import fake_quant_notes
 from .trace import PartialMatch, near_misses
 
 __all__ = ["Explanation", "PartialMatch", "explain", "op_counts"]
@@ -67,6 +68,7 @@ class Explanation:
             lines.append(f"  {g.function:28s} {g.rule:22s} <- {', '.join(g.onnx_nodes) or '?'}")
             if g.kernel:
                 lines.append(f"  {'':28s}   kernel: {g.kernel}")
+            lines += [f"  {'':28s}   {note}" for note in fake_quant_notes(g.attrs)]
         by_root = _by_node(self.declined())
         if by_root:
             lines += ["", "declined candidates (chain ending at ONNX node: rule: reason):"]

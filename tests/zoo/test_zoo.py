@@ -16,7 +16,7 @@ from functools import lru_cache
 import numpy as np
 import onnx
 import pytest
-from corpus import CHECKED_IN, ENTRIES, WHEEL_ENTRIES, ZOO_DIR, make_inputs, model_path, shapes
+from corpus import CHECKED_IN, ENTRIES, QUANTIZED, WHEEL_ENTRIES, ZOO_DIR, make_inputs, model_path, shapes
 from wheels import WHEEL_MODELS, RegistryUnreachable
 
 import tvm_fusion as tf
@@ -44,6 +44,12 @@ EXPECTED_COUNTS = {
     "bert_dynamo18": {"attention": 2, "dense_bias_gelu_erf": 2, "dense_bias_tanh": 1, "dense_bias": 10, "add_layer_norm": 5},
     "yolo_ts17": {"conv2d_silu_add": 3, "conv2d_bias_silu": 11, "conv2d_bias": 1},
     "yolo_constants_ts13": {"conv2d_silu_add": 3, "conv2d_bias_silu": 11, "conv2d_bias": 1},
+    # QDQ models (make_qdq.py): every QuantizeLinear -> DequantizeLinear pair in a conv / dense epilogue, an
+    # elementwise chain or a fake_quant kernel of its own; those after a Reshape / Transpose dropped on import
+    "bert_qdq": {"dense_bias_fake_quant": 1, "dense_fake_quant": 12, "elementwise_chain_6": 7, "elementwise_chain_5": 2,
+                 "elementwise_chain_4": 10, "elementwise_chain_3": 3, "elementwise_chain_2": 8, "fake_quant": 5},
+    "mobilenetv3_qdq_pc": {"conv2d_fake_quant_add": 2, "conv2d_bias_fake_quant": 20, "dense_bias_fake_quant": 2,
+                           "elementwise_chain_6": 10, "fake_quant": 7},
     # audio, speech, ViT and YOLOX exports, recorded 2026-12-03
     "audio1d_ts17": {"dense_bias": 1, "elementwise_chain_3": 1, "add_relu": 2},
     "audio1d_dynamo18": {"dense_bias": 1, "elementwise_chain_3": 1, "add_relu": 2},
@@ -346,4 +352,14 @@ def test_generator_is_reproducible(tmp_path):
     subprocess.run([sys.executable, str(ZOO_DIR / "make_zoo.py"), str(tmp_path)], check=True,
                    capture_output=True, timeout=600)
     for name in CHECKED_IN:
+        if name not in QUANTIZED:
+            assert (tmp_path / f"{name}.onnx").read_bytes() == model_path(name).read_bytes(), name
+
+
+@pytest.mark.slow
+def test_qdq_generator_is_reproducible(tmp_path):
+    """make_qdq.py (onnxruntime.quantization, no torch) writes the checked-in QDQ files byte for byte."""
+    subprocess.run([sys.executable, str(ZOO_DIR / "make_qdq.py"), str(tmp_path)], check=True,
+                   capture_output=True, timeout=600)
+    for name in QUANTIZED:
         assert (tmp_path / f"{name}.onnx").read_bytes() == model_path(name).read_bytes(), name
