@@ -141,6 +141,13 @@ def test_fused_llvm_matches_onnxruntime(name):
 
 
 @pytest.mark.parametrize("name", params(ENTRIES))
+def test_every_llvm_kernel_has_a_schedule(name):
+    """No kernel of the fused CPU build is left to TVM's bare loop nest (tvm_fusion/unscheduled.py)."""
+    built, _ = run_llvm(name)
+    assert not built.unscheduled, [str(u) for u in built.unscheduled]
+
+
+@pytest.mark.parametrize("name", params(ENTRIES))
 def test_simplifier_ran_and_kept_names(name):
     record = simplify.record_of(imported(name))
     assert record["simplifier"] == simplify.DEFAULT and "skipped" not in record, record
@@ -155,6 +162,7 @@ def test_cuda_build_compiles(name):
     """Compile only: this machine has no GPU (the CUDA kernels' numerics are the schedules' tests)."""
     built = tf.build(imported(name), "cuda", "fused")
     assert built.kernel_calls > 0
+    assert not built.unscheduled, [str(u) for u in built.unscheduled]  # dlight's GPU rules end with Fallback
     assert {k: v for k, v in built.counts.items() if v} == EXPECTED_CUDA_COUNTS[name]
 
 
