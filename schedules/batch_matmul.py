@@ -67,6 +67,16 @@ def batch_matmul(a, *rest, has_bias=False, scale=None, scale_op=None, activation
         return te.sum(cast_to(a[(*ai, row, rk)], acc) * cast_to(b[(*bi, rk, col)], acc), axis=rk)
 
     mm = te.compute((*batch, m, n), product, name="matmul")
+    return batch_matmul_epilogue(mm, (*batch, m, n), a.dtype, bias, scale=scale, scale_op=scale_op,
+                                 activation=activation, activation_params=activation_params, fast_math=fast_math,
+                                 target=target)
+
+
+def batch_matmul_epilogue(mm, shape, dtype, bias=None, *, scale=None, scale_op=None, activation=None,
+                          activation_params=None, fast_math=True, target=None):
+    """The `epilogue` stage over `shape` (the output's, within `mm`'s): the scale, the bias, the activation in
+    the accumulator dtype, rounded to `dtype` once."""
+    acc = accumulator_dtype(dtype)
     c = tirx.const(scale, acc) if scale is not None else None
 
     def epilogue(*i):
@@ -77,7 +87,6 @@ def batch_matmul(a, *rest, has_bias=False, scale=None, scale_op=None, activation
             v = v * c
         if bias is not None:
             v = v + cast_to(bias[i[-1]], acc)
-        return cast_to(apply_activation(v, activation, activation_params, fast_math=fast_math, target=target),
-                       a.dtype)
+        return cast_to(apply_activation(v, activation, activation_params, fast_math=fast_math, target=target), dtype)
 
-    return te.compute((*batch, m, n), epilogue, name="epilogue")
+    return te.compute(shape, epilogue, name="epilogue")

@@ -10,11 +10,10 @@ function is marked `dlight.do_not_tensorize`, see dense.py); the kernel reports 
 
 from __future__ import annotations
 
-from tvm_fusion.errors import FusionError
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.batch_matmul import BATCH_MATMUL_FAMILY
 
-from .dense import NO_TENSORIZE, RULES
+from .dense import apply_dlight_rules
 
 ENGINE = "CUDA cores (dlight's rules; no tensor-core schedule for a batched matmul of two tensors)"
 
@@ -22,12 +21,5 @@ ENGINE = "CUDA cores (dlight's rules; no tensor-core schedule for a batched matm
 @register_schedule(BATCH_MATMUL_FAMILY, target="cuda")
 def schedule_batch_matmul_cuda(sch, attrs, target) -> str:
     """Schedules in place with the first dlight rule that takes the function; returns the engine."""
-    func = sch.mod["main"].with_attr(NO_TENSORIZE, True)
-    for rule in RULES:
-        scheduled = rule().apply(func, target, False)
-        if isinstance(scheduled, list):
-            scheduled = scheduled[0] if scheduled else None
-        if scheduled is not None:
-            scheduled.trace.apply_to_schedule(sch, remove_postproc=False)
-            return ENGINE
-    raise FusionError(f"no dlight GPU rule schedules the batch_matmul function {func.params}")
+    apply_dlight_rules(sch, target, "batch_matmul")
+    return ENGINE

@@ -28,8 +28,8 @@ from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
-from tvm_fusion.schedules.activations import apply_activation
-from tvm_fusion.schedules.batch_matmul import BATCH_MATMUL_FAMILY, broadcast_index, out_batch_dims
+from tvm_fusion.schedules.batch_matmul import (BATCH_MATMUL_FAMILY, batch_matmul_epilogue, broadcast_index,
+                                               out_batch_dims)
 
 __all__ = ["MatmulPlan", "matmul_plan"]
 
@@ -89,20 +89,9 @@ def batch_matmul_llvm(a, *rest, has_bias=False, scale=None, scale_op=None, activ
         return te.sum(cast_to(x, acc) * cast_to(panel[(*bi, col // cols, rk, col % cols)], acc), axis=rk)
 
     mm = te.compute((*batch, m_pad, n_pad), product, name="matmul")
-    c = tirx.const(scale, acc) if scale is not None else None
-
-    def epilogue(*i):
-        v = mm[i]
-        if scale_op == "divide":
-            v = v / c
-        elif scale_op == "multiply":
-            v = v * c
-        if bias is not None:
-            v = v + cast_to(bias[i[-1]], acc)
-        return cast_to(apply_activation(v, activation, activation_params, fast_math=fast_math, target=target),
-                       a.dtype)
-
-    return te.compute((*batch, m, n), epilogue, name="epilogue")
+    return batch_matmul_epilogue(mm, (*batch, m, n), a.dtype, bias, scale=scale, scale_op=scale_op,
+                                 activation=activation, activation_params=activation_params, fast_math=fast_math,
+                                 target=target)
 
 
 @register_schedule(BATCH_MATMUL_FAMILY, target="llvm")
