@@ -18,25 +18,33 @@ applies one (the fallback rule tries them in order on a copy of the schedule, `f
   whole vectors of at least MIN_VECTOR lanes is not taken (TVM's split would read past it).
 - `chains:<c>`: `c` outputs' reductions interleaved (independent scalar chains, unrolled), each in TVM's
   order: bit-identical.
-- `parallel`: the spatial loops in parallel only; `serial`: a reduction to one value (nothing to split
-  without reassociating it).
+- `parallel`: the spatial loops above the innermost one in parallel, the rest TVM's loop (for LLVM to
+  unroll and vectorize; what a short reduction gets, see SHORT_REDUCTION); `serial`: a reduction to one value
+  (nothing to split without reassociating it).
 
 Every plan runs the outputs in parallel when the nest does at least PARALLEL_ELEMENTS iterations.
 """
 
 from __future__ import annotations
 
+import math
+
 from tvm_fusion._tvm import called_ops
 
 from .injective import PARALLEL_ELEMENTS, VECTOR_CALLS
 from .loop_nest import Nest, contiguous
 
-__all__ = ["CHAINS", "MIN_VECTOR", "apply_plan", "reduction_plans", "vector_width"]
+__all__ = ["CHAINS", "MIN_VECTOR", "SHORT_REDUCTION", "apply_plan", "parallel_outer", "reduction_plans",
+           "vector_width"]
 
 #: independent scalar chains of a reduction whose outputs are not vectors (see plane_sum.CHAINS)
 CHAINS = 8
 #: the fewest lanes a vector of outputs or of partial results may have
 MIN_VECTOR = 4
+#: a reduction of at most this many constant taps per output (a pool's window, a depthwise conv1d's kernel)
+#: keeps TVM's loop below its parallel outer loops: LLVM unrolls the taps and vectorizes the output loop
+#: itself (a 3-tap stride-2 max pool over 128 x 4000: 0.11 ms so, 1.4 ms as chains of 8 outputs)
+SHORT_REDUCTION = 16
 
 
 def vector_width(extent: int | None, lanes: int) -> int | None:
@@ -65,13 +73,11 @@ def reduction_plans(nest: Nest, lanes: int) -> list[str]:
         width = vector_width(nest.extents[inner], lanes)
         plans += [f"outputs:{width}"] if width else []
     plans += _rows(nest, lanes) if vectors else []
-    spatial = nest.extents[:lead]
-    if None not in spatial:
-        total = 1
-        for e in spatial:
-            total *= e
-        chains = max((c for c in range(2, CHAINS + 1) if total % c == 0), default=None)
-        plans += [f"chains:{chains}"] if chains else []
+    extent = nest.extents[inner] if inner is not None else None
+    chains = max((c for c in range(2, CHAINS + 1) if extent and extent % c == 0), default=None)
+    taps = nest.extents[lead:]
+    short = None not in taps and math.prod(taps) <= SHORT_REDUCTION
+    plans += [f"chains:{chains}"] if chains and not short else []
     return plans + ["parallel"]
 
 
@@ -96,24 +102,36 @@ def apply_plan(sch, block, plan: str) -> None:
     spatial, reduced = nest.loops[:lead], nest.loops[lead:]
     work = nest.work()
     big = work is None or work >= PARALLEL_ELEMENTS
-    outputs = (sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]) if spatial else None
     if plan == "parallel":
-        if outputs is not None and big:
-            sch.parallel(outputs)
+        parallel_outer(sch, nest, big)
         return
+    if plan.startswith("rows:"):
+        outputs = (sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]) if spatial else None
+        _rows_plan(sch, block, outputs, reduced, int(plan.split(":")[1]), big)
+        return
+    # outputs / chains: the innermost spatial loop split (no index arithmetic across the others), its lanes
+    # moved inside the reduced loops; the loops above them fused and in parallel
     kind, width = plan.split(":")
-    if kind == "rows":
-        _rows_plan(sch, block, outputs, reduced, int(width), big)
-        return
-    outer, inner = sch.split(outputs, [None, int(width)])
-    sch.reorder(*reduced, inner)
+    i = nest.innermost_spatial()
+    outer, lane = sch.split(spatial[i], [None, int(width)])
+    sch.reorder(*reduced, lane)
     if big:
-        sch.parallel(outer)
+        above = [*spatial[:i], outer]
+        sch.parallel(sch.fuse(*above) if len(above) > 1 else outer)
     if kind == "outputs":
-        sch.vectorize(inner)
+        sch.vectorize(lane)
     else:
-        sch.unroll(inner)
+        sch.unroll(lane)
     sch.decompose_reduction(block, reduced[0])
+
+
+def parallel_outer(sch, nest: Nest, big: bool) -> None:
+    """The leading spatial loops above the innermost one with more than one iteration fused and in parallel
+    (when `big`); that loop and the ones inside it stay TVM's, for LLVM to unroll and vectorize."""
+    inner = nest.innermost_spatial()
+    above = nest.loops[:inner] if inner is not None else []
+    if above and big:
+        sch.parallel(sch.fuse(*above) if len(above) > 1 else above[0])
 
 
 def _rows_plan(sch, block, outputs, reduced, width: int, big: bool) -> None:
