@@ -144,7 +144,11 @@ def test_squeezenet_totals_are_consistent(squeezenet):
     assert data["totals"]["bytes_saved"] == sum(g.bytes_saved for g in report.groups)
     assert data["totals"]["launches_removed"] == sum(g.launches_removed for g in report.groups)
     unfused, fused = (data["builds"][m] for m in ("unfused", "fused"))
-    assert unfused["calls"] - fused["calls"] >= data["totals"]["launches_removed"]
+    # each unfused call belongs to at most one group, each group is at least one fused call; the calls outside
+    # the groups depend on the target's plans (an AVX-512 plan may add a copy kernel), so no bound on them
+    assert sum(g.before_launches for g in report.groups) <= unfused["calls"]
+    assert len(report.groups) <= sum(g.after_launches for g in report.groups) <= fused["calls"]
+    assert all(g.before_launches >= g.after_launches >= 1 for g in report.groups)
     assert re.fullmatch(r"fusion saved \d+\.\d+ MB of memory traffic and \d+ launches per inference",
                         report.summary())
     json.dumps(data)

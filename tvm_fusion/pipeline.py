@@ -27,13 +27,34 @@ def _backend(target):
     return BACKEND_PIPELINES[kind]
 
 
+class GuardedRule(dlight.ScheduleRule):
+    """A dlight rule that declines a PrimFunc it raises on, so the next rule of its list takes it (on CUDA
+    the last is dlight's Fallback). TVM 0.27's CUDA GEMV rule raises an AttributeError on a depthwise conv1d
+    (an FSMN memory block); without this, one op stops the whole build."""
+
+    def __init__(self, rule):
+        self.rule = rule
+
+    def apply(self, func, target, tunable):
+        try:
+            return self.rule.apply(func, target, tunable)
+        except Exception:  # noqa: BLE001  (a rule's crash means "not mine"; the next rule schedules it)
+            return None
+
+
+def _guarded(passes: list) -> list:
+    """Every dlight ApplyDefaultSchedule of a backend's list with its rules guarded (GuardedRule)."""
+    return [dlight.ApplyDefaultSchedule(*[GuardedRule(r) for r in p.rules])
+            if p.info.name == "ApplyDefaultSchedule" and hasattr(p, "rules") else p for p in passes]
+
+
 def legalize_passes(mode: str, target) -> list:
     """Half conv / matmul summed in float32, library dispatch + legalization (+ TVM's fusion unless unfused)
-    + the target's default schedules."""
+    + the target's default schedules (each rule guarded: GuardedRule)."""
     if mode not in MODES:
         raise FusionError(f"unknown build mode {mode!r}; use one of {', '.join(MODES)}")
     backend = _backend(target)
-    passes = [half_sums_in_float32()] + backend.library_dispatch_passes(target) + backend.legalize_passes(target)
+    passes = [half_sums_in_float32()] + backend.library_dispatch_passes(target) + _guarded(backend.legalize_passes(target))
     if mode == "unfused":
         passes = [p for p in passes if p.info.name not in _AUTO_FUSION]
     if mode == "fused":

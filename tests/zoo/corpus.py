@@ -8,6 +8,7 @@ Each entry states its inputs so a run feeds meaningful values: `ids` are token i
 the vocabulary), `mask` is an attention mask of 0/1 with at least the first token kept, `normal` is
 N(0, 1) float32, `image` is uniform 8-bit pixels and `text` dark lines of text on a light page (a 5x7 bitmap
 font scaled up, pixel noise added), both preprocessed as the package does, `(p / 255 - mean) / std`;
+`tone` is a chord of sine waves at `hz` sampled at `rate` with a little noise;
 `file_bytes` are a real file's first and last `size` bytes (whitespace stripped, `pad` filling a short
 file), as Magika reads a file.
 `shapes` binds the dynamic axes (batch, image size) the exports declare.
@@ -25,6 +26,9 @@ ZOO_DIR = Path(__file__).resolve().parent
 
 _IMAGE = {"pixels": {"kind": "normal", "shape": [1, 3, 32, 32]}}
 _YOLO = {"images": {"kind": "normal", "shape": [1, 3, 32, 32]}}
+_AUDIO = {"audio": {"kind": "normal", "shape": [1, 1, 4000]}}
+_FEATS = {"feats": {"kind": "normal", "shape": [1, 100, 80]}}
+_YOLOX = {"images": {"kind": "normal", "shape": [1, 3, 64, 64]}}
 _TOKENS = {"input_ids": {"kind": "ids", "shape": [1, 16], "low": 0, "high": 100},
            "attention_mask": {"kind": "mask", "shape": [1, 16]}}
 
@@ -88,6 +92,16 @@ ENTRIES = {
     "bert_dynamo18": _entry("bert", "dynamo", 18, _TOKENS, ["last_hidden_state", "pooled"]),
     "yolo_ts17": _entry("yolo", "torchscript", 17, _YOLO, ["preds"]),
     "yolo_constants_ts13": _entry("yolo", "torchscript", 13, _YOLO, ["preds"], constant_weights=True),
+    # audio, speech and dense-prediction models: conv1d, FSMN memory blocks, ViT attention written out
+    # (MatMul of two activations, rank 4), ConvTranspose decoders, in-graph box decoding
+    "audio1d_ts17": _entry("audio1d", "torchscript", 17, _AUDIO, ["log_probs"]),
+    "audio1d_dynamo18": _entry("audio1d", "dynamo", 18, _AUDIO, ["log_probs"]),
+    "fsmn_ts13": _entry("fsmn", "torchscript", 13, _FEATS, ["probs"]),
+    "fsmn_dynamo18": _entry("fsmn", "dynamo", 18, _FEATS, ["probs"]),
+    "vit_seg_ts17": _entry("vit_seg", "torchscript", 17, _IMAGE, ["scores"]),
+    "vit_seg_dynamo18": _entry("vit_seg", "dynamo", 18, _IMAGE, ["scores"]),
+    "yolox_ts13": _entry("yolox", "torchscript", 13, _YOLOX, ["detections"]),
+    "yolox_dynamo18": _entry("yolox", "dynamo", 18, _YOLOX, ["detections"]),
     # pretrained, from wheels (wheels.WHEEL_MODELS: package, version, sha256), at the sizes the packages use
     "ppocr_det": _entry("PP-OCRv4 text detector (DB)", "paddle2onnx", 12,
                         {"x": _text([1, 3, 96, 192], ["TVM FUSION", "2026"], 2, **_OCR)}, ["sigmoid_0.tmp_0"], wheel=True),
@@ -104,6 +118,15 @@ ENTRIES = {
                           {"bytes": {"kind": "file_bytes", "shape": [1, 2048], "file": "onnx/__init__.py",
                                      "size": 1024, "pad": 256, "dtype": "int32"}},
                           ["target_label"], wheel=True),
+    # basic_pitch/inference.py: mono audio at 22050 Hz in windows of 43844 samples; a chord of three tones
+    "basic_pitch": _entry("Basic Pitch note transcriber (CQT + CNN)", "tf2onnx", 15,
+                          {"serving_default_input_2:0": {"kind": "tone", "shape": [1, 43844, 1], "rate": 22050,
+                                                         "hz": [220.0, 277.2, 329.6]}},
+                          ["StatefulPartitionedCall:2", "StatefulPartitionedCall:1", "StatefulPartitionedCall:0"],
+                          wheel=True),
+    # ddddocr's detector: the letterboxed 416x416 image as 0-255 floats (no normalisation, as YOLOX feeds it)
+    "ddddocr_det": _entry("YOLOX text-box detector (ddddocr)", "pytorch", 11,
+                          {"images": _image([1, 3, 416, 416], mean=0.0, std=1 / 255)}, ["output"], wheel=True),
 }
 WHEEL_ENTRIES = tuple(n for n, e in ENTRIES.items() if e.get("wheel"))
 CHECKED_IN = tuple(n for n in ENTRIES if n not in WHEEL_ENTRIES)
@@ -146,6 +169,11 @@ def make_inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
             out[input_name] = (np.arange(shape[-1]) < keep).astype(np.int64)
         elif spec["kind"] == "file_bytes":
             out[input_name] = _file_bytes(spec)
+        elif spec["kind"] == "tone":
+            t = np.arange(shape[1]) / spec["rate"]
+            wave = sum(np.sin(2 * np.pi * hz * t) for hz in spec["hz"]) / len(spec["hz"])
+            noise = 0.01 * rng.standard_normal(shape[1])
+            out[input_name] = (0.5 * wave + noise).astype(np.float32).reshape(shape)
         elif spec["kind"] in ("image", "text"):
             pixels = _render_text(spec, rng) if spec["kind"] == "text" else rng.integers(0, 256, shape).astype(np.float32)
             out[input_name] = ((pixels / 255 - spec["mean"]) / spec["std"]).astype(np.float32)

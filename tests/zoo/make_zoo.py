@@ -32,8 +32,8 @@ from corpus import CHECKED_IN, ENTRIES  # noqa: E402
 # ----------------------------------------------------------------------------------- building blocks
 
 
-def _bn(c):
-    bn = nn.BatchNorm2d(c)
+def _bn(c, kind=nn.BatchNorm2d):
+    bn = kind(c)
     with torch.no_grad():
         bn.weight.uniform_(0.5, 1.5)
         bn.bias.normal_(0, 0.1)
@@ -243,8 +243,160 @@ class YoloBlock(nn.Module):
         return self.head(self.neck(torch.cat([self.up(p2), p1], 1)))
 
 
+
+# ------------------------------------------------------------------------- audio, recurrent-free speech, ViT
+
+
+def _bn1d(c):
+    return _bn(c, nn.BatchNorm1d)
+
+
+class Audio1d(nn.Module):
+    """A raw-waveform keyword spotter (M5 stem, MatchboxNet-style block): Conv1d k=80 s=4 -> BN -> ReLU ->
+    MaxPool1d, Conv1d k=3 -> BN -> ReLU -> MaxPool1d, a depthwise-separable Conv1d block (dilated depthwise k=5,
+    pointwise, BN) with its residual and ReLU, global average over time -> Linear -> LogSoftmax."""
+
+    def __init__(self, classes=12):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv1d(1, 32, 80, 4, bias=False), _bn1d(32), nn.ReLU(), nn.MaxPool1d(4))
+        self.conv = nn.Sequential(nn.Conv1d(32, 48, 3, padding=1, bias=False), _bn1d(48), nn.ReLU(), nn.MaxPool1d(4))
+        self.sep = nn.Sequential(nn.Conv1d(48, 48, 5, padding=4, dilation=2, groups=48, bias=False),
+                                 nn.Conv1d(48, 48, 1, bias=False), _bn1d(48))
+        self.fc = nn.Linear(48, classes)
+
+    def forward(self, audio):
+        x = self.conv(self.stem(audio))
+        x = torch.relu(x + self.sep(x))
+        return torch.log_softmax(self.fc(x.mean(-1)), -1)
+
+
+class FsmnLayer(nn.Module):
+    """FSMN memory block: Linear (no bias) -> depthwise Conv1d over time (left context `lorder`, right `rorder`,
+    no bias) + its input -> Linear -> ReLU."""
+
+    def __init__(self, d, proj, lorder, rorder):
+        super().__init__()
+        self.lorder, self.rorder = lorder, rorder
+        self.proj = nn.Linear(d, proj, bias=False)
+        self.memory = nn.Conv1d(proj, proj, lorder + rorder, groups=proj, bias=False)
+        self.affine = nn.Linear(proj, d)
+
+    def forward(self, x):
+        p = self.proj(x)
+        m = nn.functional.pad(p.transpose(1, 2), (self.lorder - 1, self.rorder))
+        p = p + self.memory(m).transpose(1, 2)
+        return torch.relu(self.affine(p))
+
+
+class Fsmn(nn.Module):
+    """An FSMN voice-activity detector on 80-dim filterbank frames [B, T, 80]: Linear -> Linear -> ReLU, three
+    memory blocks, Linear -> Linear -> Softmax over 20 classes per frame."""
+
+    def __init__(self, feats=80, d=96, proj=48, classes=20):
+        super().__init__()
+        self.inp = nn.Sequential(nn.Linear(feats, 64), nn.Linear(64, d), nn.ReLU())
+        self.layers = nn.Sequential(FsmnLayer(d, proj, 10, 0), FsmnLayer(d, proj, 10, 1), FsmnLayer(d, proj, 10, 2))
+        self.out = nn.Sequential(nn.Linear(d, 64), nn.Linear(64, classes))
+
+    def forward(self, feats):
+        return torch.softmax(self.out(self.layers(self.inp(feats))), -1)
+
+
+class VitBlock(nn.Module):
+    """A timm ViT block (pre-LN): qkv in one Linear, reshape/permute into heads, (q @ k^T) * scale -> Softmax
+    -> @ v, projection and residual; LayerNorm -> MLP (GELU) and residual."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads, self.scale = heads, (d // heads) ** -0.5
+        self.norm1, self.norm2 = nn.LayerNorm(d, eps=1e-6), nn.LayerNorm(d, eps=1e-6)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.act, self.fc2 = nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        qkv = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(-1)
+        x = x + self.proj((attn @ v).transpose(1, 2).reshape(b, n, d))
+        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+
+
+class VitSeg(nn.Module):
+    """A small ViT encoder (4x4 patches, learned positions, two blocks) with a ConvTranspose decoder back to
+    the input's resolution: tokens -> map -> ConvTranspose 2x2/2 -> BN -> ReLU -> ConvTranspose 2x2/2 -> ReLU
+    -> Conv 1x1 (per-pixel class scores)."""
+
+    def __init__(self, d=32, heads=2, classes=5, grid=8):
+        super().__init__()
+        self.grid = grid
+        self.patch = nn.Conv2d(3, d, 4, 4)
+        self.pos = nn.Parameter(torch.randn(1, grid * grid, d) * 0.02)
+        self.blocks = nn.Sequential(VitBlock(d, heads), VitBlock(d, heads))
+        self.norm = nn.LayerNorm(d, eps=1e-6)
+        self.up = nn.Sequential(nn.ConvTranspose2d(d, 32, 2, 2), _bn(32), nn.ReLU(),
+                                nn.ConvTranspose2d(32, 16, 2, 2), nn.ReLU(), nn.Conv2d(16, classes, 1))
+
+    def forward(self, pixels):
+        x = self.patch(pixels).flatten(2).transpose(1, 2) + self.pos
+        x = self.norm(self.blocks(x))
+        b, n, d = x.shape
+        return self.up(x.transpose(1, 2).reshape(b, d, self.grid, self.grid))
+
+
+class BaseConv(nn.Module):
+    """YOLOX BaseConv: Conv (no bias) -> BN -> SiLU."""
+
+    def __init__(self, cin, cout, k=1, s=1):
+        super().__init__()
+        self.conv, self.bn, self.act = nn.Conv2d(cin, cout, k, s, (k - 1) // 2, bias=False), _bn(cout), nn.SiLU()
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x)))
+
+
+class YoloxHead(nn.Module):
+    """A YOLOX-style detector: Focus (space-to-depth by strided slices) -> two strided BaseConv stages -> a
+    decoupled head per level (stem, cls and reg branches of two 3x3 convs, cls / reg / obj predictions),
+    sigmoid on obj and cls, the levels concatenated, and the boxes decoded in the graph
+    ((xy + grid) * stride, exp(wh) * stride), as YOLOX exports with decode_in_inference."""
+
+    def __init__(self, classes=4):
+        super().__init__()
+        self.focus = BaseConv(12, 16, 3)
+        self.dark2, self.dark3 = BaseConv(16, 24, 3, 2), BaseConv(24, 32, 3, 2)
+        self.dark4 = BaseConv(32, 48, 3, 2)
+        self.strides = (8, 16)
+        w = 16  # the head's width
+        self.stems = nn.ModuleList([BaseConv(32, w), BaseConv(48, w)])
+        self.cls = nn.ModuleList(nn.Sequential(BaseConv(w, w, 3), BaseConv(w, w, 3)) for _ in self.strides)
+        self.reg = nn.ModuleList(nn.Sequential(BaseConv(w, w, 3), BaseConv(w, w, 3)) for _ in self.strides)
+        self.cls_pred = nn.ModuleList(nn.Conv2d(w, classes, 1) for _ in self.strides)
+        self.reg_pred = nn.ModuleList(nn.Conv2d(w, 4, 1) for _ in self.strides)
+        self.obj_pred = nn.ModuleList(nn.Conv2d(w, 1, 1) for _ in self.strides)
+
+    def forward(self, images):
+        x = torch.cat([images[..., ::2, ::2], images[..., 1::2, ::2], images[..., ::2, 1::2],
+                       images[..., 1::2, 1::2]], 1)
+        c3 = self.dark3(self.dark2(self.focus(x)))
+        c4 = self.dark4(c3)
+        outs, grids, strides = [], [], []
+        for i, (feat, stride) in enumerate(zip((c3, c4), self.strides)):
+            s = self.stems[i](feat)
+            c, r = self.cls[i](s), self.reg[i](s)
+            out = torch.cat([self.reg_pred[i](r), self.obj_pred[i](r).sigmoid(), self.cls_pred[i](c).sigmoid()], 1)
+            h, w = out.shape[-2:]
+            outs.append(out.flatten(2))
+            ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+            grids.append(torch.stack((xs, ys), 2).reshape(1, -1, 2).float())
+            strides.append(torch.full((1, h * w, 1), float(stride)))
+        out = torch.cat(outs, 2).permute(0, 2, 1)
+        grid, stride = torch.cat(grids, 1), torch.cat(strides, 1)
+        return torch.cat([(out[..., :2] + grid) * stride, torch.exp(out[..., 2:4]) * stride, out[..., 4:]], -1)
+
+
 MODELS = {"mobilenetv3": MobileNetV3, "efficientnet": EfficientNet, "convnext": ConvNeXt, "bert": Bert,
-          "yolo": YoloBlock}
+          "yolo": YoloBlock, "audio1d": Audio1d, "fsmn": Fsmn, "vit_seg": VitSeg, "yolox": YoloxHead}
 
 # ------------------------------------------------------------------------------------------- export
 

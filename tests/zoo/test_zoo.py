@@ -43,6 +43,17 @@ EXPECTED_COUNTS = {
     "bert_dynamo18": {"attention": 2, "dense_bias_gelu_erf": 2, "dense_bias_tanh": 1, "dense_bias": 10, "add_layer_norm": 5},
     "yolo_ts17": {"conv2d_silu_add": 3, "conv2d_bias_silu": 11, "conv2d_bias": 1},
     "yolo_constants_ts13": {"conv2d_silu_add": 3, "conv2d_bias_silu": 11, "conv2d_bias": 1},
+    # audio, speech, ViT and YOLOX exports, recorded 2026-12-03
+    "audio1d_ts17": {"dense_bias": 1, "elementwise_chain_3": 1, "add_relu": 2},
+    "audio1d_dynamo18": {"dense_bias": 1, "elementwise_chain_3": 1, "add_relu": 2},
+    "fsmn_ts13": {"dense_bias_relu": 4, "dense_bias": 3},
+    "fsmn_dynamo18": {"dense_bias_relu": 4, "dense_bias": 3},
+    "vit_seg_ts17": {"attention": 2, "dense_bias_gelu_erf": 2, "dense_bias": 6, "add_layer_norm": 1, "layer_norm": 4,
+                     "elementwise_chain_4": 1, "conv2d_bias": 2, "add_relu": 1},
+    "vit_seg_dynamo18": {"attention": 2, "dense_bias_gelu_erf": 2, "dense_bias": 6, "add_layer_norm": 1,
+                         "layer_norm": 4, "conv2d_bias": 2, "add_relu": 2},
+    "yolox_ts13": {"conv2d_bias_silu": 14, "conv2d_bias_sigmoid": 4, "conv2d_bias": 2},
+    "yolox_dynamo18": {"conv2d_bias_silu": 14, "conv2d_bias_sigmoid": 4, "conv2d_bias": 2},
     # the wheels' pretrained models, recorded 2026-12-01 (with the squeeze-excite, residual and commuted rules)
     "ppocr_det": {"squeeze_excite_relu_hardsigmoid": 10, "conv2d_bn_hardswish": 24, "conv2d_bn_relu": 1, "conv2d_bn": 5,
                   "elementwise_chain_4": 1, "conv2d_bias": 4, "conv2d": 8},
@@ -52,6 +63,9 @@ EXPECTED_COUNTS = {
                   "conv2d_bn_add": 7, "conv2d_bn": 4, "dense_bias": 1},
     "nudenet_yolov8n": {"conv2d_silu_add": 6, "conv2d_bias_silu": 51, "conv2d_bias": 6, "conv2d": 1},
     "magika_v3_3": {"dense_bias": 2, "elementwise_chain_6": 4, "elementwise_chain_3": 3, "conv2d": 1},
+    # recorded 2026-12-03
+    "basic_pitch": {"conv2d_bias_sigmoid": 3, "conv2d_bias_relu": 3, "conv2d_bias": 26},
+    "ddddocr_det": {"conv2d_silu_add": 7, "conv2d_bias_silu": 67, "conv2d_bias_sigmoid": 6, "conv2d_bias": 3},
 }
 #: where the CUDA counts differ: its squeeze-excite kernel runs one thread block per sample and declines a
 #: feature map over 65,536 elements per sample (schedules/cuda/squeeze_excite.py), whose 1x1 convs then fuse
@@ -105,11 +119,21 @@ def run_llvm(name: str, mode: str = "fused"):
     return built, out
 
 
-def assert_elementwise_close(actual: np.ndarray, ref: np.ndarray, what: str) -> None:
-    """|a - b| <= 1e-5 * max(1, max|ref|) + 1e-4 * |ref|, for every element (float32)."""
+@lru_cache(maxsize=None)
+def reference_noise(name: str) -> list[np.ndarray]:
+    """|onnxruntime optimized - onnxruntime as written| per element: how far two correct runs of the model
+    differ on these inputs (0 for most models; Basic Pitch's log-CQT amplifies rounding to ~2e-4)."""
+    feeds = make_inputs(name)
+    sess, _ = run_onnxruntime(onnx.load(str(zoo_path(name))), feeds, optimize=True)
+    return [np.abs(o.astype(np.float64) - r.astype(np.float64)) for o, r in zip(sess.run(None, feeds), reference(name))]
+
+
+def assert_elementwise_close(actual: np.ndarray, ref: np.ndarray, what: str, noise=0.0) -> None:
+    """|a - b| <= 1e-5 * max(1, max|ref|) + 1e-4 * |ref| + noise, for every element (float32); `noise` is the
+    reference's own spread at that element (reference_noise)."""
     assert actual.shape == ref.shape, f"{what}: shape {actual.shape} != onnxruntime's {ref.shape}"
     ref64, diff = ref.astype(np.float64), np.abs(actual.astype(np.float64) - ref.astype(np.float64))
-    bound = 1e-5 * max(1.0, float(np.abs(ref64).max())) + 1e-4 * np.abs(ref64)
+    bound = 1e-5 * max(1.0, float(np.abs(ref64).max())) + 1e-4 * np.abs(ref64) + noise
     bad = diff > bound
     assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} elements over tolerance; worst at "
                            f"{np.unravel_index(np.argmax(diff - bound), diff.shape)}: |d| {diff.max():.3g}")
@@ -119,7 +143,7 @@ def test_corpus_is_small_and_complete():
     files = sorted(p.name for p in ZOO_DIR.glob("*.onnx"))
     assert files == sorted(f"{n}.onnx" for n in CHECKED_IN)
     assert set(WHEEL_ENTRIES) == set(WHEEL_MODELS) and all(m["size"] < 30 * 2**20 for m in WHEEL_MODELS.values())
-    assert sum(p.stat().st_size for p in ZOO_DIR.glob("*.onnx")) < 2 * 1024 * 1024
+    assert sum(p.stat().st_size for p in ZOO_DIR.glob("*.onnx")) < 6 * 1024 * 1024
 
 
 def test_inputs_are_meaningful():
@@ -135,8 +159,8 @@ def test_fused_llvm_matches_onnxruntime(name):
     built, out = run_llvm(name)
     ref = reference(name)
     assert len(out) == len(ref)
-    for i, (a, r) in enumerate(zip(out, ref)):
-        assert_elementwise_close(a, r, f"{name} output {ENTRIES[name]['outputs'][i]}")
+    for i, (a, r, noise) in enumerate(zip(out, ref, reference_noise(name))):
+        assert_elementwise_close(a, r, f"{name} output {ENTRIES[name]['outputs'][i]}", noise)
     assert {k: v for k, v in built.counts.items() if v} == EXPECTED_COUNTS[name]
 
 
@@ -172,8 +196,8 @@ def test_unfused_llvm_matches_onnxruntime_and_fused(name):
     built, unfused = run_llvm(name, "unfused")
     _, fused = run_llvm(name)
     assert built.kernel_calls > 0 and not any(built.counts.values())
-    for i, (u, f, r) in enumerate(zip(unfused, fused, reference(name), strict=True)):
-        assert_elementwise_close(u, r, f"{name} unfused output {i}")
+    for i, (u, f, r, noise) in enumerate(zip(unfused, fused, reference(name), reference_noise(name), strict=True)):
+        assert_elementwise_close(u, r, f"{name} unfused output {i}", noise)
         assert_elementwise_close(f, u, f"{name} fused vs unfused output {i}")
 
 

@@ -46,6 +46,12 @@ WHEEL_MODELS = {
     # Google's Magika file-type classifier (bytes -> 214 content types): jax2tf, then tf2onnx 1.16.1
     "magika_v3_3": _model("magika", "1.0.3", "magika/models/standard_v3_3/model.onnx",
                           "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c", 3163737),
+    # Spotify's Basic Pitch (audio -> note, onset and contour maps), its constant-Q transform in the graph: tf2onnx
+    "basic_pitch": _model("basic-pitch", "0.4.0", "basic_pitch/saved_models/icassp_2022/nmp.onnx",
+                          "2c3c1d144bfa61ad236e92e169c13535c880469a12a047d4e73451f2c059a0ec", 230444),
+    # ddddocr's YOLOX-style text-box detector, exported by pytorch at opset 11
+    "ddddocr_det": _model("ddddocr", "1.6.1", "ddddocr/common_det.onnx",
+                          "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6", 20127694),
 }
 
 #: what pip prints when it cannot reach the index (as opposed to the index refusing the pin)
