@@ -69,10 +69,14 @@ def schedule_dense_cuda(sch, attrs, target) -> str:
 
 def apply_dlight_rules(sch, target, what: str) -> None:
     """Schedule `sch` in place with the first of dlight's GPU RULES that takes its function (dlight's own wmma
-    path kept off, NO_TENSORIZE): the winning rule's trace replayed on `sch`."""
+    path kept off, NO_TENSORIZE): the winning rule's trace replayed on `sch`. A rule that raises declines
+    (pipeline.GuardedRule: TVM 0.27's GEMV raised on a depthwise conv1d)."""
     func = sch.mod["main"].with_attr(NO_TENSORIZE, True)
     for rule in RULES:
-        scheduled = rule().apply(func, target, False)
+        try:
+            scheduled = rule().apply(func, target, False)
+        except Exception:  # noqa: BLE001 (a rule's crash means "not mine": the next one, Fallback last)
+            continue
         if isinstance(scheduled, list):
             scheduled = scheduled[0] if scheduled else None
         if scheduled is not None:
