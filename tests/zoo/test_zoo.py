@@ -44,10 +44,11 @@ EXPECTED_COUNTS = {
     "yolo_ts17": {"conv2d_silu_add": 3, "conv2d_bias_silu": 11, "conv2d_bias": 1},
     "yolo_constants_ts13": {"conv2d_silu_add": 3, "conv2d_bias_silu": 11, "conv2d_bias": 1},
     # audio, speech, ViT and YOLOX exports, recorded 2026-12-03
-    "audio1d_ts17": {"dense_bias": 1, "elementwise_chain_3": 1, "add_relu": 2},
-    "audio1d_dynamo18": {"dense_bias": 1, "elementwise_chain_3": 1, "add_relu": 2},
-    "fsmn_ts13": {"dense_bias_relu": 4, "dense_bias": 3},
-    "fsmn_dynamo18": {"dense_bias_relu": 4, "dense_bias": 3},
+    # conv1d through the conv rules (height 1) and MatMul without a bias through batch_matmul: 2026-12-03
+    "audio1d_ts17": {"conv2d_add_relu": 1, "conv2d_bias_relu": 2, "dense_bias": 1, "conv2d": 1},
+    "audio1d_dynamo18": {"conv2d_add_relu": 1, "conv2d_bias_relu": 2, "dense_bias": 1, "conv2d": 1},
+    "fsmn_ts13": {"dense_bias_relu": 4, "dense_bias": 3, "batch_matmul": 3, "conv2d": 3},
+    "fsmn_dynamo18": {"dense_bias_relu": 4, "dense_bias": 3, "batch_matmul": 3, "conv2d": 3},
     "vit_seg_ts17": {"attention": 2, "dense_bias_gelu_erf": 2, "dense_bias": 6, "add_layer_norm": 1, "layer_norm": 4,
                      "elementwise_chain_4": 1, "conv2d_bias": 2, "add_relu": 1},
     "vit_seg_dynamo18": {"attention": 2, "dense_bias_gelu_erf": 2, "dense_bias": 6, "add_layer_norm": 1,
