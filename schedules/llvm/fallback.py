@@ -42,7 +42,7 @@ def nest_plans(sch, block, lanes: int) -> list[str]:
     """The plans to try for one nest, best first: 'kept' (TVM's own loops), 'spatial' / 'parallel' (no
     reduction), or `reduction.reduction_plans`; [] when none fits."""
     nest = Nest(sch, block)
-    if nest.opaque:
+    if nest.opaque or not nest.loops:  # TVM's own loops, or one element (a scalar index computation)
         return ["kept"]
     if nest.realize is None or "O" in nest.kinds:
         return []
