@@ -59,7 +59,7 @@ EXPECTED_COUNTS = {
     "ppocr_det": {"squeeze_excite_relu_hardsigmoid": 10, "conv2d_bn_hardswish": 24, "conv2d_bn_relu": 1, "conv2d_bn": 5,
                   "elementwise_chain_4": 1, "conv2d_bias": 4, "conv2d": 8},
     "ppocr_rec": {"squeeze_excite_relu_hardsigmoid": 2, "conv2d_bn_hardswish": 28, "conv2d_bn_silu": 5, "conv2d_bn": 1,
-                  "dense_bias_silu": 2, "dense_bias": 7, "add_layer_norm": 1, "layer_norm": 4},
+                  "dense_bias_silu": 2, "dense_bias": 7, "batch_matmul": 4, "add_layer_norm": 1, "layer_norm": 4},
     "ppocr_cls": {"squeeze_excite_relu_hardsigmoid": 9, "conv2d_bn_hardswish": 18, "conv2d_bn_relu": 6,
                   "conv2d_bn_add": 7, "conv2d_bn": 4, "dense_bias": 1},
     "nudenet_yolov8n": {"conv2d_silu_add": 6, "conv2d_bias_silu": 51, "conv2d_bias": 6, "conv2d": 1},
@@ -77,7 +77,7 @@ EXPECTED_CUDA_COUNTS = {
                   "conv2d_bias_relu": 1, "elementwise_chain_4": 1, "elementwise_chain_3": 1, "conv2d_bias": 4,
                   "conv2d": 8},
     "ppocr_rec": {"conv2d_bn_hardswish": 28, "conv2d_bn_silu": 5, "conv2d_bn": 3, "conv2d_bias_relu": 2,
-                  "dense_bias_silu": 2, "dense_bias": 7, "add_layer_norm": 1, "layer_norm": 4},
+                  "dense_bias_silu": 2, "dense_bias": 7, "batch_matmul": 4, "add_layer_norm": 1, "layer_norm": 4},
 }
 #: the CUDA build of these runs by default; the others are marked slow
 CUDA_DEFAULT = ("convnext_ts17",)
