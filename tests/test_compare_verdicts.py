@@ -123,3 +123,19 @@ def test_a_timed_cpu_compare_records_its_pool(tmp_path):
     report = compare(_save(tmp_path, conv_bn_relu()), repeat=2, modes=("fused",))
     assert report.cpu_threads >= 1 and len(report.builds["fused"].latencies) == 2
     assert compare(_save(tmp_path, conv_bn_relu()), repeat=0, modes=("fused",)).cpu_threads == 0
+
+
+def test_onnxruntime_s_own_noise_is_shown_and_allowed():
+    """A QDQ conv: onnxruntime optimized and as written are one int8 step apart at a few elements; the
+    report says where and how much, every comparison allows it per element, and the verdict passes."""
+    from tvm_fusion.testing import qdq_conv
+
+    report = compare(qdq_conv(), repeat=0)
+    assert report.ok, str(report)
+    (out,) = report.outputs
+    noisy, biggest = report.noise[out]
+    assert 0 < noisy < 4096 // 100 and biggest == pytest.approx(0.05, rel=1e-3)
+    text = str(report)
+    assert f"onnxruntime's own runs (graph optimized vs as written) differ on {out} at {noisy} elements (max 0.05)" in text
+    assert "|a - r| <= atol * max(rms(r), max|r|/10) + rtol * |r| + noise(r) per element" in text
+    assert all(s.noise == pytest.approx(biggest) for stats in report.errors.values() for s in stats)

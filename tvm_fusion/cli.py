@@ -1,7 +1,8 @@
 """`tvm-fusion`: compile / compare / profile / explain / rules, from the command line.
 
 Exit status: 0 ok; 1 a comparison exceeds its dtype tolerance (the table is printed, the first failure is
-the `error:` line); 2 bad input (one line `error: ...` naming the file, flag or node and the remedy);
+the `error:` line; compile: fusion changed the result, or --strict and the unfused build differs from
+onnxruntime too, which is otherwise a `warning:` line and exit 0); 2 bad input (one line `error: ...` naming the file, flag or node and the remedy);
 3 an internal error (one line naming where; `--debug` prints the traceback).
 """
 
@@ -103,13 +104,24 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-fusion", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compile", help="fuse and build a model into a loadable library + JSON manifest")
+    c = sub.add_parser("compile", help="fuse and build a model into a loadable library + JSON manifest",
+                       description="Fuse and build a model into a loadable library + JSON manifest. Before writing "
+                                   "it, the fused build is checked against onnxruntime element by element; an output "
+                                   "over tolerance is checked against the unfused build: a difference fusion made "
+                                   "is refused (exit 1, naming the rule to blame), one the unfused build shares is "
+                                   "written with a warning (--strict: refused).")
     _common(c, target="cuda")
     c.add_argument("-o", "--output", required=True, help="library path to write (e.g. model.so)")
     _precision(c)
     c.add_argument("--no-counts", action="store_true", help="skip counting the unfused/tvm builds' kernels")
     c.add_argument("--no-verify", action="store_true",
                    help="write the library without first checking the fused build against onnxruntime")
+    c.add_argument("--strict", action="store_true",
+                   help="refuse (exit 1) also a difference from onnxruntime that the unfused TVM build shares (by "
+                        "default written with a warning: TVM's importer and onnxruntime disagree, not fusion)")
+    c.add_argument("--search-timeout", type=float, default=None, metavar="SECONDS",
+                   help="when the fused build differs from the unfused one, stop the search for the rule to blame "
+                        "after SECONDS (default: 120; 0: no search)")
     _inputs(c, " for the verify step", "")
     graph = c.add_mutually_exclusive_group()
     graph.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", default=None,
@@ -132,7 +144,11 @@ def _parser() -> argparse.ArgumentParser:
                           "of the weights file")
     bnd.add_argument("--numpy", action="store_true", help="carry numpy's wheel for the target Python (unpacked "
                      "by run.py where the target has no numpy)")
-    m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report")
+    m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report",
+                       description="Build unfused / tvm / fused, run them and onnxruntime on the same inputs, and "
+                                   "judge every element: |a - r| <= atol * max(rms(r), max|r|/10) + rtol * |r| + "
+                                   "noise(r), (rtol, atol) by the output's dtype, noise(r) where onnxruntime's "
+                                   "optimized and as-written runs differ. Exit 1 when a comparison is over it.")
     _common(m)
     _precision(m)
     m.add_argument("--repeat", type=int, default=10, help="timed runs per build (interleaved; 0: no timing)")
@@ -200,6 +216,11 @@ def _check_args(args) -> None:
         raise FusionError(f"--seed {args.seed}: the seed must be >= 0")
     if getattr(args, "repeat", 0) < 0:
         raise FusionError(f"--repeat {args.repeat}: use 0 (no timing) or more")
+    if getattr(args, "strict", False) and args.no_verify:
+        raise FusionError("--strict and --no-verify: --strict refuses what the verify step finds; drop one")
+    timeout = getattr(args, "search_timeout", None)
+    if timeout is not None and not timeout >= 0:  # also NaN
+        raise FusionError(f"--search-timeout {timeout:g}: use 0 (no search) or more seconds")
     arch = getattr(args, "arch", None)
     if arch is not None:
         from .build import check_arch
@@ -238,10 +259,17 @@ def _run(args) -> int:
         from .compile import compile_model
 
         tune = _tune_options(args)
+        from .verify import DEFAULT_SEARCH_TIMEOUT
+
+        timeout = DEFAULT_SEARCH_TIMEOUT if args.search_timeout is None else args.search_timeout
         result = compile_model(model, args.output, args.target, arch=args.arch, shapes=shapes, rules=rules,
                                counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
                                seed=args.seed, external_weights=args.external_weights, inputs=args.inputs,
-                               cuda_graph=args.cuda_graph, precision=args.precision, tune=tune)
+                               cuda_graph=args.cuda_graph, precision=args.precision, tune=tune,
+                               strict=args.strict, search_timeout=timeout)
+        warning = result.manifest["verification"].get("warning")
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
         print(result)
         print(_profile_hint(args))
         return 0

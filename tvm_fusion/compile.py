@@ -28,7 +28,7 @@ from .rules import RuleSet
 from .simplify import record_of as simplify_record
 from .tune import TuneOptions
 from .tune import check_options as check_tune_options
-from .verify import skipped, verify_fused
+from .verify import DEFAULT_SEARCH_TIMEOUT, skipped, verify_fused
 from .weights import WEIGHTS_SUFFIX, save_weights
 
 __all__ = ["CompileResult", "compile_model", "cpu_linker", "kernel_counts", "kernel_launches"]
@@ -75,6 +75,10 @@ def _unscheduled_lines(kernels: list[dict]) -> list[str]:
 def _verified(v: dict) -> str:
     if not v["verified"]:
         return f"not verified ({v['reason']})"
+    if not v.get("agrees_with_reference", True):
+        return (f"verified against the unfused build: onnxruntime differs from both on {', '.join(v['importer'])} "
+                f"(TVM's importer, not fusion: see the warning; the manifest's verification.importer) "
+                f"({v['seconds']:.1f}s)")
     worst = max((o["max_rel"] for o in v["outputs"].values()), default=0.0)
     sizes = v.get("symbolic_dims_checked_at")
     at = f" at {' and '.join(', '.join(f'{k}={n}' for k, n in s.items()) for s in sizes)}" if sizes else ""
@@ -240,10 +244,13 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
                   rules: RuleSet | None = None, counts_of_other_builds: bool = True, verify: bool = True,
                   seed: int = 0, cc: str | None = None, external_weights: bool = False,
                   inputs=None, cuda_graph: bool | None = None, precision: str | None = None,
-                  tune: TuneOptions | None = None) -> CompileResult:
+                  tune: TuneOptions | None = None, strict: bool = False,
+                  search_timeout: float = DEFAULT_SEARCH_TIMEOUT) -> CompileResult:
     """Fuse and build `model` for `target`, verify it against onnxruntime on inputs seeded with `seed`
     and the `inputs` given (a dict or an .npz path, as for compare), export the library to `output`, write
-    `<output>.json` (verify.py: nothing is written when it differs).
+    `<output>.json` (verify.py: nothing is written when fusion changed the result; a difference from
+    onnxruntime that the unfused build shares is written with a warning, `manifest["verification"]["warning"]`,
+    or refused with `strict`; the culprit search stops after `search_timeout` seconds).
     `cc` links a CPU library (default: the system compiler, or `<mtriple>-gcc` for another architecture);
     with `external_weights` the weights go to `<output>.weights` instead of into the library (weights.py);
     `cuda_graph=False` keeps every kernel a launch of its own (default for CUDA with the weights inside the
@@ -278,7 +285,8 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         symbolic = symbolic_record(built, shapes)  # a bound past int32 indexing: refused before any work
         bar.update()
         verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given,
-                                     precision=precision) if verify else skipped())
+                                     precision=precision, strict=strict, search_timeout=search_timeout)
+                        if verify else skipped())
         bar.update()
         try:
             binary = export_library(built.executable, partial, arch, cc=linker)

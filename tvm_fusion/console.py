@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["progress", "table"]
+__all__ = ["progress", "status", "table"]
 
 
 def table(header: list, rows: list[list]) -> str:
@@ -57,6 +57,43 @@ class progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class status:
+    """One line on a terminal (tqdm on stderr; silent elsewhere, and without tqdm) saying which step of an
+    open-ended search runs and for how long, against its time bound when it has one:
+
+        with status("culprit search", limit=120) as line:
+            line.step("per-group check"); ...
+            line.step("disable conv2d_bn_relu"); ...
+    """
+
+    def __init__(self, what: str, limit: float | None = None):
+        self.what, self.n = what, 0
+        try:
+            from tqdm import tqdm
+        except ImportError:  # pragma: no cover
+            self.bar = None
+            return
+        bound = f" of {limit:g}s" if limit else ""
+        self.bar = tqdm(total=None, desc=what, bar_format="{desc} [{elapsed}" + bound + "]", leave=False,
+                        disable=None)  # None: only on a terminal
+
+    def step(self, text: str) -> None:
+        self.n += 1
+        if self.bar is not None:
+            self.bar.set_description(f"{self.what}: step {self.n}: {text}")
+            self.bar.update()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def __enter__(self):
+        return self
 
     def __exit__(self, *exc) -> None:
         self.close()

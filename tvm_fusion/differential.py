@@ -4,25 +4,29 @@ intermediate values, so a wrong group is named instead of showing up as a bad fi
     y = G(a, b, ...)   for each composite call G in the matched module, in execution order:
         reference   G's original ops, unfused, inside the unfused build of the whole model
         fused       G's scheduled PrimFunc, on the reference values of a, b, ...
-        |fused - reference| <= atol * rms(reference) + rtol * |reference|   per element
-                                                                  (numerics.TOLERANCES, by dtype)
+        |fused - reference| <= atol * scale(reference) + rtol * |reference|   per element
+                                                                  (numerics.error_stats, by dtype)
 
 `bisect` then disables the rules of the groups over tolerance, rebuilds the whole model and checks it
 again, and repeats (a lower-priority rule may take the same match and make the same mistake), until the
-model passes; when no group is to blame it tries each fired rule in turn, and finally all of them.
+model passes; when no group is to blame it tries each fired rule in turn, and finally all of them. With a
+`deadline` (compile's verify step: --search-timeout) it stops at the first stage past it and reports what
+it found so far (`BisectReport.timed_out`); a status line on a terminal names the step it is at.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 
 
 from . import _tvm, frontend
 from ._tvm import relax, tvm
 from .build import build, default_rules, resolve_target
-from .console import table
+from .console import status, table
 from .errors import FusionError
 from .io import (as_arrays, check_inputs, check_memory, device, gpu_available, input_tensors, load_inputs,
                  run_onnxruntime, run_vm)
@@ -31,7 +35,16 @@ from .rules import RuleSet
 from .numerics import ErrorStats, error_stats
 from .precision import check_precision, convert, half_baseline, verdict_dtype
 
-__all__ = ["GroupCheck", "GroupReport", "BisectReport", "check_groups", "bisect"]
+__all__ = ["GroupCheck", "GroupReport", "BisectReport", "SearchTimedOut", "check_groups", "bisect", "unfused_module"]
+
+
+class SearchTimedOut(Exception):
+    """check_groups passed its deadline between two stages (bisect turns it into BisectReport.timed_out)."""
+
+
+def _in_time(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise SearchTimedOut()
 
 
 @dataclass
@@ -116,12 +129,18 @@ def _strip_composite(func: relax.Function) -> relax.Function:
     return func
 
 
+def unfused_module(matched: Matched) -> tvm.IRModule:
+    """The matched module with its composite functions made ordinary private functions: built "unfused", it
+    runs every group's original ops (the per-group check's reference; compile's verify step's unfused build)."""
+    mod = relax.transform.ToNonDataflow()(matched.mod)
+    funcs = {gv: _strip_composite(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions.items()}
+    return tvm.IRModule(funcs, attrs=mod.attrs)
+
+
 def _reference_module(matched: Matched, watched: list[relax.Var]) -> tvm.IRModule:
     """main returning (its outputs, the value of every watched var): the composite functions become
     ordinary private functions, so the unfused build runs each group's original ops."""
-    mod = relax.transform.ToNonDataflow()(matched.mod)
-    funcs = {gv: _strip_composite(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions.items()}
-    mod = tvm.IRModule(funcs, attrs=mod.attrs)
+    mod = unfused_module(matched)
     main = mod["main"]
     # ToNonDataflow makes new Var objects: find the watched vars by position in the binding order
     old = [b.var for block in matched.mod["main"].body.blocks for b in block.bindings]
@@ -157,13 +176,16 @@ def _run(executable, dev, args) -> list:
 
 # ---------------------------------------------------------------- the check
 def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
-                 seed: int = 0, arch: str = "sm_90", inputs=None, precision: str | None = None) -> GroupReport:
+                 seed: int = 0, arch: str = "sm_90", inputs=None, precision: str | None = None,
+                 deadline: float | None = None, noise: list | None = None) -> GroupReport:
     """Run every fused group of `model` against its unfused subgraph on the real intermediate values.
 
     `inputs`: a dict name -> array or an .npz path for some or all graph inputs (the rest: seeded random).
     `precision` "fp16" / "bf16": the float32 model converted first (tvm_fusion.precision); each group's
     half output is judged with its dtype's tolerance against the same ops unfused at the same precision, and
-    the whole model's outputs only where the model is well-conditioned for the dtype (precision.half_baseline)."""
+    the whole model's outputs only where the model is well-conditioned for the dtype (precision.half_baseline).
+    `deadline` (time.monotonic()): SearchTimedOut between two stages past it. `noise`: per output, onnxruntime's
+    own on these inputs (reference.Reference.noise), allowed in the whole model's fused-vs-unfused verdict."""
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
     proto = frontend.load_onnx(model)
     given = load_inputs(inputs)
@@ -184,8 +206,10 @@ def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: Rul
     # a model ill-conditioned for the half dtype (precision.half_baseline): its outputs are reported only
     judge_outputs = not check_precision(precision) or all(
         s.ok for s in half_baseline(proto, values, run_onnxruntime(proto, values)[0].run(None, values), precision))
+    _in_time(deadline)
     reference = _run(build(_reference_module(matched, watched), tgt, "unfused").executable, dev, args)
     final, values = reference[0], list(reference)[1:]
+    _in_time(deadline)
     value_of = dict(zip(watched, values))
 
     group_mod = _group_module(matched, calls, inputs)
@@ -194,9 +218,15 @@ def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: Rul
     checks = [GroupCheck(i, g.rule, g.onnx_nodes, error_stats(out, value_of[b.var].numpy()))
               for i, (g, b, out) in enumerate(zip(groups, calls, fused_out))]
 
+    _in_time(deadline)
     whole, _ = lower(matched, tgt)  # the fused build of the whole model, from the same matches
     fused_model = run_vm(build(whole, tgt, "tvm").executable, dev, args)
-    outputs = [error_stats(f, r, verdict_dtype(r.dtype, precision)) for f, r in zip(fused_model, as_arrays(final))]
+    final = as_arrays(final)
+    # onnxruntime's noise of the same inputs (compile's verify step); none where a shape differs
+    noise = [n if n is not None and np.shape(n) == r.shape else None
+             for n, r in zip(noise if noise is not None else [None] * len(final), final)]
+    outputs = [error_stats(f, r, verdict_dtype(r.dtype, precision), n)
+               for f, r, n in zip(fused_model, final, noise)]
     return GroupReport(name, str(tgt), checks, outputs, [o.name for o in proto.graph.output], judge_outputs)
 
 
@@ -212,13 +242,14 @@ def _device(target):
 # ---------------------------------------------------------------- bisect
 @dataclass
 class BisectReport:
-    first: GroupReport
+    first: GroupReport | None  # None only when the search timed out before the per-group check finished
     culprits: list[str]  # rules whose disabling makes the model pass
     steps: list[tuple[list[str], bool, str]] = field(default_factory=list)  # (disabled, passed, detail)
     verdict: str = ""
+    timed_out: bool = False  # stopped at its deadline: `culprits` and `verdict` say what it found by then
 
     def __str__(self) -> str:
-        lines = [str(self.first), "", "bisect:"]
+        lines = [str(self.first) if self.first is not None else "per-group check: not finished", "", "bisect:"]
         for disabled, passed, detail in self.steps:
             lines.append(f"  disable {', '.join(disabled) or '(nothing)'}: {'PASS' if passed else 'FAIL'} ({detail})")
         lines += ["", self.verdict]
@@ -226,15 +257,39 @@ class BisectReport:
 
 
 def bisect(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
-           seed: int = 0, arch: str = "sm_90", inputs=None, precision: str | None = None) -> BisectReport:
+           seed: int = 0, arch: str = "sm_90", inputs=None, precision: str | None = None,
+           timeout: float | None = None, noise: list | None = None) -> BisectReport:
     """Find the rule(s) that break `model`: per-group check, then disable the rules of the groups over
     tolerance and rebuild, again and again (a lower-priority rule may take the same match and make the same
     mistake), accumulating the culprits until the model passes. When no group is to blame (the error only
-    shows in the outputs) try each fired rule in turn, then all of them."""
+    shows in the outputs) try each fired rule in turn, then all of them. `timeout` (seconds): stop at the
+    first stage past it, with `timed_out` set and the verdict saying what was found by then."""
     rules = rules if rules is not None else default_rules()
-    kw = {"shapes": shapes, "seed": seed, "arch": arch, "inputs": load_inputs(inputs), "precision": precision}
-    first = check_groups(model, target, rules=rules, **kw)
-    report = BisectReport(first, [])
+    deadline = time.monotonic() + timeout if timeout is not None else None
+    kw = {"shapes": shapes, "seed": seed, "arch": arch, "inputs": load_inputs(inputs), "precision": precision,
+          "deadline": deadline, "noise": noise}
+    report = BisectReport(None, [])
+    with status("culprit search", timeout) as line:
+        try:
+            line.step("per-group check")
+            report.first = check_groups(model, target, rules=rules, **kw)
+            return _search(report, model, target, rules, kw, line)
+        except SearchTimedOut:
+            return _timed_out(report, timeout)
+
+
+def _timed_out(report: BisectReport, timeout: float) -> BisectReport:
+    report.timed_out = True
+    found = report.first.first_failure() if report.first is not None else ""
+    tried = f"; {len(report.steps)} rebuild(s) with rules disabled, none within tolerance" if report.steps else ""
+    report.verdict = (f"the culprit search stopped after {timeout:g} s" + (f": {found}" if found else
+                      " (the per-group check did not finish)") + tried)
+    return report
+
+
+def _search(report: BisectReport, model, target, rules: RuleSet, kw: dict, line: status) -> BisectReport:
+    """bisect's rounds after the per-group check (`report.first`)."""
+    first = report.first
     if first.ok:
         report.verdict = "nothing to bisect: every group and every output is within tolerance"
         return report
@@ -249,12 +304,14 @@ def bisect(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet |
             break
         disabled += blamed
         failing += current.failing
+        line.step("disable " + ", ".join(disabled))
         current = _bisect_step(report, model, target, rules, disabled, kw)
         if current.ok:
             return _culprits(report, disabled, failing)
     for extra in [[r] for r in fired if r not in disabled] + [[r for r in fired if r not in disabled]]:
         if not extra:
             continue
+        line.step("disable " + ", ".join(disabled + extra))
         if _bisect_step(report, model, target, rules, disabled + extra, kw).ok:
             return _culprits(report, disabled + extra, failing)
     report.verdict = ("no culprit among the rules: the model is over tolerance even with every fired rule "

@@ -13,16 +13,17 @@ from .numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
            "check_fused", "check_cuda_build", "check_rule_property", "check_family_property",
-           "conv_bn_relu", "residual_block", "run_build", "ACTIVATION_FORMS",
+           "conv_bn_relu", "residual_block", "qdq_conv", "run_build", "ACTIVATION_FORMS",
            "GELU_OPSET", "apply_activation_onnx", "RESNET50_CONVS", "conv_primfunc", "as_float16"]
 
 OPSET = 17
 
 
-def assert_close(actual, reference, what: str = "output", dtype=None) -> ErrorStats:
-    """Element-wise verdict (numerics.error_stats; `dtype` picks the tolerance, default the reference's);
-    raises ToleranceExceeded naming how many elements are off and the worst one."""
-    stats = error_stats(actual, reference, dtype)
+def assert_close(actual, reference, what: str = "output", dtype=None, noise=None) -> ErrorStats:
+    """Element-wise verdict (numerics.error_stats; `dtype` picks the tolerance, default the reference's;
+    `noise`: the reference's own per element, e.g. reference.Reference(model, inputs).noise()[i]); raises
+    ToleranceExceeded naming how many elements are off and the worst one."""
+    stats = error_stats(actual, reference, dtype, noise)
     if not stats.ok:
         raise ToleranceExceeded(f"{what}: {stats.describe()}")
     return stats
@@ -121,6 +122,27 @@ def residual_block(n=1, c=8, hw=(10, 10), seed=0) -> onnx.ModelProto:
     y = g.op("Relu", [g.bn(g.conv(x, c, c), c)])
     y = g.bn(g.conv(y, c, c), c)
     return g.model([g.op("Relu", [g.op("Add", [y, x])])])
+
+
+def qdq_conv(cin=8, cout=16, hw=(16, 16), seed=0, out_scale=0.05) -> onnx.ModelProto:
+    """A QDQ int8 conv (per-tensor, zero points 0): x -> Q -> DQ, int8 weights -> DQ, Conv + bias, -> Q -> DQ.
+    onnxruntime runs it as written in float and, optimized, as an int8 QLinearConv: the two runs land one
+    output step (`out_scale`) apart at a few elements (a rounding flip)."""
+    g = GraphBuilder(seed)
+    x = g.input("x", [1, cin, *hw])
+    w = g.rng.normal(0, 0.3, (cout, cin, 3, 3)).astype(np.float32)
+    w_scale = np.float32(np.abs(w).max() / 127)
+    w_q = g.const(np.clip(np.round(w / w_scale), -127, 127).astype(np.int8), "w_q")
+
+    def qdq(value, scale):
+        s, z = g.const(np.array(scale, np.float32), "scale"), g.const(np.array(0, np.int8), "zero")
+        return g.op("DequantizeLinear", [g.op("QuantizeLinear", [value, s, z]), s, z])
+
+    zero = g.const(np.array(0, np.int8), "zero")
+    weights = g.op("DequantizeLinear", [w_q, g.const(np.array(w_scale, np.float32), "w_scale"), zero])
+    bias = g.const(g.rng.normal(0, 0.1, cout).astype(np.float32), "bias")
+    y = g.op("Conv", [qdq(x, 0.03), weights, bias], pads=[1, 1, 1, 1])
+    return g.model([qdq(y, out_scale)], opset=13)
 
 
 # ---------------------------------------------------------------- fused vs unfused vs onnxruntime

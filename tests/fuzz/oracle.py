@@ -3,7 +3,7 @@
     check_against_onnxruntime(model, rules)  ->  the fused Built, or raises GraphMismatch / InvalidGraph
 
 Every output of both builds must have onnxruntime's shape and dtype, and every element must hold
-numerics' verdict (`error_stats`: `|got - ort| <= atol * rms(ort) + rtol * |ort|` with rtol and atol from
+numerics' verdict (`error_stats`: `|got - ort| <= atol * scale(ort) + rtol * |ort|` with rtol and atol from
 `TOLERANCES` for the output's dtype, integers exactly; NaN and +/-inf only where onnxruntime has the same).
 A crash in import, fuse or build is a failure too (the graph is valid: onnxruntime ran it); a graph
 onnxruntime refuses is the strategy's bug (InvalidGraph).

@@ -24,6 +24,7 @@ from tvm_fusion import simplify
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.compare import as_arrays, run_onnxruntime
 from tvm_fusion.frontend import onnx_node_names
+from tvm_fusion.reference import reference_noise
 
 #: per-rule counts of the fused llvm build (rules that fired), recorded 2026-11-30; squeeze_excite and
 #: conv2d_add (residual without activation), conv2d_silu_add (after it), attention 2026-12-01
@@ -121,17 +122,15 @@ def run_llvm(name: str, mode: str = "fused"):
 
 
 @lru_cache(maxsize=None)
-def reference_noise(name: str) -> list[np.ndarray]:
-    """|onnxruntime optimized - onnxruntime as written| per element: how far two correct runs of the model
-    differ on these inputs (0 for most models; Basic Pitch's log-CQT amplifies rounding to ~2e-4)."""
-    feeds = make_inputs(name)
-    sess, _ = run_onnxruntime(onnx.load(str(zoo_path(name))), feeds, optimize=True)
-    return [np.abs(o.astype(np.float64) - r.astype(np.float64)) for o, r in zip(sess.run(None, feeds), reference(name))]
+def ort_noise(name: str) -> list[np.ndarray]:
+    """|onnxruntime optimized - onnxruntime as written| per element (tvm_fusion.reference): how far two correct
+    runs of the model differ on these inputs (0 for most models; Basic Pitch's log-CQT amplifies rounding to ~2e-4)."""
+    return reference_noise(onnx.load(str(zoo_path(name))), make_inputs(name), reference(name))
 
 
 def assert_elementwise_close(actual: np.ndarray, ref: np.ndarray, what: str, noise=0.0) -> None:
     """|a - b| <= 1e-5 * max(1, max|ref|) + 1e-4 * |ref| + noise, for every element (float32); `noise` is the
-    reference's own spread at that element (reference_noise)."""
+    reference's own spread at that element (ort_noise)."""
     assert actual.shape == ref.shape, f"{what}: shape {actual.shape} != onnxruntime's {ref.shape}"
     ref64, diff = ref.astype(np.float64), np.abs(actual.astype(np.float64) - ref.astype(np.float64))
     bound = 1e-5 * max(1.0, float(np.abs(ref64).max())) + 1e-4 * np.abs(ref64) + noise
@@ -160,7 +159,7 @@ def test_fused_llvm_matches_onnxruntime(name):
     built, out = run_llvm(name)
     ref = reference(name)
     assert len(out) == len(ref)
-    for i, (a, r, noise) in enumerate(zip(out, ref, reference_noise(name))):
+    for i, (a, r, noise) in enumerate(zip(out, ref, ort_noise(name))):
         assert_elementwise_close(a, r, f"{name} output {ENTRIES[name]['outputs'][i]}", noise)
     assert {k: v for k, v in built.counts.items() if v} == EXPECTED_COUNTS[name]
 
@@ -197,7 +196,7 @@ def test_unfused_llvm_matches_onnxruntime_and_fused(name):
     built, unfused = run_llvm(name, "unfused")
     _, fused = run_llvm(name)
     assert built.kernel_calls > 0 and not any(built.counts.values())
-    for i, (u, f, r, noise) in enumerate(zip(unfused, fused, reference(name), reference_noise(name), strict=True)):
+    for i, (u, f, r, noise) in enumerate(zip(unfused, fused, reference(name), ort_noise(name), strict=True)):
         assert_elementwise_close(u, r, f"{name} unfused output {i}", noise)
         assert_elementwise_close(f, u, f"{name} fused vs unfused output {i}")
 
