@@ -109,8 +109,11 @@ def schedule_function(func, target) -> tuple[Schedule | None, dict[str, str]]:
         return None, {}
     lanes = cpu_facts(target).float32_lanes
     before = len(sch.get_child_blocks(root))
-    _inline_producers(sch)
-    nests = [Nest(sch, b) for b in sch.get_child_blocks(root)]
+    try:
+        _inline_producers(sch)
+        nests = [Nest(sch, b) for b in sch.get_child_blocks(root)]
+    except Exception:  # noqa: BLE001 (a structure the analysis does not know: the kernel stays unscheduled, named)
+        return None, {}
     if len(nests) == before > 1 and not any(n.reduces or n.opaque for n in nests):
         # several outputs, nothing inlined (a split alone): TVM's plain loops, which LLVM vectorizes as
         # whole-plane copies (injective.py measured them faster than scheduled rows)

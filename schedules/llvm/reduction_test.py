@@ -108,3 +108,21 @@ def test_symbolic_batch():
         out = tvm.runtime.tensor(np.zeros((batch, 48), np.float32))
         executable["main"](tvm.runtime.tensor(x), out)
         np.testing.assert_array_equal(out.numpy(), x.max(axis=1))
+
+
+def test_vector_reductions_go_before_the_plane_sums():
+    """A mean over 768 features takes vector rows (LeftoverReduction, before the plane-sum rule); a mean over
+    13 x 13 planes, whose rows are not whole vectors, is left to the plane sums."""
+    from tvm_fusion.schedules.llvm.plane_sum import LeftoverPlaneSum
+    from tvm_fusion.schedules.llvm.reduction import LeftoverReduction
+
+    rows = _legalized(relax.op.mean, (8, 128, 768), axis=[2], keepdims=True)
+    planes = _legalized(relax.op.mean, (1, 64, 13, 13), axis=[2, 3], keepdims=True)
+    with AVX512:
+        assert LeftoverReduction().apply(rows, AVX512, False) is not None
+        assert LeftoverReduction().apply(planes, AVX512, False) is None
+        assert LeftoverPlaneSum().apply(planes, AVX512, False) is not None
+    x = np.random.default_rng(3).standard_normal((8, 128, 768)).astype(np.float32)
+    scheduled, _ = _scheduled(rows, AVX512)
+    assert_close(_run(scheduled, x, (8, 128, 1), "float32"), x.astype(np.float64).mean(axis=2, keepdims=True),
+                 "mean rows", dtype="float32")
