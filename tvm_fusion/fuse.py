@@ -47,6 +47,7 @@ class Group:
     compute: str
     attrs: dict
     kernel: str = ""  # what its schedule says it runs on, where it says (CUDA: tensor cores, or CUDA cores and why)
+    views: int = 0  # reshapes the lowering put around its call (a conv1d's [N, C, 1, W]): no kernel, no op of the model
 
 
 @dataclass
@@ -402,7 +403,8 @@ class _LowerComposites(relax.PyExprMutator):
         if mismatch:  # raised by run(): an exception raised here would cross TVM's FFI as a RuntimeError
             self.errors.append(mismatch)
             return call
-        self.groups.append(Group(rule.name, gv.name_hint, nodes, lowering.compute, dict(lowering.attrs), engine))
+        self.groups.append(Group(rule.name, gv.name_hint, nodes, lowering.compute, dict(lowering.attrs), engine,
+                                 len(lowering.input_shapes) + bool(lowering.out_shape)))
         call = relax.call_tir(gv, [*inputs, *consts], out_ty)
         return relax.op.reshape(call, _shape_in_caller(lowering.out_shape, outer)) if lowering.out_shape else call
 
