@@ -164,3 +164,23 @@ def _scaled_by_vector():
     g = GraphBuilder(0)
     y = g.op("MatMul", [g.input("a", [2, 3, 4]), g.input("b", [2, 4, 5])])
     return g.model([g.op("Div", [y, g.const(np.arange(1, 6, dtype=np.float32))])])
+
+
+def test_names_to_sanitize_and_an_if_branch(rules):
+    """Inputs named `a/0` and `b:1`, the MatMul's result read inside an If's branches (the importer builds no
+    dataflow block around an If), a leftover reduction in each branch: one batch_matmul, every kernel
+    scheduled, onnxruntime's values."""
+    from onnx import TensorProto, helper
+
+    g = GraphBuilder(9)
+    y = g.op("MatMul", [g.input("a/0", [2, 8, 16]), g.input("b:1", [2, 16, 8])])
+
+    def branch(op, out):
+        return helper.make_graph([helper.make_node(op, [y], [out], name=f"{out}/node", axes=[1], keepdims=0)], out,
+                                 [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, [2, 8])])
+
+    g.nodes.append(helper.make_node("If", [g.const(np.array(True))], ["z"], name="branch/0",
+                                    then_branch=branch("ReduceMax", "then_out"),
+                                    else_branch=branch("ReduceMin", "else_out")))
+    fused = check_fused(g.model(["z"], opset=17), rules, expect={"batch_matmul": 1})
+    assert not fused.unscheduled
