@@ -131,17 +131,23 @@ def _block(fn, number: int) -> dict[str, float]:
     return {"wall": (time.perf_counter() - wall) / number, "cpu": (time.process_time() - cpu) / number}
 
 
-def interleaved_ms(fused, ort, rounds: int, block_ms: float) -> dict[str, tuple[float, float]]:
-    """clock -> (fused ms, onnxruntime ms): medians over `rounds` of the mean of a block of runs,
-    alternating; both clocks read around the same blocks."""
-    fused(), ort()  # warm up both
-    number = {f: max(1, int(block_ms / 1e3 / max(_block(f, 1)["wall"], 1e-6))) for f in (fused, ort)}
-    times = {fused: [], ort: []}
+def interleaved(fns: dict, rounds: int, block_ms: float) -> dict[str, dict]:
+    """clock -> {name: ms}: for each of `fns` ({name: callable}), the median over `rounds` of the mean of a
+    block of runs (about `block_ms` long), the blocks alternating; both clocks read around the same blocks."""
+    for f in fns.values():
+        f()  # warm up
+    number = {k: max(1, int(block_ms / 1e3 / max(_block(f, 1)["wall"], 1e-6))) for k, f in fns.items()}
+    times = {k: [] for k in fns}
     for _ in range(rounds):
-        for f in (fused, ort):
-            times[f].append(_block(f, number[f]))
-    return {c: (1e3 * statistics.median(t[c] for t in times[fused]), 1e3 * statistics.median(t[c] for t in times[ort]))
-            for c in CLOCKS}
+        for k, f in fns.items():
+            times[k].append(_block(f, number[k]))
+    return {c: {k: 1e3 * statistics.median(t[c] for t in times[k]) for k in fns} for c in CLOCKS}
+
+
+def interleaved_ms(fused, ort, rounds: int, block_ms: float) -> dict[str, tuple[float, float]]:
+    """clock -> (fused ms, onnxruntime ms): `interleaved` of the two."""
+    ms = interleaved({"fused": fused, "ort": ort}, rounds, block_ms)
+    return {c: (ms[c]["fused"], ms[c]["ort"]) for c in CLOCKS}
 
 
 @contextlib.contextmanager

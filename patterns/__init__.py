@@ -12,6 +12,7 @@ TABLES = (
     "tvm_fusion.patterns.se",
     "tvm_fusion.patterns.conv_epilogue",
     "tvm_fusion.patterns.dense_epilogue",
+    "tvm_fusion.patterns.batch_matmul",
     "tvm_fusion.patterns.norm",
     "tvm_fusion.patterns.elementwise",
     "tvm_fusion.patterns.qdq",

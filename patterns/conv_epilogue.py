@@ -11,6 +11,10 @@ BatchNorm is folded from float32 statistics in float64, then the weights are rou
 dtype and the bias kept in float32 (the compute accumulates and applies its epilogue in float32).
 The fuse stage first rewrites inference `batch_norm(x)[0]` as `x * s + t` (per channel), so a conv -> BN
 with nothing after it is still a single-rooted match; a training-mode batch_norm stays and is declined.
+A conv1d (audio, FSMN memory blocks) is the same family at height 1: `conv1d(x[N, C, W], W[O, I, K])` lowers
+to the conv2d kernel of x viewed as [N, C, 1, W] and W as [O, I, 1, K] (strides, padding and dilation along
+the width), its output (and a residual) viewed back as [N, O, W'] (reshapes, no copies), so every member
+of the table, and each target's conv plans, take it.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ def _activation_then_add(*, bn: bool, residual: str, bias: bool | None, activati
 
 
 def _conv_epilogue(*, bn: bool, residual: str | None, bias: bool | None, activation) -> Spec:
-    conv = dpl.is_op("relax.nn.conv2d")(dpl.wildcard(), dpl.is_const())
+    x, w = dpl.wildcard(), dpl.is_const()
+    conv = dpl.is_op("relax.nn.conv2d")(x, w) | dpl.is_op("relax.nn.conv1d")(x, w)
     ann = {"conv": conv}
     bias_add = dpl.is_op("relax.add")(conv, dpl.is_const())
     y = {None: conv | bias_add, True: bias_add, False: conv}[bias]
@@ -103,10 +108,11 @@ def _per_channel(expr, out_shape) -> np.ndarray | None:
 def conv_checks(m: Match):
     """Declines with the actual and expected values when the compute cannot take the match."""
     attrs = m.attrs("conv")
-    if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW":
-        return decline(f"conv2d layout is {attrs.data_layout}/{attrs.kernel_layout}; the compute takes NCHW/OIHW")
-    if str(attrs.out_layout) not in ("NCHW", ""):
-        return decline(f"conv2d out_layout is {attrs.out_layout}; expected NCHW")
+    op, data, kernel = ("conv1d", "NCW", "OIW") if _is_conv1d(m) else ("conv2d", "NCHW", "OIHW")
+    if str(attrs.data_layout) != data or str(attrs.kernel_layout) != kernel:
+        return decline(f"{op} layout is {attrs.data_layout}/{attrs.kernel_layout}; the compute takes {data}/{kernel}")
+    if str(attrs.out_layout) not in (data, ""):
+        return decline(f"{op} out_layout is {attrs.out_layout}; expected {data}")
     dtype = m.dtype("conv")
     why = dtype_reason(m, dtype, "conv2d", SUPPORTED_DTYPES)
     if why:
@@ -151,10 +157,24 @@ def conv_checks(m: Match):
     return None
 
 
+def _is_conv1d(m: Match) -> bool:
+    return m.value("conv").op.name == "relax.nn.conv1d"
+
+
+def _height_one(attrs: dict, inputs: list) -> tuple[dict, dict]:
+    """A conv1d's attributes and inputs as the conv2d's of height 1: strides, padding and dilation along the
+    width; x and a residual [N, C, W] viewed as [N, C, 1, W]."""
+    attrs = dict(attrs, strides=(1, *attrs["strides"]), padding=(0, attrs["padding"][0], 0, attrs["padding"][1]),
+                 dilation=(1, *attrs["dilation"]))
+    return attrs, {i: (*shape[:2], 1, shape[2]) for i, shape in enumerate(batch_shape(x) for x in inputs)}
+
+
 def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
     conv = m.value("conv")
     attrs = conv.attrs
     w = _tvm.constant_value(conv.args[1]).astype(np.float64)
+    if _is_conv1d(m):
+        w = w[:, :, None, :]  # O, I, 1, K: the folds below scale along O
     channels = w.shape[0]
     out_shape = m.shape("conv")
     b = np.zeros(channels)
@@ -177,18 +197,18 @@ def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
     inputs = [conv.args[0]]
     if "residual" in m:
         inputs.append(m["residual"])
+    conv_attrs = dict(strides=tuple(int(v) for v in attrs.strides), padding=tuple(int(v) for v in attrs.padding),
+                      dilation=tuple(int(v) for v in attrs.dilation), groups=int(attrs.groups))
+    views, out_shape = {}, None
+    if _is_conv1d(m):  # the conv2d of height 1, see the module docstring
+        (conv_attrs, views), out_shape = _height_one(conv_attrs, inputs), m.shape("root")
     return Lowering(
         compute=m.rule if registry.has_compute(m.rule) else CONV_FAMILY,
         inputs=inputs,
         constants=[w.astype(numpy_dtype(dtype)), b.astype(accumulator_dtype(dtype))],
-        attrs=dict(
-            strides=tuple(int(v) for v in attrs.strides),
-            padding=tuple(int(v) for v in attrs.padding),
-            dilation=tuple(int(v) for v in attrs.dilation),
-            groups=int(attrs.groups),
-            activation=activation,
-            activation_params=dict(activation_params or {}),
-        ),
+        attrs=dict(**conv_attrs, activation=activation, activation_params=dict(activation_params or {})),
+        input_shapes=views,
+        out_shape=out_shape,
     )
 
 

@@ -499,3 +499,70 @@ def test_constant_of_higher_rank_than_the_conv_output_declines(shape, rules):
     fused = check_fused(g.model([g.op("Relu", [y])]), rules, expect={"conv2d": 1, "add_relu": 1})
     reasons = {d.rule: d.reason for d in fused.fused.decisions}
     assert reasons["conv2d_bias_relu"].startswith(f"bias_add constant has shape {shape}; expected one value per")
+
+
+# ---------------------------------------------------------------- conv1d: the conv2d rules at height 1
+def _conv1d(g, x, cin, cout, k, stride=1, pads=None, dilation=1, groups=1, bias=True):
+    w = g.const(g.rng.normal(0, np.sqrt(2.0 / (cin // groups * k)), (cout, cin // groups, k)).astype(np.float32), "w")
+    ins = [x, w] + ([g.const(g.rng.normal(0, 0.1, cout).astype(np.float32), "b")] if bias else [])
+    pads = pads if pads is not None else [k // 2 * dilation] * 2
+    return g.op("Conv", ins, kernel_shape=[k], strides=[stride], pads=list(pads), dilations=[dilation], group=groups)
+
+
+def _audio_block(batch=1, width=100):
+    """conv1d + BN + ReLU (stride 2), a depthwise conv1d with the block's input added back, then ReLU (an FSMN
+    memory block), a 1x1 conv1d."""
+    g = GraphBuilder(30)
+    x = g.input("x", [batch, 16, width])
+    y = g.op("Relu", [g.bn(_conv1d(g, x, 16, 32, 5, stride=2), 32)])
+    y = g.op("Relu", [g.op("Add", [_conv1d(g, y, 32, 32, 11, groups=32, bias=False), y])])
+    return g.model([_conv1d(g, y, 32, 8, 1)])
+
+
+AUDIO_COUNTS = {"conv2d_bn_relu": 1, "conv2d_add_relu": 1, "conv2d_bias": 1}
+
+
+def test_conv1d_takes_the_conv_rules(rules):
+    fused = check_fused(_audio_block(), rules, expect=AUDIO_COUNTS)
+    assert not fused.unscheduled
+
+
+@pytest.mark.parametrize("k, stride, pads, dilation, groups", [
+    (3, 1, [1, 1], 1, 1), (10, 5, [0, 0], 1, 1), (3, 1, [0, 2], 1, 1), (3, 1, [2, 2], 2, 1), (5, 1, [2, 2], 1, 4),
+    (7, 2, [3, 3], 1, 12)])
+def test_conv1d_attributes(k, stride, pads, dilation, groups, rules):
+    """Strides, asymmetric padding, dilation and groups along the width."""
+    g = GraphBuilder(31)
+    y = _conv1d(g, g.input("x", [2, 12, 37]), 12, 24, k, stride, pads, dilation, groups)
+    check_fused(g.model([g.op("Relu", [y])]), rules, expect={"conv2d_bias_relu": 1})
+
+
+def test_conv1d_float16_and_avx2(rules):
+    from tvm_fusion.build import build
+    from tvm_fusion.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.testing import as_float16, assert_close, run_build
+
+    check_fused(as_float16(_audio_block()), rules, expect=AUDIO_COUNTS)
+    model = _audio_block()
+    avx2 = build(import_onnx(model), tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3"}), "fused", rules=rules)
+    assert {k: v for k, v in avx2.counts.items() if v} == AUDIO_COUNTS
+    feeds = random_inputs(model, seed=0)
+    (ref,) = run_onnxruntime(model, feeds)[0].run(None, feeds)
+    assert_close(run_build(avx2, [feeds["x"]])[0], ref, "conv1d block, AVX2")
+
+
+def test_conv1d_with_a_symbolic_batch(rules):
+    """The views [N, C, 1, W] keep N symbolic (in the caller's dims): one build, batches 1 and 3."""
+    from tvm_fusion.build import build
+    from tvm_fusion.compare import run_onnxruntime
+    from tvm_fusion.frontend import SymDim
+    from tvm_fusion.testing import assert_close
+
+    model = _audio_block(batch="N")
+    built = build(import_onnx(model, {"x": (SymDim("N", 4), 16, 100)}), "llvm", "fused", rules=rules)
+    assert {k: v for k, v in built.counts.items() if v} == AUDIO_COUNTS
+    vm = relax.VirtualMachine(built.executable, tvm.cpu())
+    sess, _ = run_onnxruntime(model, {}, optimize=False)
+    for n in (1, 3):
+        x = np.random.default_rng(n).standard_normal((n, 16, 100)).astype(np.float32)
+        assert_close(vm["main"](tvm.runtime.tensor(x)).numpy(), sess.run(None, {"x": x})[0], f"batch {n}")

@@ -44,6 +44,8 @@ TIERS = {
     "dense_bias_<act>": 111,
     "dense_bias": 110,
     "dense_<act>": 99,
+    "batch_matmul_<act>": 95,  # below every dense rule: a constant 2-D B is theirs
+    "batch_matmul": 93,
     "add_layer_norm": 90,
     "layer_norm": 80,
     "elementwise_chain_<n>": 60,

@@ -25,6 +25,9 @@ MODULES = (
     "tvm_fusion.schedules.llvm.squeeze_excite",
     "tvm_fusion.schedules.cuda.squeeze_excite",
     "tvm_fusion.schedules.attention",
+    "tvm_fusion.schedules.batch_matmul",
+    "tvm_fusion.schedules.llvm.batch_matmul",
+    "tvm_fusion.schedules.cuda.batch_matmul",
     "tvm_fusion.schedules.llvm.attention",
     "tvm_fusion.schedules.cuda.attention",
 )

@@ -18,8 +18,9 @@ from ._tvm import relax, tvm
 from .errors import FusionError
 from .fuse import FuseResult, fuse
 from .rules import RuleSet
+from .unscheduled import Unscheduled, find_unscheduled, kernel_origins, legalized_calls
 
-__all__ = ["Built", "build", "legalize", "resolve_target", "parse_target", "default_cpu_target",
+__all__ = ["Built", "build", "legalize", "legalize_traced", "resolve_target", "parse_target", "default_cpu_target",
            "TARGET_FORMS", "check_arch", "count_kernel_calls", "default_rules"]
 
 
@@ -143,6 +144,8 @@ class Built:
     cuda_graph: dict | None = None
     lowered: object = field(default=None, repr=False)  # the Relax module tvm.compile lowered (before codegen)
     tuning: object = None  # tune.TuneReport when built with tune=TuneOptions(...)
+    #: the kernels without a schedule (on llvm TVM's bare loop nests; unscheduled.py); every one unfused
+    unscheduled: list[Unscheduled] = field(default_factory=list)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -160,9 +163,23 @@ def codegen_config(target) -> dict:
 
 def legalize(mod, target, mode: str):
     """The `legalize` stage of `mode` (what build() counts kernels on), without compiling."""
+    return legalize_traced(mod, target, mode)[0]
+
+
+def legalize_traced(mod, target, mode: str):
+    """(the `legalize` stage of `mode`, {kernel: (the legalized ops, the ONNX nodes) it computes}): the same
+    passes, run in three parts around TVM's FuseOps to read which bindings each fused kernel took
+    (unscheduled.py)."""
     target = resolve_target(target)
+    passes = pipeline.legalize_passes(mode, target)
+    names = [p.info.name for p in passes]
+    cut = names.index("FuseOps") if "FuseOps" in names else len(passes)
     with target, tvm.transform.PassContext(opt_level=3):
-        return pipeline.sequential(pipeline.legalize_passes(mode, target), f"{mode}.legalize")(mod)
+        mod = pipeline.sequential(passes[:cut], f"{mode}.legalize")(mod)
+        calls = legalized_calls(mod)
+        mod = pipeline.sequential(passes[cut:cut + 1], f"{mode}.fuse_ops")(mod)
+        origins = kernel_origins(mod, calls)
+        return pipeline.sequential(passes[cut + 1:], f"{mode}.schedule")(mod), origins
 
 
 def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None, *,
@@ -189,7 +206,8 @@ def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None,
             from .tune import tune_fused
 
             mod, tuning = tune_fused(mod, fused.plain, target, tune)
-    legal = legalize(mod, target, mode)
+    legal, origins = legalize_traced(mod, target, mode)
+    unscheduled = find_unscheduled(legal, origins)
     primfuncs, calls = count_kernel_calls(legal)
     weights = None
     if external_weights:
@@ -207,7 +225,7 @@ def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None,
     with _compiler_for(target), tvm.transform.PassContext(opt_level=3, config=config):
         ex = tvm.compile(lower_mod, target, relax_pipeline=pipeline.sequential(pipeline.lower_passes(target), "lower"))
     return Built(mode, target, ex, primfuncs, calls, time.perf_counter() - start, fused, legal, weights, graph, lowered,
-                 tuning)
+                 tuning, unscheduled)
 
 
 def _cuda_graph(legal, target, wanted: bool, why_not: str):

@@ -55,12 +55,21 @@ class CompileResult:
             *([f"tensor cores: {m['tensor_core_groups']} of {len(m['groups'])} groups (groups[].engine says why "
                "not for the others; `explain` too)"] if m.get("tensor_core_groups") else []),
             _verified(m["verification"]),
+            *_unscheduled_lines(m.get("unscheduled", [])),
             "kernel calls per inference: " + ", ".join(f"{k} {v['kernel_calls']}" for k, v in b.items()),
             *([_binary_line(m)] if m.get("cuda_binary") else []),
             *([_graph_line(m["cuda_graph"])] if m.get("cuda_graph") else []),
             *([f"note: {m['cuda_facts']['note']}"] if m.get("cuda_facts", {}).get("note") else []),
             *([str(self.tuning)] if self.tuning is not None else []),
         ])
+
+
+def _unscheduled_lines(kernels: list[dict]) -> list[str]:
+    """A warning per kernel that runs without a schedule (TVM's bare loop nest on the CPU)."""
+    if not kernels:
+        return []
+    return [f"warning: {len(kernels)} kernel(s) run without a schedule (TVM's bare loops; `explain` names them):"] + \
+        [f"  {k['function']} ({', '.join(k['ops'])}) <- {', '.join(k['onnx_nodes']) or '?'}" for k in kernels]
 
 
 def _verified(v: dict) -> str:
@@ -317,6 +326,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         "tensor_core_groups": sum(g.kernel.startswith("tensor cores") for g in built.fused.groups),
         "builds": builds,
         "declined": [asdict(d) for d in built.fused.decisions if d.reason],
+        "unscheduled": [u.record() for u in built.unscheduled],
         "verification": verification.manifest(),
         "simplify": simplify_record(mod),
     }

@@ -1,6 +1,7 @@
 """`explain`: for every candidate chain, the rule that took it or each rule's reason for declining, the
 near misses before the ops left to TVM (how far each rule's pattern got, trace.py), the ops left to TVM's
-own fusion, per-rule counts and the share of ops our rules cover."""
+own fusion, the kernels of the fused build left without a schedule, per-rule counts and the share of ops
+our rules cover."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ._tvm import relax, tvm
-from .build import resolve_target
+from .build import legalize_traced, resolve_target
 from .fuse import Decision, FuseResult, fuse, normalize_batch_norm
 from .rules import RuleSet
 from .patterns.qdq import fake_quant_notes
 from .trace import PartialMatch, near_misses
+from .unscheduled import Unscheduled, find_unscheduled
 
 __all__ = ["Explanation", "PartialMatch", "explain", "op_counts"]
 
@@ -37,6 +39,8 @@ class Explanation:
     ops_before: Counter
     ops_left: Counter
     module: tvm.IRModule | None = field(default=None, repr=False)  # as imported: what the tracer reads
+    #: the fused build's kernels without a schedule (TVM's bare loops on the CPU; unscheduled.py)
+    unscheduled: list[Unscheduled] = field(default_factory=list)
     _near: list[PartialMatch] | None = field(default=None, repr=False)
 
     @property
@@ -86,6 +90,11 @@ class Explanation:
         if self.ops_left:
             left = ", ".join(f"{op.replace('relax.', '')} x{n}" for op, n in sorted(self.ops_left.items()))
             lines += ["", f"left to TVM's own fusion: {left}"]
+        if self.unscheduled:
+            lines += ["", "kernels without a schedule (TVM's bare loops: one element at a time, one thread):"]
+            lines += [f"  {u}" for u in self.unscheduled]
+        else:
+            lines += ["", "every kernel has a schedule"]
         fired = ", ".join(f"{k} {v}" for k, v in self.result.counts.items() if v) or "none"
         lines += ["", f"rules fired: {fired}",
                   f"ops covered by our rules: {self.covered} of {sum(self.ops_before.values())} ({self.share:.0%})"]
@@ -107,10 +116,14 @@ def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None) 
 
     mod = model if isinstance(model, tvm.IRModule) else frontend.import_onnx(model, shapes)
     rules = rules if rules is not None else load_rules_for()
-    result = fuse(mod, resolve_target(target), rules)
+    target = resolve_target(target)
+    result = fuse(mod, target, rules)
     # counted after the BatchNorm normalisation that fuse applies first, so that "covered" is never negative
     before = op_counts(normalize_batch_norm(mod, frontend.onnx_node_names(mod))["main"])
     before.pop("relax.call_tir", None)
     left = op_counts(result.mod["main"])
     left.pop("relax.call_tir", None)
-    return Explanation(result, before, left, mod)
+    left["relax.reshape"] -= sum(g.views for g in result.groups)  # the groups' own views are not ops left
+    left = +left  # drops counts at or below 0
+    legal, origins = legalize_traced(result.mod, target, "fused")
+    return Explanation(result, before, left, mod, unscheduled=find_unscheduled(legal, origins))

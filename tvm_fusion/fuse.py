@@ -47,6 +47,7 @@ class Group:
     compute: str
     attrs: dict
     kernel: str = ""  # what its schedule says it runs on, where it says (CUDA: tensor cores, or CUDA cores and why)
+    views: int = 0  # reshapes the lowering put around its call (a conv1d's [N, C, 1, W]): no kernel, no op of the model
 
 
 @dataclass
@@ -317,9 +318,9 @@ def _type_mismatch(rule: str, nodes: list[str], composite_call, shape, dtype) ->
             f"{shape_text(composite_call)} {want_dtype}")
 
 
-def _in_caller(out_ty, params, args):
-    """`out_ty` (in the composite function's symbolic dims: FuseOpsByPattern gives each function its own N)
-    in the caller's dims, matched through the shapes of the function's parameters and the call's arguments."""
+def _caller_dims(params, args) -> dict[str, object]:
+    """{symbolic dim name in the composite function (FuseOpsByPattern gives each function its own N): the
+    caller's dim}, matched through the shapes of the function's parameters and the call's arguments."""
     outer: dict[str, object] = {}
     for p, a in zip(params, args):
         inner_shape, outer_shape = (getattr(_tvm.expr_type(x), "shape", None) for x in (p, a))
@@ -328,10 +329,19 @@ def _in_caller(out_ty, params, args):
         for d, o in zip(inner_shape, outer_shape):
             if isinstance(d, tirx.Var):
                 outer.setdefault(str(d), o)
+    return outer
+
+
+def _shape_in_caller(shape, outer: dict) -> tuple:
+    """A view's shape (a Lowering's input or output view) in the caller's dims (`_caller_dims`)."""
+    return tuple(outer.get(str(d), d) if isinstance(d, tirx.Var) else d for d in shape)
+
+
+def _in_caller(out_ty, params, args):
+    """`out_ty` (in the composite function's symbolic dims) in the caller's dims."""
     if not any(isinstance(d, tirx.Var) for d in out_ty.shape):
         return out_ty
-    return _tvm.tensor_type([outer.get(str(d), d) if isinstance(d, tirx.Var) else d for d in out_ty.shape],
-                            str(out_ty.dtype))
+    return _tvm.tensor_type(list(_shape_in_caller(out_ty.shape, _caller_dims(params, args))), str(out_ty.dtype))
 
 
 @relax.expr_functor.mutator
@@ -370,9 +380,10 @@ class _LowerComposites(relax.PyExprMutator):
         lowering, scheduled = _scheduled(spec.lower(Match(rule.name, exprs, var2val, self.batch_dims)), self.target,
                                          self.any_target)
         params = {p: a for p, a in zip(func.params, call.args)}
+        outer = _caller_dims(func.params, call.args)
         inputs = [params.get(e, e) for e in lowering.inputs]
-        inputs = [relax.op.reshape(e, lowering.input_shapes[i]) if i in lowering.input_shapes else e
-                  for i, e in enumerate(inputs)]
+        inputs = [relax.op.reshape(e, _shape_in_caller(lowering.input_shapes[i], outer))
+                  if i in lowering.input_shapes else e for i, e in enumerate(inputs)]
         # one PrimFunc per rule (named after it) and shapes and attributes, even where rules share a compute
         key = (rule.name, lowering.compute, repr(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
         if key not in self.cache:
@@ -392,9 +403,10 @@ class _LowerComposites(relax.PyExprMutator):
         if mismatch:  # raised by run(): an exception raised here would cross TVM's FFI as a RuntimeError
             self.errors.append(mismatch)
             return call
-        self.groups.append(Group(rule.name, gv.name_hint, nodes, lowering.compute, dict(lowering.attrs), engine))
+        self.groups.append(Group(rule.name, gv.name_hint, nodes, lowering.compute, dict(lowering.attrs), engine,
+                                 len(lowering.input_shapes) + bool(lowering.out_shape)))
         call = relax.call_tir(gv, [*inputs, *consts], out_ty)
-        return relax.op.reshape(call, lowering.out_shape) if lowering.out_shape else call
+        return relax.op.reshape(call, _shape_in_caller(lowering.out_shape, outer)) if lowering.out_shape else call
 
     def run(self):
         for gv, func in self.mod_.functions.items():

@@ -66,15 +66,19 @@ def _llvm_leftovers():
     """The fused build's CPU kernels that no rule took and TVM leaves unscheduled: copies and elementwise
     maps vectorized (`schedules/llvm/injective.py`), transposed convolutions (`schedules/llvm/conv_transpose.py`),
     softmax / log_softmax rows (`schedules/llvm/softmax.py`), 2-D max / average pools (`schedules/llvm/pooling.py`),
-    means over trailing axes (`schedules/llvm/plane_sum.py`)."""
+    reductions that run in vectors (`schedules/llvm/reduction.py`), means over trailing axes
+(`schedules/llvm/plane_sum.py`); then every other kernel: parallel outer loops, a
+vector (or chains) of outputs, reductions in TVM's order (`schedules/llvm/fallback.py`)."""
     from tvm_fusion.schedules.llvm.conv_transpose import LeftoverConvTranspose
+    from tvm_fusion.schedules.llvm.fallback import LeftoverFallback
     from tvm_fusion.schedules.llvm.injective import LeftoverInjective
     from tvm_fusion.schedules.llvm.plane_sum import LeftoverPlaneSum
     from tvm_fusion.schedules.llvm.pooling import LeftoverPool
+    from tvm_fusion.schedules.llvm.reduction import LeftoverReduction
     from tvm_fusion.schedules.llvm.softmax import LeftoverSoftmax
 
     return dlight.ApplyDefaultSchedule(LeftoverInjective(), LeftoverConvTranspose(), LeftoverSoftmax(), LeftoverPool(),
-                                     LeftoverPlaneSum())
+                                     LeftoverReduction(), LeftoverPlaneSum(), LeftoverFallback())
 
 
 #: target kind -> passes (made on use) scheduling what the fused build left to TVM's default lowering

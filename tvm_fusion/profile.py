@@ -23,7 +23,7 @@ import onnx
 
 from . import _tvm, frontend
 from ._tvm import relax, tvm
-from .build import legalize, resolve_target
+from .build import legalize_traced, resolve_target
 from .console import table
 from .errors import FusionError
 from .fuse import FuseResult, fuse
@@ -31,6 +31,7 @@ from .io import gpu_available, input_tensors, nbytes
 from .pipeline import MODES
 from .roofline import KNOWN_GPUS, Peaks, gpu_peaks, host_peaks
 from .rules import RuleSet
+from .unscheduled import find_unscheduled
 
 __all__ = ["ProfileReport", "profile", "Site", "GroupProfile", "Candidate", "BuildProfile", "SCHEMA_VERSION"]
 
@@ -452,6 +453,8 @@ class ProfileReport:
     counts: dict[str, int]
     declined: list[dict]  # {"rule", "onnx_node", "reason"} from the fuse stage (what `explain` shows)
     onnx_graph: dict = field(default_factory=dict, repr=False)  # nodes and edges, for the picture
+    #: the fused build's kernels without a schedule: {"function", "ops", "onnx_nodes"} (unscheduled.py)
+    unscheduled: list[dict] = field(default_factory=list)
 
     @property
     def bytes_saved(self) -> int:
@@ -483,6 +486,7 @@ class ProfileReport:
             "groups": [{**asdict(g), "launches_removed": g.launches_removed} for g in self.groups],
             "candidates": [asdict(c) for c in self.candidates],
             "declined": self.declined,
+            "unscheduled": self.unscheduled,
             "totals": {"bytes_saved": self.bytes_saved, "launches_removed": self.launches_removed,
                        "groups": len(self.groups), "summary": self.summary()},
         }
@@ -550,7 +554,8 @@ def _raised(peaks: Peaks, sites: list[Site]) -> Peaks:
 
 
 def _build(mod, target, mode: str, rules: RuleSet):
-    """(legalized module, FuseResult or None, executable, seconds) for one profile mode."""
+    """(legalized module, FuseResult or None, executable, seconds, the kernels without a schedule) for one
+    profile mode."""
     from .pipeline import lower_passes, sequential
 
     t0 = time.perf_counter()
@@ -561,9 +566,9 @@ def _build(mod, target, mode: str, rules: RuleSet):
         from .loader import load_rules_for
 
         fused = fuse(mod, target, load_rules_for(only=[BASELINE_RULE], plugins=False))
-    legal = legalize(fused.mod if fused else mod, target, "unfused" if mode == "unfused" else mode)
+    legal, origins = legalize_traced(fused.mod if fused else mod, target, "unfused" if mode == "unfused" else mode)
     ex = tvm.compile(legal, target, relax_pipeline=sequential(lower_passes(target), "lower"))
-    return legal, fused, ex, time.perf_counter() - t0
+    return legal, fused, ex, time.perf_counter() - t0, find_unscheduled(legal, origins)
 
 
 def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
@@ -592,9 +597,9 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     rules = rules if rules is not None else load_rules_for()
     _, tensors = input_tensors(proto, shapes, seed, dev)
     builds, structure, results = {}, {}, {}
-    timers, seconds = {}, {}
+    timers, seconds, unscheduled = {}, {}, {}
     for mode in modes:
-        legal, fused, ex, seconds[mode] = _build(mod, tgt, mode, rules)
+        legal, fused, ex, seconds[mode], unscheduled[mode] = _build(mod, tgt, mode, rules)
         sites, users, site_vars = call_sites(legal, fused, names, _output_nodes(proto))
         timers[mode] = _Timer(ex, dev, tensors, sites, tgt.kind.name == "cuda")
         structure[mode], results[mode] = (users, site_vars), fused
@@ -617,7 +622,7 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     candidates = _candidates(builds["unfused"], builds["fused"], result, site_vars, users, peaks, reasons)
     declined = [{"rule": d.rule, "onnx_node": d.onnx_node, "reason": d.reason} for d in result.decisions if d.reason]
     return ProfileReport(name, str(tgt), device, repeat, peaks, builds, groups, candidates, dict(result.counts),
-                         declined, _graph(proto))
+                         declined, _graph(proto), [u.record() for u in unscheduled["fused"]])
 
 
 # ---------------------------------------------------------------- text
@@ -646,6 +651,9 @@ def render_text(r: ProfileReport, top: int = 12) -> str:
         lines.append(table(["kernel", "rule / op", "ONNX nodes", "calls", "median ms", "share"],
                             [[k["kernel"], k["origin"], _nodes(k["onnx_nodes"], 3), k["calls"], _ms(k["median_s"]),
                               f"{k['share']:.1%}"] for k in rows[:top]]))
+    if r.unscheduled:
+        lines += ["", "fused: kernels without a schedule (TVM's bare loops: one element at a time, one thread):"]
+        lines += [f"  {u['function']} ({', '.join(u['ops'])}) <- {_nodes(u['onnx_nodes'], 6)}" for u in r.unscheduled]
     lines += ["", "fused groups: before (original ops, unfused build) / after (fused kernel)"]
     lines.append(table(
         ["#", "rule", "ONNX nodes", "before ms", "after ms", "launches", "saved MB", "still r/w MB", "GFLOP",

@@ -63,12 +63,23 @@ def schedule_dense_cuda(sch, attrs, target) -> str:
     tc = try_tensor_cores(sch, tensor_core_plan(sch.mod["main"], target), "dense", target)
     if tc.reason is None:
         return tc.engine
+    apply_dlight_rules(sch, target, "dense")
+    return tc.engine
+
+
+def apply_dlight_rules(sch, target, what: str) -> None:
+    """Schedule `sch` in place with the first of dlight's GPU RULES that takes its function (dlight's own wmma
+    path kept off, NO_TENSORIZE): the winning rule's trace replayed on `sch`. A rule that raises declines
+    (pipeline.GuardedRule: TVM 0.27's GEMV raised on a depthwise conv1d)."""
     func = sch.mod["main"].with_attr(NO_TENSORIZE, True)
     for rule in RULES:
-        scheduled = rule().apply(func, target, False)
+        try:
+            scheduled = rule().apply(func, target, False)
+        except Exception:  # noqa: BLE001 (a rule's crash means "not mine": the next one, Fallback last)
+            continue
         if isinstance(scheduled, list):
             scheduled = scheduled[0] if scheduled else None
         if scheduled is not None:
             scheduled.trace.apply_to_schedule(sch, remove_postproc=False)
-            return tc.engine
-    raise FusionError(f"no dlight GPU rule schedules the dense function {func.params}")
+            return
+    raise FusionError(f"no dlight GPU rule schedules the {what} function {func.params}")

@@ -87,6 +87,10 @@ def schedule_dense_llvm(sch, attrs, target):
     if rows > 1:
         sch.unroll(ii)
     if cols > 1:
+        lanes = facts.float32_lanes
+        if cols > lanes and cols % lanes == 0:  # whole vectors, one after another (48 lanes as one vector of
+            jv, ji = sch.split(ji, [None, lanes])  # LLVM's ran 13x slower: FSMN's 100x64 @ 64x96)
+            sch.unroll(jv)
         sch.vectorize(ji)
         sch.vectorize(sch.get_loops(epi)[-1])
     sch.decompose_reduction(dense, k)

@@ -26,7 +26,7 @@ import math
 from tvm_fusion._tvm import Schedule, called_ops, dlight, tirx
 from tvm_fusion.hardware import cpu_facts
 
-__all__ = ["LeftoverInjective", "PARALLEL_ELEMENTS"]
+__all__ = ["LeftoverInjective", "PARALLEL_ELEMENTS", "VECTOR_CALLS", "schedule_loop_nest"]
 
 #: a kernel with fewer output elements runs on one thread (a parallel launch costs more than its copy)
 PARALLEL_ELEMENTS = 1 << 16
@@ -44,7 +44,7 @@ def _extents(sch, loops) -> list[int] | None:
 #: the calls a row fused up to a long row may make: the math TVM's llvm codegen lowers for vectors (loads,
 #: arithmetic, selects, casts and min / max are not calls); any other call (sinh, cosh: "unknown intrinsic" at
 #: codegen) keeps the rule from before
-_LONG_ROW_CALLS = frozenset({"if_then_else", "likely", "exp", "sigmoid", "tanh", "sqrt", "log", "fabs"})
+VECTOR_CALLS = frozenset({"if_then_else", "likely", "exp", "sigmoid", "tanh", "sqrt", "log", "fabs"})
 
 
 def _reduces(sch, block) -> bool:
@@ -64,8 +64,8 @@ def _independent_outputs(sch, blocks) -> bool:
 
 
 def _long_row_ok(sch, block) -> bool:
-    """Whether the block calls only what a vector row may (`_LONG_ROW_CALLS`)."""
-    return called_ops(sch.get(block).body) <= _LONG_ROW_CALLS
+    """Whether the block calls only what a vector row may (`VECTOR_CALLS`)."""
+    return called_ops(sch.get(block).body) <= VECTOR_CALLS
 
 
 class LeftoverInjective(dlight.ScheduleRule):
@@ -85,45 +85,48 @@ class LeftoverInjective(dlight.ScheduleRule):
             return None  # several outputs and nothing inlined (a split alone): TVM's loops, LLVM's vectors
         lanes = cpu_facts(target).float32_lanes
         for block in blocks:
-            if not self._schedule_block(sch, block.block_rv, lanes):
+            if not schedule_loop_nest(sch, block.block_rv, lanes):
                 return None
         return sch
 
-    def _schedule_block(self, sch, block, lanes: int) -> bool:
-        """One output block's loop nest; False where its extents are not all constant."""
-        loops = sch.get_loops(block)
-        extents = _extents(sch, loops)
-        if not loops or extents is None:
-            return False
-        # fused up to a long row (an image plane) unless the row calls what TVM cannot vectorize (a sinh /
-        # cosh row reached its llvm codegen as a vector call it cannot lower: the ONNX backend's test_sinh)
-        long_limit = LONG_ROW_VECTORS * lanes if _long_row_ok(sch, block) else None
-        if long_limit is None and extents[-1] % lanes and extents[-1] >= LONG_ROW_VECTORS * lanes:
-            return self._long_rows(sch, loops, extents, lanes)
-        inner, run = len(loops) - 1, extents[-1]
-        while inner > 0 and run % lanes and (long_limit is None or run < long_limit):  # fused: whole vectors
-            inner -= 1
-            run *= extents[inner]
-        if long_limit is not None and run % lanes and run >= long_limit:  # or a long row (a 14 x 14 plane)
-            if inner < len(loops) - 1:
-                loops = [*loops[:inner], sch.fuse(*loops[inner:])]
-                extents = [*extents[:inner], run]
-            return self._long_rows(sch, loops, extents, lanes)
-        fused = sch.fuse(*loops[inner:]) if inner < len(loops) - 1 else loops[-1]
-        if run % lanes == 0:  # a run that is not whole vectors stays scalar (no predicated tail)
-            sch.vectorize(sch.split(fused, [None, lanes])[1])
-        outer = loops[:inner]
-        if outer and math.prod(extents) >= PARALLEL_ELEMENTS:
-            sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-        return True
 
-    @staticmethod
-    def _long_rows(sch, loops, extents, lanes):
-        """Each output row as whole vectors, then its last `row % lanes` elements one at a time."""
-        row = extents[-1]
-        body, _ = sch.loop_partition(loops[-1], [row - row % lanes, None])
-        sch.vectorize(sch.split(body, [None, lanes])[1])
-        outer = loops[:-1]
-        if outer and math.prod(extents) >= PARALLEL_ELEMENTS:
-            sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-        return True
+def schedule_loop_nest(sch, block, lanes: int) -> bool:
+    """One output block's loop nest of spatial loops: trailing loops fused to whole vectors (or a long row:
+    its vectors, then a scalar tail), outer loops in parallel when large; False where its extents are not all
+    constant (nothing scheduled)."""
+    loops = sch.get_loops(block)
+    extents = _extents(sch, loops)
+    if not loops or extents is None:
+        return False
+    # fused up to a long row (an image plane) unless the row calls what TVM cannot vectorize (a sinh /
+    # cosh row reached its llvm codegen as a vector call it cannot lower: the ONNX backend's test_sinh)
+    long_limit = LONG_ROW_VECTORS * lanes if _long_row_ok(sch, block) else None
+    if long_limit is None and extents[-1] % lanes and extents[-1] >= LONG_ROW_VECTORS * lanes:
+        return _long_rows(sch, loops, extents, lanes)
+    inner, run = len(loops) - 1, extents[-1]
+    while inner > 0 and run % lanes and (long_limit is None or run < long_limit):  # fused: whole vectors
+        inner -= 1
+        run *= extents[inner]
+    if long_limit is not None and run % lanes and run >= long_limit:  # or a long row (a 14 x 14 plane)
+        if inner < len(loops) - 1:
+            loops = [*loops[:inner], sch.fuse(*loops[inner:])]
+            extents = [*extents[:inner], run]
+        return _long_rows(sch, loops, extents, lanes)
+    fused = sch.fuse(*loops[inner:]) if inner < len(loops) - 1 else loops[-1]
+    if run % lanes == 0:  # a run that is not whole vectors stays scalar (no predicated tail)
+        sch.vectorize(sch.split(fused, [None, lanes])[1])
+    outer = loops[:inner]
+    if outer and math.prod(extents) >= PARALLEL_ELEMENTS:
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    return True
+
+
+def _long_rows(sch, loops, extents, lanes):
+    """Each output row as whole vectors, then its last `row % lanes` elements one at a time."""
+    row = extents[-1]
+    body, _ = sch.loop_partition(loops[-1], [row - row % lanes, None])
+    sch.vectorize(sch.split(body, [None, lanes])[1])
+    outer = loops[:-1]
+    if outer and math.prod(extents) >= PARALLEL_ELEMENTS:
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    return True

@@ -51,10 +51,11 @@ EXPECTED_COUNTS = {
     "mobilenetv3_qdq_pc": {"conv2d_fake_quant_add": 2, "conv2d_bias_fake_quant": 20, "dense_bias_fake_quant": 2,
                            "elementwise_chain_6": 10, "fake_quant": 7},
     # audio, speech, ViT and YOLOX exports, recorded 2026-12-03
-    "audio1d_ts17": {"dense_bias": 1, "elementwise_chain_3": 1, "add_relu": 2},
-    "audio1d_dynamo18": {"dense_bias": 1, "elementwise_chain_3": 1, "add_relu": 2},
-    "fsmn_ts13": {"dense_bias_relu": 4, "dense_bias": 3},
-    "fsmn_dynamo18": {"dense_bias_relu": 4, "dense_bias": 3},
+    # conv1d through the conv rules (height 1) and MatMul without a bias through batch_matmul: 2026-12-03
+    "audio1d_ts17": {"conv2d_add_relu": 1, "conv2d_bias_relu": 2, "dense_bias": 1, "conv2d": 1},
+    "audio1d_dynamo18": {"conv2d_add_relu": 1, "conv2d_bias_relu": 2, "dense_bias": 1, "conv2d": 1},
+    "fsmn_ts13": {"dense_bias_relu": 4, "dense_bias": 3, "batch_matmul": 3, "conv2d": 3},
+    "fsmn_dynamo18": {"dense_bias_relu": 4, "dense_bias": 3, "batch_matmul": 3, "conv2d": 3},
     "vit_seg_ts17": {"attention": 2, "dense_bias_gelu_erf": 2, "dense_bias": 6, "add_layer_norm": 1, "layer_norm": 4,
                      "elementwise_chain_4": 1, "conv2d_bias": 2, "add_relu": 1},
     "vit_seg_dynamo18": {"attention": 2, "dense_bias_gelu_erf": 2, "dense_bias": 6, "add_layer_norm": 1,
@@ -65,7 +66,7 @@ EXPECTED_COUNTS = {
     "ppocr_det": {"squeeze_excite_relu_hardsigmoid": 10, "conv2d_bn_hardswish": 24, "conv2d_bn_relu": 1, "conv2d_bn": 5,
                   "elementwise_chain_4": 1, "conv2d_bias": 4, "conv2d": 8},
     "ppocr_rec": {"squeeze_excite_relu_hardsigmoid": 2, "conv2d_bn_hardswish": 28, "conv2d_bn_silu": 5, "conv2d_bn": 1,
-                  "dense_bias_silu": 2, "dense_bias": 7, "add_layer_norm": 1, "layer_norm": 4},
+                  "dense_bias_silu": 2, "dense_bias": 7, "batch_matmul": 4, "add_layer_norm": 1, "layer_norm": 4},
     "ppocr_cls": {"squeeze_excite_relu_hardsigmoid": 9, "conv2d_bn_hardswish": 18, "conv2d_bn_relu": 6,
                   "conv2d_bn_add": 7, "conv2d_bn": 4, "dense_bias": 1},
     "nudenet_yolov8n": {"conv2d_silu_add": 6, "conv2d_bias_silu": 51, "conv2d_bias": 6, "conv2d": 1},
@@ -83,7 +84,7 @@ EXPECTED_CUDA_COUNTS = {
                   "conv2d_bias_relu": 1, "elementwise_chain_4": 1, "elementwise_chain_3": 1, "conv2d_bias": 4,
                   "conv2d": 8},
     "ppocr_rec": {"conv2d_bn_hardswish": 28, "conv2d_bn_silu": 5, "conv2d_bn": 3, "conv2d_bias_relu": 2,
-                  "dense_bias_silu": 2, "dense_bias": 7, "add_layer_norm": 1, "layer_norm": 4},
+                  "dense_bias_silu": 2, "dense_bias": 7, "batch_matmul": 4, "add_layer_norm": 1, "layer_norm": 4},
 }
 #: the CUDA build of these runs by default; the others are marked slow
 CUDA_DEFAULT = ("convnext_ts17",)
@@ -170,6 +171,13 @@ def test_fused_llvm_matches_onnxruntime(name):
 
 
 @pytest.mark.parametrize("name", params(ENTRIES))
+def test_every_llvm_kernel_has_a_schedule(name):
+    """No kernel of the fused CPU build is left to TVM's bare loop nest (tvm_fusion/unscheduled.py)."""
+    built, _ = run_llvm(name)
+    assert not built.unscheduled, [str(u) for u in built.unscheduled]
+
+
+@pytest.mark.parametrize("name", params(ENTRIES))
 def test_simplifier_ran_and_kept_names(name):
     record = simplify.record_of(imported(name))
     assert record["simplifier"] == simplify.DEFAULT and "skipped" not in record, record
@@ -184,6 +192,7 @@ def test_cuda_build_compiles(name):
     """Compile only: this machine has no GPU (the CUDA kernels' numerics are the schedules' tests)."""
     built = tf.build(imported(name), "cuda", "fused")
     assert built.kernel_calls > 0
+    assert not built.unscheduled, [str(u) for u in built.unscheduled]  # dlight's GPU rules end with Fallback
     assert {k: v for k, v in built.counts.items() if v} == EXPECTED_CUDA_COUNTS[name]
 
 
