@@ -307,7 +307,7 @@ def test_encoder_quantized_by_onnxruntime(per_channel, tmp_path):
 
 #: the encoder layer's groups: q, k, v, o and the FFN's two matmuls with their pairs (dense_fake_quant), each
 #: bias add with its pair (elementwise_chain_2, or with the residual add: _4), the scores' scaling and the
-#: GELU as chains, the LayerNorms; alone: the pairs on the input, after the LayerNorms, the softmax and the
-#: attention's second matmul (a matmul of two activations, left to TVM)
+#: GELU as chains, the LayerNorms; the attention's two matmuls of activations with their pairs
+#: (batch_matmul_fake_quant); alone: the pairs on the input, after the LayerNorms and the softmax
 ENCODER_COUNTS = {"dense_fake_quant": 6, "layer_norm": 2, "elementwise_chain_6": 1, "elementwise_chain_4": 2,
-                  "elementwise_chain_3": 2, "elementwise_chain_2": 4, "fake_quant": 5}
+                  "elementwise_chain_3": 1, "elementwise_chain_2": 5, "fake_quant": 4, "batch_matmul_fake_quant": 2}
