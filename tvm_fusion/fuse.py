@@ -183,6 +183,15 @@ def _lowering_shapes(lowering: Lowering) -> list[tuple]:
         [tuple(c.shape) for c in lowering.constants]
 
 
+def _kernel_key(rule: str, lowering: Lowering) -> tuple:
+    """What makes two groups' PrimFuncs the same: rule, compute, attributes, and each input's and constant's
+    shape and dtype, inputs and constants apart (a chain of `x + c` and one of `x + y` with equal shapes and
+    recipes compute alike but take their operands in another order)."""
+    inputs = [(lowering.shape_of_input(i), str(_tvm.expr_type(e).dtype)) for i, e in enumerate(lowering.inputs)]
+    consts = [(tuple(c.shape), str(c.dtype)) for c in lowering.constants]
+    return rule, lowering.compute, repr(inputs), repr(consts), repr(sorted(lowering.attrs.items()))
+
+
 def _make_check(rule: Rule, trace: _Trace, target, batch_dims: frozenset[str]):
     def check(ctx) -> bool:
         root = ctx.value_to_bound_var.get(ctx.matched_expr)
@@ -373,8 +382,8 @@ class _LowerComposites(relax.PyExprMutator):
         inputs = [params.get(e, e) for e in lowering.inputs]
         inputs = [relax.op.reshape(e, lowering.input_shapes[i]) if i in lowering.input_shapes else e
                   for i, e in enumerate(inputs)]
-        # one PrimFunc per rule (named after it) and shapes and attributes, even where rules share a compute
-        key = (rule.name, lowering.compute, repr(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
+        # one PrimFunc per rule (named after it), operand types and attributes, even where rules share a compute
+        key = _kernel_key(rule.name, lowering)
         if key not in self.cache:
             prim, out_ty, engine, plain = _build_primfunc(lowering, self.target, scheduled, self.batch_dims)
             gv = self.builder_.add_func(prim, rule.name)
