@@ -461,14 +461,15 @@ def _emit(e: _Emitter, spec: _Spec, constants: dict) -> None:
 def _outputs(e: _Emitter, spec: _Spec, ys: list[list[str]], finals: list[tuple]) -> None:
     """Y [T, D, N, H] (layout 1: [N, T, D, H]), Y_h and Y_c [D, N, H] (layout 1: [N, D, H])."""
     y_out, h_out, c_out = spec.outputs[:3]
-    time_axis, dir_axis = (0, 1) if spec.layout == 0 else (1, 2)
     if y_out:
+        # the steps' [N, H] joined on axis 0 are [T, N, H] in memory, on axis 1 [N, T, H]: one Concat and a
+        # Reshape per direction (-1: the batch, which may be symbolic)
+        shape, dir_axis = ([spec.steps, 1, -1, spec.hidden], 1) if spec.layout == 0 else ([-1, spec.steps, 1, spec.hidden], 2)
         per_dir = []
         for d, y in enumerate(ys):
+            joined = y[0] if len(y) == 1 else e.op("Concat", y, f"d{d}_Y_steps", axis=spec.layout)
             out = y_out if len(ys) == 1 else None
-            parts = [e.unsqueeze(v, [time_axis, dir_axis], f"d{d}t{t}_y_out", out if len(y) == 1 else None)
-                     for t, v in enumerate(y)]
-            per_dir.append(parts[0] if len(parts) == 1 else e.op("Concat", parts, f"d{d}_Y", out, axis=time_axis))
+            per_dir.append(e.op("Reshape", [joined, e.ints(shape, "Y_shape")], f"d{d}_Y", out))
         if len(per_dir) > 1:
             e.op("Concat", per_dir, "Y", y_out, axis=dir_axis)
     state_axis = 0 if spec.layout == 0 else 1
