@@ -66,7 +66,7 @@ def recurrent_model(op, *, steps=3, batch=2, inputs=4, hidden=5, direction="forw
 
 def reference(op, **kw) -> list[np.ndarray]:
     """onnxruntime's outputs; it runs no layout=1 node, so for layout 1 the layout-0 twin on transposed inputs,
-    its outputs transposed back."""
+    its outputs transposed back (by hand here, independent of recurrent.sequence_first)."""
     layout = kw.get("layout", 0)
     model, feeds = recurrent_model(op, **{**kw, "layout": 0})
     if layout:
@@ -145,6 +145,16 @@ def test_parameters_are_consumed_by_the_activations_that_take_them(op, acts, alp
     assert_all_close(unrolled_in_onnxruntime(op, **kw), reference(op, **kw), f"{op} {acts}")
 
 
+@pytest.mark.parametrize("op", GATES)
+def test_onnxruntime_runs_batch_first_nodes_between_transposes(op):
+    """io.run_onnxruntime (compile's and compare's reference) gives a layout-1 node to onnxruntime, which runs
+    none, as a layout-0 node between Transposes (recurrent.sequence_first)."""
+    kw = dict(layout=1, direction="bidirectional", initial=True, lengths=[2, 3])
+    model, feeds = recurrent_model(op, **kw)
+    sess, _ = run_onnxruntime(model, feeds, optimize=False)
+    assert_all_close(sess.run(None, feeds), reference(op, **kw), f"{op} batch first")
+
+
 def test_the_table_of_activations_is_onnx_s():
     assert sorted(ACTIVATIONS) == sorted(n.lower() for n in ACTIVATION_NAMES)
 
@@ -202,6 +212,20 @@ def test_float16():
     got = out["fused"][1]
     assert all(g.dtype == np.float16 for g in got)
     assert_all_close(got, reference("LSTM", **kw), "float16")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_double_and_bfloat16(dtype):
+    """onnxruntime runs neither: its float32 kernel on the same seeded values is the reference, judged at
+    float32's tolerance (double) or bfloat16's."""
+    import ml_dtypes
+
+    kw = dict(direction="bidirectional", initial=True, lengths=[3, 1])
+    model, feeds = recurrent_model("GRU", dtype=np.float64 if dtype == "float64" else ml_dtypes.bfloat16, **kw)
+    _, out = built_outputs(model, feeds, modes=("fused",))
+    for i, (got, ref) in enumerate(zip(out["fused"][1], reference("GRU", **kw), strict=True)):
+        assert str(got.dtype) == dtype
+        assert_close(got.astype(np.float32), ref, f"{dtype} output {i}", dtype="float32" if dtype == "float64" else dtype)
 
 
 def test_inside_an_if_branch_with_names_to_sanitize():

@@ -31,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .errors import FusionError
 
-__all__ = ["RECURRENT_OPS", "ACTIVATIONS", "decompose_recurrent"]
+__all__ = ["RECURRENT_OPS", "ACTIVATIONS", "decompose_recurrent", "sequence_first"]
 
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -562,3 +562,44 @@ def decompose_recurrent(model: onnx.ModelProto, shapes: dict, where: str) -> tup
         del graph.node[:]
         graph.node.extend(nodes)
     return model, origins
+
+
+def sequence_first(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with every batch-first (layout=1) LSTM / GRU / RNN as a layout-0 node between Transposes, which
+    computes the same: onnxruntime runs no layout-1 node, and is the reference that checks our builds. The
+    same object when there is none."""
+    if not any(_is_recurrent(n) and _attrs(n).get("layout", 0) == 1 for g in _graphs(model.graph) for n in g.node):
+        return model
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    taken = _taken_names(model)
+
+    def fresh(base: str) -> str:
+        name, i = base, 1
+        while name in taken:
+            name, i = f"{base}_{i}", i + 1
+        taken.add(name)
+        return name
+
+    for graph in reversed(list(_graphs(model.graph))):
+        nodes = []
+        for node in graph.node:
+            if not (_is_recurrent(node) and _attrs(node).get("layout", 0) == 1):
+                nodes.append(node)
+                continue
+            for slot in (0, 5, 6):  # X, initial_h, initial_c: [N, T or D, *] -> [T or D, N, *]
+                if len(node.input) > slot and node.input[slot]:
+                    moved = fresh(f"{node.input[slot]}_sequence_first")
+                    nodes.append(helper.make_node("Transpose", [node.input[slot]], [moved], name=fresh(moved), perm=[1, 0, 2]))
+                    node.input[slot] = moved
+            after = []
+            for slot, perm in ((0, [2, 0, 1, 3]), (1, [1, 0, 2]), (2, [1, 0, 2])):  # Y, Y_h, Y_c back to batch first
+                if len(node.output) > slot and node.output[slot]:
+                    wanted, node.output[slot] = node.output[slot], fresh(f"{node.output[slot]}_sequence_first")
+                    after.append(helper.make_node("Transpose", [node.output[slot]], [wanted], name=fresh(wanted), perm=perm))
+            for a in node.attribute:
+                if a.name == "layout":
+                    a.i = 0
+            nodes += [node, *after]
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return model
