@@ -45,6 +45,18 @@ def test_chain_declines_when_an_intermediate_escapes(rules):
     assert reasons and "consumers" in reasons[0]
 
 
+def test_chains_alike_but_for_constants_get_their_own_kernels(rules):
+    """sigmoid(a + c1) * c2 - e and sigmoid(a + b) * d - e: equal shapes and recipes, but the first takes two
+    constants where the second takes tensors; one kernel for both fed the second's tensors in the wrong order."""
+    g = GraphBuilder(3)
+    a, b, d, e = (g.input(n, [2, 5]) for n in "abde")
+    c1, c2 = (g.const(g.rng.normal(0, 1, (2, 5)).astype(np.float32)) for _ in range(2))
+    with_consts = g.op("Sub", [g.op("Mul", [g.op("Sigmoid", [g.op("Add", [a, c1])]), c2]), e])
+    with_tensors = g.op("Sub", [g.op("Mul", [g.op("Sigmoid", [g.op("Add", [a, b])]), d]), e])
+    fused = check_fused(g.model([with_consts, with_tensors]), rules, expect={"elementwise_chain_4": 2})
+    assert len({grp.function for grp in fused.fused.groups}) == 2
+
+
 # ---------------------------------------------------------------- property: over the family's domain
 from hypothesis import strategies as st  # noqa: E402
 

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from . import _tvm
+from . import recurrent as _recurrent
 from . import simplify as _simplify
 from ._tvm import dpl, relax, tirx, tvm
 from .errors import FusionError
@@ -612,9 +613,12 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     proto = in_topological_order(proto)  # after naming: labels count nodes in the given order
     shapes = {k: _given_shape(k, v) for k, v in (shapes or {}).items()}
     bounds = symbolic_dims(shapes)
-    proto, simplified = _simplify.front_door(proto, _input_shapes(proto, shapes or {}, where, as_named), simplify)
+    bound_shapes = _input_shapes(proto, shapes or {}, where, as_named)
+    proto, simplified = _simplify.front_door(proto, bound_shapes, simplify)
+    proto, unrolled = _recurrent.decompose_recurrent(proto, bound_shapes, where)
     _check_ops(proto, where)
     proto, renamed, table = _sanitize(proto)
+    table = {k: unrolled.get(v, v) for k, v in table.items()}  # an unrolled LSTM's ops name the LSTM node
     shape_dict = _with_tir_vars(_input_shapes(proto, shapes or {}, where, renamed))
     opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=None)
     try:

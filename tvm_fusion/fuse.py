@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _tvm, registry
-from ._tvm import relax, te, tirx, tvm
+from ._tvm import dpl, relax, te, tirx, tvm
 from .errors import FusionError, LoweringError
 from .frontend import onnx_node_names
 from .rules import (Decline, Lowering, Match, Rule, RuleSet, batch_shape, declared_batch_dims, shape_text,
@@ -182,6 +182,15 @@ def _undeclared(ctx, batch_dims: frozenset[str], names: dict[str, str]) -> str |
 def _lowering_shapes(lowering: Lowering) -> list[tuple]:
     return [lowering.shape_of_input(i) for i in range(len(lowering.inputs))] + \
         [tuple(c.shape) for c in lowering.constants]
+
+
+def _kernel_key(rule: str, lowering: Lowering) -> tuple:
+    """What makes two groups' PrimFuncs the same: rule, compute, attributes, and each input's and constant's
+    shape and dtype, inputs and constants apart (a chain of `x + c` and one of `x + y` with equal shapes and
+    recipes compute alike but take their operands in another order)."""
+    inputs = [(lowering.shape_of_input(i), str(_tvm.expr_type(e).dtype)) for i, e in enumerate(lowering.inputs)]
+    consts = [(tuple(c.shape), str(c.dtype)) for c in lowering.constants]
+    return rule, lowering.compute, repr(inputs), repr(consts), repr(sorted(lowering.attrs.items()))
 
 
 def _make_check(rule: Rule, trace: _Trace, target, batch_dims: frozenset[str]):
@@ -384,8 +393,8 @@ class _LowerComposites(relax.PyExprMutator):
         inputs = [params.get(e, e) for e in lowering.inputs]
         inputs = [relax.op.reshape(e, _shape_in_caller(lowering.input_shapes[i], outer))
                   if i in lowering.input_shapes else e for i, e in enumerate(inputs)]
-        # one PrimFunc per rule (named after it) and shapes and attributes, even where rules share a compute
-        key = (rule.name, lowering.compute, repr(_lowering_shapes(lowering)), repr(sorted(lowering.attrs.items())))
+        # one PrimFunc per rule (named after it), operand types and attributes, even where rules share a compute
+        key = _kernel_key(rule.name, lowering)
         if key not in self.cache:
             prim, out_ty, engine, plain = _build_primfunc(lowering, self.target, scheduled, self.batch_dims)
             gv = self.builder_.add_func(prim, rule.name)
@@ -429,6 +438,42 @@ class Matched:
     batch_dims: frozenset[str] | None = None  # the symbolic dims the inputs declare (rules.declared_batch_dims)
 
 
+def needed_ops(pattern, memo: dict | None = None) -> frozenset[str]:
+    """The ops every match of a dpl `pattern` calls (of alternatives, those all of them call); a pattern
+    needing an op the module never calls cannot match, and FuseOpsByPattern's pass per pattern costs more
+    than linear time in the function's size (an unrolled LSTM has thousands of bindings)."""
+    memo = {} if memo is None else memo
+    if pattern in memo:
+        return memo[pattern]
+    out: frozenset[str] = frozenset()
+    if isinstance(pattern, dpl.CallPattern):
+        op = pattern.op.expr if isinstance(pattern.op, dpl.ExprPattern) else None
+        out = frozenset([str(op.name)] if isinstance(op, tvm.ir.Op) else [])
+        out = out.union(*(needed_ops(a, memo) for a in (pattern.args or [])))
+    elif isinstance(pattern, dpl.OrPattern):
+        out = needed_ops(pattern.left, memo) & needed_ops(pattern.right, memo)
+    elif isinstance(pattern, dpl.AndPattern):
+        out = needed_ops(pattern.left, memo) | needed_ops(pattern.right, memo)
+    elif isinstance(pattern, dpl.TuplePattern):
+        out = frozenset().union(*(needed_ops(f, memo) for f in pattern.fields))
+    elif isinstance(pattern, dpl.TupleGetItemPattern):
+        out = needed_ops(pattern.tuple, memo)
+    elif isinstance(pattern, (dpl.DataTypePattern, dpl.ShapePattern, dpl.TypePattern, dpl.AttrPattern)):
+        out = needed_ops(pattern.pattern, memo)
+    memo[pattern] = out
+    return out
+
+
+def _module_ops(mod: tvm.IRModule) -> frozenset[str]:
+    """The ops the Relax functions FuseOpsByPattern visits call."""
+    names: set[str] = set()
+    visit = lambda e: isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and names.add(str(e.op.name))  # noqa: E731
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
+            relax.analysis.post_order_visit(func, visit)
+    return frozenset(names)
+
+
 def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
     """Normalize BatchNorm and group every accepted match into a composite function (nothing lowered yet)."""
     names = onnx_node_names(mod)
@@ -436,11 +481,13 @@ def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
     trace = _Trace(names)
     batch_dims = frozenset().union(*(declared_batch_dims(f) for f in mod.functions.values()
                                      if isinstance(f, relax.Function) and "Composite" not in (f.attrs or {})))
+    mod = normalize_batch_norm(mod, names)
+    present, memo = _module_ops(mod), {}
     patterns = [
         _tvm.FusionPattern(r.name, pattern, annotations, _make_check(r, trace, target, batch_dims))
         for r in active.ordered() for pattern, annotations in r.spec.patterns()
+        if needed_ops(pattern, memo) <= present
     ]
-    mod = normalize_batch_norm(mod, names)
     matched = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=False)(mod)
     if trace.errors:
         raise FusionError(trace.errors[0])

@@ -17,6 +17,7 @@ import onnx
 from . import _tvm, frontend
 from ._tvm import relax, tvm
 from .errors import FusionError
+from .recurrent import sequence_first
 from .runtime import as_arrays
 
 __all__ = ["INPUTS_SYNTAX", "as_arrays", "available_memory", "check_inputs", "check_memory", "device",
@@ -191,6 +192,7 @@ def _session(model: onnx.ModelProto, threads: int | None, optimize: bool):
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if threads:
         opts.intra_op_num_threads = threads
+    model = sequence_first(model)  # onnxruntime runs no batch-first LSTM / GRU / RNN: the same between Transposes
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess, [o.name for o in sess.get_outputs()]
 

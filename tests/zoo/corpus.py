@@ -75,6 +75,9 @@ def _render_text(spec, rng) -> np.ndarray:
 
 #: PaddleOCR's preprocessing in rapidocr-onnxruntime 1.4.4 (config.yaml, text_cls.py): (p / 255 - 0.5) / 0.5
 _OCR = {"mean": 0.5, "std": 0.5}
+#: a text line for the CRNNs (32 pixels high: 32 columns after their pooling, so 32 LSTM / GRU steps) and a
+#: quarter second of 16 kHz audio for the voice-activity detector (124 frames: 124 LSTM steps)
+_LINE = {"line": _text([1, 1, 32, 128], ["TVM FUSION"], 2, **_OCR)}
 
 
 def _entry(arch, exporter, opset, inputs, outputs, seed=0, **extra):
@@ -109,6 +112,13 @@ ENTRIES = {
     "vit_seg_dynamo18": _entry("vit_seg", "dynamo", 18, _IMAGE, ["scores"]),
     "yolox_ts13": _entry("yolox", "torchscript", 13, _YOLOX, ["detections"]),
     "yolox_dynamo18": _entry("yolox", "dynamo", 18, _YOLOX, ["detections"]),
+    # recurrent: the exporters write ONNX LSTM / GRU nodes, which the front door unrolls (tvm_fusion/recurrent.py)
+    "crnn_lstm_ts14": _entry("crnn_lstm", "torchscript", 14, _LINE, ["log_probs"]),
+    "crnn_lstm_dynamo18": _entry("crnn_lstm", "dynamo", 18, _LINE, ["log_probs"]),
+    "crnn_gru_ts17": _entry("crnn_gru", "torchscript", 17, _LINE, ["log_probs"]),
+    "crnn_gru_dynamo18": _entry("crnn_gru", "dynamo", 18, _LINE, ["log_probs"]),
+    "vad_lstm_ts17": _entry("vad_lstm", "torchscript", 17, _AUDIO, ["speech"]),
+    "vad_lstm_dynamo18": _entry("vad_lstm", "dynamo", 18, _AUDIO, ["speech"]),
     # pretrained, from wheels (wheels.WHEEL_MODELS: package, version, sha256), at the sizes the packages use
     "ppocr_det": _entry("PP-OCRv4 text detector (DB)", "paddle2onnx", 12,
                         {"x": _text([1, 3, 96, 192], ["TVM FUSION", "2026"], 2, **_OCR)}, ["sigmoid_0.tmp_0"], wheel=True),

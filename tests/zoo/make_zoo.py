@@ -395,8 +395,49 @@ class YoloxHead(nn.Module):
         return torch.cat([(out[..., :2] + grid) * stride, torch.exp(out[..., 2:4]) * stride, out[..., 4:]], -1)
 
 
+
+class CRNN(nn.Module):
+    """CRNN text-line reader: conv -> BN -> ReLU -> pool stack over a 32-pixel-high line -> its columns as a
+    sequence -> two-layer bidirectional LSTM (or GRU) -> per-column class log-probabilities (CTC)."""
+
+    def __init__(self, rnn="lstm", classes=37, hidden=24):
+        super().__init__()
+        relu = nn.ReLU
+        self.cnn = nn.Sequential(
+            conv_bn_act(1, 8, 3, act=relu()), nn.MaxPool2d(2, 2),  # 16 x W/2
+            conv_bn_act(8, 16, 3, act=relu()), nn.MaxPool2d(2, 2),  # 8 x W/4
+            conv_bn_act(16, 24, 3, act=relu()), nn.MaxPool2d((2, 1), (2, 1)),  # 4 x W/4
+            conv_bn_act(24, 32, 3, act=relu()), nn.MaxPool2d((4, 1), (4, 1)),  # 1 x W/4
+        )
+        self.rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[rnn](32, hidden, num_layers=2, bidirectional=True)
+        self.fc = nn.Linear(2 * hidden, classes)
+
+    def forward(self, x):
+        seq = self.cnn(x).squeeze(2).permute(2, 0, 1)  # [W/4, N, 32]
+        y, _ = self.rnn(seq)
+        return self.fc(y).log_softmax(-1).transpose(0, 1)  # [N, W/4, classes]
+
+
+class VoiceActivity(nn.Module):
+    """Voice-activity detector: a learned filterbank (strided Conv1d) -> Conv1d -> ReLU -> LSTM over the
+    frames -> per-frame speech probability."""
+
+    def __init__(self, channels=32, hidden=32):
+        super().__init__()
+        self.filters = nn.Conv1d(1, channels, 64, stride=32)
+        self.conv = nn.Conv1d(channels, channels, 3, padding=1)
+        self.rnn = nn.LSTM(channels, hidden, batch_first=True)
+        self.fc = nn.Linear(hidden, 1)
+
+    def forward(self, audio):
+        frames = torch.relu(self.conv(torch.log1p(self.filters(audio).abs())))  # [N, C, T]
+        y, _ = self.rnn(frames.transpose(1, 2))
+        return torch.sigmoid(self.fc(y)).squeeze(-1)  # [N, T]
+
+
 MODELS = {"mobilenetv3": MobileNetV3, "efficientnet": EfficientNet, "convnext": ConvNeXt, "bert": Bert,
-          "yolo": YoloBlock, "audio1d": Audio1d, "fsmn": Fsmn, "vit_seg": VitSeg, "yolox": YoloxHead}
+          "yolo": YoloBlock, "audio1d": Audio1d, "fsmn": Fsmn, "vit_seg": VitSeg, "yolox": YoloxHead,
+          "crnn_lstm": lambda: CRNN("lstm"), "crnn_gru": lambda: CRNN("gru"), "vad_lstm": VoiceActivity}
 
 # ------------------------------------------------------------------------------------------- export
 

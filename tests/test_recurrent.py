@@ -1,0 +1,295 @@
+"""LSTM / GRU / RNN import (tvm_fusion/recurrent.py): the unrolled graph against onnxruntime's own kernels,
+attribute by attribute (onnxruntime runs both graphs: fast), then fused and unfused llvm builds element by
+element with the dtype table, exact dense_bias counts (the input projection and every step's recurrent
+MatMul), a symbolic batch, float16, names to sanitize, an If branch, and the errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_fusion import FusionError
+from tvm_fusion.build import build
+from tvm_fusion.frontend import SymDim, import_onnx, onnx_node_names
+from tvm_fusion.io import run_onnxruntime
+from tvm_fusion.recurrent import ACTIVATIONS, decompose_recurrent
+from tvm_fusion.testing import assert_close, run_build
+
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+OUTPUTS = {"LSTM": ("Y", "Y_h", "Y_c"), "GRU": ("Y", "Y_h"), "RNN": ("Y", "Y_h")}
+
+
+def recurrent_model(op, *, steps=3, batch=2, inputs=4, hidden=5, direction="forward", layout=0, opset=22,
+                    bias=True, lengths=None, initial=False, peepholes=False, outputs=None, dtype=np.float32,
+                    name="rec/0", seed=0, **attrs):
+    """(model, feeds): one recurrent node, W / R / B / P initializers, X and the optional sequence_lens and
+    initial states as graph inputs."""
+    rng = np.random.default_rng(seed)
+    dirs, gh = 2 if direction == "bidirectional" else 1, GATES[op] * hidden
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    x_shape = [steps, batch, inputs] if layout == 0 else [batch, steps, inputs]
+    state_shape = [dirs, batch, hidden] if layout == 0 else [batch, dirs, hidden]
+    feeds = {"X": rng.normal(0, 1, x_shape).astype(dtype)}
+    graph_inputs = [helper.make_tensor_value_info("X", elem, x_shape)]
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (dirs, gh, inputs)).astype(dtype), "W"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (dirs, gh, hidden)).astype(dtype), "R")]
+    names = ["X", "W", "R", "", "", "", "", ""]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (dirs, 2 * gh)).astype(dtype), "B"))
+        names[3] = "B"
+    if lengths is not None:
+        feeds["seq"] = np.array(lengths, np.int32)
+        graph_inputs.append(helper.make_tensor_value_info("seq", TensorProto.INT32, [batch]))
+        names[4] = "seq"
+    for slot, state in ((5, "h0"), (6, "c0")) if initial else ():
+        if slot == 6 and op != "LSTM":
+            continue
+        feeds[state] = rng.normal(0, 1, state_shape).astype(dtype)
+        graph_inputs.append(helper.make_tensor_value_info(state, elem, state_shape))
+        names[slot] = state
+    if peepholes:
+        inits.append(numpy_helper.from_array(rng.normal(0, 0.5, (dirs, 3 * hidden)).astype(dtype), "P"))
+        names[7] = "P"
+    while not names[-1]:
+        names.pop()
+    wanted = outputs or OUTPUTS[op]
+    outs = [o if o in wanted else "" for o in OUTPUTS[op]]
+    while not outs[-1]:
+        outs.pop()
+    node = helper.make_node(op, names, outs, name=name, hidden_size=hidden, direction=direction,
+                            **({"layout": layout} if layout else {}), **attrs)
+    graph = helper.make_graph([node], "recurrent", graph_inputs,
+                              [helper.make_tensor_value_info(o, elem, None) for o in outs if o], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), feeds
+
+
+def reference(op, **kw) -> list[np.ndarray]:
+    """onnxruntime's outputs; it runs no layout=1 node, so for layout 1 the layout-0 twin on transposed inputs,
+    its outputs transposed back (by hand here, independent of recurrent.sequence_first)."""
+    layout = kw.get("layout", 0)
+    model, feeds = recurrent_model(op, **{**kw, "layout": 0})
+    if layout:
+        _, batch_first = recurrent_model(op, **kw)
+        feeds = {k: v.transpose(1, 0, 2) if k in ("X", "h0", "c0") else v for k, v in batch_first.items()}
+    sess, names = run_onnxruntime(model, feeds, optimize=False)
+    out = sess.run(None, feeds)
+    if layout:
+        out = [o.transpose(2, 0, 1, 3) if n == "Y" else o.transpose(1, 0, 2) for n, o in zip(names, out)]
+    return out
+
+
+def unrolled_in_onnxruntime(op, **kw) -> list[np.ndarray]:
+    model, feeds = recurrent_model(op, **kw)
+    unrolled, origins = decompose_recurrent(model, {k: v.shape for k, v in feeds.items()}, "test")
+    assert not any(n.op_type in GATES for n in unrolled.graph.node) and set(origins.values()) == {"rec/0"}
+    sess, _ = run_onnxruntime(unrolled, feeds, optimize=False)
+    return sess.run(None, feeds)
+
+
+def assert_all_close(actual, ref, what):
+    assert len(actual) == len(ref), f"{what}: {len(actual)} outputs, reference {len(ref)}"
+    for i, (a, r) in enumerate(zip(actual, ref)):
+        assert a.shape == r.shape, f"{what} output {i}: shape {a.shape}, reference {r.shape}"
+        assert_close(a, r, f"{what} output {i}")
+
+
+# ---------------------------------------------------------------- semantics: unrolled graph vs onnxruntime
+
+CASES = [
+    *[(op, dict(direction=d, layout=lay)) for op in GATES for d in ("forward", "reverse", "bidirectional")
+      for lay in (0, 1)],
+    *[(op, dict(direction="bidirectional", initial=True, lengths=[3, 1])) for op in GATES],
+    *[(op, dict(direction="bidirectional", layout=1, lengths=[2, 3], initial=True)) for op in GATES],
+    *[(op, dict(direction="bidirectional", lengths=[0, 2], initial=True)) for op in GATES],  # length 0: zero states
+    *[(op, dict(bias=False, clip=0.5, initial=True)) for op in GATES],
+    ("LSTM", dict(peepholes=True, initial=True, lengths=[3, 2], clip=0.7)),
+    ("LSTM", dict(peepholes=True, direction="bidirectional")),
+    ("LSTM", dict(input_forget=1, initial=True)),
+    ("GRU", dict(linear_before_reset=1, direction="bidirectional", initial=True)),
+    ("GRU", dict(linear_before_reset=1, lengths=[1, 3])),
+    ("LSTM", dict(outputs=("Y_c",))), ("LSTM", dict(outputs=("Y",), direction="reverse")),
+    ("GRU", dict(outputs=("Y_h",), steps=1)), ("RNN", dict(steps=1, batch=1, direction="bidirectional")),
+    # older opsets: Slice / Unsqueeze / Clip with attributes, no Where (opset < 9)
+    ("LSTM", dict(opset=7, clip=0.7, peepholes=True, lengths=[1, 3], initial=True)),
+    ("GRU", dict(opset=9, lengths=[3, 1], clip=1.0)), ("RNN", dict(opset=11, lengths=[2, 1])),
+    ("LSTM", dict(opset=14, clip=0.7, direction="bidirectional", lengths=[1, 3], initial=True)),
+]
+
+
+@pytest.mark.parametrize("op, kw", CASES, ids=[f"{op}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for op, kw in CASES])
+def test_unrolled_graph_computes_what_onnxruntime_does(op, kw):
+    assert_all_close(unrolled_in_onnxruntime(op, **kw), reference(op, **kw), f"{op} {kw}")
+
+
+ACTIVATION_NAMES = ["Relu", "Tanh", "Sigmoid", "Affine", "LeakyRelu", "ThresholdedRelu", "ScaledTanh", "HardSigmoid",
+                    "Elu", "Softsign", "Softplus"]
+
+
+@pytest.mark.parametrize("name", ACTIVATION_NAMES)
+@pytest.mark.parametrize("params", [{}, dict(activation_alpha=[0.3], activation_beta=[0.7])], ids=["default", "given"])
+def test_every_activation_with_and_without_parameters(name, params):
+    """onnxruntime's defaults: 0 for Affine, ThresholdedRelu and ScaledTanh (so two of them give 0)."""
+    kw = dict(activations=[name], **params)
+    assert_all_close(unrolled_in_onnxruntime("RNN", **kw), reference("RNN", **kw), name)
+
+
+@pytest.mark.parametrize("op, acts, alphas, betas", [
+    ("LSTM", ["HardSigmoid", "LeakyRelu", "ScaledTanh"], [0.3, 0.2, 0.9], [0.4, 1.5]),
+    ("LSTM", ["Tanh", "Sigmoid", "Affine", "Elu", "Relu", "HardSigmoid"], [0.3, 0.2, 0.9], [0.4, 1.5]),
+    ("GRU", ["Softsign", "Softplus", "ThresholdedRelu", "Affine"], [0.3, 0.2], [0.4]),
+])
+def test_parameters_are_consumed_by_the_activations_that_take_them(op, acts, alphas, betas):
+    kw = dict(activations=acts, activation_alpha=alphas, activation_beta=betas,
+              direction="bidirectional" if len(acts) > len(OUTPUTS[op]) else "forward")
+    assert_all_close(unrolled_in_onnxruntime(op, **kw), reference(op, **kw), f"{op} {acts}")
+
+
+@pytest.mark.parametrize("op", GATES)
+def test_onnxruntime_runs_batch_first_nodes_between_transposes(op):
+    """io.run_onnxruntime (compile's and compare's reference) gives a layout-1 node to onnxruntime, which runs
+    none, as a layout-0 node between Transposes (recurrent.sequence_first)."""
+    kw = dict(layout=1, direction="bidirectional", initial=True, lengths=[2, 3])
+    model, feeds = recurrent_model(op, **kw)
+    sess, _ = run_onnxruntime(model, feeds, optimize=False)
+    assert_all_close(sess.run(None, feeds), reference(op, **kw), f"{op} batch first")
+
+
+def test_the_table_of_activations_is_onnx_s():
+    assert sorted(ACTIVATIONS) == sorted(n.lower() for n in ACTIVATION_NAMES)
+
+
+# ---------------------------------------------------------------- builds: fused and unfused llvm
+
+
+def built_outputs(model, feeds, shapes=None, modes=("fused", "unfused")):
+    mod = import_onnx(model, shapes or {k: v.shape for k, v in feeds.items()})
+    arrays = [feeds[i.name] for i in model.graph.input]
+    out = {}
+    for mode in modes:
+        built = build(mod, "llvm", mode)
+        out[mode] = (built, run_build(built, arrays))
+    return mod, out
+
+
+@pytest.mark.parametrize("op, kw, dense, modes", [
+    # dense_bias: the projection per direction + the recurrent MatMul of every step that has a state
+    ("LSTM", dict(direction="bidirectional", initial=True, lengths=[3, 1], peepholes=True, clip=0.8), 2 + 2 * 3,
+     ("fused", "unfused")),
+    ("GRU", dict(direction="reverse", steps=4), 1 + 2 * 3, ("fused",)),  # linear_before_reset=0: two MatMuls a step
+    pytest.param("GRU", dict(linear_before_reset=1, initial=True, layout=1), 1 + 3, ("fused",), marks=pytest.mark.slow),
+    pytest.param("RNN", dict(activations=["Relu"], lengths=[2, 3]), 1 + 2, ("fused",), marks=pytest.mark.slow),
+])
+def test_fused_builds_match_onnxruntime(op, kw, dense, modes):
+    model, feeds = recurrent_model(op, **kw)
+    mod, out = built_outputs(model, feeds, modes=modes)
+    ref = reference(op, **kw)
+    for mode, (built, got) in out.items():
+        assert_all_close(got, ref, f"{op} {mode}")
+    fired = {k: v for k, v in out["fused"][0].counts.items() if v}
+    assert fired.get("dense_bias") == dense, fired  # every MatMul with a constant weight fused
+    assert set(onnx_node_names(mod).values()) == {"rec/0"}  # each op names the recurrent node
+
+
+def test_symbolic_batch():
+    """--shape X=3xN..., the initial states and lengths too: the projection is then made per step, 2-D."""
+    kw = dict(direction="bidirectional", initial=True, lengths=[2, 3])
+    model, feeds = recurrent_model("LSTM", **kw)
+    for v in model.graph.input:
+        v.type.tensor_type.shape.dim[0 if v.name == "seq" else 1].dim_param = "N"
+    shapes = {k: tuple(SymDim("N") if i == (0 if k == "seq" else 1) else d for i, d in enumerate(v.shape))
+              for k, v in feeds.items()}
+    _, out = built_outputs(model, feeds, shapes, modes=("fused",))
+    built, got = out["fused"]
+    assert_all_close(got, reference("LSTM", **kw), "symbolic batch")
+    assert built.counts["dense_bias"] == 2 * 3 + 2 * 3  # per direction and step: the projection and the recurrence
+
+
+def test_float16():
+    kw = dict(direction="bidirectional", initial=True, peepholes=True, dtype=np.float16, steps=8)
+    model, feeds = recurrent_model("LSTM", **kw)
+    _, out = built_outputs(model, feeds, modes=("fused",))
+    got = out["fused"][1]
+    assert all(g.dtype == np.float16 for g in got)
+    assert_all_close(got, reference("LSTM", **kw), "float16")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_double_and_bfloat16(dtype):
+    """onnxruntime runs neither: its float32 kernel on the same seeded values is the reference, judged at
+    float32's tolerance (double) or bfloat16's."""
+    import ml_dtypes
+
+    kw = dict(direction="bidirectional", initial=True, lengths=[3, 1])
+    model, feeds = recurrent_model("GRU", dtype=np.float64 if dtype == "float64" else ml_dtypes.bfloat16, **kw)
+    _, out = built_outputs(model, feeds, modes=("fused",))
+    for i, (got, ref) in enumerate(zip(out["fused"][1], reference("GRU", **kw), strict=True)):
+        assert str(got.dtype) == dtype
+        assert_close(got.astype(np.float32), ref, f"{dtype} output {i}", dtype="float32" if dtype == "float64" else dtype)
+
+
+def test_inside_an_if_branch_with_names_to_sanitize():
+    model, feeds = recurrent_model("GRU", steps=4, outputs=("Y_h",), name="gru/0")
+    then = helper.make_graph(list(model.graph.node), "then", [],
+                             [helper.make_tensor_value_info("Y_h", TensorProto.FLOAT, [1, 2, 5])])
+    zero = helper.make_node("Constant", [], ["zero/0"], value=numpy_helper.from_array(np.zeros((1, 2, 5), np.float32)))
+    other = helper.make_graph([zero], "else", [], [helper.make_tensor_value_info("zero/0", TensorProto.FLOAT, [1, 2, 5])])
+    branch = helper.make_node("If", ["cond"], ["out/0"], name="if/0", then_branch=then, else_branch=other)
+    graph = helper.make_graph([branch], "g", [model.graph.input[0], helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("out/0", TensorProto.FLOAT, [1, 2, 5])],
+                              list(model.graph.initializer))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    built = build(import_onnx(model, {"X": feeds["X"].shape, "cond": ()}), "llvm", "fused")
+    sess, _ = run_onnxruntime(model, {"X": feeds["X"], "cond": np.array(True)}, optimize=False)
+    for cond in (True, False):
+        given = {"X": feeds["X"], "cond": np.array(cond)}
+        assert_all_close(run_build(built, [given["X"], given["cond"]]), sess.run(None, given), f"If {cond}")
+
+
+@pytest.mark.slow
+def test_long_sequence():
+    """200 steps: the fused build stays within the float32 tolerance of onnxruntime's kernel."""
+    kw = dict(steps=200, batch=1, inputs=16, hidden=32, initial=True)
+    model, feeds = recurrent_model("LSTM", **kw)
+    _, out = built_outputs(model, feeds, modes=("fused",))
+    assert_all_close(out["fused"][1], reference("LSTM", **kw), "200 steps")
+
+
+# ---------------------------------------------------------------- what is refused, and how
+
+
+def test_symbolic_sequence_length_names_the_shape_to_give():
+    model, _ = recurrent_model("LSTM")
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "T"
+    with pytest.raises(FusionError) as err:
+        import_onnx(model, {"X": (SymDim("T"), 2, 4)})
+    assert str(err.value) == (
+        "recurrent: node 'rec/0' (LSTM) runs over a sequence of symbolic length 'T' (dim 0 of its input 'X'); "
+        "TVM's ONNX importer has no Loop, so the recurrence is unrolled over a fixed number of steps: give it "
+        "with --shape X=LENx2x4 (LEN: the number of steps)")
+
+
+@pytest.mark.parametrize("attrs, message", [
+    (dict(activations=["Sigmoid", "Swish", "Tanh"]), "activation 'Swish' is not one of ONNX's recurrent activations"),
+    (dict(activations=["Sigmoid", "Tanh"]), "has 2 activations ['Sigmoid', 'Tanh']; LSTM with 1 direction(s) takes 3"),
+    (dict(layout=2), "layout 2 is neither 0 (sequence first) nor 1 (batch first)"),
+])
+def test_bad_attributes_name_the_node(attrs, message):
+    model, _ = recurrent_model("LSTM", **attrs)
+    with pytest.raises(FusionError, match="^recurrent: node 'rec/0' \\(LSTM\\)") as err:
+        import_onnx(model)
+    assert message in str(err.value)
+
+
+def test_the_command_line_exits_2_with_one_line(tmp_path, capsys):
+    import onnx
+
+    from tvm_fusion.cli import main
+
+    model, _ = recurrent_model("GRU")
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "T"
+    path = tmp_path / "gru.onnx"
+    onnx.save(model, str(path))
+    assert main(["explain", str(path), "--shape", "X=Tx2x4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "--shape X=LENx2x4" in err
