@@ -46,8 +46,9 @@ EXPECTED_COUNTS = {
     "yolo_constants_ts13": {"conv2d_silu_add": 3, "conv2d_bias_silu": 11, "conv2d_bias": 1},
     # QDQ models (make_qdq.py): every QuantizeLinear -> DequantizeLinear pair in a conv / dense epilogue, an
     # elementwise chain or a fake_quant kernel of its own; those after a Reshape / Transpose dropped on import
-    "bert_qdq": {"dense_bias_fake_quant": 1, "dense_fake_quant": 12, "elementwise_chain_6": 7, "elementwise_chain_5": 2,
-                 "elementwise_chain_4": 10, "elementwise_chain_3": 3, "elementwise_chain_2": 8, "fake_quant": 5},
+    "bert_qdq": {"dense_bias_fake_quant": 1, "dense_fake_quant": 12, "batch_matmul_fake_quant": 4,
+                 "elementwise_chain_6": 7, "elementwise_chain_4": 12, "elementwise_chain_3": 3, "elementwise_chain_2": 8,
+                 "fake_quant": 3},
     "mobilenetv3_qdq_pc": {"conv2d_fake_quant_add": 2, "conv2d_bias_fake_quant": 20, "dense_bias_fake_quant": 2,
                            "elementwise_chain_6": 10, "fake_quant": 7},
     # audio, speech, ViT and YOLOX exports, recorded 2026-12-03
