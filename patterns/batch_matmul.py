@@ -76,6 +76,9 @@ def batch_matmul_checks(m: Match):
     for name, shape in (("A", a_shape), ("B", b_shape)):
         if shape is None:
             return decline(symbolic_reason(f"matmul {name}", m["a" if name == "A" else "b"], m.batch_dims))
+    if len(a_shape) == 1 and len(b_shape) == 1:
+        return decline(f"A {shape_text(a_shape)} and B {shape_text(b_shape)} are both 1-D: a dot product to a "
+                       "scalar, which the kernel (a matrix of outputs) does not write")
     dtypes = {m.dtype("a"), m.dtype("b"), m.dtype("matmul")}
     if len(dtypes) != 1 or m.dtype("a") not in SUPPORTED_DTYPES:
         return decline(f"matmul dtypes are A {m.dtype('a')}, B {m.dtype('b')}, output {m.dtype('matmul')}; the compute "

@@ -155,6 +155,10 @@ def test_declines_with_reasons(rules):
     # the scale stays outside: the bare matmul is taken
     assert reasons(_scaled_by_vector(), fired=1) == {"the matmul's scale has shape (5,); expected a scalar constant"}
     g = GraphBuilder(0)
+    dot = g.model([g.op("MatMul", [g.input("a", [7]), g.input("b", [7])])])
+    assert reasons(dot) == {"A (7,) and B (7,) are both 1-D: a dot product to a scalar, which the kernel (a "
+                            "matrix of outputs) does not write"}
+    g = GraphBuilder(0)
     ints = g.model([g.op("MatMul", [g.input("a", [2, 3], 6), g.input("b", [3, 4], 6)])], dtype=6)
     assert reasons(ints) == {"matmul dtypes are A int32, B int32, output int32; the compute takes one of float32, "
                              "float16, bfloat16 for all three"}

@@ -194,3 +194,19 @@ def test_the_build_names_what_no_schedule_took(monkeypatch):
     (found,) = find_unscheduled(legal, origins)
     assert found.function == "fused_argmin_cast" and found.ops == ("argmin", "cast")
     assert found.onnx_nodes == ("ArgMin2", "Cast4")
+
+
+def test_bfloat16_keeps_tvms_loops():
+    """TVM 0.27's llvm bfloat16 lowering refuses vector stores of other widths: a bfloat16 kernel keeps its loops."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def twice(a: T.Buffer((2, 4), "bfloat16"), b: T.Buffer((2, 4), "bfloat16")):
+        for i, j in T.grid(2, 4):
+            with T.sblock("twice"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = a[vi, vj] + a[vi, vj]
+
+    target = resolve_target("llvm")
+    with target:
+        assert schedule_function(twice, target)[1] == {"bfloat16": "kept"}
