@@ -26,7 +26,9 @@ import math
 from tvm_fusion._tvm import Schedule, called_ops, dlight, tirx
 from tvm_fusion.hardware import cpu_facts
 
-__all__ = ["LeftoverInjective", "PARALLEL_ELEMENTS", "VECTOR_CALLS", "schedule_loop_nest"]
+from .loop_nest import branches, periods
+
+__all__ = ["LeftoverInjective", "PARALLEL_ELEMENTS", "VECTOR_CALLS", "in_vectors", "schedule_loop_nest", "wraps"]
 
 #: a kernel with fewer output elements runs on one thread (a parallel launch costs more than its copy)
 PARALLEL_ELEMENTS = 1 << 16
@@ -102,7 +104,7 @@ def schedule_loop_nest(sch, block, lanes: int) -> bool:
     # cosh row reached its llvm codegen as a vector call it cannot lower: the ONNX backend's test_sinh)
     long_limit = LONG_ROW_VECTORS * lanes if _long_row_ok(sch, block) else None
     if long_limit is None and extents[-1] % lanes and extents[-1] >= LONG_ROW_VECTORS * lanes:
-        return _long_rows(sch, loops, extents, lanes)
+        return _long_rows(sch, block, loops, extents, lanes)
     inner, run = len(loops) - 1, extents[-1]
     while inner > 0 and run % lanes and (long_limit is None or run < long_limit):  # fused: whole vectors
         inner -= 1
@@ -111,21 +113,42 @@ def schedule_loop_nest(sch, block, lanes: int) -> bool:
         if inner < len(loops) - 1:
             loops = [*loops[:inner], sch.fuse(*loops[inner:])]
             extents = [*extents[:inner], run]
-        return _long_rows(sch, loops, extents, lanes)
+        return _long_rows(sch, block, loops, extents, lanes)
     fused = sch.fuse(*loops[inner:]) if inner < len(loops) - 1 else loops[-1]
     if run % lanes == 0:  # a run that is not whole vectors stays scalar (no predicated tail)
-        sch.vectorize(sch.split(fused, [None, lanes])[1])
+        in_vectors(sch, fused, lanes, wraps(sch, block, fused))
     outer = loops[:inner]
     if outer and math.prod(extents) >= PARALLEL_ELEMENTS:
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
     return True
 
 
-def _long_rows(sch, loops, extents, lanes):
+def wraps(sch, block, loop) -> set[int]:
+    """Where the block picks a value per element (a concat, a pad: `loop_nest.branches`), the divisors of the
+    floordivs / floormods through which it reaches `loop` (`loop_nest.periods`); else none."""
+    return {c for c in periods(sch, block, loop) if c > 1} if branches(sch.get(block)) else set()
+
+
+def in_vectors(sch, loop, lanes: int, divisors: set[int]) -> None:
+    """`loop` (whole vectors of `lanes`) split and its inner loop vectorized, no vector spanning a wrap of an
+    index the block selects through (`wraps`, a concat read back through a reshape): the width is the
+    greatest common divisor of the lanes and those divisors, and where that is one lane the loop is split at
+    the smallest and left to LLVM. LLVM's loop vectorizer (AVX-512, 16 lanes) miscompiled a wrapping one:
+    a RoPE's halves concatenated per head of 8 and reshaped back to rows of 32 read every lane's cos / sin
+    at its row position, not its head position (the ONNX backend's test_rotary_embedding_3d_input_expanded)."""
+    width = math.gcd(lanes, *divisors)
+    if width == 1:
+        sch.split(loop, [None, min(divisors)])
+        return
+    sch.vectorize(sch.split(loop, [None, width])[1])
+
+
+def _long_rows(sch, block, loops, extents, lanes):
     """Each output row as whole vectors, then its last `row % lanes` elements one at a time."""
     row = extents[-1]
+    divisors = wraps(sch, block, loops[-1])  # before the partition, which makes new blocks
     body, _ = sch.loop_partition(loops[-1], [row - row % lanes, None])
-    sch.vectorize(sch.split(body, [None, lanes])[1])
+    in_vectors(sch, body, lanes, divisors)
     outer = loops[:-1]
     if outer and math.prod(extents) >= PARALLEL_ELEMENTS:
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])

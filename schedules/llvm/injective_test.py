@@ -158,3 +158,56 @@ def test_a_split_alone_keeps_tvms_loops():
                if isinstance(f, tirx.PrimFunc) and "split" in gv.name_hint]
     assert LeftoverInjective().apply(func.without_attr("tirx.is_scheduled"), AVX2, False) is None
     assert "T.vectorized" not in func.script() and "T.parallel" not in func.script(), func.script()
+
+
+AVX512 = resolve_target('{"kind": "llvm", "mcpu": "skylake-avx512"}')
+
+
+def _rotary_model():
+    """A rotary embedding as exported unfused: heads of 8 split in halves, rotated by per-position cos /
+    sin, concatenated and reshaped back to rows of 32. The leftover kernel selects per element (the concat)
+    through `v % 8` of the row's position (the reshape)."""
+    g = GraphBuilder(0)
+    x = g.input("x", [2, 3, 32])
+    cos, sin = g.input("cos", [2, 3, 4]), g.input("sin", [2, 3, 4])
+    heads = g.op("Reshape", [x, g.const(np.array([2, 3, 4, 8], np.int64), "heads")])
+    x1, x2 = g.op("Split", [heads, g.const(np.array([4, 4], np.int64), "halves")], n_out=2, axis=-1)
+    axis = g.const(np.array([2], np.int64), "axis")
+    c, s = g.op("Unsqueeze", [cos, axis]), g.op("Unsqueeze", [sin, axis])
+    real = g.op("Sub", [g.op("Mul", [c, x1]), g.op("Mul", [s, x2])])
+    imag = g.op("Add", [g.op("Mul", [s, x1]), g.op("Mul", [c, x2])])
+    y = g.op("Concat", [real, imag], axis=-1)
+    return g.model([g.op("Reshape", [y, g.const(np.array([2, 3, 32], np.int64), "rows")])])
+
+
+def _rotary_kernel(built):
+    (func,) = [f for gv, f in built.module.functions.items()
+               if isinstance(f, tirx.PrimFunc) and "concatenate" in gv.name_hint]
+    return func.script()
+
+
+@pytest.mark.parametrize("leftovers", ["all", "fallback alone"])
+def test_no_vector_spans_the_wrap_of_a_selecting_index(leftovers, monkeypatch):
+    """With 16 lanes (AVX-512) a vector of the rotary kernel's rows of 32 spans two heads of 8: LLVM's
+    vectorizer then read every lane's cos / sin at its row position, not its head position (96 of 192
+    elements wrong, on an AVX-512 host; the ONNX backend's test_rotary_embedding_3d_input_expanded). The
+    vector is 8 lanes (or, in the fallback's loops, the loop split at 8) on every target, and the build
+    matches onnxruntime on this host."""
+    if leftovers == "fallback alone":
+        from tvm_fusion._tvm import dlight
+        from tvm_fusion.schedules.llvm.fallback import LeftoverFallback
+
+        monkeypatch.setitem(pipeline.LEFTOVER_SCHEDULES, "llvm",
+                            [lambda: dlight.ApplyDefaultSchedule(LeftoverFallback())])
+    model = _rotary_model()
+    script = _rotary_kernel(build(frontend.import_onnx(model), AVX512, "fused"))
+    if leftovers == "all":  # vectors of 8 lanes
+        assert re.search(r"T\.vectorized\((T\.int64\()?8\)", script) and "T.vectorized(T.int64(16))" not in script, script
+    else:  # the row of 32 split at 8, for LLVM
+        assert re.search(r"T\.grid\(.*T\.int64\(4\), T\.int64\(8\)\)", script), script
+    rng = np.random.default_rng(4)
+    feeds = {"x": rng.normal(size=(2, 3, 32)).astype(np.float32),
+             "cos": rng.normal(size=(2, 3, 4)).astype(np.float32), "sin": rng.normal(size=(2, 3, 4)).astype(np.float32)}
+    built = build(frontend.import_onnx(model), "llvm", "fused")
+    sess, _ = run_onnxruntime(model, feeds)
+    assert_close(run_build(built, list(feeds.values()))[0], sess.run(None, feeds)[0], "rotary")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from tvm_fusion._tvm import TensorLoad, detect_linear_equation, tirx, tvm_ffi
+from tvm_fusion._tvm import Analyzer, TensorLoad, called_ops, detect_linear_equation, tirx, tvm, tvm_ffi
 
-__all__ = ["Nest", "contiguous", "elementwise", "loads"]
+__all__ = ["Nest", "branches", "contiguous", "elementwise", "loads", "periods"]
 
 _SPATIAL, _REDUCE = tirx.IterVar.DataPar, tirx.IterVar.CommReduce
 
@@ -101,3 +101,65 @@ def elementwise(nest: Nest) -> bool:
         if not all(isinstance(i, tirx.IntImm) or i.same_as(v) for i, v in zip(indices, tail)):
             return False
     return True
+
+
+def branches(stmt) -> bool:
+    """Whether the block picks between values per element (an `if_then_else` or a select: a concat, a pad)."""
+    found: list = []
+    tvm_ffi.structural_walk(stmt.body, (tirx.Select, found.append))
+    return bool(found) or "if_then_else" in called_ops(stmt.body)
+
+
+def periods(sch, block, loop) -> set[int]:
+    """The constant divisors c of every floordiv / floormod through which the block reaches `loop`'s variable:
+    in its iterator bindings (a fused loop), and in its indices and conditions, simplified over the
+    iterators' ranges, on an iterator bound through that variable (a reshape's row and column). Within c
+    consecutive values aligned to c such an index is affine; across them it wraps."""
+    var = sch.get(loop).loop_var
+    stmt = sch.get(block)
+    values = list(getattr(sch.get(sch.get_loops(block)[-1]).body, "iter_values", ()))
+    reached = [iv.var for iv, value in zip(stmt.iter_vars, values) if _mentions(value, [var])]
+    found: set[int] = set()
+
+    def divisors(expr, wanted) -> None:
+        def visit(node):  # the innermost divisions only: an outer one wraps with its inner one's quotient
+            if isinstance(node.b, tirx.IntImm) and _mentions(node.a, wanted) and not _divides(node.a, wanted):
+                found.add(int(node.b))
+        for cls in _DIVISIONS:
+            tvm_ffi.structural_walk(expr, (cls, visit))
+
+    for value in values:
+        divisors(value, [var])
+    if reached:
+        analyzer = Analyzer()
+        for iv in stmt.iter_vars:
+            analyzer.bind(iv.var, iv.dom)
+        for expr in _indices_and_conditions(stmt.body):
+            divisors(analyzer.simplify(expr), reached)
+    return found
+
+
+def _indices_and_conditions(body) -> list:
+    stores: list = []
+    calls: list = []
+    selects: list = []
+    tvm_ffi.structural_walk(body, (tirx.BufferStore, stores.append))
+    tvm_ffi.structural_walk(body, (tvm.ir.expr.Call, calls.append))
+    tvm_ffi.structural_walk(body, (tirx.Select, selects.append))
+    found = [i for access in loads(body) + stores for i in access.indices]
+    found += [c.args[0] for c in calls if str(c.op.name).endswith("if_then_else")]
+    return found + [s.condition for s in selects]
+
+
+_DIVISIONS = (tirx.FloorMod, tirx.FloorDiv, tirx.Mod, tirx.Div)
+
+
+def _divides(expr, variables) -> bool:
+    inner: list = []
+    for cls in _DIVISIONS:
+        tvm_ffi.structural_walk(expr, (cls, inner.append))
+    return any(_mentions(node.a, variables) for node in inner)
+
+
+def _mentions(expr, variables) -> bool:
+    return any(v.same_as(w) for v in tirx.analysis.undefined_vars(expr) for w in variables)
