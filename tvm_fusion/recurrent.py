@@ -15,10 +15,10 @@ imports before it runs, for a sequence length known at compile time (TVM 0.27's 
 
 `clip` bounds every activation's input; `sequence_lens` holds a batch entry's state past its length and zeroes
 its outputs there (as onnxruntime does; a reverse direction then starts at the entry's last step, and an entry
-of length 0 ends with zero states); a missing
-initial state is zero (the first step has no recurrent MatMul). With a symbolic batch the input projection is
-made per step on a 2-D [N, I] slice (the dense kernels take a symbolic batch only in 2-D).
-Activation parameters are consumed in order by the activations that take them (onnxruntime's rule).
+of length 0 ends with zero states); a missing initial state is zero (the first step has no recurrent MatMul).
+With a symbolic batch the input projection is made per step on a 2-D [N, I] slice (the dense kernels take a
+symbolic batch only in 2-D). Activation parameters are consumed in order by the activations that take them
+(onnxruntime's rule). Y is one Concat of the steps and a Reshape per direction.
 """
 
 from __future__ import annotations
@@ -134,6 +134,8 @@ def _read(node: onnx.NodeProto, label: str, where: str, types: _Types) -> _Spec:
     steps = x_dims[layout] if x_dims is not None and len(x_dims) == 3 else None
     if not isinstance(steps, int):
         raise FusionError(_symbolic_length(here, inputs["X"], layout, steps, types))
+    if steps < 1:
+        raise FusionError(f"{here}: its input {inputs['X']!r} is a sequence of {steps} steps; give at least one")
     hidden = attrs.get("hidden_size")
     if hidden is None:
         r_dims = types.values.get(inputs["R"], (None, None))[1]
