@@ -273,11 +273,12 @@ def test_symbolic_sequence_length_names_the_shape_to_give():
     (dict(activations=["Sigmoid", "Swish", "Tanh"]), "activation 'Swish' is not one of ONNX's recurrent activations"),
     (dict(activations=["Sigmoid", "Tanh"]), "has 2 activations ['Sigmoid', 'Tanh']; LSTM with 1 direction(s) takes 3"),
     (dict(layout=2), "layout 2 is neither 0 (sequence first) nor 1 (batch first)"),
+    (dict(steps=0), "its input 'X' is a sequence of 0 steps; give at least one"),
 ])
 def test_bad_attributes_name_the_node(attrs, message):
-    model, _ = recurrent_model("LSTM", **attrs)
+    model, feeds = recurrent_model("LSTM", **attrs)
     with pytest.raises(FusionError, match="^recurrent: node 'rec/0' \\(LSTM\\)") as err:
-        import_onnx(model)
+        import_onnx(model, {"X": feeds["X"].shape})  # an empty sequence from Python: ONNX declares no 0 dim
     assert message in str(err.value)
 
 

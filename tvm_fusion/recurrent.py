@@ -15,10 +15,10 @@ imports before it runs, for a sequence length known at compile time (TVM 0.27's 
 
 `clip` bounds every activation's input; `sequence_lens` holds a batch entry's state past its length and zeroes
 its outputs there (as onnxruntime does; a reverse direction then starts at the entry's last step, and an entry
-of length 0 ends with zero states); a missing
-initial state is zero (the first step has no recurrent MatMul). With a symbolic batch the input projection is
-made per step on a 2-D [N, I] slice (the dense kernels take a symbolic batch only in 2-D).
-Activation parameters are consumed in order by the activations that take them (onnxruntime's rule).
+of length 0 ends with zero states); a missing initial state is zero (the first step has no recurrent MatMul).
+With a symbolic batch the input projection is made per step on a 2-D [N, I] slice (the dense kernels take a
+symbolic batch only in 2-D). Activation parameters are consumed in order by the activations that take them
+(onnxruntime's rule). Y is one Concat of the steps and a Reshape per direction.
 """
 
 from __future__ import annotations
@@ -134,6 +134,8 @@ def _read(node: onnx.NodeProto, label: str, where: str, types: _Types) -> _Spec:
     steps = x_dims[layout] if x_dims is not None and len(x_dims) == 3 else None
     if not isinstance(steps, int):
         raise FusionError(_symbolic_length(here, inputs["X"], layout, steps, types))
+    if steps < 1:
+        raise FusionError(f"{here}: its input {inputs['X']!r} is a sequence of {steps} steps; give at least one")
     hidden = attrs.get("hidden_size")
     if hidden is None:
         r_dims = types.values.get(inputs["R"], (None, None))[1]
@@ -201,9 +203,8 @@ class _Emitter:
     """Appends ONNX nodes and initializers that compute one recurrent node, in its model's opset and dtype.
     Every name is new in the model (`taken`); every node is named `<node>/<what>`."""
 
-    def __init__(self, prefix: str, opset: int, elem_type: int, taken: set[str], in_branch: bool = False):
+    def __init__(self, prefix: str, opset: int, elem_type: int, taken: set[str]):
         self.prefix, self.opset, self.elem_type, self.taken = prefix, opset, elem_type, taken
-        self.in_branch = in_branch
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._consts: dict = {}
@@ -240,16 +241,6 @@ class _Emitter:
         return self.const(np.asarray(values, np.int64), hint, TensorProto.INT64)
 
     # opset-dependent forms
-    def split(self, x: str, axis: int, count: int, hint: str, size: int) -> list[str]:
-        """x cut into `count` parts of `size` along `axis`: one Split (one kernel for all of them); Slices inside
-        an If branch, where TVM's importer feeds a Split's outputs to a binary op as if they were constants."""
-        if self.in_branch:
-            return [self.slice(x, axis, k * size, (k + 1) * size, f"{hint}{k}") for k in range(count)]
-        outs = [self.name(f"{hint}{k}") for k in range(count)]
-        attrs = {"num_outputs": count} if self.opset >= 18 else {}
-        self.nodes.append(helper.make_node("Split", [x], outs, name=self.name(f"{hint}_node"), axis=axis, **attrs))
-        return outs
-
     def slice(self, x: str, axis: int, start: int, end: int, hint: str = "slice") -> str:
         if self.opset >= 10:
             return self.op("Slice", [x, self.ints([start]), self.ints([end]), self.ints([axis])], hint)
@@ -387,27 +378,25 @@ def _lstm_step(e: _Emitter, spec: _Spec, dr: _Direction, xw: str, h, c, t: int):
     return e.op("Mul", [o, e.activation(hact, c_new, "cell_out")], f"d{dr.index}t{t}_h"), c_new
 
 
-def _gates(e: _Emitter, x: str, count: int, hidden: int, state, hint: str) -> list[str]:
-    """x's `count` gates of `hidden` each: one Split of a step's [N, count * H] (one kernel for all), Slices of
-    a bias alone (the state is zero: constants, folded)."""
-    if state is None:
-        return [e.slice(x, 0, k * hidden, (k + 1) * hidden, f"{hint}{k}") for k in range(count)]
-    return e.split(x, 1, count, hint, hidden)
+def _gates(e: _Emitter, x: str, count: int, hidden: int, rank: int, hint: str) -> list[str]:
+    """x's `count` gates of `hidden` each along its last axis: a step's [N, count * H], or a bias alone [count * H]
+    where the state is zero. Slices, which TVM fuses into their consumers (a Split made fewer, slower kernels)."""
+    return [e.slice(x, rank - 1, k * hidden, (k + 1) * hidden, f"{hint}{k}") for k in range(count)]
 
 
 def _gru_step(e: _Emitter, spec: _Spec, dr: _Direction, xw: str, h, c, t: int):
     f, g = dr.acts
-    x_part = e.split(xw, 1, 3, f"d{dr.index}t{t}_x", spec.hidden)
+    x_part = _gates(e, xw, 3, spec.hidden, 2, f"d{dr.index}t{t}_x")
     if spec.linear_before_reset:  # h~ = g(x_h + r * (H @ R_h^T + Rb_h)): one MatMul of all three gates
         rec = _recurrent(e, h, dr.rt, dr.rb, f"d{dr.index}t{t}_rec")
-        h_part = _gates(e, rec, 3, spec.hidden, h, f"d{dr.index}t{t}_rec")
+        h_part = _gates(e, rec, 3, spec.hidden, 1 if h is None else 2, f"d{dr.index}t{t}_rec")
         z, r = (e.activation(f, e.clip(e.op("Add", [x, hp]), spec.clip), n)
                 for x, hp, n in zip(x_part, h_part, ("update_gate", "reset_gate")))
         pre = e.op("Add", [x_part[2], e.op("Mul", [r, h_part[2]])])
     else:  # h~ = g(x_h + (r * H) @ R_h^T + Rb_h): the reset gate comes before the third MatMul
         rt_zr, rt_h, rb_zr, rb_h = (dr.split[k] for k in ("rt_zr", "rt_h", "rb_zr", "rb_h"))
-        rec_zr = _gates(e, _recurrent(e, h, rt_zr, rb_zr, f"d{dr.index}t{t}_rec"), 2, spec.hidden, h,
-                        f"d{dr.index}t{t}_rec")
+        rec_zr = _gates(e, _recurrent(e, h, rt_zr, rb_zr, f"d{dr.index}t{t}_rec"), 2, spec.hidden,
+                        1 if h is None else 2, f"d{dr.index}t{t}_rec")
         z, r = (e.activation(f, e.clip(e.op("Add", [x, hp]), spec.clip), n)
                 for x, hp, n in zip(x_part, rec_zr, ("update_gate", "reset_gate")))
         reset = None if h is None else e.op("Mul", [r, h], f"d{dr.index}t{t}_reset")
@@ -462,14 +451,9 @@ def _emit(e: _Emitter, spec: _Spec, constants: dict) -> None:
         h, c, y = dr.h0, dr.c0, [None] * spec.steps
         for t in (reversed(range(spec.steps)) if dr.reverse else range(spec.steps)):
             h_new, c_new = step(e, spec, dr, xw[t], h, c, t)
-            h = e.select(masks[t], h_new, h, f"d{d}t{t}_h_state")
-            if c_new is not None:  # LSTM: C and H as one tensor, so that TVM fuses the cell into one kernel
-                c = e.select(masks[t], c_new, c, f"d{d}t{t}_c_state")
-                state = e.op("Concat", [c, h], f"d{d}t{t}_state", axis=1)
-                c, h = (e.slice(state, 1, k * spec.hidden, (k + 1) * spec.hidden, f"d{d}t{t}_{n}") for k, n in
-                        enumerate("ch"))
-                h_new = h  # where the mask is set, the state's H is the new one
             y[t] = e.select(masks[t], h_new, None, f"d{d}t{t}_y")
+            h = e.select(masks[t], h_new, h, f"d{d}t{t}_h_state")
+            c = e.select(masks[t], c_new, c, f"d{d}t{t}_c_state") if c_new is not None else None
         ys.append(y)
         # an entry of length 0 ends with zero states, not its initial ones (onnxruntime); masks[0]: length > 0
         finals.append(tuple(s if s is None else e.select(masks[0], s, None, f"d{d}_final") for s in (h, c)))
@@ -543,7 +527,6 @@ def decompose_recurrent(model: onnx.ModelProto, shapes: dict, where: str) -> tup
     taken, origins = _taken_names(model), {}
     initializers = {t.name: t for g in _graphs(model.graph) for t in g.initializer}
     for graph in reversed(list(_graphs(model.graph))):  # branches first: rewriting a graph copies its nodes
-        in_branch = graph is not model.graph
         nodes = []
         for i, node in enumerate(graph.node):
             if not _is_recurrent(node):
@@ -553,7 +536,7 @@ def decompose_recurrent(model: onnx.ModelProto, shapes: dict, where: str) -> tup
             spec = _read(node, label, where, types)
             elem = next((types.values[v][0] for v in (spec.inputs["X"], spec.inputs["W"]) if v in types.values),
                         TensorProto.FLOAT)
-            e = _Emitter(node.name or f"{node.op_type}_{i}", opset, elem, taken, in_branch)
+            e = _Emitter(node.name or f"{node.op_type}_{i}", opset, elem, taken)
             lens = spec.inputs.get("sequence_lens")
             _emit(e, spec, {lens: numpy_helper.to_array(initializers[lens])} if lens in initializers else {})
             nodes += e.nodes

@@ -65,12 +65,12 @@ EXPECTED_COUNTS = {
     "yolox_dynamo18": {"conv2d_bias_silu": 14, "conv2d_bias_sigmoid": 4, "conv2d_bias": 2},
     # the recurrent exports, recorded 2026-12-03: dense_bias is each LSTM / GRU direction's input projection and
     # every step's recurrent MatMul (a GRU: two per step), unrolled by the front door (tvm_fusion/recurrent.py)
-    "crnn_lstm_ts14": {"conv2d_bias_relu": 4, "dense_bias": 129},
-    "crnn_lstm_dynamo18": {"conv2d_bias_relu": 4, "dense_bias": 129},
+    "crnn_lstm_ts14": {"conv2d_bias_relu": 4, "dense_bias": 129, "elementwise_chain_4": 4},
+    "crnn_lstm_dynamo18": {"conv2d_bias_relu": 4, "dense_bias": 129, "elementwise_chain_4": 4},
     "crnn_gru_ts17": {"conv2d_bias_relu": 4, "dense_bias": 129, "elementwise_chain_6": 128},
     "crnn_gru_dynamo18": {"conv2d_bias_relu": 4, "dense_bias": 129, "elementwise_chain_6": 128},
-    "vad_lstm_ts17": {"dense_bias_sigmoid": 1, "dense_bias": 124, "add_relu": 1},
-    "vad_lstm_dynamo18": {"dense_bias_sigmoid": 1, "dense_bias": 124, "add_relu": 1},
+    "vad_lstm_ts17": {"dense_bias_sigmoid": 1, "dense_bias": 124, "elementwise_chain_4": 1, "add_relu": 1},
+    "vad_lstm_dynamo18": {"dense_bias_sigmoid": 1, "dense_bias": 124, "elementwise_chain_4": 1, "add_relu": 1},
     # the wheels' pretrained models, recorded 2026-12-01 (with the squeeze-excite, residual and commuted rules)
     "ppocr_det": {"squeeze_excite_relu_hardsigmoid": 10, "conv2d_bn_hardswish": 24, "conv2d_bn_relu": 1, "conv2d_bn": 5,
                   "elementwise_chain_4": 1, "conv2d_bias": 4, "conv2d": 8},
