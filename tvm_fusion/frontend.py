@@ -23,6 +23,7 @@ from . import recurrent as _recurrent
 from . import simplify as _simplify
 from ._tvm import dpl, relax, tirx, tvm
 from .errors import FusionError
+from .quiet import FAST_TAKE_LINES, tvm_output
 from .rules import scalar_constant, shape_dims, static_shape as _static_shape
 
 __all__ = ["SymDim", "import_onnx", "load_onnx", "parse_shape", "onnx_node_names", "concrete_shapes",
@@ -635,7 +636,8 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
             mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
         if fold_constants:
             try:
-                mod = relax.transform.FoldConstant()(mod)
+                with tvm_output(drop=FAST_TAKE_LINES):  # folding legalizes constant Gathers
+                    mod = relax.transform.FoldConstant()(mod)
             except Exception as err:
                 raise _simplify.failure(where, "TVM's FoldConstant", err, table, simplified, mod) from None
         mod = _normalize(mod)  # after folding: Clip bounds are constants by then
