@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from . import _tvm
+from . import precision as _precision
 from . import recurrent as _recurrent
 from . import simplify as _simplify
 from ._tvm import dpl, relax, tirx, tvm
@@ -635,7 +636,8 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
             mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
         if fold_constants:
             try:
-                mod = relax.transform.FoldConstant()(mod)
+                mod = _precision.bfloat16_norms_widened(mod)  # FoldConstant's legalization refuses them
+                mod = _precision.bfloat16_norms_narrowed(relax.transform.FoldConstant()(mod))
             except Exception as err:
                 raise _simplify.failure(where, "TVM's FoldConstant", err, table, simplified, mod) from None
         mod = _normalize(mod)  # after folding: Clip bounds are constants by then
