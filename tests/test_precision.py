@@ -137,6 +137,25 @@ def test_bfloat16_layer_norm_computes_in_float32(case, source):
         assert_close(got, ref, f"LayerNorm {source}, {case}, {what} vs the float32 model", dtype="bfloat16")
 
 
+@pytest.mark.parametrize("rank", [2, 3])
+def test_bfloat16_layer_norm_with_a_symbolic_batch(rank):
+    """--precision bf16 with the batch symbolic: a 2-D LayerNorm is the rule's, a 3-D one is declined (rows of a
+    symbolic batch are 2-D only) and left to TVM in float32; every build within tolerance at batch 1 and 3."""
+    from tvm_fusion.frontend import SymDim
+
+    g = GraphBuilder(6)
+    x = g.input("x", ["N", 32] if rank == 2 else ["N", 5, 32])
+    y = g.op("Add", [g.op("MatMul", [x, g.const(g.rng.normal(0, 0.2, (32, 48)).astype(np.float32))]),
+                     g.const(g.rng.normal(0, 0.1, 48).astype(np.float32))])
+    y = g.op("LayerNormalization", [y, g.const(np.full(48, 1.2, np.float32)), g.const(np.full(48, 0.1, np.float32))],
+             axis=-1, epsilon=1e-5)
+    shape = (SymDim("N", None), 32) if rank == 2 else (SymDim("N", None), 5, 32)
+    report = compare(g.model([y], opset=18), "llvm", shapes={"x": shape}, precision="bf16", repeat=0)
+    assert report.ok, str(report)
+    assert {k: v for k, v in report.counts.items() if v} == \
+        ({"dense_bias": 1, "layer_norm": 1} if rank == 2 else {"batch_matmul": 1})
+
+
 def test_bfloat16_layer_norm_model_compiles_without_the_rule(tmp_path):
     """The command line: --precision bf16 --disable layer_norm compiles (the kernel counts' unfused and tvm
     builds legalize TVM's layer_norm) and verifies."""
