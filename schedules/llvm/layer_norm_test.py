@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import numpy_helper
 
 from tvm_fusion._tvm import tvm
 from tvm_fusion.build import build, resolve_target
 from tvm_fusion.frontend import import_onnx
-from tvm_fusion.testing import GraphBuilder, check_fused
+from tvm_fusion.testing import GraphBuilder, assert_close, check_fused, run_build
 
 AVX2 = '{"kind": "llvm", "mcpu": "x86-64-v3"}'
 AVX512 = '{"kind": "llvm", "mcpu": "skylake-avx512"}'
@@ -57,3 +58,29 @@ def test_cuda_schedule_is_its_own():
     built = check_cuda_build(_layer_norm(4, 768), expect={"add_layer_norm": 1})
     kernels = [f for f in built.fused.mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     assert kernels and all("_rf_local" not in f.script() for f in kernels)
+
+
+def test_symbolic_rows_keep_one_row_of_partial_sums():
+    """A symbolic batch of rows: the partial sums are one row's vector (not N rows of them), and the kernel
+    matches float64 NumPy at batch 1 and 3."""
+    from tvm_fusion.frontend import SymDim
+
+    model = _layer_norm("N", 768)
+    shapes = {"x": (SymDim("N", None), 768), "r": (SymDim("N", None), 768)}
+    built = build(import_onnx(model, shapes), resolve_target(AVX2), "fused")
+    (group,) = built.fused.groups
+    func = built.fused.mod[group.function]
+    passes = ("LowerInitBlock", "PlanAndUpdateBufferAllocationLocation", "ConvertBlocksToOpaque",
+              "CompactBufferAllocation")
+    compact = [getattr(tvm.s_tir.transform, p)() for p in passes]  # TVM's lowering up to the buffers' final sizes
+    script = tvm.transform.Sequential(compact)(tvm.IRModule({"main": func}))["main"].script()
+    for name in ("mean", "var"):  # allocated inside the parallel row loop: one row's lanes per thread
+        assert f'{name}_rf_local = T.sblock_alloc_buffer((1, 8), scope="local")' in script, script
+    gamma, beta = (numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer)
+    for n in (1, 3):
+        rng = np.random.default_rng(n)
+        x, r = (rng.normal(0, 1, (n, 768)).astype(np.float32) for _ in range(2))
+        h = (x + r).astype(np.float64)
+        mean, var = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
+        (got,) = run_build(built, [x, r])
+        assert_close(got, (h - mean) / np.sqrt(var + 1e-5) * gamma + beta, f"batch {n}", dtype="float32")
