@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from . import _tvm
+from . import precision as _precision
 from . import recurrent as _recurrent
 from . import simplify as _simplify
 from ._tvm import dpl, relax, tirx, tvm
@@ -636,8 +637,10 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
             mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
         if fold_constants:
             try:
+                mod = _precision.bfloat16_norms_widened(mod)  # FoldConstant's legalization refuses them
                 with tvm_output(drop=FAST_TAKE_LINES):  # folding legalizes constant Gathers
                     mod = relax.transform.FoldConstant()(mod)
+                mod = _precision.bfloat16_norms_narrowed(mod)
             except Exception as err:
                 raise _simplify.failure(where, "TVM's FoldConstant", err, table, simplified, mod) from None
         mod = _normalize(mod)  # after folding: Clip bounds are constants by then
