@@ -12,7 +12,7 @@ from .errors import ToleranceExceeded
 from .numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
-           "check_fused", "check_symbolic_batch", "check_cuda_build", "check_rule_property", "check_family_property",
+           "check_fused", "check_symbolic_batch", "symbolic_shapes", "check_cuda_build", "check_rule_property", "check_family_property",
            "conv_bn_relu", "residual_block", "encoder", "qdq_conv", "run_build", "ACTIVATION_FORMS",
            "GELU_OPSET", "apply_activation_onnx", "RESNET50_CONVS", "conv_primfunc", "as_float16"]
 
@@ -207,6 +207,16 @@ def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
         assert_close(f, r, f"output {i}: fused vs onnxruntime")
     _assert_fired(fused, expect)
     return fused
+
+
+def symbolic_shapes(model, bound: int | None = None) -> dict:
+    """The `--shape` of every graph input as the model declares it: each named dim (`N`) a SymDim with upper
+    bound `bound`, the others their sizes."""
+    from .frontend import SymDim
+    from .io import graph_inputs
+
+    return {i.name: tuple(SymDim(d.dim_param, bound) if d.dim_param else d.dim_value
+                          for d in i.type.tensor_type.shape.dim) for i in graph_inputs(model)}
 
 
 def check_symbolic_batch(model, shapes: dict, rules=None, expect: dict | None = None, batches=(1, 3), seed: int = 0):
