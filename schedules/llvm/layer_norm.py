@@ -11,7 +11,8 @@ from tvm_fusion.schedules.layer_norm import LAYER_NORM_FAMILY
 @register_schedule(LAYER_NORM_FAMILY, target="llvm")
 def schedule_layer_norm_llvm(sch, attrs, target):
     out = sch.get_sblock("out")
-    row, col = sch.get_loops(out)
+    *lead, col = sch.get_loops(out)  # [N, rows, C] with a symbolic batch: one parallel loop over N * rows
+    row = sch.fuse(*lead) if len(lead) > 1 else lead[0]
     sch.parallel(row)
     sch.compute_at(sch.get_sblock("var"), row)
     sch.compute_at(sch.get_sblock("mean"), row)
