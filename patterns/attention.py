@@ -17,7 +17,7 @@ from __future__ import annotations
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import scalar_constant
 from tvm_fusion.patterns.priority import priority
-from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule
+from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, symbolic_reason
 from tvm_fusion.schedules.attention import ATTENTION_FAMILY
 
 SUPPORTED_DTYPES = ("float32",)
@@ -46,8 +46,9 @@ def _mask_broadcasts(mask_shape, scores) -> bool:
 
 def attention_checks(m: Match):
     shapes = {name: m.shape(name) for name in ("q", "kt", "v", "qk", "root")}
-    if any(s is None for s in shapes.values()):
-        return decline("attention has a symbolic shape; bind input shapes (--shape NAME=1x128)")
+    symbolic = next((name for name, s in shapes.items() if s is None), None)
+    if symbolic:
+        return decline(symbolic_reason(f"attention {symbolic}", m[symbolic], m.batch_dims))
     q, kt, v, scores = shapes["q"], shapes["kt"], shapes["v"], shapes["qk"]
     for name in ("q", "kt", "v", "root"):
         if m.dtype(name) not in SUPPORTED_DTYPES:

@@ -80,6 +80,15 @@ def test_symbolic_batch_is_one_kernel_that_matches_at_every_batch(case, bound, r
     check_cuda_build(model, rules, expect={"attention": 1}, shapes=shapes)
 
 
+def test_symbolic_sequence_declines_with_reason_and_builds(rules):
+    g = GraphBuilder(9)
+    model = g.model([attention_block(g, shape=(2, 3, "S", 8), mask=None)], opset=OPSET)
+    fused = check_symbolic_batch(model, symbolic_shapes(model), rules)
+    assert fused.counts["attention"] == 0
+    assert set(_reasons(fused)) == {"attention q has shape (2, 3, S, 8); only the outermost (batch) dim may stay "
+                                    "symbolic: bind the others with --shape (e.g. NAME=Nx3x224x224)"}
+
+
 def test_golden_ir_is_one_call_of_q_kt_v_mask(rules):
     g = GraphBuilder(2)
     model = g.model([attention_block(g)], opset=OPSET)

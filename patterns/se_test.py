@@ -61,6 +61,17 @@ def test_symbolic_batch_is_one_kernel_that_matches_at_every_batch(act, gate, rul
     check_cuda_build(model, rules, expect=expect, shapes=shapes)
 
 
+def test_symbolic_dim_other_than_the_batch_declines_with_reason_and_builds(rules):
+    """A symbolic height: the rule declines naming the shape and what may stay symbolic; the unfused ops run."""
+    g = GraphBuilder(12)
+    x = g.input("x", [1, 16, "H", 7])
+    model = g.model([se_block(g, x, 16, 4)], opset=18)
+    fused = check_symbolic_batch(model, {"x": (1, 16, SymDim("H"), 7)}, rules)
+    assert not any(n for r, n in fused.counts.items() if r.startswith("squeeze_excite")), fused.counts
+    assert set(_declined(fused)) == {"squeeze-excite input has shape (1, 16, H, 7); only the outermost (batch) dim "
+                                     "may stay symbolic: bind the others with --shape (e.g. NAME=Nx3x224x224)"}
+
+
 def test_reduce_mean_form_without_biases(rules):
     g = GraphBuilder(2)
     x = g.input("x", [1, 24, 6, 6])
