@@ -235,6 +235,19 @@ def leftovers(g, b):
     return [g.op("Reshape", [y, g.const(np.array([-1, 12 * 16], np.int64))])]
 
 
+def conv_add_broadcast_other(g, b):
+    """The residual operand has batch 1: it broadcasts over the conv's symbolic batch."""
+    x, other = g.input("x", [b, 8, 6, 6]), g.input("other", [1, 8, 6, 6])
+    return [g.op("Relu", [g.op("Add", [g.conv(x, 8, 8), other])])]
+
+
+def per_sample_scale(g, b):
+    """A per-sample scalar [N, 1, 1, 1] (drop-path, a gate) times a map and a per-channel bias."""
+    x, s = g.input("x", [b, 8, 4, 4]), g.input("s", [b, 1, 1, 1])
+    y = g.op("Add", [g.op("Mul", [x, s]), g.const(np.full((8, 1, 1), 0.1, np.float32))])
+    return [g.op("Sigmoid", [y])]
+
+
 def encoder(g, b, seq=8, d=16, heads=2):
     """A post-LN transformer encoder layer whose Reshapes copy the batch (0): attention, LayerNorms over
     [N, S, C], the projections and the FFN (a [N, S, K] MatMul: the batch-matmul rule's, see dense_rank3)."""
@@ -313,6 +326,8 @@ FAMILIES = {
     "leftovers": (leftovers, 18, {}, {}),
     "encoder": (encoder, 20, {"attention": 1, "batch_matmul_gelu_erf": 1, "batch_matmul": 5, "add_layer_norm": 2},
                 {"dense_bias": _DENSE_3D.format(k=16), "dense_bias_gelu_erf": _DENSE_3D.format(k=16)}),
+    "conv_add_broadcast_other": (conv_add_broadcast_other, 17, {"conv2d": 1, "elementwise_chain_3": 1}, {}),
+    "per_sample_scale": (per_sample_scale, 17, {"elementwise_chain_3": 1}, {}),
     "if_branch_sanitized_names": (if_branch_sanitized_names, 18,
                                   {"squeeze_excite_relu_hardsigmoid": 1, "add_relu": 1}, {}),
 }
