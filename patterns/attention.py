@@ -17,7 +17,7 @@ from __future__ import annotations
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import scalar_constant
 from tvm_fusion.patterns.priority import priority
-from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, static_shape
+from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, symbolic_reason
 from tvm_fusion.schedules.attention import ATTENTION_FAMILY
 
 SUPPORTED_DTYPES = ("float32",)
@@ -46,8 +46,9 @@ def _mask_broadcasts(mask_shape, scores) -> bool:
 
 def attention_checks(m: Match):
     shapes = {name: m.shape(name) for name in ("q", "kt", "v", "qk", "root")}
-    if any(s is None for s in shapes.values()):
-        return decline("attention has a symbolic shape; bind input shapes (--shape NAME=1x128)")
+    symbolic = next((name for name, s in shapes.items() if s is None), None)
+    if symbolic:
+        return decline(symbolic_reason(f"attention {symbolic}", m[symbolic], m.batch_dims))
     q, kt, v, scores = shapes["q"], shapes["kt"], shapes["v"], shapes["qk"]
     for name in ("q", "kt", "v", "root"):
         if m.dtype(name) not in SUPPORTED_DTYPES:
@@ -79,13 +80,14 @@ def _rank4(shape) -> tuple:
 
 
 def lower_attention(m: Match) -> Lowering:
-    inputs = [m["q"], m["kt"], m["v"]] + ([m["mask"]] if "masked" in m else [])
-    views = {i: _rank4(static_shape(x)) for i, x in enumerate(inputs) if len(static_shape(x)) != 4}
+    names = ["q", "kt", "v"] + (["mask"] if "masked" in m else [])
+    shapes = [m.shape(name) for name in names]  # the batch may stay symbolic (the checks bound the rest)
+    views = {i: _rank4(s) for i, s in enumerate(shapes) if len(s) != 4}
     scale_op = "divide" if "divide" in m else "multiply" if "multiply" in m else None
     out = m.shape("root")
     return Lowering(
         compute=ATTENTION_FAMILY,
-        inputs=inputs,
+        inputs=[m[name] for name in names],
         constants=[],
         attrs=dict(scale=scalar_constant(m["scale"]) if scale_op else None, scale_op=scale_op),
         input_shapes=views,

@@ -9,7 +9,7 @@ from tvm_fusion import _tvm
 from tvm_fusion.build import resolve_target
 from tvm_fusion.frontend import import_onnx
 from tvm_fusion.fuse import fuse
-from tvm_fusion.testing import GraphBuilder, check_fused
+from tvm_fusion.testing import GraphBuilder, check_cuda_build, check_fused, check_symbolic_batch, symbolic_shapes
 
 OPSET = 17
 
@@ -58,6 +58,35 @@ def test_attention_is_one_exact_kernel(case, rules):
     g = GraphBuilder(1)
     y = attention_block(g, **CASES[case])
     check_fused(g.model([y], opset=OPSET), rules, expect={"attention": 1})
+
+
+SYMBOLIC = {
+    "bert": dict(shape=("N", 3, 5, 8), mask=("N", 1, 1, None)),
+    "rank3": dict(shape=("N", 7, 16), mask=("N", 1, None)),
+    "causal_const_mask": dict(shape=("N", 2, 6, 4), mask=(6, 6), mask_const=True),
+}
+
+
+@pytest.mark.parametrize("bound", [None, 8], ids=["N", "N<=8"])
+@pytest.mark.parametrize("case", SYMBOLIC)
+def test_symbolic_batch_is_one_kernel_that_matches_at_every_batch(case, bound, rules):
+    """q, k, v (and the mask) with a symbolic batch: the lowering read static shapes (`TypeError: object of
+    type 'NoneType' has no len()`, reported as bad input); one build now runs at batch 1 and 3, and the CUDA
+    build compiles."""
+    g = GraphBuilder(8)
+    model = g.model([attention_block(g, **SYMBOLIC[case])], opset=OPSET)
+    shapes = symbolic_shapes(model, bound)
+    check_symbolic_batch(model, shapes, rules, expect={"attention": 1})
+    check_cuda_build(model, rules, expect={"attention": 1}, shapes=shapes)
+
+
+def test_symbolic_sequence_declines_with_reason_and_builds(rules):
+    g = GraphBuilder(9)
+    model = g.model([attention_block(g, shape=(2, 3, "S", 8), mask=None)], opset=OPSET)
+    fused = check_symbolic_batch(model, symbolic_shapes(model), rules)
+    assert fused.counts["attention"] == 0
+    assert set(_reasons(fused)) == {"attention q has shape (2, 3, S, 8); only the outermost (batch) dim may stay "
+                                    "symbolic: bind the others with --shape (e.g. NAME=Nx3x224x224)"}
 
 
 def test_golden_ir_is_one_call_of_q_kt_v_mask(rules):

@@ -59,9 +59,6 @@ def layer_norm_checks(m: Match):
     shape = batch_shape(m["root"])
     if shape is None:
         return decline(symbolic_reason("layer norm input", m["root"]))
-    if is_symbolic(shape) and len(shape) != 2:
-        return decline(f"layer norm input has shape {shape_text(m['root'])}; with a symbolic batch the kernel takes "
-                       "2-D rows only (it would view the input as [rows, C] with rows a product of dims)")
     dtype = m.dtype("root")
     if dtype not in SUPPORTED_DTYPES:
         return decline(f"layer norm dtype is {dtype}; the compute supports {', '.join(SUPPORTED_DTYPES)}")
@@ -97,9 +94,17 @@ def _residual_check(m: Match):
     return None
 
 
+def _kernel_view(shape: tuple) -> tuple:
+    """The kernel's view of the input: [rows, C], or [N, rows, C] when the batch N is symbolic (N times the
+    other dims is no kernel dim)."""
+    if is_symbolic(shape):
+        return (shape[0], int(np.prod(shape[1:-1], dtype=np.int64)), shape[-1]) if len(shape) > 2 else tuple(shape)
+    return int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+
+
 def lower_layer_norm(m: Match, residual: bool) -> Lowering:
     shape = batch_shape(m["root"])
-    rows, c = (shape[0] if len(shape) == 2 else int(np.prod(shape[:-1]))), shape[-1]  # 2-D when the batch is symbolic
+    view = _kernel_view(shape)
     gamma, beta, eps = _params(m)
     inputs = list(m.value("h").args) if residual else [m["h"]]
     dtype = m.dtype("root")
@@ -108,8 +113,8 @@ def lower_layer_norm(m: Match, residual: bool) -> Lowering:
         inputs=inputs,
         constants=[axis_vector(v, shape, -1).astype(numpy_dtype(dtype)) for v in (gamma, beta)],
         attrs={"epsilon": eps},
-        input_shapes={i: (rows, c) for i, x in enumerate(inputs) if shape_text(x) != shape_text((rows, c))},
-        out_shape=tuple(shape) if shape_text(shape) != shape_text((rows, c)) else None,
+        input_shapes={i: view for i, x in enumerate(inputs) if shape_text(x) != shape_text(view)},
+        out_shape=tuple(shape) if shape_text(shape) != shape_text(view) else None,
     )
 
 

@@ -3,7 +3,10 @@
 import numpy as np
 import pytest
 
-from tvm_fusion.testing import GraphBuilder, check_fused
+from tvm_fusion.build import resolve_target
+from tvm_fusion.frontend import import_onnx
+from tvm_fusion.fuse import fuse
+from tvm_fusion.testing import GraphBuilder, check_cuda_build, check_fused, check_symbolic_batch, symbolic_shapes
 
 LN_OPSET = 18
 
@@ -29,6 +32,33 @@ def test_layer_norm(decomposed, residual, shape, rules):
     h = g.op("Add", [x, r]) if residual else x
     y = layer_norm_onnx(g, h, shape[-1], decomposed)
     check_fused(g.model([y], opset=LN_OPSET), rules, expect={"add_layer_norm" if residual else "layer_norm": 1})
+
+
+@pytest.mark.parametrize("decomposed", [False, True], ids=["op", "decomposed"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("shape", [("N", 5, 16), ("N", 2, 3, 8)], ids=["Nx5x16", "Nx2x3x8"])
+def test_layer_norm_with_a_symbolic_batch_over_sequences(decomposed, residual, shape, rules):
+    """[N, S, C] with N symbolic (a transformer with a dynamic batch) was declined ("the kernel takes 2-D rows
+    only"): the kernel now takes [N, rows, C], one build runs at batch 1 and 3, the CUDA build compiles."""
+    g = GraphBuilder(9)
+    x, r = g.input("x", list(shape)), g.input("r", list(shape))
+    y = layer_norm_onnx(g, g.op("Add", [x, r]) if residual else x, shape[-1], decomposed)
+    model = g.model([y], opset=LN_OPSET)
+    expect = {"add_layer_norm" if residual else "layer_norm": 1}
+    check_symbolic_batch(model, symbolic_shapes(model), rules, expect=expect)
+    if not decomposed:
+        check_cuda_build(model, rules, expect=expect, shapes=symbolic_shapes(model, 64))
+
+
+def test_layer_norm_kernel_views_a_symbolic_batch_as_n_rows_c(rules):
+    g = GraphBuilder(10)
+    x = g.input("x", ["N", 2, 3, 8])
+    model = g.model([layer_norm_onnx(g, x, 8, decomposed=False)], opset=LN_OPSET)
+    result = fuse(import_onnx(model, symbolic_shapes(model)), resolve_target("llvm"), rules)
+    (call,) = [b.value for blk in result.mod["main"].body.blocks for b in blk.bindings
+               if getattr(b.value.op, "name", None) == "relax.call_tir"]
+    kernel = result.mod[call.args[0]]
+    assert [str(p.shape) for p in kernel.params[:1]] == ["(N, 6, 8)"]
 
 
 def test_post_ln_output_with_several_consumers_fuses(rules):

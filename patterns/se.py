@@ -19,7 +19,7 @@ from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import activation_pattern
 from tvm_fusion.patterns.priority import priority
 from tvm_fusion.rules import (Decline, Lowering, Match, Spec, axis_vector, axis_vector_shapes, commutative, decline,
-                              rule, static_shape)
+                              rule, static_shape, symbolic_reason)
 from tvm_fusion.schedules.squeeze_excite import SE_FAMILY
 
 SUPPORTED_DTYPES = ("float32",)
@@ -82,7 +82,7 @@ def _fc_check(m: Match, name: str, in_channels: int, out_channels: int | None):
 def squeeze_excite_checks(m: Match):
     shape = m.shape("x")
     if shape is None or m.shape("root") is None:
-        return decline("squeeze-excite input has a symbolic shape; bind input shapes (--shape NAME=1x3x224x224)")
+        return decline(symbolic_reason("squeeze-excite input", m["x"], m.batch_dims))
     if len(shape) != 4:
         return decline(f"squeeze-excite input has rank {len(shape)}; expected an NCHW feature map (rank 4)")
     dtype = m.dtype("root")

@@ -10,7 +10,8 @@ from tvm_fusion import _tvm
 from tvm_fusion.build import resolve_target
 from tvm_fusion.frontend import import_onnx
 from tvm_fusion.fuse import fuse
-from tvm_fusion.testing import GraphBuilder, apply_activation_onnx, check_fused
+from tvm_fusion.frontend import SymDim
+from tvm_fusion.testing import GraphBuilder, apply_activation_onnx, check_cuda_build, check_fused, check_symbolic_batch
 
 
 def se_block(g: GraphBuilder, x: str, c: int, r: int, act="Relu", gate="HardSigmoid", gate_first=False,
@@ -44,6 +45,31 @@ def test_squeeze_excite_is_one_exact_kernel(act, gate, rule, gate_first, rules):
     x = g.input("x", [2, 16, 5, 7])
     y = se_block(g, g.op("Relu", [x]), 16, 4, act=act, gate=gate, gate_first=gate_first)
     check_fused(g.model([y], opset=18), rules, expect={f"squeeze_excite_{rule}": 1})
+
+
+@pytest.mark.parametrize("bound", [None, 8], ids=["N", "N<=8"])
+@pytest.mark.parametrize("act,gate,rule", [CASES[0], CASES[1]], ids=[CASES[0][2], CASES[1][2]])
+def test_symbolic_batch_is_one_kernel_that_matches_at_every_batch(act, gate, rule, bound, rules):
+    """--shape x=Nx16x5x7: the compute took int() of the batch (a TIR Var) and the build stopped with an
+    internal error; one build now runs at batch 1 and 3, and the CUDA build's grid takes N."""
+    g = GraphBuilder(11)
+    x = g.input("x", ["N", 16, 5, 7])
+    model = g.model([se_block(g, g.op("Relu", [x]), 16, 4, act=act, gate=gate)], opset=18)
+    shapes = {"x": (SymDim("N", bound), 16, 5, 7)}
+    expect = {f"squeeze_excite_{rule}": 1}
+    check_symbolic_batch(model, shapes, rules, expect=expect)
+    check_cuda_build(model, rules, expect=expect, shapes=shapes)
+
+
+def test_symbolic_dim_other_than_the_batch_declines_with_reason_and_builds(rules):
+    """A symbolic height: the rule declines naming the shape and what may stay symbolic; the unfused ops run."""
+    g = GraphBuilder(12)
+    x = g.input("x", [1, 16, "H", 7])
+    model = g.model([se_block(g, x, 16, 4)], opset=18)
+    fused = check_symbolic_batch(model, {"x": (1, 16, SymDim("H"), 7)}, rules)
+    assert not any(n for r, n in fused.counts.items() if r.startswith("squeeze_excite")), fused.counts
+    assert set(_declined(fused)) == {"squeeze-excite input has shape (1, 16, H, 7); only the outermost (batch) dim "
+                                     "may stay symbolic: bind the others with --shape (e.g. NAME=Nx3x224x224)"}
 
 
 def test_reduce_mean_form_without_biases(rules):

@@ -17,6 +17,8 @@ from typing import NamedTuple
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion.registry import register_compute
 
+from . import dims
+
 ATTENTION_FAMILY = "attention"
 
 
@@ -32,12 +34,12 @@ class AttentionOperands(NamedTuple):
 
 @register_compute(ATTENTION_FAMILY)
 def attention(q, kt, v, mask=None, *, scale=None, scale_op=None, **_):
-    b, h, s, d = (int(x) for x in q.shape)
+    b, h, s, d = dims(q.shape)  # b (or h, for a rank-3 q viewed as rank 4) may be a symbolic batch
     t, e = int(kt.shape[3]), int(v.shape[3])
     rd = te.reduce_axis((0, d), name="rd")
     qk = te.compute((b, h, s, t), lambda n, m, i, j: te.sum(q[n, m, i, rd] * kt[n, m, rd, j], axis=rd), name="qk")
     c = tirx.const(scale, q.dtype) if scale is not None else None
-    mdims = [int(x) for x in mask.shape] if mask is not None else []
+    mdims = dims(mask.shape) if mask is not None else []
 
     def logit(n, m, i, j):
         x = qk[n, m, i, j]
@@ -46,7 +48,8 @@ def attention(q, kt, v, mask=None, *, scale=None, scale_op=None, **_):
         elif scale_op == "multiply":
             x = x * c
         if mask is not None:
-            x = x + mask[tuple(0 if size == 1 else idx for size, idx in zip(mdims, (n, m, i, j)))]
+            x = x + mask[tuple(0 if isinstance(size, int) and size == 1 else idx
+                               for size, idx in zip(mdims, (n, m, i, j)))]
         return x
 
     rj = te.reduce_axis((0, t), name="rj")

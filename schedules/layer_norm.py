@@ -1,4 +1,5 @@
-"""LayerNorm over the last axis of x viewed as [rows, C], with an optional residual added first:
+"""LayerNorm over the last axis of x viewed as [rows, C] (or [N, rows, C] with a symbolic batch N: a product
+of N with the other dims is no kernel dim), with an optional residual added first:
 
     h = x (+ residual);  d = h - h[0]  (the row shifted by its first value)
     mean_d = sum_c d / C;  var = sum_c (d - mean_d)^2 / C
@@ -26,28 +27,29 @@ LAYER_NORM_FAMILY = "layer_norm_affine"  # the compute every LayerNorm rule with
 
 @register_compute(LAYER_NORM_FAMILY)
 def layer_norm_affine(x, gamma, beta, residual=None, *, epsilon, **_):
-    rows, c = dims(x.shape)  # rows may be a symbolic batch
+    *lead, c = dims(x.shape)  # lead: (rows,) or (N, rows); N may be a symbolic batch
     acc = accumulator_dtype(x.dtype)
 
     def wide(v):
         return cast_to(v, acc)
 
-    def h(r, k):
-        return wide(x[r, k]) + wide(residual[r, k]) if residual is not None else wide(x[r, k])
+    def h(r, k):  # r: the row's indices into the lead dims
+        return wide(x[(*r, k)]) + wide(residual[(*r, k)]) if residual is not None else wide(x[(*r, k)])
 
     def d(r, k):  # the row shifted by its first value
         return h(r, k) - h(r, 0)
 
     inv_c = tirx.const(1.0 / c, acc)
     k1 = te.reduce_axis((0, c), name="k1")
-    total = te.compute((rows,), lambda r: te.sum(d(r, k1), axis=k1), name="mean")
+    total = te.compute(lead, lambda *r: te.sum(d(r, k1), axis=k1), name="mean")
     k2 = te.reduce_axis((0, c), name="k2")
-    sq = te.compute((rows,), lambda r: te.sum((d(r, k2) - total[r] * inv_c) * (d(r, k2) - total[r] * inv_c),
-                                             axis=k2), name="var")
+    sq = te.compute(lead, lambda *r: te.sum((d(r, k2) - total[r] * inv_c) * (d(r, k2) - total[r] * inv_c),
+                                           axis=k2), name="var")
     eps = tirx.const(epsilon, acc)
 
-    def out(r, k):
+    def out(*idx):
+        r, k = idx[:-1], idx[-1]
         v = (d(r, k) - total[r] * inv_c) / te.sqrt(sq[r] * inv_c + eps) * wide(gamma[k]) + wide(beta[k])
         return cast_to(v, x.dtype)
 
-    return te.compute((rows, c), out, name="out")
+    return te.compute((*lead, c), out, name="out")

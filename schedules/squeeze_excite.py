@@ -17,6 +17,7 @@ from typing import NamedTuple
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion.registry import register_compute
 
+from . import dims
 from .activations import apply_activation
 
 SE_FAMILY = "squeeze_excite"
@@ -38,7 +39,7 @@ class SEOperands(NamedTuple):
 @register_compute(SE_FAMILY)
 def squeeze_excite(x, w1, b1, w2, b2, *, activation, activation_params=None, gate, gate_params=None,
                    fast_math=True, target=None, **_):
-    n, c, h, w = (int(d) for d in x.shape)
+    n, c, h, w = dims(x.shape)  # n may be a symbolic batch
     r = int(w1.shape[0])
     kh, kw = te.reduce_axis((0, h), name="kh"), te.reduce_axis((0, w), name="kw")
     pool = te.compute((n, c), lambda i, j: te.sum(x[i, j, kh, kw], axis=[kh, kw]), name="pool")

@@ -66,6 +66,44 @@ def test_exit_3_internal_error_is_one_line(capsys, model, monkeypatch):
     assert err.rstrip().endswith("ZeroDivisionError: division by zero (run with --debug for the traceback)")
 
 
+RAISING_RULE = textwrap.dedent("""
+    from tvm_fusion import rule
+    from tvm_fusion.patterns.conv_epilogue import conv_epilogue
+
+
+    def _boom(match):
+        raise KeyError("conv")
+
+
+    @rule("conv2d_bn_relu_raising", priority=10_000, check=_boom)
+    def conv2d_bn_relu_raising():
+        \"\"\"conv2d -> batch_norm -> relu  ==>  nothing: its check raises\"\"\"
+        return conv_epilogue(bn=True, activation="relu")
+""")
+
+
+def test_a_rule_that_raises_is_bad_input_from_a_users_file_and_internal_when_built_in(capsys, model, tmp_path,
+                                                                                      monkeypatch):
+    """A user's rule file that raises is the user's to fix (exit 2, naming the file); a built-in rule that raises
+    is our bug (exit 3), never reported as bad input of a valid model."""
+    user = tmp_path / "raising.py"
+    user.write_text(RAISING_RULE)
+    assert main(["compile", str(model), "--rules", str(user), "-o", str(tmp_path / "m.so")]) == 2
+    assert capsys.readouterr().err == (f"error: {user}: rule 'conv2d_bn_relu_raising' raised KeyError: 'conv'\n")
+    from tvm_fusion.patterns import builtin_rules
+
+    def boom(match):
+        raise TypeError("object of type 'NoneType' has no len()")
+
+    monkeypatch.setattr(builtin_rules()["conv2d_bn_relu"], "check", boom)
+    assert main(["compile", str(model), "-o", str(tmp_path / "m.so")]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("error: internal error in compile (") and err.count("\n") == 1, err
+    assert ("patterns/conv_epilogue.py: rule 'conv2d_bn_relu' raised TypeError: object of type 'NoneType' has no "
+            "len() (run with --debug for the traceback)") in err
+    assert not (tmp_path / "m.so").exists()
+
+
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_debug_prints_the_traceback(capsys, model, monkeypatch, where):
     monkeypatch.setattr(importlib.import_module("tvm_fusion.explain"), "explain", lambda *a, **k: 1 / 0)

@@ -9,13 +9,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import _tvm, registry
+from . import patterns as builtin_patterns
 from ._tvm import dpl, relax, te, tirx, tvm
-from .errors import FusionError, LoweringError
+from .errors import FusionError, InternalError, LoweringError
 from .frontend import onnx_node_names
 from .rules import (Decline, Lowering, Match, Rule, RuleSet, batch_shape, declared_batch_dims, shape_text,
                     symbolic_reason, undeclared_dims)
@@ -135,7 +137,8 @@ class _Trace:
     def __init__(self, names: dict[str, str]):
         self.names = names
         self.decisions: dict[tuple[str, str], Decision] = {}
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # bad input: a user's rule file that raised, a FusionError
+        self.internal: list[tuple[str, Exception]] = []  # a built-in rule that raised, and what it raised
         self.members: dict = {}  # relax Var -> ONNX nodes of the accepted match it belongs to
 
     def record(self, rule: str, root: str, reason: str | None) -> None:
@@ -194,6 +197,11 @@ def _kernel_key(rule: str, lowering: Lowering) -> tuple:
     return rule, lowering.compute, repr(inputs), repr(consts), repr(sorted(lowering.attrs.items()))
 
 
+def _is_builtin(rule: Rule) -> bool:
+    """Whether `rule` is one of tvm_fusion's own (defined in the built-in patterns package)."""
+    return os.path.dirname(os.path.abspath(rule.source)) == os.path.dirname(os.path.abspath(builtin_patterns.__file__))
+
+
 def _make_check(rule: Rule, trace: _Trace, target, batch_dims: frozenset[str]):
     def check(ctx) -> bool:
         root = ctx.value_to_bound_var.get(ctx.matched_expr)
@@ -214,7 +222,12 @@ def _make_check(rule: Rule, trace: _Trace, target, batch_dims: frozenset[str]):
             trace.errors.append(str(err))
             return False
         except Exception as err:  # a broken rule must not surface as a TVM traceback
-            trace.errors.append(f"{rule.source}: rule {rule.name!r} raised {type(err).__name__}: {err}")
+            # a rule file the user gave is bad input (exit 2); a built-in rule that raises is our bug (exit 3)
+            raised = f"{rule.source}: rule {rule.name!r} raised {type(err).__name__}: {err}"
+            if _is_builtin(rule):
+                trace.internal.append((raised, err))
+            else:
+                trace.errors.append(raised)
             return False
         trace.record(rule.name, root_name, None if reason is None else str(reason))
         if reason is None:  # the ONNX nodes of the match, findable from any of its vars
@@ -490,6 +503,9 @@ def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
         if needed_ops(pattern, memo) <= present
     ]
     matched = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=False)(mod)
+    if trace.internal:
+        message, err = trace.internal[0]
+        raise InternalError(message) from err
     if trace.errors:
         raise FusionError(trace.errors[0])
     return Matched(matched, active, trace.members, list(trace.decisions.values()), batch_dims)

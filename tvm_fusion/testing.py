@@ -12,7 +12,7 @@ from .errors import ToleranceExceeded
 from .numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
-           "check_fused", "check_cuda_build", "check_rule_property", "check_family_property",
+           "check_fused", "check_symbolic_batch", "symbolic_shapes", "check_cuda_build", "check_rule_property", "check_family_property",
            "conv_bn_relu", "residual_block", "encoder", "qdq_conv", "run_build", "ACTIVATION_FORMS",
            "GELU_OPSET", "apply_activation_onnx", "RESNET50_CONVS", "conv_primfunc", "as_float16"]
 
@@ -209,6 +209,37 @@ def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
     return fused
 
 
+def symbolic_shapes(model, bound: int | None = None) -> dict:
+    """The `--shape` of every graph input as the model declares it: each named dim (`N`) a SymDim with upper
+    bound `bound`, the others their sizes."""
+    from .frontend import SymDim
+    from .io import graph_inputs
+
+    return {i.name: tuple(SymDim(d.dim_param, bound) if d.dim_param else d.dim_value
+                          for d in i.type.tensor_type.shape.dim) for i in graph_inputs(model)}
+
+
+def check_symbolic_batch(model, shapes: dict, rules=None, expect: dict | None = None, batches=(1, 3), seed: int = 0):
+    """Build fused on llvm with the symbolic dims of `shapes` (`{"x": (SymDim("N"), 4, 8, 8)}`) kept symbolic,
+    then run that one build at each batch in `batches` against onnxruntime, element by element. Returns the
+    build; `expect`: its exact rule counts."""
+    from .build import build
+    from .frontend import import_onnx
+    from .io import graph_inputs, random_inputs, run_onnxruntime
+
+    fused = build(import_onnx(model, shapes), "llvm", "fused", rules=rules)
+    _assert_fired(fused, expect)
+    sess, _ = run_onnxruntime(model, {}, optimize=False)
+    for n in batches:
+        concrete = {k: [d if isinstance(d, int) else n for d in shape] for k, shape in shapes.items()}
+        inputs = random_inputs(model, concrete, seed=seed + n)
+        got = run_build(fused, [inputs[i.name] for i in graph_inputs(model)])
+        for i, (f, r) in enumerate(zip(got, sess.run(None, inputs))):
+            assert f.shape == r.shape, f"output {i} at batch {n}: shape {f.shape}, onnxruntime {r.shape}"
+            assert_close(f, r, f"output {i} at batch {n}: fused vs onnxruntime")
+    return fused
+
+
 def _assert_fired(built, expect: dict | None) -> None:
     if expect is not None:
         fired = {k: v for k, v in built.counts.items() if v}
@@ -219,10 +250,10 @@ def _assert_fired(built, expect: dict | None) -> None:
 _CUDA_BINARY = (b"\x50\xed\x55\xba", b"\x7fELF")
 
 
-def check_cuda_build(model, rules=None, expect: dict | None = None, arch: str = "sm_90"):
+def check_cuda_build(model, rules=None, expect: dict | None = None, arch: str = "sm_90", shapes: dict | None = None):
     """Build fused for CUDA `arch` with no GPU: exact counts (`expect`), every kernel within the arch's launch
     limits (verify_gpu_code, hardware.cuda_facts) and the generated CUDA C compiled by nvcc (or NVRTC); nothing
-    runs. Returns the build."""
+    runs. `shapes`: input shapes for import_onnx (a symbolic batch). Returns the build."""
     from ._tvm import tvm
     from .build import build, resolve_target
     from .export import compile_cuda_source, cuda_source
@@ -230,7 +261,7 @@ def check_cuda_build(model, rules=None, expect: dict | None = None, arch: str = 
     from .schedules.cuda.gpu_limits import check_gpu_limits
 
     target = resolve_target("cuda", arch)
-    built = build(import_onnx(model), target, "fused", rules=rules)
+    built = build(import_onnx(model, shapes), target, "fused", rules=rules)
     _assert_fired(built, expect)
     for gv, func in built.fused.mod.functions.items():
         if isinstance(func, tvm.tirx.PrimFunc):

@@ -4,7 +4,7 @@ and the generated source compiles with nvcc."""
 import numpy as np
 import pytest
 
-from tvm_fusion._tvm import tvm
+from tvm_fusion._tvm import prim_dtype, tvm
 from tvm_fusion.build import build, resolve_target
 from tvm_fusion.export import compile_cuda_source, cuda_source
 from tvm_fusion.frontend import import_onnx
@@ -151,3 +151,25 @@ def test_squeeze_excite_declines_more_channels_than_a_block_has_threads():
     assert sched.why_not({}, shapes, target) == ("the CUDA squeeze-excite kernel gives each of the 1280 channels a "
                                                  "thread of one block; a block has at most 1024")
     assert sched.why_not({}, [(1, 960, 7, 7), (240, 960), (240,), (960, 240), (960,)], target) is None
+
+
+def test_gpu_limits_bind_a_symbolic_batch_of_an_int64_kernel():
+    """TVM's legalized kernels (a Pad the leftover schedules take) index with int64 and carry an int64 buffer
+    offset: at_batch binds their N as well (specialize refused an int32 size: "expected an independent Var,
+    but got T.int64(0)")."""
+    from tvm_fusion.frontend import SymDim
+    from tvm_fusion.schedules.cuda.gpu_limits import at_batch
+
+    g = GraphBuilder(3)
+    x = g.input("x", ["N", 4, 6, 6])
+    model = g.model([g.op("Pad", [g.op("Relu", [x]), g.const(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))])],
+                    opset=18)
+    target = resolve_target("cuda")
+    built = build(import_onnx(model, {"x": (SymDim("N", 64), 4, 6, 6)}), target, "fused")
+    kernels = [f for f in built.fused.mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    pads = [f for f in kernels if any(prim_dtype(d) == "int64" for p in f.params for d in p.shape
+                                      if isinstance(d, tvm.tirx.Var))]
+    assert pads, [f.params for f in kernels]
+    for func in pads:
+        assert all(isinstance(d, tvm.tirx.IntImm) for p in at_batch(func, 2).params for d in p.shape)
+        assert check_gpu_limits(func, target).ok

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm_fusion._tvm import buffer_load, device_lowering_passes, tvm, verify_gpu_code
+from tvm_fusion._tvm import buffer_load, device_lowering_passes, prim_dtype, tvm, verify_gpu_code
 from tvm_fusion.hardware import cuda_facts
 
 #: the launch limits of sm_90 (H100 / H200) that a kernel without dynamic shared memory must meet
@@ -44,8 +44,10 @@ def at_batch(func, size: int = 1):
         symbolic = [d for d in buf.shape if isinstance(d, tvm.tirx.Var) and d.name not in bound]
         if symbolic:
             bound.update(d.name for d in symbolic)
-            shape = [size if isinstance(d, tvm.tirx.Var) else d for d in buf.shape]
-            func = func.specialize({buf: tvm.tirx.decl_buffer(shape, buf.dtype, buf.name)})
+            # in the dims' own index dtype, with the buffer's offset: TVM's legalized kernels index with int64
+            shape = [tvm.tirx.IntImm(prim_dtype(d), size) if isinstance(d, tvm.tirx.Var) else d for d in buf.shape]
+            func = func.specialize({buf: tvm.tirx.decl_buffer(shape, buf.dtype, buf.name,
+                                                              elem_offset=buf.elem_offset)})
     return func
 
 

@@ -19,7 +19,8 @@ def _threads(c: int) -> int:
 @register_schedule(LAYER_NORM_FAMILY, target="cuda")
 def schedule_layer_norm_cuda(sch, attrs, target):
     out = sch.get_sblock("out")
-    row, col = sch.get_loops(out)
+    *lead, col = sch.get_loops(out)  # [N, rows, C] with a symbolic batch: one block per (sample, row)
+    row = sch.fuse(*lead) if len(lead) > 1 else lead[0]
     threads = _threads(int(sch.get(col).extent))
     sch.bind(row, "blockIdx.x")
     for name in ("var", "mean"):

@@ -15,11 +15,13 @@ from tvm_fusion.schedules.llvm.reduction import MIN_VECTOR, vector_width
 @register_schedule(LAYER_NORM_FAMILY, target="llvm")
 def schedule_layer_norm_llvm(sch, attrs, target):
     out = sch.get_sblock("out")
-    row, col = sch.get_loops(out)
+    *lead, col = sch.get_loops(out)  # [N, rows, C] with a symbolic batch: one parallel loop over N * rows
     c = int(sch.get(col).extent)
     lanes = cpu_facts(target).float32_lanes
     width = _sum_width(c, lanes)
-    partials = {name: _vector_sum(sch, sch.get_sblock(name), width) if width else None for name in ("var", "mean")}
+    partials = {name: _vector_sum(sch, sch.get_sblock(name), width, len(lead)) if width else None
+                for name in ("var", "mean")}
+    row = sch.fuse(*lead) if len(lead) > 1 else lead[0]
     sch.parallel(row)
     for name in ("var", "mean"):  # consumers first: each lands under the row loop above what reads it
         sch.compute_at(sch.get_sblock(name), row)
@@ -42,11 +44,12 @@ def _sum_width(c: int, lanes: int) -> int | None:
     return width
 
 
-def _vector_sum(sch, block, width: int):
-    """rfactor of the row sum `block`'s lanes: partial[row, lane] in a local buffer; returns its block."""
-    _, k = sch.get_loops(block)
+def _vector_sum(sch, block, width: int, rank: int):
+    """rfactor of the row sum `block`'s lanes (`rank` lead dims: the row, or the batch and the row):
+    partial[row..., lane] in a local buffer; returns its block."""
+    k = sch.get_loops(block)[-1]
     _, lane = sch.split(k, [None, width])
-    partial = sch.rfactor(lane, 1)
+    partial = sch.rfactor(lane, rank)
     sch.set_scope(partial, 0, "local")
     return partial
 
