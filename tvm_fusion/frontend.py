@@ -617,6 +617,7 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     proto, simplified = _simplify.front_door(proto, bound_shapes, simplify)
     proto, unrolled = _recurrent.decompose_recurrent(proto, bound_shapes, where)
     _check_ops(proto, where)
+    proto = ifs_last(proto)
     proto, renamed, table = _sanitize(proto)
     table = {k: unrolled.get(v, v) for k, v in table.items()}  # an unrolled LSTM's ops name the LSTM node
     shape_dict = _with_tir_vars(_input_shapes(proto, shapes or {}, where, renamed))
@@ -779,6 +780,39 @@ def in_topological_order(model: onnx.ModelProto) -> onnx.ModelProto:
             g.node.extend(nodes)
         graphs += [body for n in g.node for body, _ in _bodies(n, "")]
     return model
+
+
+def ifs_last(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with each graph's If nodes (bodies included) as late as their readers allow, the other nodes
+    in their given order (a copy, when that moves one). TVM's importer builds no dataflow block around an
+    If, so the nodes on either side of one end in two blocks and a chain across it cannot fuse; an If is
+    pure, and what it reads is computed before it either way."""
+    graphs = [model.graph] + [g for _, n, at in _walk(model.graph) for g, _ in _bodies(n, at)]
+    if all(_ifs_deferred(g) is None for g in graphs):
+        return model
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for g in [model.graph] + [g for _, n, at in _walk(model.graph) for g, _ in _bodies(n, at)]:
+        order = _ifs_deferred(g)
+        if order is not None:
+            nodes = [onnx.NodeProto.FromString(g.node[i].SerializeToString()) for i in order]
+            del g.node[:]
+            g.node.extend(nodes)
+    return model
+
+
+def _ifs_deferred(graph: onnx.GraphProto) -> list[int] | None:
+    """A topological order of `graph`'s (topologically ordered) nodes taking every other node before an If
+    whenever one is ready, or None when that is the given order."""
+    writer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    reads = [{writer[x] for x in list(n.input) + _outer_reads(n) if x in writer} for n in graph.node]
+    order: list[int] = []
+    done: set[int] = set()
+    while len(order) < len(graph.node):
+        ready = [i for i in range(len(graph.node)) if i not in done and reads[i] <= done]
+        i = next((i for i in ready if graph.node[i].op_type != "If"), ready[0])
+        order.append(i)
+        done.add(i)
+    return None if order == list(range(len(graph.node))) else order
 
 
 def _order(graph: onnx.GraphProto) -> list[int] | None:

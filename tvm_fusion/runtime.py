@@ -102,7 +102,7 @@ class LoadedModel:
 
     def __call__(self, *arrays) -> list[np.ndarray]:
         check_sizes(self.manifest, arrays, self.library)
-        inputs = [tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in arrays]
+        inputs = [tvm.runtime.tensor(np.asarray(a, order="C"), self.device) for a in arrays]  # 0-d stays 0-d
         return as_arrays(self.main(*inputs, *self.weights))
 
 

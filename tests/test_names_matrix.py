@@ -1,0 +1,159 @@
+"""Names that need sanitizing (`y/0`, `a:0`, `1x`, `conv.weight`, spaces, unicode, C keywords, Relax's own var
+names), each in every position a tensor can take: a graph input, an initializer, an intermediate inside a fused
+group, a graph output, an outer tensor read inside both branches of an If, an outer initializer read inside a
+branch, a value inside a branch. Each model has a fusible chain outside the If (Conv -> BatchNormalization ->
+Relu) and in each branch (Conv -> BatchNormalization -> Relu; MatMul -> Add -> Relu); it is built fused for
+llvm and run against onnxruntime element by element on both branches, and the library keeps the user's names."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_fusion import explain
+from tvm_fusion.build import build
+from tvm_fusion.frontend import import_onnx
+from tvm_fusion.io import run_onnxruntime
+from tvm_fusion.testing import assert_close, check_cuda_build, run_build
+
+NAMES = ["y/0", "a:0", "1x", "conv.weight", "with space", "ünï/çødé", "if", "main", "lv0", "x-1"]
+POSITIONS = ["input", "initializer", "intermediate", "outer_read", "outer_weight", "branch_value", "output", "cond"]
+C = 4  # channels
+HW = 6
+
+
+#: a sanitized name may also collide with a plain one (`y_0`) or with a name the sanitizer makes itself
+PLAIN = {"input": "x", "initializer": "w", "intermediate": "h", "outer_read": "r", "outer_weight": "w2",
+         "branch_value": "t", "output": "out", "cond": "c"}
+#: what fires in names_model: the chain outside the If and the one in its then branch, the else branch's dense
+FIRED = {"conv2d_bn_relu": 2, "dense_bias_relu": 1}
+
+
+def names_model(names: dict[str, str] | None = None, branches_read: str = "outer_read") -> onnx.ModelProto:
+    """x -> Conv(w) -> h -> BN -> Relu = r (also a graph output); If(c): then Conv(r, w2) -> BN -> t -> Relu,
+    else MatMul(r, m) -> Add -> Relu; the If's result is `out`. `names` maps a position (POSITIONS) to the name
+    its tensor takes; `branches_read="intermediate"` has the branches read h (inside the outer chain) instead."""
+    n = {**PLAIN, **(names or {})}
+    rng = np.random.default_rng(0)
+
+    def const(name, a):
+        return numpy_helper.from_array(np.asarray(a, np.float32), name)
+
+    def bn(prefix, x, out):
+        vals = [rng.uniform(0.5, 1.5, C), rng.normal(0, 0.1, C), rng.normal(0, 0.5, C), rng.uniform(0.5, 2.0, C)]
+        inits = [const(f"{prefix}_bn{i}", v) for i, v in enumerate(vals)]
+        return inits, helper.make_node("BatchNormalization", [x] + [t.name for t in inits], [out],
+                                       name=f"{prefix}/bn", epsilon=1e-5)
+
+    conv, shape, read = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]), [1, C, HW, HW], n[branches_read]
+    main_inits = [const(n["initializer"], rng.normal(0, 0.5, (C, C, 3, 3))), const("b", rng.normal(0, 0.1, C)),
+                  const(n["outer_weight"], rng.normal(0, 0.5, (C, C, 3, 3)))]
+    bn_inits, bn_node = bn("main", n["intermediate"], "bn_out")
+    nodes = [helper.make_node("Conv", [n["input"], n["initializer"], "b"], [n["intermediate"]], name="main/conv",
+                              **conv),
+             bn_node, helper.make_node("Relu", ["bn_out"], [n["outer_read"]], name="main/relu")]
+    then_inits, then_bn = bn("then", "then_conv", n["branch_value"])
+    then = helper.make_graph(
+        [helper.make_node("Conv", [read, n["outer_weight"]], ["then_conv"], name="then/conv", **conv),
+         then_bn, helper.make_node("Relu", [n["branch_value"]], ["then_out"], name="then/relu")],
+        "then", [], [helper.make_tensor_value_info("then_out", TensorProto.FLOAT, shape)], then_inits)
+    other = helper.make_graph(
+        [helper.make_node("MatMul", [read, "m"], ["else_mm"], name="else/matmul"),
+         helper.make_node("Add", ["else_mm", "m_bias"], ["else_add"], name="else/add"),
+         helper.make_node("Relu", ["else_add"], ["else_out"], name="else/relu")],
+        "else", [], [helper.make_tensor_value_info("else_out", TensorProto.FLOAT, shape)],
+        [const("m", rng.normal(0, 0.5, (HW, HW))), const("m_bias", rng.normal(0, 0.1, HW))])
+    nodes.append(helper.make_node("If", [n["cond"]], [n["output"]], name="branch", then_branch=then, else_branch=other))
+    graph = helper.make_graph(
+        nodes, "names", [helper.make_tensor_value_info(n["input"], TensorProto.FLOAT, shape),
+                         helper.make_tensor_value_info(n["cond"], TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info(n["output"], TensorProto.FLOAT, shape),
+         helper.make_tensor_value_info(n["outer_read"], TensorProto.FLOAT, shape)],
+        main_inits + bn_inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _feeds(model, taken: bool, seed: int = 1) -> dict:
+    x, c = (i.name for i in model.graph.input)
+    return {x: np.random.default_rng(seed).normal(0, 1, (1, C, HW, HW)).astype(np.float32), c: np.array(taken)}
+
+
+def check_both_branches(model, run) -> None:
+    """`run(list of arrays) -> outputs` against onnxruntime, element by element, on either branch."""
+    for taken in (True, False):
+        feeds = _feeds(model, taken)
+        sess, _ = run_onnxruntime(model, feeds, optimize=False)
+        ref = sess.run(None, feeds)
+        got = run(list(feeds.values()))
+        assert len(got) == len(ref)
+        for i, (a, r) in enumerate(zip(got, ref)):
+            assert_close(a, r, f"output {model.graph.output[i].name!r}, branch {taken}")
+
+
+def built_fused(model):
+    built = build(import_onnx(model), "llvm", "fused")
+    check_both_branches(model, lambda arrays: run_build(built, arrays))
+    return built
+
+
+def _fired(built) -> dict:
+    return {k: v for k, v in built.counts.items() if v}
+
+
+#: the default run takes one name in every position and a few in the outer tensor the branches read
+_QUICK = {(p, "y/0") for p in POSITIONS} | {("outer_read", name) for name in ("a:0", "1x", "ünï/çødé", "main")}
+CASES = [pytest.param(p, name, id=f"{p}-{name}", marks=() if (p, name) in _QUICK else pytest.mark.slow)
+         for p in POSITIONS for name in NAMES]
+
+
+@pytest.mark.parametrize("position, name", CASES)
+def test_name_in_each_position(position, name):
+    built = built_fused(names_model({position: name}))
+    assert _fired(built) == FIRED
+    assert not built.unscheduled
+
+
+def test_sanitized_name_beside_its_own_sanitized_form():
+    """`y/0` and `y_0` (what `y/0` would become) in one model: two tensors, two names."""
+    built = built_fused(names_model({"outer_read": "y/0", "intermediate": "y_0", "branch_value": "y_0_1",
+                                     "input": "y:0"}))
+    assert _fired(built) == FIRED
+
+
+@pytest.mark.parametrize("name", ["h", "y/0"])
+def test_branches_read_an_intermediate_of_the_outer_chain(name):
+    """The branches read the conv's output, inside the outer conv -> BN -> Relu: that chain declines (the
+    intermediate has readers in the branches) and fuses as conv + bias and BN + Relu; both branches fuse."""
+    model = names_model({"intermediate": name}, branches_read="intermediate")
+    built = built_fused(model)
+    assert _fired(built) == {"conv2d_bn_relu": 1, "dense_bias_relu": 1, "conv2d_bias": 1, "elementwise_chain_3": 1}
+    reasons = {d.rule: d.reason for d in explain(model).declined() if d.onnx_node == "main/relu"}
+    assert reasons["conv2d_bn_relu"] == ("intermediate main/conv has 3 consumers (main/bn, then/conv, else/matmul); "
+                                         "fusing would hide it from then/conv, else/matmul")
+
+
+def test_chain_across_an_if():
+    """conv -> Add(the If's result) -> Relu: the add reads what the If computes, so the chain has its conv before
+    the If and its add after it, in two dataflow blocks; it declines with that reason and the result is right."""
+    model = names_model({"output": "if/0", "outer_read": "r/0"})
+    g = model.graph
+    g.node.extend([helper.make_node("Conv", ["x", "w2"], ["after/conv:0"], name="after/conv", kernel_shape=[3, 3],
+                                    pads=[1, 1, 1, 1]),
+                   helper.make_node("Add", ["after/conv:0", "if/0"], ["sum/0"], name="after/add"),
+                   helper.make_node("Relu", ["sum/0"], ["after:0"], name="after/relu")])
+    g.output.append(helper.make_tensor_value_info("after:0", TensorProto.FLOAT, [1, C, HW, HW]))
+    onnx.checker.check_model(model, full_check=True)
+    built_fused(model)
+    reasons = {d.rule: d.reason for d in explain(model).declined() if d.onnx_node == "after/relu"}
+    assert reasons["conv2d_add_relu"] == (
+        "the match spans two dataflow blocks (intermediate after/conv is read after the block that computes it, "
+        "past an If); a fused call cannot take values from two blocks")
+
+
+def test_cuda_build_with_names_to_sanitize():
+    """Every position named at once, built for CUDA (compiled by nvcc, nothing runs)."""
+    check_cuda_build(names_model(dict(zip(POSITIONS, NAMES))), expect=FIRED)
