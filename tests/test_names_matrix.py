@@ -136,6 +136,21 @@ def test_branches_read_an_intermediate_of_the_outer_chain(name):
                                          "fusing would hide it from then/conv, else/matmul")
 
 
+@pytest.mark.parametrize("at", [0, 1, 2, 3])
+def test_if_anywhere_in_node_order(at):
+    """The branches read the graph input `y/0`, and the If comes at `at` in the node list (before, inside or after
+    the outer conv -> BN -> Relu; all valid orders): the outer chain fuses whatever the order (an If between its
+    ops once split it across two dataflow blocks: a composite function that no longer matched its pattern)."""
+    model = names_model({"input": "y/0", "intermediate": "h/0"}, branches_read="input")
+    nodes = list(model.graph.node)
+    order = [n for n in nodes if n.op_type != "If"]
+    order.insert(at, nodes[-1])
+    del model.graph.node[:]
+    model.graph.node.extend(order)
+    onnx.checker.check_model(model, full_check=True)
+    assert _fired(built_fused(model)) == FIRED
+
+
 def test_chain_across_an_if():
     """conv -> Add(the If's result) -> Relu: the add reads what the If computes, so the chain has its conv before
     the If and its add after it, in two dataflow blocks; it declines with that reason and the result is right."""
@@ -157,3 +172,26 @@ def test_chain_across_an_if():
 def test_cuda_build_with_names_to_sanitize():
     """Every position named at once, built for CUDA (compiled by nvcc, nothing runs)."""
     check_cuda_build(names_model(dict(zip(POSITIONS, NAMES))), expect=FIRED)
+
+
+def test_compiled_library_keeps_the_models_names(tmp_path):
+    """compile (verified against onnxruntime) with a name to sanitize in every position: the manifest lists the
+    inputs and outputs under the model's names, runtime.load gives them in call order, and the loaded library
+    computes onnxruntime's values on either branch."""
+    from tvm_fusion import runtime
+    from tvm_fusion.compile import compile_model
+
+    names = dict(zip(POSITIONS, NAMES))
+    model = names_model(names)
+    result = compile_model(model, tmp_path / "names.so", target="llvm", counts_of_other_builds=False)
+    shape = [1, C, HW, HW]
+    assert result.manifest["inputs"] == [{"name": names["input"], "shape": shape, "dtype": "float32"},
+                                         {"name": names["cond"], "shape": [], "dtype": "bool"}]
+    assert result.manifest["outputs"] == [{"name": names["output"], "shape": shape, "dtype": "float32"},
+                                          {"name": names["outer_read"], "shape": shape, "dtype": "float32"}]
+    assert list(result.manifest["verification"]["outputs"]) == [names["output"], names["outer_read"]]
+    assert {k: v for k, v in result.manifest["rule_counts"].items() if v} == FIRED
+    loaded = runtime.load(tmp_path / "names.so")
+    assert loaded.input_names == [names["input"], names["cond"]]
+    assert loaded.output_names == [names["output"], names["outer_read"]]
+    check_both_branches(model, lambda arrays: loaded(*arrays))

@@ -35,6 +35,8 @@ _SYM = re.compile(r"([A-Za-wyzA-WYZ_][A-Za-wyzA-WYZ0-9_]*)(?:<=([0-9]+))?")
 #: TVM indexes buffers with int32: a tensor with more elements than this overflows inside the generated code
 MAX_ELEMENTS = 2**31 - 1
 ONNX_NODES_ATTR = "tvm_fusion.onnx_nodes"
+#: module attribute {input var name: the ONNX graph input's name} (the names `_sanitize` changed, e.g. y_0: y/0)
+INPUT_NAMES_ATTR = "tvm_fusion.input_names"
 
 
 def load_onnx(model) -> onnx.ModelProto:
@@ -598,6 +600,13 @@ def onnx_node_names(mod) -> dict[str, str]:
     return {str(k): str(v) for k, v in table.items()} if table is not None else {}
 
 
+def onnx_input_names(mod) -> dict[str, str]:
+    """relax input var name -> the ONNX graph input's name, for the inputs whose names import_onnx sanitized."""
+    attrs = mod.attrs or {}
+    table = attrs.get(INPUT_NAMES_ATTR) if hasattr(attrs, "get") else None
+    return {str(k): str(v) for k, v in table.items()} if table is not None else {}
+
+
 def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = True,
                 simplify: bool | None = None) -> tvm.IRModule:
     """Import an ONNX model (path or ModelProto) into a Relax IRModule ready for pattern matching.
@@ -618,6 +627,7 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     proto, unrolled = _recurrent.decompose_recurrent(proto, bound_shapes, where)
     _check_ops(proto, where)
     proto = ifs_last(proto)
+    given_inputs = [i.name for i in proto.graph.input]
     proto, renamed, table = _sanitize(proto)
     table = {k: unrolled.get(v, v) for k, v in table.items()}  # an unrolled LSTM's ops name the LSTM node
     shape_dict = _with_tir_vars(_input_shapes(proto, shapes or {}, where, renamed))
@@ -628,6 +638,7 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
         raise _simplify.failure(where, "TVM's ONNX importer", err, table, simplified) from None
     table = {**table, **{k: table.get(v, v) for k, v in var_nodes.items()}}  # actual var names win
     table.update(_alias_labels(mod, table))
+    inputs = {renamed[i]: i for i in given_inputs if renamed.get(i, i) != i}
     mod = mod.with_attr(ONNX_NODES_ATTR, table).with_attr(_simplify.RECORD_ATTR, simplified)
     with tvm.transform.PassContext(opt_level=3):
         if _has_plain_blocks(mod):
@@ -643,6 +654,7 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
         mod = relax.transform.DeadCodeElimination()(mod)  # also drops unused legalized-Clip PrimFuncs
     if ONNX_NODES_ATTR not in (mod.attrs or {}):
         mod = mod.with_attr(ONNX_NODES_ATTR, table).with_attr(_simplify.RECORD_ATTR, simplified)
+    mod = mod.with_attr(INPUT_NAMES_ATTR, inputs)
     check_index_range(mod, where)
     upper = {k: v for k, v in bounds.items() if v is not None}
     if upper:

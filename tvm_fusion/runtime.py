@@ -96,6 +96,17 @@ class LoadedModel:
             self.weights = load_weights(library, device)
 
     @property
+    def input_names(self) -> list[str] | None:
+        """The model's input names, in the order `model(*arrays)` takes them (None without a manifest)."""
+        return [i["name"] for i in self.manifest["inputs"]] if self.manifest and "inputs" in self.manifest else None
+
+    @property
+    def output_names(self) -> list[str] | None:
+        """The model's output names, in the order `model(*arrays)` returns them (None without a manifest, or
+        one written before the manifest listed them)."""
+        return [o["name"] for o in self.manifest["outputs"]] if self.manifest and "outputs" in self.manifest else None
+
+    @property
     def threads(self) -> int:
         """Threads of TVM's CPU pool (starts it)."""
         return int(tvm.get_global_func("runtime.NumThreads")())
