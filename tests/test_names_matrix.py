@@ -195,3 +195,69 @@ def test_compiled_library_keeps_the_models_names(tmp_path):
     assert loaded.input_names == [names["input"], names["cond"]]
     assert loaded.output_names == [names["output"], names["outer_read"]]
     check_both_branches(model, lambda arrays: loaded(*arrays))
+
+
+# ---------------------------------------------------------------- a Loop body (unrolled: TVM imports no Loop)
+LOOP_POSITIONS = ["input", "outer_weight", "outer_read", "body_value", "output"]
+LOOP_PLAIN = {"input": "x", "outer_weight": "w2", "outer_read": "r", "body_value": "v", "output": "final"}
+#: the chain outside the Loop and the one in each of its 3 iterations
+LOOP_FIRED = {"dense_bias_relu": 4}
+D = 8
+
+
+def loop_model(names: dict[str, str] | None = None) -> onnx.ModelProto:
+    """x -> MatMul -> Add -> Relu = r; Loop 3 times over v (from r): v' = Relu(MatMul(v, w2) + b), scan v' + r;
+    outputs: the final v and the stacked scans. `names` maps a position (LOOP_POSITIONS) to its tensor's name."""
+    n = {**LOOP_PLAIN, **(names or {})}
+    rng = np.random.default_rng(3)
+    f = TensorProto.FLOAT
+
+    def const(name, a, dtype=np.float32):
+        return numpy_helper.from_array(np.asarray(a, dtype), name)
+
+    body = helper.make_graph(
+        [helper.make_node("MatMul", [n["body_value"], n["outer_weight"]], ["body_mm"], name="body/matmul"),
+         helper.make_node("Add", ["body_mm", "body_b"], ["body_add"], name="body/add"),
+         helper.make_node("Relu", ["body_add"], ["v_next"], name="body/relu"),
+         helper.make_node("Add", ["v_next", n["outer_read"]], ["scan"], name="body/scan"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body/cond")],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info(n["body_value"], f, [2, D])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_next", f, [2, D]), helper.make_tensor_value_info("scan", f, [2, D])],
+        [const("body_b", rng.normal(0, 0.1, D))])
+    nodes = [helper.make_node("MatMul", [n["input"], "w"], ["mm"], name="main/matmul"),
+             helper.make_node("Add", ["mm", "b"], ["add"], name="main/add"),
+             helper.make_node("Relu", ["add"], [n["outer_read"]], name="main/relu"),
+             helper.make_node("Loop", ["trips", "", n["outer_read"]], [n["output"], "scans"], name="loop/0", body=body)]
+    graph = helper.make_graph(
+        nodes, "loop", [helper.make_tensor_value_info(n["input"], f, [2, D])],
+        [helper.make_tensor_value_info(n["output"], f, [2, D]), helper.make_tensor_value_info("scans", f, [3, 2, D])],
+        [const("w", rng.normal(0, 0.5, (D, D))), const("b", rng.normal(0, 0.1, D)),
+         const(n["outer_weight"], rng.normal(0, 0.5, (D, D))), const("trips", 3, np.int64)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def check_loop(model) -> None:
+    built = build(import_onnx(model), "llvm", "fused")
+    assert _fired(built) == LOOP_FIRED
+    feeds = {model.graph.input[0].name: np.random.default_rng(2).normal(0, 1, (2, D)).astype(np.float32)}
+    sess, _ = run_onnxruntime(model, feeds, optimize=False)
+    for i, (a, r) in enumerate(zip(run_build(built, list(feeds.values())), sess.run(None, feeds), strict=True)):
+        assert_close(a, r, f"output {model.graph.output[i].name!r}")
+
+
+LOOP_CASES = [pytest.param(p, name, id=f"{p}-{name}", marks=() if name == "y/0" else pytest.mark.slow)
+              for p in LOOP_POSITIONS for name in NAMES]
+
+
+@pytest.mark.parametrize("position, name", LOOP_CASES)
+def test_name_in_a_loop_body(position, name):
+    check_loop(loop_model({position: name}))
+
+
+def test_every_name_in_a_loop_body_at_once():
+    check_loop(loop_model(dict(zip(LOOP_POSITIONS, NAMES[1:]))))

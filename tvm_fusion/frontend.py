@@ -20,6 +20,7 @@ import onnx
 
 from . import _tvm
 from . import recurrent as _recurrent
+from . import loop as _loop
 from . import simplify as _simplify
 from ._tvm import dpl, relax, tirx, tvm
 from .errors import FusionError
@@ -625,6 +626,7 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     bound_shapes = _input_shapes(proto, shapes or {}, where, as_named)
     proto, simplified = _simplify.front_door(proto, bound_shapes, simplify)
     proto, unrolled = _recurrent.decompose_recurrent(proto, bound_shapes, where)
+    proto = _loop.unroll_loops(proto, where)
     _check_ops(proto, where)
     proto = ifs_last(proto)
     given_inputs = [i.name for i in proto.graph.input]
