@@ -313,7 +313,7 @@ FAIL_WITH_SIMPLIFIER: dict[str, list[str]] = {
         'test_tfidfvectorizer_tf_onlybigrams_skip5',
         'test_tfidfvectorizer_tf_uniandbigrams_skip5',
     ],
-    "a Loop whose trip count is a graph input (TVM imports no Loop; one with a constant trip count is unrolled)": [
+    'a Loop whose trip count is a graph input (TVM imports no Loop; one with a constant trip count is unrolled)': [
         'test_loop11',
     ],
     "TVM's ONNX importer raises on the model": [
