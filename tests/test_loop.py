@@ -94,3 +94,25 @@ def test_a_loop_it_cannot_unroll_is_one_error_naming_the_node(case, message):
     with pytest.raises(FusionError) as err:
         unroll_loops(model, "m")
     assert str(err.value).startswith(f"m: {message}"), str(err.value)
+
+
+def test_a_loop_inside_an_if_branch():
+    """The unrolled copies land in the branch (its initializers too) and read the outer tensor `y/0`."""
+    body = _body(_passes([helper.make_node("Add", ["v", "y/0"], ["v2"], name="add")]))
+    loop = helper.make_node("Loop", ["M", "", "y/0"], ["looped"], name="loop/0", body=body)
+    then = helper.make_graph([loop], "then", [], [helper.make_tensor_value_info("looped", F, [2, 3])],
+                             [numpy_helper.from_array(np.array(2, np.int64), "M")])
+    other = helper.make_graph([helper.make_node("Neg", ["y/0"], ["neg"], name="neg")], "else", [],
+                              [helper.make_tensor_value_info("neg", F, [2, 3])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y/0"], name="relu"),
+         helper.make_node("If", ["c"], ["out"], name="if", then_branch=then, else_branch=other)], "g",
+        [helper.make_tensor_value_info("x", F, [2, 3]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("out", F, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    built = build(import_onnx(model), "llvm", "fused")
+    x = np.random.default_rng(0).normal(0, 1, (2, 3)).astype(np.float32)
+    for taken in (True, False):
+        feeds = {"x": x, "c": np.array(taken)}
+        sess, _ = run_onnxruntime(model, feeds, optimize=False)
+        assert_close(run_build(built, [x, np.array(taken)])[0], sess.run(None, feeds)[0], f"branch {taken}")

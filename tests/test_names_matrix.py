@@ -309,3 +309,7 @@ def test_name_in_a_loop_body(position, name):
 
 def test_every_name_in_a_loop_body_at_once():
     check_loop(loop_model(dict(zip(LOOP_POSITIONS, NAMES[1:]))))
+
+
+def test_cuda_build_of_a_loop_body_with_names_to_sanitize():
+    check_cuda_build(loop_model(dict(zip(LOOP_POSITIONS, NAMES))), expect=LOOP_FIRED)
