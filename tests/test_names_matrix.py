@@ -313,3 +313,17 @@ def test_every_name_in_a_loop_body_at_once():
 
 def test_cuda_build_of_a_loop_body_with_names_to_sanitize():
     check_cuda_build(loop_model(dict(zip(LOOP_POSITIONS, NAMES))), expect=LOOP_FIRED)
+
+
+def test_imported_names_are_ascii_c_identifiers():
+    """Every relax var of the imported module is an ASCII C identifier (names may reach generated C / CUDA),
+    for unicode names in every position."""
+    import re
+
+    from tvm_fusion import _tvm
+
+    mod = import_onnx(names_model({p: f"ünï/{p}" for p in POSITIONS}))
+    main = mod["main"]
+    names = [_tvm.var_name(p) for p in main.params]
+    names += [_tvm.var_name(b.var) for block in main.body.blocks for b in block.bindings]
+    assert names and all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) for n in names), names

@@ -177,7 +177,7 @@ _IMPORTER_NAME = re.compile(r"(lv|gv)\d*")
 
 
 def _c_name(name: str, taken: set[str]) -> str:
-    safe = re.sub(r"\W", "_", name) or "v"
+    safe = re.sub(r"\W", "_", name, flags=re.ASCII) or "v"  # ASCII: the names may reach generated C / CUDA
     if safe[0].isdigit():
         safe = "v_" + safe
     if safe in _RESERVED or _IMPORTER_NAME.fullmatch(safe):
