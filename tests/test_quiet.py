@@ -51,3 +51,25 @@ def test_importer_failure_is_one_line(capfd, tmp_path):
     assert err == (f"error: {path}: TVM's ONNX importer failed at node 'conv' (Conv): ValueError: in "
                    "relax.nn.conv2d: layout OIHW requires the input to be 4-dim tensor. However, the given input "
                    "has ndim 2 (simplifier not run: --no-simplify)\n")
+
+
+def test_gathers_print_nothing(capfd, tmp_path):
+    """TOPI's take logs `Fast mode segfaults ...` for every Gather it legalizes in the mode TVM's importer
+    asks for (indices normalized into range first): on import (a constant Gather folded) and on every build;
+    compile, explain and compare print only their own lines, and the gathered rows are right."""
+    table = numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "table")
+    rows = numpy_helper.from_array(np.array([1, -1], np.int64), "rows")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["picked"], axis=0),  # built: a graph input's ids
+             helper.make_node("Gather", ["table", "rows"], ["fixed"], axis=0),  # folded on import: constants
+             helper.make_node("Concat", ["picked", "fixed"], ["y"], axis=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 4])], initializer=[table, rows])
+    model, library = tmp_path / "gather.onnx", tmp_path / "gather.so"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    assert main(["compile", str(model), "--target", "llvm", "-o", str(library)]) == 0
+    assert capfd.readouterr().err == ""
+    for command in (["explain", str(model)], ["compare", str(model), "--modes", "fused"]):
+        assert main(command) == 0
+        assert "Warning" not in capfd.readouterr().err
+    [y] = load(library)(np.array([0, 9, -2], np.int64))
+    np.testing.assert_array_equal(y, np.arange(40, dtype=np.float32).reshape(10, 4)[[0, 9, 8, 1, 9]])

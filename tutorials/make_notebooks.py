@@ -376,7 +376,7 @@ print("fused is within tolerance; wrote report.html")"""),
 NOTEBOOKS = {"00_why_fusion_is_exact.ipynb": WHY_FUSION_IS_EXACT, "01_compile_resnet50.ipynb": COMPILE_RESNET50,
              "02_find_a_wrong_rule.ipynb": FIND_A_WRONG_RULE, "03_profile_then_fuse.ipynb": PROFILE_THEN_FUSE}
 #: written with their outputs (tables, pictures): a reader of the repository sees the results without running
-WITH_OUTPUTS = ("00_why_fusion_is_exact.ipynb", "03_profile_then_fuse.ipynb")
+WITH_OUTPUTS = tuple(NOTEBOOKS)
 
 
 def main(names=()) -> None:

@@ -17,6 +17,7 @@ from . import cuda_graph as graphs
 from ._tvm import relax, tvm
 from .errors import FusionError
 from .fuse import FuseResult, fuse
+from .quiet import FAST_TAKE_LINES, tvm_output
 from .rules import RuleSet
 from .unscheduled import Unscheduled, find_unscheduled, kernel_origins, legalized_calls
 
@@ -174,7 +175,7 @@ def legalize_traced(mod, target, mode: str):
     passes = pipeline.legalize_passes(mode, target)
     names = [p.info.name for p in passes]
     cut = names.index("FuseOps") if "FuseOps" in names else len(passes)
-    with target, tvm.transform.PassContext(opt_level=3):
+    with target, tvm.transform.PassContext(opt_level=3), tvm_output(drop=FAST_TAKE_LINES):
         mod = pipeline.sequential(passes[:cut], f"{mode}.legalize")(mod)
         calls = legalized_calls(mod)
         mod = pipeline.sequential(passes[cut:cut + 1], f"{mode}.fuse_ops")(mod)

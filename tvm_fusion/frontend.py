@@ -19,11 +19,13 @@ import numpy as np
 import onnx
 
 from . import _tvm
+from . import precision as _precision
 from . import recurrent as _recurrent
 from . import loop as _loop
 from . import simplify as _simplify
 from ._tvm import dpl, relax, tirx, tvm
 from .errors import FusionError
+from .quiet import FAST_TAKE_LINES, tvm_output
 from .rules import scalar_constant, shape_dims, static_shape as _static_shape
 
 __all__ = ["SymDim", "import_onnx", "load_onnx", "parse_shape", "onnx_node_names", "concrete_shapes",
@@ -649,7 +651,10 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
             mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
         if fold_constants:
             try:
-                mod = relax.transform.FoldConstant()(mod)
+                mod = _precision.bfloat16_norms_widened(mod)  # FoldConstant's legalization refuses them
+                with tvm_output(drop=FAST_TAKE_LINES):  # folding legalizes constant Gathers
+                    mod = relax.transform.FoldConstant()(mod)
+                mod = _precision.bfloat16_norms_narrowed(mod)
             except Exception as err:
                 raise _simplify.failure(where, "TVM's FoldConstant", err, table, simplified, mod) from None
         mod = _normalize(mod)  # after folding: Clip bounds are constants by then

@@ -218,7 +218,8 @@ def _lowering_shapes(lowering: Lowering) -> list[tuple]:
 def _kernel_key(rule: str, lowering: Lowering) -> tuple:
     """What makes two groups' PrimFuncs the same: rule, compute, attributes, and each input's and constant's
     shape and dtype, inputs and constants apart (a chain of `x + c` and one of `x + y` with equal shapes and
-    recipes compute alike but take their operands in another order)."""
+    recipes compute alike but take their operands in another order). Constant values are not: they are the
+    kernel's arguments. The target is one per lowering (tests/test_kernel_identity.py)."""
     inputs = [(lowering.shape_of_input(i), str(_tvm.expr_type(e).dtype)) for i, e in enumerate(lowering.inputs)]
     consts = [(tuple(c.shape), str(c.dtype)) for c in lowering.constants]
     return rule, lowering.compute, repr(inputs), repr(consts), repr(sorted(lowering.attrs.items()))

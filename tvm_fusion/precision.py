@@ -9,8 +9,9 @@ float32 and the result is rounded once. Folded constants are computed in float64
 weights to the tensor dtype, the bias to float32.
 
 `convert` turns a float32 Relax module into a mixed-precision one with Relax's `ToMixedPrecision`: conv2d
-and matmul read half inputs, elementwise ops follow their inputs, and softmax, layer-norm statistics and
-reductions stay in float32 (the pass's "never" list). BatchNorm is rewritten as `x * s + t` first (s and t
+and matmul read half inputs, elementwise ops and layer norm follow their inputs, and softmax and reductions stay
+in float32 (the pass's "never" list); a half layer norm computes in float32 (its kernel, or norm_in_float32
+where no rule takes a bfloat16 one). BatchNorm is rewritten as `x * s + t` first (s and t
 per channel, from the float32 statistics) so that it follows the conv into half precision and fuses exactly
 as in the float32 model. ToMixedPrecision only knows float16: for bfloat16 every float16 it produced is
 retyped to bfloat16 (the casts it inserted and the conv / matmul output dtypes), then types are inferred again.
@@ -33,8 +34,9 @@ each group against the same ops unfused, on the same half inputs, where nothing 
 
 from __future__ import annotations
 
-__all__ = ["HALF_DTYPES", "PRECISIONS", "accumulator_dtype", "check_precision", "convert", "numpy_dtype",
-           "cast_to", "dtype_reason", "half_baseline", "half_baseline_outputs", "half_batch_norm_casts", "half_sums_in_float32",
+__all__ = ["HALF_DTYPES", "PRECISIONS", "FLOAT32_NORMS", "accumulator_dtype", "bfloat16_norms_narrowed",
+           "bfloat16_norms_widened", "cast_to", "check_precision", "convert", "dtype_reason", "half_baseline",
+           "half_baseline_outputs", "half_batch_norm_casts", "half_sums_in_float32", "norm_in_float32", "numpy_dtype",
            "rounded_weights", "verdict_dtype"]
 
 #: the ONNX ops whose weight (input 1) a conversion reads in the half dtype
@@ -189,6 +191,17 @@ def convert(mod, precision: str | None):
     return relax.transform.DeadCodeElimination()(mod)
 
 
+def _mutated(mod, mutator):
+    """`mod` with each Relax function visited by a fresh `mutator` (a relax.PyExprMutator class)."""
+    from ._tvm import relax, tvm
+
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            out[gv] = mutator(out).visit_expr(func)
+    return out
+
+
 def _rewrite(mod, pattern, rewriter):
     from ._tvm import dpl, relax, tvm
 
@@ -269,11 +282,74 @@ WIDENED_INPUTS = ("relax.mean", "relax.sum", "relax.variance", "relax.nn.avg_poo
                   "relax.nn.adaptive_avg_pool3d")
 
 
+#: normalizations TVM 0.27 legalizes for float32 and float16 only ("layer_norm: only support float32 and float16
+#: for now"; its ONNX importer writes no instance_norm, and refuses a bfloat16 group_norm): a bfloat16 model keeps
+#: them as they are, computed in float32 from its bfloat16 values
+FLOAT32_NORMS = ("relax.nn.layer_norm",)
+
+
+def norm_in_float32(call):
+    """A bfloat16 normalization call (FLOAT32_NORMS: data, gamma, beta) as astype(norm(astype(data, float32),
+    gamma and beta in float32), bfloat16): its statistics in float32, the result rounded once."""
+    from ._tvm import constant_value, expr_type, is_constant, make_constant, relax
+
+    def wide(e):
+        if is_constant(e):
+            return make_constant(constant_value(e).astype("float32"))
+        return relax.op.astype(e, ACCUMULATOR) if str(expr_type(e).dtype) != ACCUMULATOR else e
+
+    return relax.op.astype(relax.Call(call.op, [wide(a) for a in call.args], call.attrs, call.ty_args),
+                           str(expr_type(call.args[0]).dtype))
+
+
+def bfloat16_norms_widened(mod):
+    """`mod` with every bfloat16 FLOAT32_NORMS call as norm_in_float32 (TVM's FoldConstant legalizes each call
+    and stops at one); bfloat16_norms_narrowed undoes it."""
+    from ._tvm import relax
+
+    @relax.expr_functor.mutator
+    class Widen(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            op = getattr(call.op, "name", "")
+            data = call.args[0].ty if call.args else None
+            return norm_in_float32(call) if op in FLOAT32_NORMS and str(getattr(data, "dtype", "")) == "bfloat16" \
+                else call
+
+    return _mutated(mod, Widen)
+
+
+def bfloat16_norms_narrowed(mod):
+    """astype(norm(astype(x: bfloat16, float32), gamma, beta), bfloat16) with float32 constants gamma and beta
+    that bfloat16 holds exactly  ==>  norm(x, gamma, beta) in bfloat16 (FLOAT32_NORMS; the form the rules take,
+    which the builds compute in float32: norm_in_float32)."""
+    import numpy as np
+
+    from ._tvm import constant_value, dpl, expr_type, make_constant, relax
+
+    x, gamma, beta = dpl.wildcard(), dpl.is_const(), dpl.is_const()
+    norm = dpl.is_op("relax.nn.layer_norm")(dpl.is_op("relax.astype")(x), gamma, beta)
+    root = dpl.is_op("relax.astype")(norm)
+    half = numpy_dtype("bfloat16")
+
+    def rewriter(expr, matches):
+        params = [constant_value(matches[c]) for c in (gamma, beta)]
+        if str(expr_type(matches[x]).dtype) != "bfloat16" or str(expr.attrs.dtype) != "bfloat16" or \
+                any(p.dtype != np.float32 or not np.array_equal(p.astype(half).astype(np.float32), p) for p in params):
+            return expr
+        call = matches[norm]
+        return relax.Call(call.op, [matches[x], *(make_constant(p.astype(half)) for p in params)], call.attrs,
+                          call.ty_args)
+
+    return _rewrite(mod, root, rewriter)
+
+
 def half_sums_in_float32():
     """A module pass for the ops no rule took: conv2d / matmul with half inputs and no wider out_dtype
     ==> astype(op(..., out_dtype=float32), half); mean / sum / variance / average pools (WIDENED_INPUTS) of a
-    half x ==> astype(op(astype(x, float32)), half). TVM legalizes them summing in the half dtype otherwise,
-    and the unfused build is an oracle of the fused one (and onnxruntime sums float16 in float32 too)."""
+    half x ==> astype(op(astype(x, float32)), half); a bfloat16 layer_norm ==> norm_in_float32. TVM
+    legalizes them summing in the half dtype otherwise (or refuses bfloat16), and the unfused build is an oracle
+    of the fused one (and onnxruntime sums float16 in float32 too)."""
     from ._tvm import relax, tvm
 
     @relax.expr_functor.mutator
@@ -282,6 +358,8 @@ def half_sums_in_float32():
             call = super().visit_call_(call)
             op = getattr(call.op, "name", "")
             dtype = str(call.args[0].ty.dtype) if call.args and hasattr(call.args[0].ty, "dtype") else ""
+            if op in FLOAT32_NORMS and dtype == "bfloat16":
+                return norm_in_float32(call)
             if op in WIDENED_INPUTS and dtype in HALF_DTYPES:
                 wide = relax.op.astype(call.args[0], ACCUMULATOR)
                 return relax.op.astype(relax.Call(call.op, [wide, *call.args[1:]], call.attrs, call.ty_args), dtype)
@@ -300,11 +378,7 @@ def half_sums_in_float32():
 
     @tvm.transform.module_pass(opt_level=0, name="HalfSumsInFloat32")
     def widen(mod, ctx):
-        out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                out[gv] = Widen(out).visit_expr(func)
-        return out
+        return _mutated(mod, Widen)
 
     return widen
 
@@ -312,7 +386,7 @@ def half_sums_in_float32():
 def _retype_half(mod, dtype: str):
     """Every float16 that ToMixedPrecision introduced, as `dtype`: the astype targets and the out_dtype of
     conv2d / matmul; the types downstream are inferred again by the block builder."""
-    from ._tvm import relax, tvm
+    from ._tvm import relax
 
     @relax.expr_functor.mutator
     class Retype(relax.PyExprMutator):
@@ -330,8 +404,4 @@ def _retype_half(mod, dtype: str):
                 return relax.op.matmul(call.args[0], call.args[1], out_dtype=dtype)
             return call
 
-    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            out[gv] = Retype(out).visit_expr(func)
-    return out
+    return _mutated(mod, Retype)

@@ -110,6 +110,10 @@ def _all_nodes(graph: onnx.GraphProto):
                 yield from _all_nodes(sub)
 
 
+#: the suffix onnxslim gives a tensor it moves out of an If / Loop body (`x_subg_105_sub_graph2`)
+_HOISTED = re.compile(r"_subg_\d+_sub_graph\d+$")
+
+
 def _keep_names(original: onnx.ModelProto, out: onnx.ModelProto) -> dict[str, str]:
     """Give every node the name of the original node that produced the same output, exactly as the user
     wrote it (an empty or a repeated name too: the importer labels those, e.g. `Relu (node 12)`), in the
@@ -119,7 +123,8 @@ def _keep_names(original: onnx.ModelProto, out: onnx.ModelProto) -> dict[str, st
     producer = {o: n.name for n in _all_nodes(original.graph) for o in n.output if o}
     renamed = {}
     for i, node in enumerate(_all_nodes(out.graph)):
-        source = next((producer[o] for o in node.output if o in producer), None)
+        outputs = [_HOISTED.sub("", o) for o in node.output]  # onnxslim renames what it moves out of a branch
+        source = next((producer[o] for o in outputs if o in producer), None)
         name = source if source is not None else f"{node.op_type}_simplified_{i}"
         if name != node.name:
             renamed[name] = source if source is not None else node.name

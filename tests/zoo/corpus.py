@@ -144,6 +144,12 @@ ENTRIES = {
     # ddddocr's detector: the letterboxed 416x416 image as 0-255 floats (no normalisation, as YOLOX feeds it)
     "ddddocr_det": _entry("YOLOX text-box detector (ddddocr)", "pytorch", 11,
                           {"images": _image([1, 3, 416, 416], mean=0.0, std=1 / 255)}, ["output"], wheel=True),
+    # silero_vad/model.py: windows of 512 samples at 16 kHz, the LSTM state carried between calls, sr = 16000
+    "silero_vad": _entry("Silero VAD (STFT conv + LSTM inside If)", "pytorch", 15,
+                         {"input": {"kind": "tone", "shape": [1, 512], "rate": 16000, "hz": [180.0, 360.0, 540.0]},
+                          "state": {"kind": "normal", "shape": [2, 1, 128]},
+                          "sr": {"kind": "value", "shape": [], "value": 16000, "dtype": "int64"}},
+                         ["output", "stateN"], wheel=True),
 }
 WHEEL_ENTRIES = tuple(n for n, e in ENTRIES.items() if e.get("wheel"))
 CHECKED_IN = tuple(n for n in ENTRIES if n not in WHEEL_ENTRIES)
@@ -192,6 +198,8 @@ def make_inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
             wave = sum(np.sin(2 * np.pi * hz * t) for hz in spec["hz"]) / len(spec["hz"])
             noise = 0.01 * rng.standard_normal(shape[1])
             out[input_name] = (0.5 * wave + noise).astype(np.float32).reshape(shape)
+        elif spec["kind"] == "value":
+            out[input_name] = np.full(shape, spec["value"], dtype=spec["dtype"])
         elif spec["kind"] in ("image", "text"):
             pixels = _render_text(spec, rng) if spec["kind"] == "text" else rng.integers(0, 256, shape).astype(np.float32)
             out[input_name] = ((pixels / 255 - spec["mean"]) / spec["std"]).astype(np.float32)

@@ -52,6 +52,10 @@ WHEEL_MODELS = {
     # ddddocr's YOLOX-style text-box detector, exported by pytorch at opset 11
     "ddddocr_det": _model("ddddocr", "1.6.1", "ddddocr/common_det.onnx",
                           "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6", 20127694),
+    # Silero VAD's 16 kHz model, exported by pytorch at opset 15: an STFT by Conv1d, a conv encoder, and an
+    # ONNX LSTM inside the If branches that pick the sample rate
+    "silero_vad": _model("silero-vad", "6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx",
+                         "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49", 1289603),
 }
 
 #: what pip prints when it cannot reach the index (as opposed to the index refusing the pin)
