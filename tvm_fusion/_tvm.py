@@ -87,6 +87,11 @@ def structural_equal(a, b) -> bool:
     return bool(tvm_ffi.structural_equal(a, b))
 
 
+#: ONNX ops whose one output is the whole tuple the converter returns (a sequence, an optional)
+_TUPLE_VALUED_OPS = frozenset({"Optional", "OptionalGetElement", "SequenceConstruct", "SequenceEmpty", "SequenceErase",
+                               "SequenceInsert", "ConcatFromSequence", "SplitToSequence", "SequenceAt"})
+
+
 class _NamingImporter(ONNXGraphImporter):
     """TVM's ONNX importer, binding each node's (single, tensor) result to a var named after the node,
     so fused groups and error messages trace back to ONNX node names."""
@@ -95,15 +100,13 @@ class _NamingImporter(ONNXGraphImporter):
         name = attrs.get("tvm_custom", {}).get("name")
         self.current_node = (str(name or ""), str(op_name))  # named by import errors
         sym = super()._convert_operator(op_name, inputs, attrs, opset)
-        if not name:
-            return sym
-        if isinstance(sym, relax.Call) and isinstance(sym.ty, (relax.TensorType, relax.TupleType)):
+        if name and isinstance(sym, relax.Call) and isinstance(sym.ty, (relax.TensorType, relax.TupleType)):
             sym = self.bb.emit(sym, name_hint=str(name))
             if var_name(sym) != str(name):  # the name pool gave it another name: record that one
                 self.var_nodes[var_name(sym)] = str(name)
-        elif isinstance(sym, relax.Tuple) and sym.fields and isinstance(sym.fields[0], relax.Var):
+        elif name and isinstance(sym, relax.Tuple) and sym.fields and isinstance(sym.fields[0], relax.Var):
             self.var_nodes[var_name(sym.fields[0])] = str(name)  # e.g. BatchNormalization: (y, mean, var)
-        return sym
+        return _first_of_tuple(self.bb, op_name, sym, attrs.get("tvm_custom", {}).get("num_outputs"))
 
 
 def import_onnx_graph(model, shape_dict, opset, dtype_dict):
@@ -123,6 +126,19 @@ def import_onnx_graph(model, shape_dict, opset, dtype_dict):
         _drop_frames(failure)  # they hold the importer's BlockBuilder, which logs when destroyed: here
         gc.collect()
     raise failure
+
+
+def _first_of_tuple(bb, op_name: str, sym, num_outputs):
+    """The first field of a converter's tuple result (BatchNormalization's (y, mean, var), Dropout's (y, mask))
+    when the node has one output: what the importer keeps in the main graph, while in an If branch it keeps
+    the whole tuple, which the next node then cannot read."""
+    if num_outputs != 1 or op_name in _TUPLE_VALUED_OPS:
+        return sym
+    if isinstance(sym, relax.Tuple) and len(sym.fields) > 1:
+        return sym.fields[0]
+    if isinstance(sym, relax.Expr) and isinstance(sym.ty, relax.TupleType) and len(sym.ty.fields) > 1:
+        return bb.emit(relax.TupleGetItem(sym, 0))
+    return sym
 
 
 def _drop_frames(err: BaseException | None) -> None:

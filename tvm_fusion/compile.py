@@ -105,16 +105,27 @@ def _graph_line(g: dict) -> str:
             f"replayed by {g['graphs']} graph launch), {n['without_graph']} without (--no-cuda-graph)")
 
 
-def _inputs(built) -> list[dict]:
-    """Name, shape and dtype of each input of `main` (the weights, when lifted, come after them)."""
+def _tensor_record(name: str, ty) -> dict:
+    shape = [int(d) if isinstance(d, _tvm.tirx.IntImm) else str(d) for d in ty.shape]  # "N": symbolic
+    return {"name": name, "shape": shape, "dtype": str(ty.dtype)}
+
+
+def _inputs(built, onnx_names: dict[str, str]) -> list[dict]:
+    """Name (the model's, `onnx_names` undoing import's sanitizing), shape and dtype of each input of `main`
+    (the weights, when lifted, come after them)."""
     params = list(built.module["main"].params)
     params = params[:len(params) - len(built.weights or {})]
-    out = []
-    for p in params:
-        ty = _tvm.expr_type(p)
-        shape = [int(d) if isinstance(d, _tvm.tirx.IntImm) else str(d) for d in ty.shape]  # "N": symbolic
-        out.append({"name": _tvm.var_name(p), "shape": shape, "dtype": str(ty.dtype)})
-    return out
+    return [_tensor_record(onnx_names.get(_tvm.var_name(p), _tvm.var_name(p)), _tvm.expr_type(p)) for p in params]
+
+
+def _outputs(built, proto: onnx.ModelProto) -> list[dict]:
+    """Name (the model's), shape and dtype of each output of `main`, in the order the library returns them."""
+    ret = built.module["main"].ret_ty
+    types = list(ret.fields) if isinstance(ret, _tvm.relax.TupleType) else [ret]
+    names = [o.name for o in proto.graph.output]
+    if len(names) != len(types) or not all(isinstance(t, _tvm.relax.TensorType) for t in types):
+        return [{"name": n} for n in names]
+    return [_tensor_record(n, t) for n, t in zip(names, types)]
 
 
 def symbolic_record(built, shapes: dict) -> dict:
@@ -318,7 +329,8 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         **_target_record(tgt),
         "arch": arch if tgt.kind.name == "cuda" else None,
         "tvm_version": _tvm.TVM_VERSION,
-        "inputs": _inputs(built),
+        "inputs": _inputs(built, frontend.onnx_input_names(mod)),
+        "outputs": _outputs(built, proto),
         "symbolic_dims": symbolic,
         "precision": _precision_record(precision),
         "rule_counts": built.counts,

@@ -21,6 +21,7 @@ import onnx
 from . import _tvm
 from . import precision as _precision
 from . import recurrent as _recurrent
+from . import loop as _loop
 from . import simplify as _simplify
 from ._tvm import dpl, relax, tirx, tvm
 from .errors import FusionError
@@ -37,6 +38,8 @@ _SYM = re.compile(r"([A-Za-wyzA-WYZ_][A-Za-wyzA-WYZ0-9_]*)(?:<=([0-9]+))?")
 #: TVM indexes buffers with int32: a tensor with more elements than this overflows inside the generated code
 MAX_ELEMENTS = 2**31 - 1
 ONNX_NODES_ATTR = "tvm_fusion.onnx_nodes"
+#: module attribute {input var name: the ONNX graph input's name} (the names `_sanitize` changed, e.g. y_0: y/0)
+INPUT_NAMES_ATTR = "tvm_fusion.input_names"
 
 
 def load_onnx(model) -> onnx.ModelProto:
@@ -176,7 +179,7 @@ _IMPORTER_NAME = re.compile(r"(lv|gv)\d*")
 
 
 def _c_name(name: str, taken: set[str]) -> str:
-    safe = re.sub(r"\W", "_", name) or "v"
+    safe = re.sub(r"\W", "_", name, flags=re.ASCII) or "v"  # ASCII: the names may reach generated C / CUDA
     if safe[0].isdigit():
         safe = "v_" + safe
     if safe in _RESERVED or _IMPORTER_NAME.fullmatch(safe):
@@ -600,6 +603,13 @@ def onnx_node_names(mod) -> dict[str, str]:
     return {str(k): str(v) for k, v in table.items()} if table is not None else {}
 
 
+def onnx_input_names(mod) -> dict[str, str]:
+    """relax input var name -> the ONNX graph input's name, for the inputs whose names import_onnx sanitized."""
+    attrs = mod.attrs or {}
+    table = attrs.get(INPUT_NAMES_ATTR) if hasattr(attrs, "get") else None
+    return {str(k): str(v) for k, v in table.items()} if table is not None else {}
+
+
 def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = True,
                 simplify: bool | None = None) -> tvm.IRModule:
     """Import an ONNX model (path or ModelProto) into a Relax IRModule ready for pattern matching.
@@ -618,7 +628,10 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
     bound_shapes = _input_shapes(proto, shapes or {}, where, as_named)
     proto, simplified = _simplify.front_door(proto, bound_shapes, simplify)
     proto, unrolled = _recurrent.decompose_recurrent(proto, bound_shapes, where)
+    proto = _loop.unroll_loops(proto, where)
     _check_ops(proto, where)
+    proto = ifs_last(proto)
+    given_inputs = [i.name for i in proto.graph.input]
     proto, renamed, table = _sanitize(proto)
     table = {k: unrolled.get(v, v) for k, v in table.items()}  # an unrolled LSTM's ops name the LSTM node
     shape_dict = _with_tir_vars(_input_shapes(proto, shapes or {}, where, renamed))
@@ -629,6 +642,7 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
         raise _simplify.failure(where, "TVM's ONNX importer", err, table, simplified) from None
     table = {**table, **{k: table.get(v, v) for k, v in var_nodes.items()}}  # actual var names win
     table.update(_alias_labels(mod, table))
+    inputs = {renamed[i]: i for i in given_inputs if renamed.get(i, i) != i}
     mod = mod.with_attr(ONNX_NODES_ATTR, table).with_attr(_simplify.RECORD_ATTR, simplified)
     with tvm.transform.PassContext(opt_level=3):
         if _has_plain_blocks(mod):
@@ -647,6 +661,7 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
         mod = relax.transform.DeadCodeElimination()(mod)  # also drops unused legalized-Clip PrimFuncs
     if ONNX_NODES_ATTR not in (mod.attrs or {}):
         mod = mod.with_attr(ONNX_NODES_ATTR, table).with_attr(_simplify.RECORD_ATTR, simplified)
+    mod = mod.with_attr(INPUT_NAMES_ATTR, inputs)
     check_index_range(mod, where)
     upper = {k: v for k, v in bounds.items() if v is not None}
     if upper:
@@ -784,6 +799,39 @@ def in_topological_order(model: onnx.ModelProto) -> onnx.ModelProto:
             g.node.extend(nodes)
         graphs += [body for n in g.node for body, _ in _bodies(n, "")]
     return model
+
+
+def ifs_last(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with each graph's If nodes (bodies included) as late as their readers allow, the other nodes
+    in their given order (a copy, when that moves one). TVM's importer builds no dataflow block around an
+    If, so the nodes on either side of one end in two blocks and a chain across it cannot fuse; an If is
+    pure, and what it reads is computed before it either way."""
+    graphs = [model.graph] + [g for _, n, at in _walk(model.graph) for g, _ in _bodies(n, at)]
+    if all(_ifs_deferred(g) is None for g in graphs):
+        return model
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for g in [model.graph] + [g for _, n, at in _walk(model.graph) for g, _ in _bodies(n, at)]:
+        order = _ifs_deferred(g)
+        if order is not None:
+            nodes = [onnx.NodeProto.FromString(g.node[i].SerializeToString()) for i in order]
+            del g.node[:]
+            g.node.extend(nodes)
+    return model
+
+
+def _ifs_deferred(graph: onnx.GraphProto) -> list[int] | None:
+    """A topological order of `graph`'s (topologically ordered) nodes taking every other node before an If
+    whenever one is ready, or None when that is the given order."""
+    writer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    reads = [{writer[x] for x in list(n.input) + _outer_reads(n) if x in writer} for n in graph.node]
+    order: list[int] = []
+    done: set[int] = set()
+    while len(order) < len(graph.node):
+        ready = [i for i in range(len(graph.node)) if i not in done and reads[i] <= done]
+        i = next((i for i in ready if graph.node[i].op_type != "If"), ready[0])
+        order.append(i)
+        done.add(i)
+    return None if order == list(range(len(graph.node))) else order
 
 
 def _order(graph: onnx.GraphProto) -> list[int] | None:

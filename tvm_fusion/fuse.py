@@ -140,6 +140,7 @@ class _Trace:
         self.errors: list[str] = []  # bad input: a user's rule file that raised, a FusionError
         self.internal: list[tuple[str, Exception]] = []  # a built-in rule that raised, and what it raised
         self.members: dict = {}  # relax Var -> ONNX nodes of the accepted match it belongs to
+        self.outside: dict = {}  # relax Var -> who reads it outside its dataflow block (_readers_outside_blocks)
 
     def record(self, rule: str, root: str, reason: str | None) -> None:
         self.decisions[(rule, root)] = Decision(rule, root, self.names.get(root, root), reason)
@@ -153,21 +154,51 @@ def _label(var, names: dict[str, str]) -> str:
     return name if isinstance(var, relax.DataflowVar) else f"the graph output {name}"
 
 
-def _leak(ctx, names: dict[str, str]) -> str | None:
-    """An intermediate of the match that something outside the match also reads."""
+def _leak(ctx, names: dict[str, str], outside: dict) -> str | None:
+    """An intermediate of the match that something outside the match also reads: a binding of its dataflow
+    block (`ctx.var_usages`), or, for a var that leaves the block, a reader after it (`outside`, see
+    _readers_outside_blocks: an If branch, a later block, the function's result)."""
     matched = set(ctx.matched_bindings.keys())
     root_var = ctx.value_to_bound_var.get(ctx.matched_expr)
+    label = lambda v: _label(v, names)  # noqa: E731
     for var in matched:
         if root_var is not None and var.same_as(root_var):
             continue
         users = [u for u in ctx.var_usages.get(var, []) if u not in matched]
         if users:
             all_users = list(ctx.var_usages.get(var, []))
-            label = lambda v: _label(v, names)  # noqa: E731
             return (f"intermediate {label(var)} has {len(all_users)} consumers "
                     f"({', '.join(label(u) for u in all_users)}); fusing would hide it from "
                     f"{', '.join(label(u) for u in users)}")
+        if not isinstance(var, relax.DataflowVar):  # read after its dataflow block
+            readers = [what for user, what in outside.get(var, []) if user not in matched]
+            name = names.get(_tvm.var_name(var), _tvm.var_name(var))
+            if not readers:
+                return (f"the match spans two dataflow blocks (intermediate {name} is read after the block that "
+                        "computes it, past an If); a fused call cannot take values from two blocks")
+            return (f"intermediate {name} is also read by {', '.join(dict.fromkeys(readers))}; fusing would hide "
+                    "it from them")
     return None
+
+
+def _readers_outside_blocks(mod: tvm.IRModule, names: dict[str, str]) -> dict:
+    """relax Var -> [(reading var, how messages name it)] for every binding that reads it (an If reads what its
+    branches read: tensors of the enclosing graph; the importer builds no dataflow block around it), and
+    the function's result (a graph output, reading var None)."""
+    readers: dict = {}
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function) or "Composite" in (func.attrs or {}) \
+                or not isinstance(func.body, relax.SeqExpr):
+            continue
+        for block in func.body.blocks:
+            for b in block.bindings:
+                what = (f"the If {names.get(_tvm.var_name(b.var), _tvm.var_name(b.var))}"
+                        if isinstance(b.value, relax.If) else _label(b.var, names))
+                for v in relax.analysis.free_vars(b.value):
+                    readers.setdefault(v, []).append((b.var, what))
+        for v in relax.analysis.free_vars(func.body.body):
+            readers.setdefault(v, []).append((None, "the graph's output"))
+    return readers
 
 
 def _undeclared(ctx, batch_dims: frozenset[str], names: dict[str, str]) -> str | None:
@@ -209,7 +240,7 @@ def _make_check(rule: Rule, trace: _Trace, target, batch_dims: frozenset[str]):
         try:
             match = Match(rule.name, dict(ctx.annotated_expr.items()), dict(ctx.matched_bindings.items()),
                           batch_dims)
-            reason = _leak(ctx, trace.names) or _undeclared(ctx, batch_dims, trace.names) or rule.run_check(match)
+            reason = _leak(ctx, trace.names, trace.outside) or _undeclared(ctx, batch_dims, trace.names) or rule.run_check(match)
             if reason is None:
                 lowering = rule.spec.lower(match)
                 sched = registry.get_schedule(lowering.compute, target.kind.name)
@@ -496,6 +527,7 @@ def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
     batch_dims = frozenset().union(*(declared_batch_dims(f) for f in mod.functions.values()
                                      if isinstance(f, relax.Function) and "Composite" not in (f.attrs or {})))
     mod = normalize_batch_norm(mod, names)
+    trace.outside = _readers_outside_blocks(mod, names)
     present, memo = _module_ops(mod), {}
     patterns = [
         _tvm.FusionPattern(r.name, pattern, annotations, _make_check(r, trace, target, batch_dims))

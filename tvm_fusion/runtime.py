@@ -96,13 +96,24 @@ class LoadedModel:
             self.weights = load_weights(library, device)
 
     @property
+    def input_names(self) -> list[str] | None:
+        """The model's input names, in the order `model(*arrays)` takes them (None without a manifest)."""
+        return [i["name"] for i in self.manifest["inputs"]] if self.manifest and "inputs" in self.manifest else None
+
+    @property
+    def output_names(self) -> list[str] | None:
+        """The model's output names, in the order `model(*arrays)` returns them (None without a manifest, or
+        one written before the manifest listed them)."""
+        return [o["name"] for o in self.manifest["outputs"]] if self.manifest and "outputs" in self.manifest else None
+
+    @property
     def threads(self) -> int:
         """Threads of TVM's CPU pool (starts it)."""
         return int(tvm.get_global_func("runtime.NumThreads")())
 
     def __call__(self, *arrays) -> list[np.ndarray]:
         check_sizes(self.manifest, arrays, self.library)
-        inputs = [tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in arrays]
+        inputs = [tvm.runtime.tensor(np.asarray(a, order="C"), self.device) for a in arrays]  # 0-d stays 0-d
         return as_arrays(self.main(*inputs, *self.weights))
 
 

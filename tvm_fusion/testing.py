@@ -87,19 +87,22 @@ class GraphBuilder:
 
 def as_float16(model: onnx.ModelProto, dtype: str = "float16") -> onnx.ModelProto:
     """The same graph in float16 (or `dtype` "bfloat16"): float32 initializers rounded, float32 inputs, outputs
-    and value infos declared in the half dtype (what an exporter's `model.half()` writes)."""
+    and value infos declared in the half dtype (what an exporter's `model.half()` writes), If / Loop bodies
+    included."""
     from .precision import numpy_dtype
+    from .recurrent import _graphs
 
     elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    for i, t in enumerate(out.graph.initializer):
-        a = numpy_helper.to_array(t)
-        if a.dtype == np.float32:
-            out.graph.initializer[i].CopyFrom(numpy_helper.from_array(a.astype(numpy_dtype(dtype)), t.name))
-    for v in [*out.graph.input, *out.graph.output, *out.graph.value_info]:
-        if v.type.tensor_type.elem_type == TensorProto.FLOAT:
-            v.type.tensor_type.elem_type = elem
+    for g in _graphs(out.graph):
+        for i, t in enumerate(g.initializer):
+            a = numpy_helper.to_array(t)
+            if a.dtype == np.float32:
+                g.initializer[i].CopyFrom(numpy_helper.from_array(a.astype(numpy_dtype(dtype)), t.name))
+        for v in [*g.input, *g.output, *g.value_info]:
+            if v.type.tensor_type.elem_type == TensorProto.FLOAT:
+                v.type.tensor_type.elem_type = elem
     onnx.checker.check_model(out)
     return out
 
