@@ -19,7 +19,7 @@ For each precision (fp16: `--precision fp16`, tvm_fusion.precision) and batch of
      without the graph (from the manifest)
   4. each fused kernel timed on its own (the library without the graph; VM set_instrument, device
      synchronised around every call)
-and writes DIR/gpu_check.json and DIR/gpu_check.md, with a "Bars" section: each bar of issue 14 (BARS), the
+and writes DIR/gpu_check.json and DIR/gpu_check.md, with a "Bars" section: each bar the GPU build must meet (BARS), the
 measured value and pass / fail, or "not measured" and why. Without a GPU (or with --cpu-only) it runs every
 part that needs none and lists each GPU step under "skipped" with the reason. Exit status: 0 when every
 comparison that ran passed (the bars are measurements, reported, not part of it), 1 otherwise.
@@ -60,7 +60,7 @@ MIN_ROUNDS = 3
 SAME_KERNELS = ("fused GPU vs fused GPU without the CUDA graph",)
 BASELINE = "onnxruntime, input and weights rounded to the half dtype, vs onnxruntime"
 PER_GROUP = "each fused CPU group vs its unfused ops"
-#: issue 14's bars: (configuration, the build fused's median is divided by (None: fused's median in ms), at most,
+#: the GPU build's bars: (configuration, the build fused's median is divided by (None: fused's median in ms), at most,
 #: for an H200 only). "fused" is the default library (with its CUDA graph)
 BARS = (("fp32 batch 1", "unfused", 0.4, False), ("fp32 batch 1", "tvm", 0.8, False),
         ("fp16 batch 1", "unfused", 0.4, False), ("fp16 batch 1", "tvm", 0.8, False),
@@ -181,7 +181,7 @@ def markdown(d: dict) -> str:
                   "the GPU library against itself without the CUDA graph.", ""]
     if d.get("errors"):
         lines += ["## Errors", ""] + [f"- {e['step']}: {e['error']}" for e in d["errors"]] + [""]
-    lines += ["## Bars (issue 14)", ""]
+    lines += ["## Bars", ""]
     lines += _table(["bar", "measured", "status"], [[b["bar"], "-" if b["measured"] is None else b["measured"],
                                                       b["status"]] for b in d["bars"]])
     if d["skipped"]:

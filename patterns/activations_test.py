@@ -9,7 +9,7 @@ import pytest
 
 from tvm_fusion.testing import GELU_OPSET, GraphBuilder, check_fused
 
-SIXTH = 1 / 6 + 9.9e-5  # HardSigmoid alpha of issue 8: 1e-4 away from hardswish's 1/6
+SIXTH = 1 / 6 + 9.9e-5  # a HardSigmoid alpha 1e-4 away from hardswish's 1/6
 
 
 def _f32(v: float) -> float:

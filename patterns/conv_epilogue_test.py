@@ -480,7 +480,7 @@ W_EQUALS_C = {
 
 @pytest.mark.parametrize("case", W_EQUALS_C)
 def test_c_shaped_constant_broadcasts_over_w_not_channels(case, rules, matches_onnxruntime):
-    """Issue 8: with W == C a (C,) constant after a conv was folded as per channel (max abs error 4.5)."""
+    """A regression: with W == C a (C,) constant after a conv was folded as per channel (max abs error 4.5)."""
     tail, rule_name, counts, part = W_EQUALS_C[case]
     model = _w_equals_c(tail)
     fused = check_fused(model, rules, expect=counts)

@@ -171,7 +171,7 @@ def test_float64_declines_with_reason(rules):
     ([1, 2, 8], (1, 5), (1, 2, 5)),
 ])
 def test_bias_of_higher_rank_keeps_the_output_shape(x_shape, bias_shape, out_shape, rules, matches_onnxruntime):
-    """Issue 8: [2, K] @ W + b[1, 1, N] is [1, 2, N] in ONNX; the fused build returned [2, N]."""
+    """A regression: [2, K] @ W + b[1, 1, N] is [1, 2, N] in ONNX; the fused build returned [2, N]."""
     g = GraphBuilder(10)
     x = g.input("x", x_shape)
     w = g.const(g.rng.normal(0, 0.3, (8, 5)).astype(np.float32))

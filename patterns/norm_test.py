@@ -166,7 +166,7 @@ def test_variance_with_wrong_power_declines(rules):
 
 @pytest.mark.parametrize("shape", [(4, 1), (1, 4, 1)])
 def test_gamma_over_another_axis_declines(shape, rules, matches_onnxruntime):
-    """Issue 8: a decomposed LayerNorm over [2, 4, 4] whose gamma/beta have shape (C, 1) scale the rows
+    """A regression: a decomposed LayerNorm over [2, 4, 4] whose gamma/beta have shape (C, 1) scale the rows
     (axis -2), not the features: with C == the last dim they were taken as one value per feature."""
     g = GraphBuilder(7)
     x = g.input("x", [2, 4, 4])

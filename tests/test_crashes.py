@@ -1,5 +1,5 @@
 """Valid models that crashed or lost information: BatchNorm in a graph with an If, a node named `main`,
-duplicate node names (issue 8). Each runs import, fuse, compare, explain (and compile for the If case)."""
+duplicate node names. Each runs import, fuse, compare, explain (and compile for the If case)."""
 
 import json
 

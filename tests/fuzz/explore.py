@@ -45,7 +45,7 @@ from .oracle import (
 from .strategies import Plan, build, onnx_graphs
 from .test_random_graphs import save_regression
 
-#: crash messages -> class (the bugs of issue 8 that crash)
+#: crash messages -> class (the known bugs that crash)
 CRASHES = {"EmitOutput has to be called inside dataflow": "bn_if_emit_output",
            'Cannot find global var "main"': "node_named_main", "Found null pointer node": "null_pointer_import"}
 

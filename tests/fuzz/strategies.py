@@ -9,7 +9,7 @@ small functions: `draw(draw, net, keep_shape)` picks parameters that fit the cur
 `emit(net, **params)` appends the ONNX nodes. The strategy draws and emits layer by layer (so shapes are
 known as it goes); `build(plan)` replays a plan, so a plan written by hand builds the same graph.
 
-What found the bugs of issue 8 is drawn on purpose: constants whose broadcast axis is not the channel axis
+What found earlier bugs is drawn on purpose: constants whose broadcast axis is not the channel axis
 (`bias_add`, `pair`: (W,) after a conv whose C == W, (H, 1), (1, W), scalars, full shapes, shapes that raise
 the rank or stretch a size-1 axis, constants whose elements are all equal, either operand order), activation
 constants near but not equal to the canonical ones (`near_act`), ranks 2 to 5 (token inputs of rank 4 and 5,
@@ -509,7 +509,7 @@ def draw_block(draw, net: Net, keep_shape: bool = False) -> dict:
 def draw_off_axis(draw, net: Net, keep_shape: bool = False) -> dict:
     """conv / dense -> a constant broadcast over another axis than the channels / features -> an activation
     (canonical or nudged): conv(C == W) + (W,) and dense(N == S) + (S, 1) have one value per channel by count
-    only, which a rule must not take for a bias or scale (what found issue 8's W == C bug)."""
+    only, which a rule must not take for a bias or scale (what found the W == C bug)."""
     first = "conv" if net.domain == "image" else "dense"
     params = LAYER_KINDS[first].draw(draw, net, keep_shape)
     if first == "conv" and not keep_shape:
