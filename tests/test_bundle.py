@@ -66,6 +66,7 @@ def test_bundle_of_a_missing_library_is_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "run tvm-fusion compile first" in err
 
 
+@pytest.mark.slow
 def test_libraries_with_the_same_weights_share_one_recipe(tmp_path):
     """A batch-1 library of one example and a library of its dynamic-batch variant (the batch symbolic, so its
     conv tiles are planned for batch 1 like the first's and the weights are packed alike) lift the same

@@ -183,6 +183,7 @@ def _load_with_plain_tvm(lib, cores=None, **env) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_library_loaded_by_plain_tvm_sizes_the_pool_to_the_allowed_cores(tmp_path):
     """An exported library loaded with tvm.runtime.load_module alone (no tvm_fusion) sets TVM_NUM_THREADS to
     the cores the process may use when it is loaded (thread_pool.c), so TVM's pool takes them instead of half

@@ -97,6 +97,7 @@ def test_check_launches_catches_a_block_over_maxntid(stub, tmp_path):
     assert check_launches(module, [too_big]) == [f"{k.name}: block {too_big.block} exceeds .maxntid {k.maxntid}"]
 
 
+@pytest.mark.slow
 def test_build_with_a_driver_present_gives_the_same_kernels(stub, tmp_path):
     """With the stub loaded TVM sees a driver and compiles the kernels during the build (the path that
     failed on GPU servers: NVRTC without cuda-bindings, or a `cubin` module export rejected)."""
@@ -113,6 +114,7 @@ def test_build_with_a_driver_present_gives_the_same_kernels(stub, tmp_path):
     _check_library_under_stub(stub, model, with_driver, m_driver, tmp_path / "calls.log")
 
 
+@pytest.mark.slow
 def test_library_with_external_weights_under_the_stub(stub, tmp_path):
     model = tmp_path / "block.onnx"
     onnx.save(residual_block(), str(model))
@@ -191,6 +193,7 @@ KERNELS = {"fp32": {"conv2d_bn_relu", "conv2d_bn_add_relu"},
            "fp16": {"conv2d_bn_relu", "conv2d_bn", "add_relu", "cast", "cast1"}}
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_its_gpu_steps_under_the_stub(stub, tmp_path):
     """benchmarks/gpu_check.py's GPU path end to end on the stub, for fp16 at batch 1 and 8: every GPU step
     runs (none skipped), the latency rounds stop at the minimum when the time budget is spent, no bar is
@@ -224,6 +227,7 @@ def test_gpu_check_runs_its_gpu_steps_under_the_stub(stub, tmp_path):
     assert "**Verdict: FAIL**" in md and "## Latency (interleaved rounds, ms)" in md
 
 
+@pytest.mark.slow
 def test_cuda_bundle_runs_under_the_stub_without_the_compiler(stub, tmp_path):
     """`tvm-fusion bundle` of a CUDA library: run.py (TVM runtime alone, TVM_USE_RUNTIME_LIB=1) loads it
     on the stub GPU and issues every launch; the bundle carries libcudart (the GPU server needs only a driver)."""
@@ -301,6 +305,7 @@ def test_gpu_check_bundle_runs_its_gpu_steps_under_the_stub_without_tvm(stub, tm
     assert [b["status"] for b in report["bars"]] == [ZERO] * 5  # the stub's events say 0 ms
 
 
+@pytest.mark.slow
 def test_cuda_graph_captured_then_replayed_under_the_stub(stub, tmp_path):
     """A chain of 4 fused kernels: the first inference launches the input copy and the 4 kernels while TVM
     captures the 3 after the copy (cudaStreamBeginCapture ... cudaGraphInstantiate); every later inference

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REGRESSIONS = Path(__file__).resolve().parent / "regressions"
 #: each graph runs in onnxruntime and builds twice (~1 s on a 2-core host); ci profile: 60 derandomized graphs in
 #: the default run, 240 others under the slow marker (CI runs both); explore: 300 + 1200 fresh ones
-EXAMPLES = 5 * settings.default.max_examples
+EXAMPLES = 3 * settings.default.max_examples
 SLOW_EXAMPLES = 20 * settings.default.max_examples
 COVERAGE_EXAMPLES = 40  # fuse only, no builds
 FAMILIES = {"conv": ("conv2d",), "dense": ("dense_",), "layer_norm": ("layer_norm", "add_layer_norm"),

@@ -102,11 +102,13 @@ EXPECTED_CUDA_COUNTS = {
 }
 #: the CUDA build of these runs by default; the others are marked slow
 CUDA_DEFAULT = ("convnext_ts17",)
-#: the wheels' models whose fused build runs by default (about 50 s together on 2 cores); the rest is slow
-WHEEL_DEFAULT = ("ppocr_cls", "magika_v3_3", "silero_vad")
-#: checked-in exports whose builds run only with -m slow: the unrolled recurrent models take 15-25 s each to
-#: import and build on 2 cores; crnn_lstm_dynamo18 stands for them in the default run
-SLOW_CHECKED_IN = ("crnn_lstm_ts14", "crnn_gru_ts17", "crnn_gru_dynamo18", "vad_lstm_ts17", "vad_lstm_dynamo18")
+#: the wheels' models whose fused build runs by default (about 15 s together on 2 cores); the rest is slow
+WHEEL_DEFAULT = ("magika_v3_3", "silero_vad")
+#: checked-in exports whose builds run only with -m slow: the unrolled recurrent models take 15-45 s each to
+#: import and build on 2 cores (Silero VAD's LSTM of one step stands for them in the default run), the QDQ
+#: models 15-20 s (patterns/qdq_test.py covers the QDQ rules by default)
+SLOW_CHECKED_IN = ("crnn_lstm_ts14", "crnn_lstm_dynamo18", "crnn_gru_ts17", "crnn_gru_dynamo18", "vad_lstm_ts17",
+                   "vad_lstm_dynamo18", "bert_qdq", "mobilenetv3_qdq_pc")
 
 
 def zoo_path(name: str):
@@ -318,7 +320,7 @@ def test_without_simplifier_a_failure_is_one_line_naming_the_node():
 
 
 @pytest.mark.parametrize("name, expected", [
-    # the issue's two failures, on the real exports: pytorch 2.3's YOLOv8 crashes TVM's FoldConstant,
+    # two failures users reported, on the real exports: pytorch 2.3's YOLOv8 crashes TVM's FoldConstant,
     # paddle2onnx's computed Reshape shape stops TVM's importer
     pytest.param("nudenet_yolov8n", "TVM's FoldConstant failed at node '/model.22/Concat_24' (concat): "
                  "AssertionError: emit_te now only supports Tensor that has ShapeExpr shape", marks=pytest.mark.slow),
