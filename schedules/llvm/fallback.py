@@ -33,8 +33,8 @@ import math
 from tvm_fusion._tvm import SBlockRealize, Schedule, called_ops, dlight, tirx
 from tvm_fusion.hardware import cpu_facts
 
-from .injective import PARALLEL_ELEMENTS, schedule_loop_nest
-from .loop_nest import Nest, branches, elementwise, periods
+from .injective import PARALLEL_ELEMENTS, schedule_loop_nest, wraps
+from .loop_nest import Nest, elementwise
 from .reduction import apply_plan, parallel_outer, reduction_plans
 
 __all__ = ["LeftoverFallback", "nest_plans", "schedule_function"]
@@ -71,16 +71,17 @@ def _apply(sch, block, plan: str, lanes: int) -> None:
 
 
 def _split_at_wrap(sch, nest: Nest) -> None:
-    """A nest that picks a value per element (`loop_nest.branches`) through a floordiv / floormod of its
-    innermost loop: that loop split at the period (`loop_nest.periods`), so the loop LLVM vectorizes indexes
+    """A nest that picks a value per element (`injective.wraps`) through a floordiv / floormod of its
+    innermost loop: that loop split at the period, so the loop LLVM vectorizes indexes
     affinely (injective.in_vectors: LLVM's vectorizer miscompiled a wrapping one)."""
     inner = nest.innermost_spatial()
-    if inner is None or not branches(nest.stmt):
+    if inner is None:
         return
     extent = nest.extents[inner]
-    divisors = [c for c in periods(sch, nest.block, nest.loops[inner]) if 1 < c and (extent is None or c < extent)]
+    divisors = {c for c in wraps(sch, nest.block, nest.loops[inner]) if extent is None or c < extent}
     if divisors:
-        sch.split(nest.loops[inner], [None, math.gcd(*divisors) if math.gcd(*divisors) > 1 else min(divisors)])
+        period = math.gcd(*divisors)
+        sch.split(nest.loops[inner], [None, period if period > 1 else min(divisors)])
 
 
 def _inline_producers(sch) -> None:
