@@ -110,6 +110,16 @@ def test_families_keep_the_batch_symbolic_and_match_onnxruntime(symbolic_model):
         assert_close(got, sess.run(None, {"x": x})[0], f"batch {n}")
 
 
+def test_a_batch_dim_named_like_tvmscripts_prefix_fuses():
+    """A batch dim named T (TVMScript prints a TIR variable called T as T_1, since T is its module's name): the
+    kernels take it by its own name, the same families fire and batch 3 matches onnxruntime."""
+    model = _families("T")
+    built = build(import_onnx(model, {"x": (SymDim("T"), 4, 8, 8)}), "llvm", "fused")
+    assert _fired(built.counts) == FAMILIES
+    sess, _ = run_onnxruntime(model, {}, optimize=False)
+    assert_close(run_build(built, [_batch(3)])[0], sess.run(None, {"x": _batch(3)})[0], "batch 3 of T")
+
+
 def _loops(func, kinds) -> list[str]:
     """The loop headers of a PrimFunc's script whose kind is one of `kinds` (T.parallel, T.vectorized, ...)."""
     return [line.strip() for line in func.script().splitlines()

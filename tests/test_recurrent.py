@@ -1,7 +1,8 @@
-"""LSTM / GRU / RNN import (tvm_fusion/recurrent.py): the unrolled graph against onnxruntime's own kernels,
-attribute by attribute (onnxruntime runs both graphs: fast), then fused and unfused llvm builds element by
-element with the dtype table, exact dense_bias counts (the input projection and every step's recurrent
-MatMul), a symbolic batch, float16, names to sanitize, an If branch, and the errors."""
+"""LSTM / GRU / RNN (tvm_fusion/recurrent.py, tvm_fusion/recurrent_kernel.py): the unrolled graph against
+onnxruntime's own kernels, attribute by attribute (onnxruntime runs both graphs: fast); the time-loop kernel
+of float32 nodes in fused llvm builds against onnxruntime on the same attributes; fused and unfused builds
+element by element with the dtype table, exact dense_bias and kernel counts, a symbolic batch, a symbolic
+length, float16 / bfloat16 / double (unrolled), names to sanitize, an If branch, the CUDA form, and the errors."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from tvm_fusion import FusionError
 from tvm_fusion.build import build
 from tvm_fusion.frontend import SymDim, import_onnx, onnx_node_names
 from tvm_fusion.io import run_onnxruntime
+from tvm_fusion._tvm import tirx
 from tvm_fusion.recurrent import ACTIVATIONS, decompose_recurrent
+from tvm_fusion.recurrent_kernel import ATTR
 from tvm_fusion.testing import assert_close, run_build
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -81,7 +84,7 @@ def reference(op, **kw) -> list[np.ndarray]:
 
 def unrolled_in_onnxruntime(op, **kw) -> list[np.ndarray]:
     model, feeds = recurrent_model(op, **kw)
-    unrolled, origins = decompose_recurrent(model, {k: v.shape for k, v in feeds.items()}, "test")
+    unrolled, origins = decompose_recurrent(model, {k: v.shape for k, v in feeds.items()}, "test", kernel=False)
     assert not any(n.op_type in GATES for n in unrolled.graph.node) and set(origins.values()) == {"rec/0"}
     sess, _ = run_onnxruntime(unrolled, feeds, optimize=False)
     return sess.run(None, feeds)
@@ -122,6 +125,25 @@ def test_unrolled_graph_computes_what_onnxruntime_does(op, kw):
     assert_all_close(unrolled_in_onnxruntime(op, **kw), reference(op, **kw), f"{op} {kw}")
 
 
+def kernel_outputs(op, **kw) -> list[np.ndarray]:
+    """The fused llvm build's outputs (float32: the time-loop kernel)."""
+    model, feeds = recurrent_model(op, **kw)
+    built = build(import_onnx(model, {k: v.shape for k, v in feeds.items()}), "llvm", "fused")
+    assert recurrence_kernels(built) and not built.unscheduled
+    return run_build(built, [feeds[i.name] for i in model.graph.input])
+
+
+#: the kernel's cases in the default run (every attribute once); all of CASES under slow
+KERNEL_CASES = [CASES[i] for i in (2, 7, 13, 18, 19, 22, 24, 29, 30, 32, 33, 34)]
+
+
+@pytest.mark.parametrize("op, kw", [
+    *[pytest.param(op, kw, marks=() if (op, kw) in KERNEL_CASES else pytest.mark.slow) for op, kw in CASES]],
+    ids=[f"{op}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for op, kw in CASES])
+def test_kernel_computes_what_onnxruntime_does(op, kw):
+    assert_all_close(kernel_outputs(op, **kw), reference(op, **kw), f"{op} {kw}")
+
+
 ACTIVATION_NAMES = ["Relu", "Tanh", "Sigmoid", "Affine", "LeakyRelu", "ThresholdedRelu", "ScaledTanh", "HardSigmoid",
                     "Elu", "Softsign", "Softplus"]
 
@@ -132,6 +154,7 @@ def test_every_activation_with_and_without_parameters(name, params):
     """onnxruntime's defaults: 0 for Affine, ThresholdedRelu and ScaledTanh (so two of them give 0)."""
     kw = dict(activations=[name], **params)
     assert_all_close(unrolled_in_onnxruntime("RNN", **kw), reference("RNN", **kw), name)
+    assert_all_close(kernel_outputs("RNN", **kw), reference("RNN", **kw), f"{name} kernel")
 
 
 @pytest.mark.parametrize("op, acts, alphas, betas", [
@@ -143,6 +166,7 @@ def test_parameters_are_consumed_by_the_activations_that_take_them(op, acts, alp
     kw = dict(activations=acts, activation_alpha=alphas, activation_beta=betas,
               direction="bidirectional" if len(acts) > len(OUTPUTS[op]) else "forward")
     assert_all_close(unrolled_in_onnxruntime(op, **kw), reference(op, **kw), f"{op} {acts}")
+    assert_all_close(kernel_outputs(op, **kw), reference(op, **kw), f"{op} {acts} kernel")
 
 
 @pytest.mark.parametrize("op", GATES)
@@ -172,27 +196,38 @@ def built_outputs(model, feeds, shapes=None, modes=("fused", "unfused")):
     return mod, out
 
 
-@pytest.mark.parametrize("op, kw, dense, modes", [
-    # dense_bias: the projection per direction + the recurrent MatMul of every step that has a state
-    ("LSTM", dict(direction="bidirectional", initial=True, lengths=[3, 1], peepholes=True, clip=0.8), 2 + 2 * 3,
+def recurrence_kernels(built) -> list[str]:
+    """The names of the build's time-loop kernels (recurrent_kernel.py)."""
+    return sorted(gv.name_hint for gv, f in built.module.functions.items()
+                  if isinstance(f, tirx.PrimFunc) and f.attrs is not None and ATTR in f.attrs)
+
+
+@pytest.mark.parametrize("op, kw, modes", [
+    ("LSTM", dict(direction="bidirectional", initial=True, lengths=[3, 1], peepholes=True, clip=0.8),
      ("fused", "unfused")),
-    ("GRU", dict(direction="reverse", steps=4), 1 + 2 * 3, ("fused",)),  # linear_before_reset=0: two MatMuls a step
-    pytest.param("GRU", dict(linear_before_reset=1, initial=True, layout=1), 1 + 3, ("fused",), marks=pytest.mark.slow),
-    pytest.param("RNN", dict(activations=["Relu"], lengths=[2, 3]), 1 + 2, ("fused",), marks=pytest.mark.slow),
+    ("GRU", dict(direction="reverse", steps=4), ("fused",)),
+    pytest.param("GRU", dict(linear_before_reset=1, initial=True, layout=1), ("fused",), marks=pytest.mark.slow),
+    pytest.param("RNN", dict(activations=["Relu"], lengths=[2, 3]), ("fused",), marks=pytest.mark.slow),
 ])
-def test_fused_builds_match_onnxruntime(op, kw, dense, modes):
+def test_fused_builds_match_onnxruntime(op, kw, modes):
+    """One dense_bias per direction (the projection of every step) and one time-loop kernel per direction,
+    in each build mode."""
     model, feeds = recurrent_model(op, **kw)
     mod, out = built_outputs(model, feeds, modes=modes)
     ref = reference(op, **kw)
+    directions = 2 if kw.get("direction") == "bidirectional" else 1
     for mode, (built, got) in out.items():
         assert_all_close(got, ref, f"{op} {mode}")
+        assert len(recurrence_kernels(built)) == directions, recurrence_kernels(built)
+        assert mode == "unfused" or not built.unscheduled
     fired = {k: v for k, v in out["fused"][0].counts.items() if v}
-    assert fired.get("dense_bias") == dense, fired  # every MatMul with a constant weight fused
+    assert fired.get("dense_bias") == directions, fired  # every MatMul with a constant weight fused
     assert set(onnx_node_names(mod).values()) == {"rec/0"}  # each op names the recurrent node
 
 
 def test_symbolic_batch():
-    """--shape X=3xN..., the initial states and lengths too: the projection is then made per step, 2-D."""
+    """--shape X=3xN..., the initial states and lengths too: the projection of every step is a matmul of a
+    symbolic 3-D operand, which the dense rules decline (a symbolic dim only in 2-D): the fallback schedules it."""
     kw = dict(direction="bidirectional", initial=True, lengths=[2, 3])
     model, feeds = recurrent_model("LSTM", **kw)
     for v in model.graph.input:
@@ -202,7 +237,32 @@ def test_symbolic_batch():
     _, out = built_outputs(model, feeds, shapes, modes=("fused",))
     built, got = out["fused"]
     assert_all_close(got, reference("LSTM", **kw), "symbolic batch")
-    assert built.counts["dense_bias"] == 2 * 3 + 2 * 3  # per direction and step: the projection and the recurrence
+    assert not built.counts["dense_bias"] and len(recurrence_kernels(built)) == 2 and not built.unscheduled
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_symbolic_sequence_length_and_batch(op):
+    """--shape X=TxNx4: one build runs any length and batch (the kernel's time loop reads T from X's shape),
+    against onnxruntime on the same model."""
+    model, _ = recurrent_model(op, steps=6, batch=3, direction="bidirectional", initial=True)
+    for v in model.graph.input:
+        dims = v.type.tensor_type.shape.dim
+        if v.name == "X":
+            dims[0].dim_param, dims[1].dim_param = "T", "N"
+        else:
+            dims[1].dim_param = "N"
+    shapes = {"X": (SymDim("T"), SymDim("N"), 4), **{s: (2, SymDim("N"), 5) for s in ("h0", "c0")[:2 if op == "LSTM" else 1]}}
+    built = build(import_onnx(model, shapes), "llvm", "fused")
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for steps, batch in ((6, 3), (1, 1), (11, 2)):
+        rng = np.random.default_rng(steps)
+        feeds = {i.name: rng.normal(0, 1, (steps, batch, 4) if i.name == "X" else (2, batch, 5)).astype(np.float32)
+                 for i in model.graph.input}
+        got = run_build(built, [feeds[i.name] for i in model.graph.input])
+        assert_all_close(got, sess.run(None, feeds), f"{op} T={steps} N={batch}")
+    assert len(recurrence_kernels(built)) == 2 and not built.unscheduled
 
 
 def test_float16():
@@ -246,6 +306,33 @@ def test_inside_an_if_branch_with_names_to_sanitize():
         assert_all_close(run_build(built, [given["X"], given["cond"]]), sess.run(None, given), f"If {cond}")
 
 
+@pytest.mark.parametrize("op, kw", [("LSTM", dict(peepholes=True, lengths=[3, 1], initial=True)),
+                                      ("GRU", dict(direction="bidirectional", hidden=300))])
+def test_cuda_form(op, kw):
+    """For CUDA the kernel is remade with a thread block per batch entry, a thread per gate, barriers between
+    the phases of a step, and the state in shared memory; a symbolic length compiles too (it runs on a GPU
+    only: benchmarks/gpu_check.py)."""
+    model, feeds = recurrent_model(op, **kw)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "T"
+    shapes = {k: (SymDim("T"), *v.shape[1:]) if k == "X" else v.shape for k, v in feeds.items()}
+    built = build(import_onnx(model, shapes), "cuda", "fused")
+    kernels = [f for gv, f in built.module.functions.items() if isinstance(f, tirx.PrimFunc) and ATTR in (f.attrs or {})]
+    assert len(kernels) == (2 if kw.get("direction") == "bidirectional" else 1)
+    for func in kernels:
+        text = func.script()
+        assert 'T.launch_thread("blockIdx.x"' in text and 'T.tvm_storage_sync("shared")' in text, text
+        assert "T.alloc_shared" in text and "T.vectorized" not in text and "T.parallel" not in text
+    (cuda,) = [m for host in built.executable.mod.imports for m in host.imports if m.kind == "cuda"]
+    names = [f"{op.lower()}_scan"]
+    assert all(f"{n}_kernel" in cuda.inspect_source() for n in names) and "__syncthreads()" in cuda.inspect_source()
+
+
+def test_cuda_refuses_a_hidden_size_beyond_shared_memory():
+    model, feeds = recurrent_model("LSTM", hidden=2500, inputs=2, steps=1, batch=1)
+    with pytest.raises(FusionError, match="needs 50000 bytes of shared memory per batch entry on a GPU"):
+        build(import_onnx(model, {k: v.shape for k, v in feeds.items()}), "cuda", "fused")
+
+
 @pytest.mark.slow
 def test_long_sequence():
     """200 steps: the fused build stays within the float32 tolerance of onnxruntime's kernel."""
@@ -258,15 +345,15 @@ def test_long_sequence():
 # ---------------------------------------------------------------- what is refused, and how
 
 
-def test_symbolic_sequence_length_names_the_shape_to_give():
-    model, _ = recurrent_model("LSTM")
+def test_symbolic_sequence_length_in_half_names_the_shape_to_give():
+    model, _ = recurrent_model("LSTM", dtype=np.float16)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "T"
     with pytest.raises(FusionError) as err:
         import_onnx(model, {"X": (SymDim("T"), 2, 4)})
     assert str(err.value) == (
-        "recurrent: node 'rec/0' (LSTM) runs over a sequence of symbolic length 'T' (dim 0 of its input 'X'); "
-        "TVM's ONNX importer has no Loop, so the recurrence is unrolled over a fixed number of steps: give it "
-        "with --shape X=LENx2x4 (LEN: the number of steps)")
+        "recurrent: node 'rec/0' (LSTM) runs over a sequence of symbolic length 'T' (dim 0 of its input 'X') in "
+        "float16; the recurrence kernel with a time loop takes float32 only, and in other types the recurrence is "
+        "unrolled over a fixed number of steps: give it with --shape X=LENx2x4 (LEN: the number of steps)")
 
 
 @pytest.mark.parametrize("attrs, message", [
@@ -287,7 +374,7 @@ def test_the_command_line_exits_2_with_one_line(tmp_path, capsys):
 
     from tvm_fusion.cli import main
 
-    model, _ = recurrent_model("GRU")
+    model, _ = recurrent_model("GRU", dtype=np.float16)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "T"
     path = tmp_path / "gru.onnx"
     onnx.save(model, str(path))

@@ -96,10 +96,22 @@ class _NamingImporter(ONNXGraphImporter):
     """TVM's ONNX importer, binding each node's (single, tensor) result to a var named after the node,
     so fused groups and error messages trace back to ONNX node names."""
 
+    custom: dict = {}  # op type -> converter(bb, inputs, attrs), for ops of ours the front door writes
+
+    def _check_for_unsupported_ops(self, graph):
+        if not any(n.op_type in self.custom for n in graph.node):
+            return super()._check_for_unsupported_ops(graph)
+        kept = type(graph)()
+        kept.node.extend(n for n in graph.node if n.op_type not in self.custom)
+        return super()._check_for_unsupported_ops(kept)
+
     def _convert_operator(self, op_name, inputs, attrs, opset):
         name = attrs.get("tvm_custom", {}).get("name")
         self.current_node = (str(name or ""), str(op_name))  # named by import errors
-        sym = super()._convert_operator(op_name, inputs, attrs, opset)
+        if op_name in self.custom:
+            sym = self.bb.normalize(self.custom[op_name](self.bb, inputs, attrs))
+        else:
+            sym = super()._convert_operator(op_name, inputs, attrs, opset)
         if name and isinstance(sym, relax.Call) and isinstance(sym.ty, (relax.TensorType, relax.TupleType)):
             sym = self.bb.emit(sym, name_hint=str(name))
             if var_name(sym) != str(name):  # the name pool gave it another name: record that one
@@ -109,14 +121,15 @@ class _NamingImporter(ONNXGraphImporter):
         return _first_of_tuple(self.bb, op_name, sym, attrs.get("tvm_custom", {}).get("num_outputs"))
 
 
-def import_onnx_graph(model, shape_dict, opset, dtype_dict):
+def import_onnx_graph(model, shape_dict, opset, dtype_dict, custom: dict | None = None):
     """Run TVM's ONNX importer (node results bound to vars named after the nodes).
 
     `dtype_dict`: {input name: dtype}, the model's own input dtypes (a plain string would be a default).
+    `custom`: {op type: converter(bb, inputs, attrs)} for ops the importer does not know.
     Returns the module and {var name: node name} for results the importer bound itself."""
     with quiet.tvm_output(drop=quiet.IMPORTER_LINES, stdout=True):  # its prints repeat the exception's text
         importer = _NamingImporter(shape_dict, dtype_dict, keep_params_in_input=False, sanitize=False)
-        importer.var_nodes, importer.current_node = {}, None
+        importer.var_nodes, importer.current_node, importer.custom = {}, None, dict(custom or {})
         try:
             return importer.from_onnx(model.graph, opset), importer.var_nodes
         except Exception as err:

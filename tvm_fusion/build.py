@@ -12,7 +12,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from . import _tvm, pipeline
+from . import _tvm, pipeline, recurrent_kernel
 from . import cuda_graph as graphs
 from ._tvm import relax, tvm
 from .errors import FusionError
@@ -172,6 +172,7 @@ def legalize_traced(mod, target, mode: str):
     passes, run in three parts around TVM's FuseOps to read which bindings each fused kernel took
     (unscheduled.py)."""
     target = resolve_target(target)
+    recurrent_kernel.check_target(mod, target)
     passes = pipeline.legalize_passes(mode, target)
     names = [p.info.name for p in passes]
     cut = names.index("FuseOps") if "FuseOps" in names else len(passes)

@@ -24,7 +24,7 @@ from .fuse import ELEMENTS_PER_BATCH_ATTR
 from .io import check_inputs, load_inputs
 from .hardware import cuda_facts
 from .precision import PRECISIONS, check_precision, convert
-from .rules import RuleSet
+from .rules import RuleSet, dim_name
 from .simplify import record_of as simplify_record
 from .tune import TuneOptions
 from .tune import check_options as check_tune_options
@@ -106,7 +106,7 @@ def _graph_line(g: dict) -> str:
 
 
 def _tensor_record(name: str, ty) -> dict:
-    shape = [int(d) if isinstance(d, _tvm.tirx.IntImm) else str(d) for d in ty.shape]  # "N": symbolic
+    shape = [int(d) if isinstance(d, _tvm.tirx.IntImm) else dim_name(d) for d in ty.shape]  # "N": symbolic
     return {"name": name, "shape": shape, "dtype": str(ty.dtype)}
 
 

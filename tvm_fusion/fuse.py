@@ -19,7 +19,7 @@ from . import patterns as builtin_patterns
 from ._tvm import dpl, relax, te, tirx, tvm
 from .errors import FusionError, InternalError, LoweringError
 from .frontend import onnx_node_names
-from .rules import (Decline, Lowering, Match, Rule, RuleSet, batch_shape, declared_batch_dims, shape_text,
+from .rules import (Decline, Lowering, Match, Rule, RuleSet, batch_shape, declared_batch_dims, dim_name, shape_text,
                     symbolic_reason, undeclared_dims)
 from .schedules.activations import fast_math_allowed
 
@@ -288,10 +288,10 @@ class _KernelDims:
 
     def kernel(self, shape) -> list:
         for d in shape:
-            if not isinstance(d, int) and self.batch_dims is not None and str(d) not in self.batch_dims:
+            if not isinstance(d, int) and self.batch_dims is not None and dim_name(d) not in self.batch_dims:
                 raise LoweringError(f"internal error: a kernel input dim {d} is not a batch dim the model's inputs "
                                     f"declare ({', '.join(sorted(self.batch_dims)) or 'none'})")
-        return [d if isinstance(d, int) else self.vars.setdefault(str(d), (tirx.Var(str(d), "int32"), d))[0]
+        return [d if isinstance(d, int) else self.vars.setdefault(dim_name(d), (tirx.Var(dim_name(d), "int32"), d))[0]
                 for d in shape]
 
     def relax(self, shape) -> list:
@@ -300,8 +300,8 @@ class _KernelDims:
         for d in shape:
             if isinstance(d, tirx.IntImm):
                 out.append(int(d))
-            elif isinstance(d, tirx.Var) and str(d) in relax_of:
-                out.append(relax_of[str(d)])
+            elif isinstance(d, tirx.Var) and dim_name(d) in relax_of:
+                out.append(relax_of[dim_name(d)])
             else:
                 raise LoweringError(f"internal error: a kernel output dim {d} is not one of its input dims")
         return out
@@ -363,7 +363,7 @@ def _type_mismatch(rule: str, nodes: list[str], composite_call, shape, dtype) ->
     """The lowered group must have exactly the type of the composite call it replaces: a rule whose kernel
     (after its out_shape view) has another shape or dtype is a bug, never a silently different output."""
     want_shape, want_dtype = batch_shape(composite_call), str(_tvm.expr_type(composite_call).dtype)
-    dim = lambda d: int(d) if isinstance(d, (int, tirx.IntImm)) else str(d)  # noqa: E731  (N compares by name)
+    dim = lambda d: int(d) if isinstance(d, (int, tirx.IntImm)) else dim_name(d)  # noqa: E731  (N compares by name)
     got_shape, got_dtype = tuple(map(dim, shape)), str(dtype)
     if want_shape is not None and (got_shape, got_dtype) == (tuple(map(dim, want_shape)), want_dtype):
         return None
@@ -382,13 +382,13 @@ def _caller_dims(params, args) -> dict[str, object]:
             continue
         for d, o in zip(inner_shape, outer_shape):
             if isinstance(d, tirx.Var):
-                outer.setdefault(str(d), o)
+                outer.setdefault(dim_name(d), o)
     return outer
 
 
 def _shape_in_caller(shape, outer: dict) -> tuple:
     """A view's shape (a Lowering's input or output view) in the caller's dims (`_caller_dims`)."""
-    return tuple(outer.get(str(d), d) if isinstance(d, tirx.Var) else d for d in shape)
+    return tuple(outer.get(dim_name(d), d) if isinstance(d, tirx.Var) else d for d in shape)
 
 
 def _in_caller(out_ty, params, args):

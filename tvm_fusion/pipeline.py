@@ -11,6 +11,7 @@ The `legalize` stage is run by build.py before counting kernels; `lower` is hand
 from __future__ import annotations
 
 from ._tvm import BACKEND_PIPELINES, dlight, tvm
+from . import recurrent_kernel
 from .errors import FusionError
 from .precision import half_sums_in_float32
 
@@ -49,12 +50,14 @@ def _guarded(passes: list) -> list:
 
 
 def legalize_passes(mode: str, target) -> list:
-    """Half conv / matmul summed in float32, library dispatch + legalization (+ TVM's fusion unless unfused)
+    """Recurrence kernels in the target's form, half conv / matmul summed in float32, library dispatch
+    + legalization (+ TVM's fusion unless unfused)
     + the target's default schedules (each rule guarded: GuardedRule)."""
     if mode not in MODES:
         raise FusionError(f"unknown build mode {mode!r}; use one of {', '.join(MODES)}")
     backend = _backend(target)
-    passes = [half_sums_in_float32()] + backend.library_dispatch_passes(target) + _guarded(backend.legalize_passes(target))
+    passes = ([recurrent_kernel.for_target(target), half_sums_in_float32()] + backend.library_dispatch_passes(target)
+              + _guarded(backend.legalize_passes(target)))
     if mode == "unfused":
         passes = [p for p in passes if p.info.name not in _AUTO_FUSION]
     if mode == "fused":

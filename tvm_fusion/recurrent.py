@@ -1,11 +1,10 @@
-"""LSTM / GRU / RNN  ==>  MatMul, Add, Sigmoid / Tanh / ..., Mul, Gather, Slice, Concat, unrolled over time.
+"""LSTM / GRU / RNN  ==>  a MatMul over every step and a time-loop kernel, or ops unrolled over time.
 
-TVM's ONNX importer has no converter for the recurrent ops, so the front door rewrites each one into ops it
-imports before it runs, for a sequence length known at compile time (TVM 0.27's importer takes no `Loop` or
-`Scan` either: a symbolic length is refused, naming the `--shape` to give). Per direction:
+TVM's ONNX importer has no converter for the recurrent ops, so the front door rewrites each one before it runs.
+Per direction:
 
     XW = X @ W^T + Wb                      one MatMul for every step ([T, N, I] x [I, G*H]; dense_bias)
-    per step t:  gates = XW[t] + (H @ R^T + Rb)                          (H @ R^T + Rb: dense_bias)
+    per step t:  gates = XW[t] + (H @ R^T + Rb)
     LSTM  i, o, f, c~ = f(gates_i + P_i * C), f(... + P_o * C'), f(... + P_f * C), g(gates_c)
           C' = f * C + i * c~ (f = 1 - i with input_forget),  H' = o * h(C')
     GRU   z, r = f(gates_z), f(gates_r);  h~ = g(XW_h + (r * H) @ R_h^T + Rb_h)   (linear_before_reset=0)
@@ -13,12 +12,18 @@ imports before it runs, for a sequence length known at compile time (TVM 0.27's 
           H' = (1 - z) * h~ + z * H
     RNN   H' = f(gates)
 
+float32 (every model we have seen): the steps are one `RecurrentScan` node per direction, which the importer
+makes one kernel with the time loop inside (recurrent_kernel.py): one call per direction instead of a few per
+step, and a sequence length that may be symbolic. Other float types: the steps are unrolled into ops TVM
+imports (H @ R^T + Rb: dense_bias), for a length known at compile time; a symbolic one is refused, naming the
+`--shape` to give.
+
 `clip` bounds every activation's input; `sequence_lens` holds a batch entry's state past its length and zeroes
 its outputs there (as onnxruntime does; a reverse direction then starts at the entry's last step, and an entry
 of length 0 ends with zero states); a missing initial state is zero (the first step has no recurrent MatMul).
-With a symbolic batch the input projection is made per step on a 2-D [N, I] slice (the dense kernels take a
-symbolic batch only in 2-D). Activation parameters are consumed in order by the activations that take them
-(onnxruntime's rule). Y is one Concat of the steps and a Reshape per direction.
+Unrolled with a symbolic batch, the input projection is made per step on a 2-D [N, I] slice (the dense kernels
+take a symbolic batch only in 2-D). Activation parameters are consumed in order by the activations that take
+them (onnxruntime's rule). Unrolled, Y is one Concat of the steps and a Reshape per direction.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from . import recurrent_kernel as _kernel
 from .errors import FusionError
 
 __all__ = ["RECURRENT_OPS", "ACTIVATIONS", "decompose_recurrent", "sequence_first"]
@@ -68,7 +74,7 @@ class _Spec:
     input_forget: bool
     layout: int
     linear_before_reset: bool
-    steps: int
+    steps: int | str | None  # a static length, a symbolic one (its name), or unknown
     batch: int | str | None  # a static batch, a symbolic one (its name), or unknown
     inputs: dict  # name in the spec (X, W, R, B, sequence_lens, initial_h, initial_c, P) -> value name
     outputs: list[str]  # Y, Y_h[, Y_c]: "" where not wanted
@@ -132,9 +138,7 @@ def _read(node: onnx.NodeProto, label: str, where: str, types: _Types) -> _Spec:
     if x_type is not None and x_type not in _FLOATS:
         raise FusionError(f"{here}: input X has type {TensorProto.DataType.Name(x_type)}; expected a float type")
     steps = x_dims[layout] if x_dims is not None and len(x_dims) == 3 else None
-    if not isinstance(steps, int):
-        raise FusionError(_symbolic_length(here, inputs["X"], layout, steps, types))
-    if steps < 1:
+    if isinstance(steps, int) and steps < 1:
         raise FusionError(f"{here}: its input {inputs['X']!r} is a sequence of {steps} steps; give at least one")
     hidden = attrs.get("hidden_size")
     if hidden is None:
@@ -144,15 +148,18 @@ def _read(node: onnx.NodeProto, label: str, where: str, types: _Types) -> _Spec:
             raise FusionError(f"{here}: has no hidden_size attribute and the shape of R is unknown; "
                               "set hidden_size on the node")
     clip = attrs.get("clip")
+    dims = x_dims if x_dims is not None and len(x_dims) == 3 else [None, None, None]
     return _Spec(op=op, label=label, hidden=int(hidden), directions=dirs,
                  activations=_activations(op, attrs, len(dirs), here),
                  clip=None if clip is None else float(clip), input_forget=bool(attrs.get("input_forget", 0)),
-                 layout=layout, linear_before_reset=bool(attrs.get("linear_before_reset", 0)), steps=int(steps),
-                 batch=x_dims[1 - layout], inputs=inputs, outputs=list(node.output) + [""] * (3 - len(node.output)))
+                 layout=layout, linear_before_reset=bool(attrs.get("linear_before_reset", 0)), steps=steps,
+                 batch=dims[1 - layout], inputs=inputs,
+                 outputs=list(node.output) + [""] * (3 - len(node.output)))
 
 
-def _symbolic_length(here: str, x: str, layout: int, dim, types: "_Types") -> str:
-    """The error for a sequence length unknown at compile time, naming the input dims that set it."""
+def _symbolic_length(here: str, x: str, layout: int, dim, types: "_Types", elem: int) -> str:
+    """The error for a sequence length unknown at compile time in a node the time-loop kernel does not take
+    (not float32), naming the input dims that set it."""
     what = f"symbolic length {dim!r}" if isinstance(dim, str) else "a length unknown at compile time"
     binds = []
     for name in types.inputs:
@@ -162,8 +169,9 @@ def _symbolic_length(here: str, x: str, layout: int, dim, types: "_Types") -> st
             binds.append(f"--shape {name}={text}")
     remedy = (f"give it with {' and '.join(binds)} (LEN: the number of steps)" if binds
               else "bind the input dims that set it with --shape")
-    return (f"{here} runs over a sequence of {what} (dim {layout} of its input {x!r}); TVM's ONNX importer has no "
-            f"Loop, so the recurrence is unrolled over a fixed number of steps: {remedy}")
+    return (f"{here} runs over a sequence of {what} (dim {layout} of its input {x!r}) in "
+            f"{TensorProto.DataType.Name(elem).lower()}; the recurrence kernel with a time loop takes float32 only, "
+            f"and in other types the recurrence is unrolled over a fixed number of steps: {remedy}")
 
 
 @dataclass
@@ -244,7 +252,8 @@ class _Emitter:
     def slice(self, x: str, axis: int, start: int, end: int, hint: str = "slice") -> str:
         if self.opset >= 10:
             return self.op("Slice", [x, self.ints([start]), self.ints([end]), self.ints([axis])], hint)
-        return self.op("Slice", [x], hint, starts=[start], ends=[end], axes=[axis])
+        # TVM's importer fails on the attribute form (opset < 10): a Gather of the indices computes the same
+        return self.op("Gather", [x, self.ints(list(range(start, end)))], hint, axis=axis)
 
     def unsqueeze(self, x: str, axes: list[int], hint: str = "unsqueeze", out: str | None = None) -> str:
         if self.opset >= 13:
@@ -460,6 +469,36 @@ def _emit(e: _Emitter, spec: _Spec, constants: dict) -> None:
     _outputs(e, spec, ys, finals)
 
 
+def _emit_scan(e: _Emitter, spec: _Spec, constants: dict) -> None:
+    """Per direction: XW = X @ W^T + Wb over every step (one MatMul), then one RecurrentScan node (the kernel
+    of recurrent_kernel.py) for the time loop; Y's directions stacked, the final states as _outputs makes them."""
+    lens = spec.inputs.get("sequence_lens")
+    if lens in constants and spec.steps is not None and (np.asarray(constants[lens]) == spec.steps).all():
+        lens = None  # every entry runs the whole sequence
+    ys, finals = [], []
+    for d in range(len(spec.directions)):
+        dr = _direction(e, spec, d)
+        xw = e.op("Add", [e.op("MatMul", [spec.inputs["X"], dr.wt], f"d{d}_xw_mm"), dr.wb], f"d{d}_xw")
+        optional = {"h0": dr.h0, "lens": lens}
+        if spec.op == "LSTM":
+            optional |= {"c0": dr.c0, "P": e.gather(spec.inputs["P"], d, 0, f"P{d}") if "P" in spec.inputs else None}
+        names, given = _kernel.scan_node_inputs(xw, dr.rt, dr.rb, optional)
+        cell = _kernel.Cell(spec.op, spec.hidden, tuple((a.name, a.alpha, a.beta) for a in dr.acts), spec.clip,
+                            spec.input_forget, spec.linear_before_reset, dr.reverse, spec.layout, given)
+        outs = [e.name(f"d{d}_{k}") for k in (("Y", "h", "c") if spec.op == "LSTM" else ("Y", "h"))]
+        e.nodes.append(helper.make_node(_kernel.SCAN_OP, names, outs, name=e.name(f"d{d}_scan"),
+                                        domain=_kernel.SCAN_DOMAIN, cell=cell.to_json()))
+        ys.append(outs[0])
+        finals.append((outs[1], outs[2] if spec.op == "LSTM" else None))
+    y_out = spec.outputs[0]
+    if y_out:  # [T, N, H] per direction -> [T, D, N, H] (layout 1: [N, T, H] -> [N, T, D, H])
+        axis = 1 if spec.layout == 0 else 2
+        per_dir = [e.unsqueeze(y, [axis], f"d{d}_Y", y_out if len(ys) == 1 else None) for d, y in enumerate(ys)]
+        if len(per_dir) > 1:
+            e.op("Concat", per_dir, "Y", y_out, axis=axis)
+    _final_states(e, spec, finals)
+
+
 def _outputs(e: _Emitter, spec: _Spec, ys: list[list[str]], finals: list[tuple]) -> None:
     """Y [T, D, N, H] (layout 1: [N, T, D, H]), Y_h and Y_c [D, N, H] (layout 1: [N, D, H])."""
     y_out, h_out, c_out = spec.outputs[:3]
@@ -474,6 +513,12 @@ def _outputs(e: _Emitter, spec: _Spec, ys: list[list[str]], finals: list[tuple])
             per_dir.append(e.op("Reshape", [joined, e.ints(shape, "Y_shape")], f"d{d}_Y", out))
         if len(per_dir) > 1:
             e.op("Concat", per_dir, "Y", y_out, axis=dir_axis)
+    _final_states(e, spec, finals)
+
+
+def _final_states(e: _Emitter, spec: _Spec, finals: list[tuple]) -> None:
+    """Y_h and Y_c [D, N, H] (layout 1: [N, D, H]) of each direction's final (h, c) [N, H]."""
+    _, h_out, c_out = spec.outputs[:3]
     state_axis = 0 if spec.layout == 0 else 1
     for out, k, what in ((h_out, 0, "Y_h"), (c_out, 1, "Y_c")):
         if out:
@@ -510,11 +555,13 @@ def _taken_names(model: onnx.ModelProto) -> set[str]:
     return names
 
 
-def decompose_recurrent(model: onnx.ModelProto, shapes: dict, where: str) -> tuple[onnx.ModelProto, dict[str, str]]:
+def decompose_recurrent(model: onnx.ModelProto, shapes: dict, where: str,
+                        kernel: bool = True) -> tuple[onnx.ModelProto, dict[str, str]]:
     """`model` with every LSTM, GRU and RNN node (subgraphs included) replaced by the ops that compute it.
 
     `shapes`: the input shapes import_onnx binds ({name: dims}; a symbolic dim is a frontend.SymDim), which
-    fix the sequence length. Returns the model (the same object when it has no recurrent node) and
+    fix the sequence length. `kernel`: float32 nodes become RecurrentScan nodes (False: every node unrolled,
+    a graph onnxruntime runs). Returns the model (the same object when it has no recurrent node) and
     {new node name: name of the recurrent node it came from}. A sequence length unknown at compile time, an
     unknown activation or a malformed attribute is a FusionError naming the node."""
     if not any(_is_recurrent(n) for g in _graphs(model.graph) for n in g.node):
@@ -524,7 +571,7 @@ def decompose_recurrent(model: onnx.ModelProto, shapes: dict, where: str) -> tup
     model = onnx.ModelProto.FromString(model.SerializeToString())
     types = _value_types(bind_input_shapes(model, shapes))
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
-    taken, origins = _taken_names(model), {}
+    taken, origins, scans = _taken_names(model), {}, False
     initializers = {t.name: t for g in _graphs(model.graph) for t in g.initializer}
     for graph in reversed(list(_graphs(model.graph))):  # branches first: rewriting a graph copies its nodes
         nodes = []
@@ -538,12 +585,22 @@ def decompose_recurrent(model: onnx.ModelProto, shapes: dict, where: str) -> tup
                         TensorProto.FLOAT)
             e = _Emitter(node.name or f"{node.op_type}_{i}", opset, elem, taken)
             lens = spec.inputs.get("sequence_lens")
-            _emit(e, spec, {lens: numpy_helper.to_array(initializers[lens])} if lens in initializers else {})
+            constants = {lens: numpy_helper.to_array(initializers[lens])} if lens in initializers else {}
+            if kernel and elem == TensorProto.FLOAT:
+                _emit_scan(e, spec, constants)
+                scans = True
+            elif isinstance(spec.steps, int):
+                _emit(e, spec, constants)
+            else:
+                raise FusionError(_symbolic_length(f"{where}: node {label!r} ({spec.op})", spec.inputs["X"],
+                                                   spec.layout, spec.steps, types, elem))
             nodes += e.nodes
             model.graph.initializer.extend(e.initializers)  # the main graph's: visible in every subgraph
             origins.update({n.name: label for n in e.nodes})
         del graph.node[:]
         graph.node.extend(nodes)
+    if scans:
+        model.opset_import.append(helper.make_opsetid(_kernel.SCAN_DOMAIN, 1))
     return model, origins
 
 

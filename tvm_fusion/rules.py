@@ -173,6 +173,12 @@ def batch_shape(expr, batch_dims: Collection[str] | None = None) -> tuple | None
     return tuple(out)
 
 
+def dim_name(d) -> str:
+    """A symbolic dim's text: a variable's own name (str() prints TVMScript, which calls a dim named `T` `T_1`
+    since T is its prefix for TIR), or the expression's text."""
+    return str(d.name) if isinstance(d, tirx.Var) else str(d)
+
+
 def undeclared_dims(expr, batch_dims: Collection[str]) -> list[str]:
     """The names of the variables in a value's shape that are not among `batch_dims` (in dim order)."""
     names = dict.fromkeys(str(v.name) for v in _dim_vars(expr))
@@ -199,7 +205,7 @@ def shape_text(value) -> str:
     """A value's (or a tuple of dims') shape for messages: (N, 3, 224, 224), (5,), or 'unknown'."""
     shape = value if isinstance(value, tuple) else getattr(_tvm.expr_type(value), "shape", None)
     try:
-        dims = [int(d) if isinstance(d, (int, tirx.IntImm)) else str(d) for d in shape]
+        dims = [int(d) if isinstance(d, (int, tirx.IntImm)) else dim_name(d) for d in shape]
     except TypeError:
         return "unknown"
     return str(tuple(dims)).replace("'", "")
