@@ -12,11 +12,12 @@ Per direction:
           H' = (1 - z) * h~ + z * H
     RNN   H' = f(gates)
 
-float32 (every model we have seen): the steps are one `RecurrentScan` node per direction, which the importer
-makes one kernel with the time loop inside (recurrent_kernel.py): one call per direction instead of a few per
-step, and a sequence length that may be symbolic. Other float types: the steps are unrolled into ops TVM
-imports (H @ R^T + Rb: dense_bias), for a length known at compile time; a symbolic one is refused, naming the
-`--shape` to give.
+The steps are one `RecurrentScan` node per direction, which the importer makes one kernel with the time loop
+inside (recurrent_kernel.py; it computes in float32, float64 for double): one call per direction instead of a
+few per step, and a sequence length that may be symbolic. With `kernel=False` the steps are unrolled instead
+into ops TVM and onnxruntime import (H @ R^T + Rb: MatMul and Add), for a length known at compile time (a
+symbolic one is refused, naming the `--shape` to give): the same semantics as a plain ONNX graph, which the
+tests run in onnxruntime beside the node itself.
 
 `clip` bounds every activation's input; `sequence_lens` holds a batch entry's state past its length and zeroes
 its outputs there (as onnxruntime does; a reverse direction then starts at the entry's last step, and an entry
@@ -157,9 +158,9 @@ def _read(node: onnx.NodeProto, label: str, where: str, types: _Types) -> _Spec:
                  outputs=list(node.output) + [""] * (3 - len(node.output)))
 
 
-def _symbolic_length(here: str, x: str, layout: int, dim, types: "_Types", elem: int) -> str:
-    """The error for a sequence length unknown at compile time in a node the time-loop kernel does not take
-    (not float32), naming the input dims that set it."""
+def _symbolic_length(here: str, x: str, layout: int, dim, types: "_Types") -> str:
+    """The error for a sequence length unknown at compile time where the steps are unrolled, naming the input
+    dims that set it."""
     what = f"symbolic length {dim!r}" if isinstance(dim, str) else "a length unknown at compile time"
     binds = []
     for name in types.inputs:
@@ -169,9 +170,8 @@ def _symbolic_length(here: str, x: str, layout: int, dim, types: "_Types", elem:
             binds.append(f"--shape {name}={text}")
     remedy = (f"give it with {' and '.join(binds)} (LEN: the number of steps)" if binds
               else "bind the input dims that set it with --shape")
-    return (f"{here} runs over a sequence of {what} (dim {layout} of its input {x!r}) in "
-            f"{TensorProto.DataType.Name(elem).lower()}; the recurrence kernel with a time loop takes float32 only, "
-            f"and in other types the recurrence is unrolled over a fixed number of steps: {remedy}")
+    return (f"{here} runs over a sequence of {what} (dim {layout} of its input {x!r}); unrolled, the recurrence "
+            f"needs a fixed number of steps: {remedy}")
 
 
 @dataclass
@@ -482,12 +482,19 @@ def _emit_scan(e: _Emitter, spec: _Spec, constants: dict) -> None:
         optional = {"h0": dr.h0, "lens": lens}
         if spec.op == "LSTM":
             optional |= {"c0": dr.c0, "P": e.gather(spec.inputs["P"], d, 0, f"P{d}") if "P" in spec.inputs else None}
-        names, given = _kernel.scan_node_inputs(xw, dr.rt, dr.rb, optional)
+        double = e.elem_type == TensorProto.DOUBLE
+        half = not double and e.elem_type != TensorProto.FLOAT  # float16 / bfloat16: the kernel's in float32
+        wide = (lambda v: e.op("Cast", [v], "to_float", to=TensorProto.FLOAT)) if half else (lambda v: v)
+        names, given = _kernel.scan_node_inputs(wide(xw), wide(dr.rt), wide(dr.rb),
+                                                {k: v and (v if k == "lens" else wide(v)) for k, v in optional.items()})
         cell = _kernel.Cell(spec.op, spec.hidden, tuple((a.name, a.alpha, a.beta) for a in dr.acts), spec.clip,
-                            spec.input_forget, spec.linear_before_reset, dr.reverse, spec.layout, given)
+                            spec.input_forget, spec.linear_before_reset, dr.reverse, spec.layout, given,
+                            "float64" if double else "float32")
         outs = [e.name(f"d{d}_{k}") for k in (("Y", "h", "c") if spec.op == "LSTM" else ("Y", "h"))]
         e.nodes.append(helper.make_node(_kernel.SCAN_OP, names, outs, name=e.name(f"d{d}_scan"),
                                         domain=_kernel.SCAN_DOMAIN, cell=cell.to_json()))
+        if half:
+            outs = [e.op("Cast", [o], "from_float", to=e.elem_type) for o in outs]
         ys.append(outs[0])
         finals.append((outs[1], outs[2] if spec.op == "LSTM" else None))
     y_out = spec.outputs[0]
@@ -560,8 +567,8 @@ def decompose_recurrent(model: onnx.ModelProto, shapes: dict, where: str,
     """`model` with every LSTM, GRU and RNN node (subgraphs included) replaced by the ops that compute it.
 
     `shapes`: the input shapes import_onnx binds ({name: dims}; a symbolic dim is a frontend.SymDim), which
-    fix the sequence length. `kernel`: float32 nodes become RecurrentScan nodes (False: every node unrolled,
-    a graph onnxruntime runs). Returns the model (the same object when it has no recurrent node) and
+    fix the sequence length. `kernel`: each node becomes RecurrentScan nodes (False: unrolled, a graph
+    onnxruntime runs). Returns the model (the same object when it has no recurrent node) and
     {new node name: name of the recurrent node it came from}. A sequence length unknown at compile time, an
     unknown activation or a malformed attribute is a FusionError naming the node."""
     if not any(_is_recurrent(n) for g in _graphs(model.graph) for n in g.node):
@@ -586,14 +593,14 @@ def decompose_recurrent(model: onnx.ModelProto, shapes: dict, where: str,
             e = _Emitter(node.name or f"{node.op_type}_{i}", opset, elem, taken)
             lens = spec.inputs.get("sequence_lens")
             constants = {lens: numpy_helper.to_array(initializers[lens])} if lens in initializers else {}
-            if kernel and elem == TensorProto.FLOAT:
+            if kernel:
                 _emit_scan(e, spec, constants)
                 scans = True
             elif isinstance(spec.steps, int):
                 _emit(e, spec, constants)
             else:
                 raise FusionError(_symbolic_length(f"{where}: node {label!r} ({spec.op})", spec.inputs["X"],
-                                                   spec.layout, spec.steps, types, elem))
+                                                   spec.layout, spec.steps, types))
             nodes += e.nodes
             model.graph.initializer.extend(e.initializers)  # the main graph's: visible in every subgraph
             origins.update({n.name: label for n in e.nodes})

@@ -1,8 +1,9 @@
 """One direction of an LSTM / GRU / RNN over all its steps in one kernel (the recurrence's time loop in TIR).
 
-The front door (recurrent.py) rewrites a float32 recurrent node into its input projection (one MatMul over
-every step) and, per direction, one `tvm_fusion.recurrent::RecurrentScan` node, which the importer turns into
-a call of the kernel made here. Per step the kernel computes the recurrent product h @ R^T + Rb and the cell's
+The front door (recurrent.py) rewrites a recurrent node into its input projection (one MatMul over every
+step) and, per direction, one `tvm_fusion.recurrent::RecurrentScan` node (float32 or float64; a float16 or
+bfloat16 node's between Casts to float32 and back), which the importer turns into a call of the kernel made
+here. Per step the kernel computes the recurrent product h @ R^T + Rb and the cell's
 update, with the state kept in the kernel:
 
     llvm : batch entries in parallel (a static batch of 1 runs serially); per step, for k < H: a vector
@@ -49,6 +50,7 @@ class Cell:
     reverse: bool
     layout: int  # 0: xw [T, N, G*H], y [T, N, H]; 1: xw [N, T, G*H], y [N, T, H]
     given: tuple  # which of _OPTIONAL the node has
+    dtype: str = "float32"  # float32 or float64: the tensors' and the arithmetic's (recurrent.py casts half types)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -62,26 +64,27 @@ class Cell:
 # ------------------------------------------------------------------------------------------------ the math
 
 
-def _f32(v) -> tirx.PrimExpr:
-    return tirx.const(float(v), "float32")
-
-
 class _Math:
-    """exp, sigmoid and tanh: on the CPU the vectorizable forms of schedules/llvm/fast_math.py (LLVM makes a
-    vector exp one libm call per lane), elsewhere TVM's intrinsics."""
+    """Constants in the compute type; exp, sigmoid and tanh: on the CPU in float32 the vectorizable forms of
+    schedules/llvm/fast_math.py (LLVM makes a vector exp one libm call per lane), elsewhere TVM's intrinsics."""
 
-    def __init__(self, gpu: bool):
-        if gpu:
+    def __init__(self, gpu: bool, dtype: str):
+        self.dtype = dtype
+        if gpu or dtype != "float32":
             self.exp, self.sigmoid, self.tanh = tirx.exp, tirx.sigmoid, tirx.tanh
         else:
             from .schedules.llvm.fast_math import fast_exp, fast_sigmoid, fast_tanh
 
             self.exp, self.sigmoid, self.tanh = fast_exp, fast_sigmoid, fast_tanh
 
+    def c(self, v) -> tirx.PrimExpr:
+        return tirx.const(float(v), self.dtype)
+
 
 def _act(act, x, math: _Math):
     name, a, b = act
-    zero, one = _f32(0), _f32(1)
+    c = math.c
+    zero, one = c(0), c(1)
     if name == "sigmoid":
         return math.sigmoid(x)
     if name == "tanh":
@@ -93,22 +96,22 @@ def _act(act, x, math: _Math):
     if name == "softplus":
         return tirx.log(one + math.exp(x))
     if name == "affine":
-        return _f32(a) * x + _f32(b)
+        return c(a) * x + c(b)
     if name == "leakyrelu":
-        return tirx.Select(x < zero, _f32(a) * x, x)
+        return tirx.Select(x < zero, c(a) * x, x)
     if name == "thresholdedrelu":
-        return tirx.Select(x > _f32(a), x, zero)
+        return tirx.Select(x > c(a), x, zero)
     if name == "scaledtanh":
-        return _f32(a) * math.tanh(_f32(b) * x)
+        return c(a) * math.tanh(c(b) * x)
     if name == "hardsigmoid":
-        return tirx.max(zero, tirx.min(one, _f32(a) * x + _f32(b)))
+        return tirx.max(zero, tirx.min(one, c(a) * x + c(b)))
     if name == "elu":
-        return tirx.Select(x < zero, _f32(a) * (math.exp(x) - one), x)
+        return tirx.Select(x < zero, c(a) * (math.exp(x) - one), x)
     raise AssertionError(name)  # recurrent._activations admits only its ACTIVATIONS
 
 
-def _clip(cell: Cell, x):
-    return x if cell.clip is None else tirx.max(_f32(-cell.clip), tirx.min(_f32(cell.clip), x))
+def _clip(cell: Cell, x, math: _Math):
+    return x if cell.clip is None else tirx.max(math.c(-cell.clip), tirx.min(math.c(cell.clip), x))
 
 
 # ------------------------------------------------------------------------------------------------ the kernel
@@ -126,12 +129,15 @@ class _Body:
 
         self.T, self.cell, self.gpu, self.threads = T, cell, gpu, threads
         self.tx, self.lane = None, 0
-        self.math = _Math(gpu)
+        self.math = _Math(gpu, cell.dtype)
 
     def act(self, slot: int, x, clip: bool = True):
         """The cell's activation `slot` of x, its input clipped where the node has `clip` (every activation's
         but an LSTM's h of its cell state)."""
-        return _act(self.cell.acts[slot], _clip(self.cell, x) if clip else x, self.math)
+        return _act(self.cell.acts[slot], _clip(self.cell, x, self.math) if clip else x, self.math)
+
+    def c(self, v):
+        return self.math.c(v)
 
     def sync(self):
         if self.gpu:
@@ -162,12 +168,12 @@ class _Body:
         self.sync()
 
     def scratch(self, n: int):
-        return self.T.decl_buffer([n], "float32", scope="shared" if self.gpu else "global")
+        return self.T.decl_buffer([n], self.cell.dtype, scope="shared" if self.gpu else "global")
 
     def own(self, n: int):
         if not self.gpu:
             return self.scratch(n)
-        return self.T.decl_buffer([self._chunks(n)], "float32", scope="local")
+        return self.T.decl_buffer([self._chunks(n)], self.cell.dtype, scope="local")
 
     def mine(self, buf, j):
         """The lane's element `j` of an `own` buffer."""
@@ -179,7 +185,7 @@ class _Body:
         if not self.gpu:  # one buffer: `shared` is `own` or None
             T.buffer_store(own, value, [j])
             return own[j]
-        reg = T.decl_buffer([1], "float32", scope="local")
+        reg = T.decl_buffer([1], self.cell.dtype, scope="local")
         T.buffer_store(reg, value, [0])
         T.buffer_store(own, reg[0], [self.lane])
         if shared is not None:
@@ -190,7 +196,7 @@ class _Body:
         """acc[g] = bias[col0 + g] + sum_k h[k] * rt[k, col0 + g] for g < cols."""
         T, hidden = self.T, self.cell.hidden
         if self.gpu:
-            part = T.decl_buffer([1], "float32", scope="local")
+            part = T.decl_buffer([1], self.cell.dtype, scope="local")
             with self.each(cols) as g:
                 T.buffer_store(part, bias[col0 + g], [0])
                 with T.serial(0, hidden) as k:
@@ -250,9 +256,9 @@ def _entry(body: _Body, cell: Cell, b, steps, xw, rt, rb, opt, y, hn, cn):
     T, hidden = body.T, cell.hidden
     st = _State(body, cell)
     with body.each(hidden) as j:
-        st.new_h(body, opt["h0"][b, j] if "h0" in opt else _f32(0), j)
+        st.new_h(body, opt["h0"][b, j] if "h0" in opt else body.c(0), j)
         if st.c is not None:
-            body.set_state(st.c, None, opt["c0"][b, j] if "c0" in opt else _f32(0), j)
+            body.set_state(st.c, None, opt["c0"][b, j] if "c0" in opt else body.c(0), j)
 
     def at(t, j):
         return xw[t, b, j] if cell.layout == 0 else xw[b, t, j]
@@ -271,13 +277,14 @@ def _entry(body: _Body, cell: Cell, b, steps, xw, rt, rb, opt, y, hn, cn):
                     step(body, cell, st, rt, rb, opt, lambda j: at(t, j), lambda v, j: put(v, t, j))
                 with T.Else():
                     with body.each(hidden) as j:
-                        put(_f32(0), t, j)
+                        put(body.c(0), t, j)
     alive = (opt["lens"][b] > 0) if "lens" in opt else None
     with body.each(hidden) as j:
         for final, own in ((hn, st.h_own), (cn, st.c)):
             if final is not None:
                 value = body.mine(own, j)
-                T.buffer_store(final, value if alive is None else tirx.Select(alive, value, _f32(0)), [b, j])
+                value = value if alive is None else tirx.Select(alive, value, body.c(0))
+                T.buffer_store(final, value, [b, j])
 
 
 def _lstm(body: _Body, cell: Cell, st: _State, rt, rb, opt, x, put):
@@ -290,7 +297,7 @@ def _lstm(body: _Body, cell: Cell, st: _State, rt, rb, opt, x, put):
         if p is not None:
             gi, gf = gi + p[j] * c, gf + p[2 * H + j] * c
         i = body.act(0, gi)
-        fg = _f32(1) - i if cell.input_forget else body.act(0, gf)
+        fg = body.c(1) - i if cell.input_forget else body.act(0, gf)
         c_new = body.set_state(st.c, None, fg * c + i * body.act(1, gc), j)
         if p is not None:
             go = go + p[H + j] * c_new
@@ -305,7 +312,7 @@ def _gru(body: _Body, cell: Cell, st: _State, rt, rb, opt, x, put):
             z = body.act(0, x(j) + st.acc[j])
             r = body.act(0, x(H + j) + st.acc[H + j])
             cand = body.act(1, x(2 * H + j) + r * st.acc[2 * H + j])
-            put(st.new_h(body, (_f32(1) - z) * cand + z * body.mine(st.h_own, j), j), j)
+            put(st.new_h(body, (body.c(1) - z) * cand + z * body.mine(st.h_own, j), j), j)
         return
     body.matvec(st.acc, st.h, rt, rb, 0, 2 * H)  # h~ = g(x_h + (r * h) @ R_h^T + Rb_h): the reset gate first
     with body.each(H) as j:
@@ -316,7 +323,7 @@ def _gru(body: _Body, cell: Cell, st: _State, rt, rb, opt, x, put):
     with body.each(H) as j:
         z = body.mine(st.z, j)
         cand = body.act(1, x(2 * H + j) + st.acc[j])
-        put(st.new_h(body, (_f32(1) - z) * cand + z * body.mine(st.h_own, j), j), j)
+        put(st.new_h(body, (body.c(1) - z) * cand + z * body.mine(st.h_own, j), j), j)
 
 
 def _rnn(body: _Body, cell: Cell, st: _State, rt, rb, opt, x, put):
@@ -336,7 +343,7 @@ def _threads(cell: Cell) -> int:
 
 def _shared_bytes(cell: Cell) -> int:
     gh, H = _GATES[cell.op] * cell.hidden, cell.hidden
-    return 4 * (H + gh + (H if cell.op == "GRU" and not cell.linear_before_reset else 0))
+    return (8 if cell.dtype == "float64" else 4) * (H + gh + (H if cell.op == "GRU" and not cell.linear_before_reset else 0))
 
 
 def scan_te(cell: Cell, gpu: bool, *tensors):
@@ -347,7 +354,7 @@ def scan_te(cell: Cell, gpu: bool, *tensors):
     shapes = [y_shape, (batch, cell.hidden)] + ([(batch, cell.hidden)] if cell.op == "LSTM" else [])
     threads = _threads(cell)
     outs = te.extern(shapes, list(tensors), lambda ins, outs: _kernel(cell, gpu, threads, ins, outs),
-                     dtype=["float32"] * len(shapes), name=f"{cell.op.lower()}_scan", tag="recurrent_scan")
+                     dtype=[cell.dtype] * len(shapes), name=f"{cell.op.lower()}_scan", tag="recurrent_scan")
     return list(outs) if isinstance(outs, (list, tuple)) else [outs]
 
 
