@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import onnx
@@ -111,3 +110,29 @@ def test_compare_cuda_without_gpu_builds_and_says_why(capsys, tmp_path):
     assert "execution skipped: no CUDA device on this machine" in out
     assert "nvcc compiled the generated CUDA of: unfused" in out and "fused" in out
     assert "conv2d_bn_add_relu 1" in out
+
+
+def test_no_simplify_reaches_every_command(capsys, tmp_path, monkeypatch):
+    """--no-simplify is an argument of each command's import (no process-wide switch): recorded here on the
+    import, which then stops the command (exit 2)."""
+    from tvm_fusion import frontend
+    from tvm_fusion.errors import FusionError
+
+    seen = []
+
+    def recording(model, shapes=None, *, fold_constants=True, simplify=True):
+        seen.append(simplify)
+        raise FusionError("stop after the import")
+
+    monkeypatch.setattr(frontend, "import_onnx", recording)
+    path = str(tmp_path / "m.onnx")
+    onnx.save(conv_bn_relu(), path)
+    commands = [["explain"], ["compare", "--repeat", "0"], ["compare", "--per-group"], ["profile"],
+                ["compile", "-o", str(tmp_path / "m.so"), "--target", "llvm"]]
+    for command in commands:
+        for flag, expected in (([], True), (["--no-simplify"], False)):
+            seen.clear()
+            assert main([command[0], path, *command[1:], *flag]) == 2, capsys.readouterr().err
+            assert seen == [expected], (command, flag)
+    assert main(["rules", "--no-simplify"]) == 2  # only the commands that import a model take it
+    assert "unrecognized arguments: --no-simplify" in capsys.readouterr().err

@@ -239,7 +239,7 @@ def _against(fused, unfused, ort, strict=False):
     run = _Run([np.asarray(fused)], _Onnxruntime([np.asarray(ort)]), ["float32"], "", {}, [])
     stats = {"y": error_stats(fused, ort)}
     assert not stats["y"].ok
-    return _against_unfused(run, _Plain([np.asarray(unfused)]), ["y"], stats, None, None, None, 0, None, strict, 0)
+    return _against_unfused(run, _Plain([np.asarray(unfused)]), ["y"], stats, None, None, None, 0, None, strict, 0, True)
 
 
 def test_what_the_unfused_build_decides():

@@ -248,10 +248,11 @@ def _run(args) -> int:
     rules = _rules(args)
     shapes = _shapes(args)
     model = _model(args, shapes)
+    simplify = not args.no_simplify
     if args.command == "explain":
         from .explain import explain
 
-        print(explain(model, args.target, shapes=shapes, rules=rules))
+        print(explain(model, args.target, shapes=shapes, rules=rules, simplify=simplify))
         return 0
     if args.command == "profile":
         return _profile(args, model, shapes, rules)
@@ -266,7 +267,7 @@ def _run(args) -> int:
                                counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
                                seed=args.seed, external_weights=args.external_weights, inputs=args.inputs,
                                cuda_graph=args.cuda_graph, precision=args.precision, tune=tune,
-                               strict=args.strict, search_timeout=timeout)
+                               strict=args.strict, search_timeout=timeout, simplify=simplify)
         warning = result.manifest["verification"].get("warning")
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
@@ -281,7 +282,7 @@ def _run(args) -> int:
     from .compare import compare
 
     report = compare(model, args.target, shapes=shapes, rules=rules, repeat=args.repeat, seed=args.seed,
-                     arch=args.arch, modes=modes, inputs=args.inputs, precision=args.precision)
+                     arch=args.arch, modes=modes, inputs=args.inputs, precision=args.precision, simplify=simplify)
     print(report)
     print(_profile_hint(args))
     if report.executed and not report.ok:
@@ -302,7 +303,7 @@ def _profile(args, model, shapes, rules) -> int:
     from .profile import profile
 
     report = profile(model, args.target, shapes=shapes, rules=rules, modes=[m for m in args.modes.split(",") if m],
-                     repeat=args.repeat, seed=args.seed, arch=args.arch)
+                     repeat=args.repeat, seed=args.seed, arch=args.arch, simplify=not args.no_simplify)
     print(report)
     for path, write in ((args.json, report.write_json), (args.html, report.write_html)):
         if path:
@@ -315,7 +316,7 @@ def _differential(args, model, shapes, rules) -> int:
     from .differential import bisect, check_groups
 
     kw = {"shapes": shapes, "rules": rules, "seed": args.seed, "arch": args.arch, "inputs": args.inputs,
-          "precision": args.precision}
+          "precision": args.precision, "simplify": not args.no_simplify}
     if args.bisect:
         report = bisect(model, args.target, **kw)
         print(report)
@@ -350,11 +351,8 @@ def main(argv=None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:  # argparse: usage errors are bad input (2), --help is 0
         return exit_.code if isinstance(exit_.code, int) else 2
-    from .simplify import enabled
-
     try:
-        with enabled(not getattr(args, "no_simplify", False)):
-            return _run(args)
+        return _run(args)
     except ToleranceExceeded as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

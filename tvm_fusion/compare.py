@@ -188,8 +188,9 @@ def _lat(values: list[float]) -> list[str]:
 
 def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
             repeat: int = 10, seed: int = 0, arch: str = "sm_90", modes=MODES, inputs=None,
-            precision: str | None = None) -> CompareReport:
+            precision: str | None = None, simplify: bool = True) -> CompareReport:
     """Build `model` in `modes`, run them and onnxruntime on the same inputs, return the report.
+    `simplify=False`: import the model as given (no ONNX simplifier; frontend.import_onnx).
 
     `precision` "fp16" / "bf16": convert the float32 model first (tvm_fusion.precision); onnxruntime runs the
     float32 model and every output is judged with the half dtype's tolerance.
@@ -206,7 +207,7 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
         raise FusionError(f"{name}: the graph has no outputs; nothing to compare")
     given = load_inputs(inputs)
     shapes = check_inputs(proto, given, shapes)
-    mod = convert(frontend.import_onnx(proto, shapes), precision)
+    mod = convert(frontend.import_onnx(proto, shapes, simplify=simplify), precision)
     tgt = resolve_target(target, arch)
     if tgt.kind.name != "cuda" or gpu_available()[0]:  # before building: refuse what cannot run
         check_memory(mod, len(modes) + 1, name)
@@ -247,7 +248,7 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
             from .differential import check_groups
 
             groups = check_groups(model, tgt, shapes=shapes, rules=rules, seed=seed, arch=arch, inputs=given,
-                                  precision=precision)
+                                  precision=precision, simplify=simplify)
     ort_lat = []
     for _ in progress(range(repeat), "timing"):  # interleaved: one run of each per round
         for m, vm in vms.items():

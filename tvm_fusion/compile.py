@@ -256,7 +256,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
                   seed: int = 0, cc: str | None = None, external_weights: bool = False,
                   inputs=None, cuda_graph: bool | None = None, precision: str | None = None,
                   tune: TuneOptions | None = None, strict: bool = False,
-                  search_timeout: float = DEFAULT_SEARCH_TIMEOUT) -> CompileResult:
+                  search_timeout: float = DEFAULT_SEARCH_TIMEOUT, simplify: bool = True) -> CompileResult:
     """Fuse and build `model` for `target`, verify it against onnxruntime on inputs seeded with `seed`
     and the `inputs` given (a dict or an .npz path, as for compare), export the library to `output`, write
     `<output>.json` (verify.py: nothing is written when fusion changed the result; a difference from
@@ -270,7 +270,8 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     `precision` "fp16" / "bf16" converts the float32 model first (tvm_fusion.precision); the verify step then
     judges it against the float32 model with the half dtype's tolerance.
     `tune` (tune.TuneOptions: trials per kernel, database folder, RPC tracker) tunes the fused kernels with
-    MetaSchedule first; the manifest's `tuning` and the result's `tuning` say what each kernel gained."""
+    MetaSchedule first; the manifest's `tuning` and the result's `tuning` say what each kernel gained.
+    `simplify=False` imports the model as given, without the ONNX simplifier (the verify step's checks too)."""
     start = time.perf_counter()
     check_precision(precision)
     if tune is not None:
@@ -289,7 +290,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         proto = frontend.load_onnx(model)
         given = load_inputs(inputs)
         shapes = check_inputs(proto, given, shapes)  # given arrays bind symbolic dims, as in compare
-        mod = convert(frontend.import_onnx(proto, shapes), precision)
+        mod = convert(frontend.import_onnx(proto, shapes, simplify=simplify), precision)
         bar.update()
         built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights, cuda_graph=cuda_graph,
                       tune=tune)
@@ -297,6 +298,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         bar.update()
         verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given,
                                      precision=precision, strict=strict, search_timeout=search_timeout,
+                                     simplify=simplify,
                                      name=str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>"))
                         if verify else skipped())
         bar.update()

@@ -177,7 +177,7 @@ def _run(executable, dev, args) -> list:
 # ---------------------------------------------------------------- the check
 def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
                  seed: int = 0, arch: str = "sm_90", inputs=None, precision: str | None = None,
-                 deadline: float | None = None, noise: list | None = None) -> GroupReport:
+                 deadline: float | None = None, noise: list | None = None, simplify: bool = True) -> GroupReport:
     """Run every fused group of `model` against its unfused subgraph on the real intermediate values.
 
     `inputs`: a dict name -> array or an .npz path for some or all graph inputs (the rest: seeded random).
@@ -185,14 +185,15 @@ def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: Rul
     half output is judged with its dtype's tolerance against the same ops unfused at the same precision, and
     the whole model's outputs only where the model is well-conditioned for the dtype (precision.half_baseline).
     `deadline` (time.monotonic()): SearchTimedOut between two stages past it. `noise`: per output, onnxruntime's
-    own on these inputs (reference.Reference.noise), allowed in the whole model's fused-vs-unfused verdict."""
+    own on these inputs (reference.Reference.noise), allowed in the whole model's fused-vs-unfused verdict.
+    `simplify=False`: import the model as given (no ONNX simplifier)."""
     name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
     proto = frontend.load_onnx(model)
     given = load_inputs(inputs)
     shapes = check_inputs(proto, given, shapes)
     # a symbolic dim is checked bound to one size (an --inputs array's, else the larger one compare runs)
     shapes = frontend.concrete_shapes(shapes, frontend.check_sizes(shapes, given)[-1])
-    mod = convert(frontend.import_onnx(proto, shapes), precision)
+    mod = convert(frontend.import_onnx(proto, shapes, simplify=simplify), precision)
     tgt = resolve_target(target, arch)
     dev = _device(tgt)
     rules = rules if rules is not None else default_rules()
@@ -258,7 +259,7 @@ class BisectReport:
 
 def bisect(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
            seed: int = 0, arch: str = "sm_90", inputs=None, precision: str | None = None,
-           timeout: float | None = None, noise: list | None = None) -> BisectReport:
+           timeout: float | None = None, noise: list | None = None, simplify: bool = True) -> BisectReport:
     """Find the rule(s) that break `model`: per-group check, then disable the rules of the groups over
     tolerance and rebuild, again and again (a lower-priority rule may take the same match and make the same
     mistake), accumulating the culprits until the model passes. When no group is to blame (the error only
@@ -267,7 +268,7 @@ def bisect(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet |
     rules = rules if rules is not None else default_rules()
     deadline = time.monotonic() + timeout if timeout is not None else None
     kw = {"shapes": shapes, "seed": seed, "arch": arch, "inputs": load_inputs(inputs), "precision": precision,
-          "deadline": deadline, "noise": noise}
+          "deadline": deadline, "noise": noise, "simplify": simplify}
     report = BisectReport(None, [])
     with status("culprit search", timeout) as line:
         try:

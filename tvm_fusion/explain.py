@@ -109,12 +109,13 @@ def _by_node(items: list) -> dict[str, list]:
     return out
 
 
-def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None) -> Explanation:
-    """Fuse `model` (path, ModelProto or Relax IRModule) and explain every decision."""
+def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None, simplify: bool = True) -> Explanation:
+    """Fuse `model` (path, ModelProto or Relax IRModule) and explain every decision (`simplify=False`: an ONNX
+    model imported as given, without the ONNX simplifier)."""
     from . import frontend
     from .loader import load_rules_for
 
-    mod = model if isinstance(model, tvm.IRModule) else frontend.import_onnx(model, shapes)
+    mod = model if isinstance(model, tvm.IRModule) else frontend.import_onnx(model, shapes, simplify=simplify)
     rules = rules if rules is not None else load_rules_for()
     target = resolve_target(target)
     result = fuse(mod, target, rules)

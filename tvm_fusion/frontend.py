@@ -614,11 +614,11 @@ def onnx_input_names(mod) -> dict[str, str]:
 
 
 def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = True,
-                simplify: bool | None = None) -> tvm.IRModule:
+                simplify: bool = True) -> tvm.IRModule:
     """Import an ONNX model (path or ModelProto) into a Relax IRModule ready for pattern matching.
 
     `shapes` binds input dims: {"input_name": (1, 3, 224, 224)}; required for symbolic dims.
-    `simplify` (default: on, see simplify.enabled) first runs the ONNX simplifier with those shapes
+    `simplify` (default: on; the CLI's --no-simplify turns it off) first runs the ONNX simplifier with those shapes
     (simplify.py; module attribute `tvm_fusion.simplify` records what ran).
     """
     where = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")

@@ -572,9 +572,11 @@ def _build(mod, target, mode: str, rules: RuleSet):
 
 
 def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
-            modes=("unfused", "fused"), repeat: int = 5, seed: int = 0, arch: str = "sm_90") -> ProfileReport:
+            modes=("unfused", "fused"), repeat: int = 5, seed: int = 0, arch: str = "sm_90",
+            simplify: bool = True) -> ProfileReport:
     """Build `model` in `modes`, time every kernel over `repeat` inferences on the same seeded inputs, and
-    model the memory traffic and what is left to fuse. Needs the unfused and fused builds for before/after."""
+    model the memory traffic and what is left to fuse. Needs the unfused and fused builds for before/after.
+    `simplify=False`: import the model as given (no ONNX simplifier)."""
     from .loader import load_rules_for
 
     modes = list(dict.fromkeys(modes))
@@ -590,7 +592,7 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     # a symbolic dim is profiled bound to the larger size compare checks (3, or its upper bound up to 8):
     # the traffic model and the FLOP counts need static shapes
     shapes = frontend.concrete_shapes(shapes, frontend.check_sizes(shapes or {})[-1])
-    mod = frontend.import_onnx(proto, shapes)
+    mod = frontend.import_onnx(proto, shapes, simplify=simplify)
     names = frontend.onnx_node_names(mod)
     tgt = resolve_target(target, arch)
     dev, device, peaks = _device(tgt.kind.name)

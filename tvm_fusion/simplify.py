@@ -15,8 +15,6 @@ nodes. `record` (stored on the module, written into compile's manifest) says wha
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import importlib.metadata
 import re
 import time
@@ -25,25 +23,11 @@ import onnx
 
 from .errors import FusionError
 
-__all__ = ["DEFAULT", "RECORD_ATTR", "SIMPLIFIERS", "bind_input_shapes", "enabled", "failure", "front_door",
+__all__ = ["DEFAULT", "RECORD_ATTR", "SIMPLIFIERS", "bind_input_shapes", "failure", "front_door",
            "record_of", "run_simplifier", "simplify"]
 
 DEFAULT = "onnxslim"
 RECORD_ATTR = "tvm_fusion.simplify"
-_ENABLED = contextvars.ContextVar("tvm_fusion_simplify", default=True)
-
-
-@contextlib.contextmanager
-def enabled(on: bool):
-    """`with enabled(False):` every import_onnx inside (compile, compare, explain, ...) skips the simplifier
-    unless it says otherwise; the CLI's --no-simplify."""
-    token = _ENABLED.set(bool(on))
-    try:
-        yield
-    finally:
-        _ENABLED.reset(token)
-
-
 def _onnxslim(model: onnx.ModelProto) -> onnx.ModelProto:
     import onnxslim
 
@@ -171,10 +155,10 @@ def simplify(model: onnx.ModelProto, shapes: dict, tool: str = DEFAULT) -> tuple
     return out, record
 
 
-def front_door(model: onnx.ModelProto, shapes: dict, on: bool | None = None) -> tuple[onnx.ModelProto, dict]:
-    """What import_onnx runs before TVM's importer: (model to import, record of what ran).
-    `on=None` follows `enabled(...)` (default: on)."""
-    if not (_ENABLED.get() if on is None else on):
+def front_door(model: onnx.ModelProto, shapes: dict, on: bool = True) -> tuple[onnx.ModelProto, dict]:
+    """What import_onnx runs before TVM's importer: (model to import, record of what ran); `on=False`: the
+    model as given (the CLI's --no-simplify)."""
+    if not on:
         return model, {"simplifier": "off", "skipped": "--no-simplify"}
     return simplify(model, shapes)
 

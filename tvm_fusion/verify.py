@@ -127,14 +127,16 @@ class _Run:
 def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = None,
                  rules: RuleSet | None = None, seed: int = 0, inputs: dict | None = None,
                  precision: str | None = None, strict: bool = False,
-                 search_timeout: float = DEFAULT_SEARCH_TIMEOUT, name: str = "the model") -> Verification:
+                 search_timeout: float = DEFAULT_SEARCH_TIMEOUT, name: str = "the model",
+                 simplify: bool = True) -> Verification:
     """Run `built` (or, for a non-CPU target, the same fused graph built for the host CPU) on the given
     `inputs` (checked with io.check_inputs) and seeded values for the rest, and compare every output
     with onnxruntime. An output over tolerance is checked against the unfused build: shared with it, the
     result carries a warning (`strict`: ToleranceExceeded); not shared, ToleranceExceeded naming the group to
     blame (the culprit search stops after `search_timeout` seconds; 0 skips it). With `precision` (a float32
     model converted to fp16 / bf16) the outputs are judged with the half dtype's tolerance. `name`: the model,
-    as errors name it (its path)."""
+    as errors name it (its path). `simplify`: whether the checks that re-import the model (the per-group check,
+    the culprit search) run the ONNX simplifier, as the build's import did."""
     start = time.perf_counter()
     on_cpu = _runs_here(built.target)
     cpu = built.target if on_cpu else _quick_cpu()
@@ -164,7 +166,7 @@ def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = 
         if precision in (None, "fp32"):
             if bad:
                 shared, warning = _against_unfused(run, unfused, bad, stats, proto, cpu, rules, seed, inputs, strict,
-                                                   search_timeout)
+                                                   search_timeout, simplify)
                 importer.update(shared)
                 warnings.append(warning)
             continue
@@ -178,7 +180,7 @@ def verify_fused(proto: onnx.ModelProto, built: Built, *, shapes: dict | None = 
                                     + f"; no library written (rounding the input and weights alone is within "
                                     f"tolerance). `tvm-fusion compare --precision {precision} --modes unfused,fused` "
                                     "shows whether the conversion or fusion causes it")
-    groups = _judge_groups(proto, cpu, shapes, rules, seed, inputs, precision) if ill else None
+    groups = _judge_groups(proto, cpu, shapes, rules, seed, inputs, precision, simplify) if ill else None
     return Verification(True, METHOD_CPU if on_cpu else METHOD_CUDA, seed, str(cpu), stats,
                         time.perf_counter() - start, sorted(inputs or {}), [s for s in sizes if s], baseline, groups,
                         measured, importer or None, "; ".join(warnings))
@@ -202,7 +204,7 @@ class _Unfused:
 
 
 def _against_unfused(run: _Run, unfused: _Unfused, bad: list[str], stats: dict, proto, cpu, rules, seed, inputs,
-                     strict: bool, search_timeout: float) -> tuple[dict, str]:
+                     strict: bool, search_timeout: float, simplify: bool) -> tuple[dict, str]:
     """Outputs `bad` are over tolerance against onnxruntime: judge fused against the unfused build. Within
     tolerance: ({output: what each comparison found}, the warning line), or ToleranceExceeded with `strict`.
     Over it: ToleranceExceeded from the culprit search."""
@@ -215,7 +217,7 @@ def _against_unfused(run: _Run, unfused: _Unfused, bad: list[str], stats: dict, 
         where = "; ".join(f"{n}: {vs_unfused[n].n_bad} of {vs_unfused[n].size} elements off" for n in differ)
         raise ToleranceExceeded(_blame(proto, cpu, run, rules, seed, inputs, f"verify: {head}, and from the unfused "
                                        f"TVM build ({where}): fusion changed the result; no library written",
-                                       search_timeout))
+                                       search_timeout, simplify))
     unfused_off = [n for n in bad if not vs_ort[n].ok]
     off = "; ".join(f"{n}: {vs_ort[n].n_bad} of {vs_ort[n].size} elements off" for n in unfused_off)
     cause = (f"the unfused TVM build (no fusion rule involved) gives the same values within tolerance and differs "
@@ -232,13 +234,14 @@ def _against_unfused(run: _Run, unfused: _Unfused, bad: list[str], stats: dict, 
     return record, f"{text}; the library is written (--strict refuses it)"
 
 
-def _judge_groups(proto, cpu, shapes, rules, seed, inputs, precision) -> dict:
+def _judge_groups(proto, cpu, shapes, rules, seed, inputs, precision, simplify: bool) -> dict:
     """A model ill-conditioned for the half dtype (precision.half_baseline over tolerance): every fused group
     against its unfused ops at the same precision on the host CPU (differential.check_groups, matched for the
     CPU); ToleranceExceeded naming the first group over tolerance."""
     from .differential import check_groups
 
-    report = check_groups(proto, cpu, shapes=shapes, rules=rules, seed=seed, inputs=inputs, precision=precision)
+    report = check_groups(proto, cpu, shapes=shapes, rules=rules, seed=seed, inputs=inputs, precision=precision,
+                          simplify=simplify)
     if report.failing:
         raise ToleranceExceeded(f"verify: the {precision} fused build (a model ill-conditioned for {precision}: "
                                 f"rounding its input and weights alone is over tolerance): {report.first_failure()}; "
@@ -266,7 +269,7 @@ def _quick_cpu():
     return tvm.target.Target({**resolve_target("llvm").export(), "opt-level": 0})
 
 
-def _blame(model, cpu, run: _Run, rules, seed, inputs, head: str, timeout: float) -> str:
+def _blame(model, cpu, run: _Run, rules, seed, inputs, head: str, timeout: float, simplify: bool) -> str:
     """The error of a fused build that differs from the unfused one: `head`, then what the culprit search
     (differential.bisect, at most `timeout` seconds; 0: not run) found."""
     from .differential import bisect
@@ -275,7 +278,7 @@ def _blame(model, cpu, run: _Run, rules, seed, inputs, head: str, timeout: float
     if timeout <= 0:
         return f"{head}. The culprit search is off (--search-timeout 0); {rerun}; --no-verify writes the library anyway"
     report = bisect(model, cpu, shapes=run.shapes, rules=rules, seed=seed, inputs=inputs, timeout=timeout,
-                    noise=run.reference.noise())
+                    noise=run.reference.noise(), simplify=simplify)
     if report.culprits:
         where = report.first.first_failure() or "the whole-model outputs"
         return (f"{head}. {where}; " + " ".join(f"--disable {r}" for r in report.culprits)
