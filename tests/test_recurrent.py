@@ -386,3 +386,18 @@ def test_the_command_line_exits_2_with_one_line(tmp_path, capsys):
     assert main(["explain", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "activation 'Swish' is not one of" in err
+
+
+@pytest.mark.slow
+def test_the_benchmark_checks_and_prints_its_table(capsys):
+    """benchmarks/recurrent.py: each layer checked against onnxruntime, then a row of the side-by-side table."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "recurrent.py"
+    spec = importlib.util.spec_from_file_location("recurrent_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--layers", "GRU:8:3,LSTM:4:2", "--rounds", "1", "--number", "1"])
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| GRU") or ln.startswith("| LSTM")]
+    assert [r.split(" |")[0] for r in rows] == ["| GRU hidden 8, 3 steps", "| LSTM hidden 4, 2 steps"]
