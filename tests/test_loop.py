@@ -116,3 +116,18 @@ def test_a_loop_inside_an_if_branch():
         feeds = {"x": x, "c": np.array(taken)}
         sess, _ = run_onnxruntime(model, feeds, optimize=False)
         assert_close(run_build(built, [x, np.array(taken)])[0], sess.run(None, feeds)[0], f"branch {taken}")
+
+
+def test_an_lstm_inside_the_body():
+    """An LSTM over the carried [2, 3] value read as 2 steps of a batch of 1 ([2, 1, 3]): the front door makes
+    its recurrence kernel inside the body first, then the Loop is unrolled around it (one kernel per copy)."""
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.normal(0, 0.5, (1, 12, 3)).astype(np.float32), "W")
+    r = numpy_helper.from_array(rng.normal(0, 0.5, (1, 12, 3)).astype(np.float32), "R")
+    shape = numpy_helper.from_array(np.array([2, 1, 3], np.int64), "tn")
+    back = numpy_helper.from_array(np.array([2, 3], np.int64), "back")
+    body = _body(_passes([helper.make_node("Reshape", ["v", "tn"], ["seq"], name="seq"),
+                          helper.make_node("LSTM", ["seq", "W", "R"], ["y"], hidden_size=3, name="lstm/0"),
+                          helper.make_node("Reshape", ["y", "back"], ["v2"], name="back")]),
+                 inits=[w, r, shape, back])
+    _check(_model(body))
