@@ -2,7 +2,8 @@
 onnxruntime's own kernels, attribute by attribute (onnxruntime runs both graphs: fast); the time-loop kernel
 of float32 nodes in fused llvm builds against onnxruntime on the same attributes; fused and unfused builds
 element by element with the dtype table, exact dense_bias and kernel counts, a symbolic batch, a symbolic
-length, float16 / bfloat16 / double (unrolled), names to sanitize, an If branch, the CUDA form, and the errors."""
+length, float16 / bfloat16 / double, names to sanitize, an If branch, the CUDA form (compiled, and run with its
+threads as serial loops), and the errors."""
 
 from __future__ import annotations
 
@@ -331,6 +332,49 @@ def test_cuda_form(op, kw):
     (cuda,) = [m for host in built.executable.mod.imports for m in host.imports if m.kind == "cuda"]
     names = [f"{op.lower()}_scan"]
     assert all(f"{n}_kernel" in cuda.inspect_source() for n in names) and "__syncthreads()" in cuda.inspect_source()
+
+
+SERIAL_CASES = [
+    ("LSTM", 5, dict(given=("h0", "c0", "P", "lens"), clip=0.7)),
+    pytest.param("LSTM", 300, dict(given=("h0",), reverse=True), marks=pytest.mark.slow),  # 1,200 gates: 2 chunks
+    ("GRU", 7, dict(given=("h0", "lens"), layout=1)),
+    ("GRU", 6, dict(given=(), linear_before_reset=True, reverse=True)),
+    ("RNN", 4, dict(given=("lens",), acts=(("relu", None, None),))),
+]
+
+
+@pytest.mark.parametrize("op, hidden, kw", SERIAL_CASES, ids=["LSTM-5", "LSTM-300", "GRU-7", "GRU-6", "RNN-4"])
+def test_gpu_form_with_serial_threads_computes_what_the_cpu_form_does(op, hidden, kw):
+    """The GPU form (lanes, chunks, registers, phases; its barriers aside) with its threads run as serial
+    loops on the CPU, against the llvm form on the same inputs (which the builds check against onnxruntime)."""
+    from tvm_fusion._tvm import te, tvm
+    from tvm_fusion.build import resolve_target
+    from tvm_fusion.recurrent_kernel import Cell, scan_te
+
+    acts = kw.pop("acts", None) or {"LSTM": (("sigmoid", None, None), ("tanh", None, None), ("tanh", None, None)),
+                                    "GRU": (("sigmoid", None, None), ("tanh", None, None))}[op]
+    cell = Cell(op, hidden, acts, kw.pop("clip", None), False, kw.pop("linear_before_reset", False),
+                kw.pop("reverse", False), kw.pop("layout", 0), kw.pop("given"))
+    steps, batch, gh = 4, 3, GATES[op] * hidden
+    lead = (steps, batch) if cell.layout == 0 else (batch, steps)
+    shapes = {"xw": (*lead, gh), "rt": (hidden, gh), "rb": (gh,), "h0": (batch, hidden), "c0": (batch, hidden),
+              "P": (3 * hidden,), "lens": (batch,)}
+    names = ["xw", "rt", "rb", *cell.given]
+    rng = np.random.default_rng(hidden)
+    values = [np.array([4, 1, 0], np.int32) if n == "lens" else rng.normal(0, 0.4, shapes[n]).astype(np.float32)
+              for n in names]
+    outs = {}
+    for form in ("llvm", "gpu_serial"):
+        holders = [te.placeholder(shapes[n], "int32" if n == "lens" else "float32", n) for n in names]
+        func = te.create_prim_func(holders + scan_te(cell, form, *holders))
+        lib = tvm.compile(tvm.IRModule({"main": func}), resolve_target("llvm"))
+        results = [tvm.runtime.tensor(np.full(s, np.nan, np.float32))
+                   for s in ((*lead, hidden), (batch, hidden), (batch, hidden))[:3 if op == "LSTM" else 2]]
+        lib["main"](*[tvm.runtime.tensor(v) for v in values], *results)
+        outs[form] = [r.numpy() for r in results]
+    for i, (got, want) in enumerate(zip(outs["gpu_serial"], outs["llvm"], strict=True)):
+        assert not np.isnan(got).any(), f"output {i}: an element was never written"
+        assert_close(got, want, f"{op} output {i}")
 
 
 def test_cuda_refuses_a_hidden_size_beyond_shared_memory():

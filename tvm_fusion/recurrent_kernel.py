@@ -124,10 +124,11 @@ class _Body:
     from shared memory what it wrote in the same phase (which would need a barrier inside the phase's
     condition); the hidden state is also kept in shared memory (`h`), which every lane reads in the product."""
 
-    def __init__(self, cell: Cell, gpu: bool, threads: int):
+    def __init__(self, cell: Cell, gpu: bool, threads: int, serial_threads: bool = False):
         from tvm.script.ir_builder import tirx as T
 
         self.T, self.cell, self.gpu, self.threads = T, cell, gpu, threads
+        self.serial = serial_threads  # the GPU form with its threads as serial loops, to run on the CPU
         self.tx, self.lane = None, 0
         self.math = _Math(gpu, cell.dtype)
 
@@ -140,7 +141,7 @@ class _Body:
         return self.math.c(v)
 
     def sync(self):
-        if self.gpu:
+        if self.gpu and not self.serial:
             self.T.evaluate(tvm.ir.Call("tirx.tvm_storage_sync", [tvm.ir.StringImm("shared")], ret_ty="void"))
 
     def _chunks(self, n: int) -> int:
@@ -153,6 +154,20 @@ class _Body:
             with T.vectorized(0, n) as i:
                 yield i
             return
+        if self.serial:  # each thread's part of the phase in turn; the loop's end is the barrier
+            with T.serial(0, self.threads) as tx:
+                self.tx = tx
+                with self._lanes(n) as i:
+                    yield i
+            return
+        with self._lanes(n) as i:
+            yield i
+        self.sync()
+
+    @contextmanager
+    def _lanes(self, n: int):
+        """Thread `tx`'s lanes of n: itself, or its lane in each chunk of the block."""
+        T = self.T
         if self._chunks(n) == 1:
             with T.If(self.tx < n):
                 with T.Then():
@@ -165,19 +180,23 @@ class _Body:
                     with T.Then():
                         self.lane = chunk
                         yield i
-        self.sync()
 
     def scratch(self, n: int):
-        return self.T.decl_buffer([n], self.cell.dtype, scope="shared" if self.gpu else "global")
+        return self.T.decl_buffer([n], self.cell.dtype, scope="shared" if self.gpu and not self.serial else "global")
 
     def own(self, n: int):
         if not self.gpu:
             return self.scratch(n)
+        if self.serial:  # every thread's registers
+            return self.T.decl_buffer([self._chunks(n) * self.threads], self.cell.dtype, scope="global")
         return self.T.decl_buffer([self._chunks(n)], self.cell.dtype, scope="local")
+
+    def _own_index(self):
+        return self.lane * self.threads + self.tx if self.serial else self.lane
 
     def mine(self, buf, j):
         """The lane's element `j` of an `own` buffer."""
-        return buf[self.lane] if self.gpu else buf[j]
+        return buf[self._own_index()] if self.gpu else buf[j]
 
     def set_state(self, own, shared, value, j):
         """own[j] (and shared[j]) = value; the value for the rest of the phase."""
@@ -187,7 +206,7 @@ class _Body:
             return own[j]
         reg = T.decl_buffer([1], self.cell.dtype, scope="local")
         T.buffer_store(reg, value, [0])
-        T.buffer_store(own, reg[0], [self.lane])
+        T.buffer_store(own, reg[0], [self._own_index()])
         if shared is not None:
             T.buffer_store(shared, reg[0], [j])
         return reg[0]
@@ -228,24 +247,25 @@ class _State:
         return body.set_state(self.h_own, self.h if body.gpu else None, value, j)
 
 
-def _kernel(cell: Cell, gpu: bool, threads: int, ins, outs):
+def _kernel(cell: Cell, form: str, threads: int, ins, outs):
     from tvm.script.ir_builder import IRBuilder
 
+    gpu = form != "llvm"
     with IRBuilder() as ib:
-        body = _Body(cell, gpu, threads)
+        body = _Body(cell, gpu, threads, serial_threads=form == "gpu_serial")
         T = body.T
         xw, rt, rb = ins[:3]
         opt = dict(zip(cell.given, ins[3:]))
         y, hn = outs[:2]
         cn = outs[2] if cell.op == "LSTM" else None
         steps, batch = (xw.shape[0], xw.shape[1]) if cell.layout == 0 else (xw.shape[1], xw.shape[0])
-        if gpu:
+        if form == "gpu":
             bx, tx = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
             body.tx = tx.var
             with T.frame_scope([T.attr(tx, "thread_extent", threads), T.attr(bx, "thread_extent", batch)]):
                 _entry(body, cell, bx.var, steps, xw, rt, rb, opt, y, hn, cn)
         else:
-            serial = isinstance(batch, tirx.IntImm) and batch.value == 1
+            serial = gpu or isinstance(batch, tirx.IntImm) and batch.value == 1
             with (T.serial if serial else T.parallel)(0, batch) as b:
                 _entry(body, cell, b, steps, xw, rt, rb, opt, y, hn, cn)
         return ib.get()
@@ -346,14 +366,20 @@ def _shared_bytes(cell: Cell) -> int:
     return (8 if cell.dtype == "float64" else 4) * (H + gh + (H if cell.op == "GRU" and not cell.linear_before_reset else 0))
 
 
-def scan_te(cell: Cell, gpu: bool, *tensors):
-    """The kernel as a TE extern: (y, h_n[, c_n]) of xw, R^T, Rb and the optional inputs `cell.given`."""
+#: the kernel's forms: the CPU's, the GPU's, and the GPU's with its threads as serial loops (runs on the CPU:
+#: the GPU form's indexing, lanes, chunks and phases checked without a GPU; not its barriers)
+FORMS = ("llvm", "gpu", "gpu_serial")
+
+
+def scan_te(cell: Cell, form: str, *tensors):
+    """The kernel (`form`, one of FORMS) as a TE extern: (y, h_n[, c_n]) of xw, R^T, Rb and the optional
+    inputs `cell.given`."""
     xw = tensors[0]
     batch = xw.shape[1 - cell.layout]
     y_shape = (*xw.shape[:2], cell.hidden)
     shapes = [y_shape, (batch, cell.hidden)] + ([(batch, cell.hidden)] if cell.op == "LSTM" else [])
     threads = _threads(cell)
-    outs = te.extern(shapes, list(tensors), lambda ins, outs: _kernel(cell, gpu, threads, ins, outs),
+    outs = te.extern(shapes, list(tensors), lambda ins, outs: _kernel(cell, form, threads, ins, outs),
                      dtype=[cell.dtype] * len(shapes), name=f"{cell.op.lower()}_scan", tag="recurrent_scan")
     return list(outs) if isinstance(outs, (list, tuple)) else [outs]
 
@@ -371,7 +397,7 @@ def convert(bb, inputs, attrs):
     """The importer's converter of a RecurrentScan node: a call of the llvm form of the kernel."""
     cell = cell_of(attrs)
     args = [x for x in inputs if x is not None]
-    return bb.call_te(lambda *ts: scan_te(cell, False, *ts), *args,
+    return bb.call_te(lambda *ts: scan_te(cell, "llvm", *ts), *args,
                       primfunc_name_hint=f"{cell.op.lower()}_scan",
                       primfunc_attrs={ATTR: cell.to_json(), "op_pattern": 8, "tirx.is_scheduled": True})
 
@@ -398,7 +424,7 @@ def _gpu_form(func: tirx.PrimFunc) -> tirx.PrimFunc:
     cell = Cell.from_json(str(func.attrs[ATTR]))
     n_in = 3 + len(cell.given)
     placeholders = [te.placeholder(tuple(p.shape), p.dtype, f"in{i}") for i, p in enumerate(func.params[:n_in])]
-    outs = scan_te(cell, True, *placeholders)
+    outs = scan_te(cell, "gpu", *placeholders)
     made = te.create_prim_func(placeholders + outs).without_attr("global_symbol")
     for key, value in func.attrs.items():  # the original's, its name included
         made = made.with_attr(key, value)
