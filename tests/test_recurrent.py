@@ -155,7 +155,16 @@ def test_every_activation_with_and_without_parameters(name, params):
     """onnxruntime's defaults: 0 for Affine, ThresholdedRelu and ScaledTanh (so two of them give 0)."""
     kw = dict(activations=[name], **params)
     assert_all_close(unrolled_in_onnxruntime("RNN", **kw), reference("RNN", **kw), name)
-    assert_all_close(kernel_outputs("RNN", **kw), reference("RNN", **kw), f"{name} kernel")
+
+
+@pytest.mark.parametrize("names", [ACTIVATION_NAMES[:6], ACTIVATION_NAMES[6:] + ["Tanh"]], ids=["first6", "last5"])
+@pytest.mark.parametrize("params", [{}, dict(activation_alpha=[0.3] * 6, activation_beta=[0.7] * 6)],
+                         ids=["default", "given"])
+def test_the_kernel_takes_every_activation(names, params):
+    """A bidirectional LSTM has six activation slots: every activation in two builds, with and without
+    parameters."""
+    kw = dict(activations=names, direction="bidirectional", initial=True, **params)
+    assert_all_close(kernel_outputs("LSTM", **kw), reference("LSTM", **kw), f"{names} kernel")
 
 
 @pytest.mark.parametrize("op, acts, alphas, betas", [
@@ -378,9 +387,22 @@ def test_gpu_form_with_serial_threads_computes_what_the_cpu_form_does(op, hidden
 
 
 def test_cuda_refuses_a_hidden_size_beyond_shared_memory():
-    model, feeds = recurrent_model("LSTM", hidden=2500, inputs=2, steps=1, batch=1)
-    with pytest.raises(FusionError, match="needs 50000 bytes of shared memory per batch entry on a GPU"):
-        build(import_onnx(model, {k: v.shape for k, v in feeds.items()}), "cuda", "fused")
+    """Checked on the module before the build's passes (recurrent_kernel.check_target), on the kernel's
+    parameters alone; the CPU takes any size."""
+    from tvm_fusion._tvm import te, tvm
+    from tvm_fusion.build import resolve_target
+    from tvm_fusion.recurrent_kernel import Cell, check_target, scan_te
+
+    cell = Cell("LSTM", 2500, (("sigmoid", None, None), ("tanh", None, None), ("tanh", None, None)), None, False,
+                False, False, 0, ())
+    holders = [te.placeholder(shape, "float32", n) for n, shape in (("xw", (1, 1, 10000)), ("rt", (2500, 10000)),
+                                                                     ("rb", (10000,)))]
+    func = te.create_prim_func(holders + scan_te(cell, "llvm", *holders)).with_attr(ATTR, cell.to_json())
+    mod = tvm.IRModule({"lstm_scan": func})
+    check_target(mod, resolve_target("llvm"))
+    with pytest.raises(FusionError, match="^recurrence kernel 'lstm_scan': a LSTM of hidden size 2500 needs 50000 "
+                                          "bytes of shared memory per batch entry on a GPU, which holds at most 49152"):
+        check_target(mod, resolve_target("cuda"))
 
 
 @pytest.mark.slow
