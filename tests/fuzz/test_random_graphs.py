@@ -13,6 +13,7 @@ import hashlib
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import event, given, settings
 from hypothesis.control import current_build_context
@@ -20,9 +21,11 @@ from hypothesis.control import current_build_context
 from tvm_fusion.build import resolve_target
 from tvm_fusion.frontend import import_onnx
 from tvm_fusion.fuse import fuse
+from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.testing import check_fused
 
-from .oracle import InvalidGraph, check_against_onnxruntime, symbolic_shapes
+from .oracle import (InvalidGraph, check_against_onnxruntime, elementwise_mismatch, model_inputs, reference_outputs,
+                     symbolic_shapes)
 from .strategies import Plan, build, onnx_graphs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,6 +120,22 @@ def test_strategy_is_not_vacuous(rules):
     assert set(domains) == {"image", "tokens"}, domains
     assert all(fired[f] for f in FAMILIES), f"families fired over {COVERAGE_EXAMPLES} graphs: {dict(fired)}"
     assert blocked, "no drawn graph had a match declined by an intermediate with another consumer"
+
+
+def test_bfloat16_reference_noise_still_fails_a_wrong_result():
+    """A bfloat16 graph is judged against the float32 run with, per element, how far rounding every node's
+    output to bfloat16 moves it (oracle.rounded_per_node): the float32 values rounded once pass, 10% off
+    fail."""
+    plan = Plan("tokens", (3, 5, 8), 2, (
+        ("dense", dict(op="MatMul", n=8, bias="after", batched_weight=False, bias_rank=1)),
+        ("layer_norm", dict(LN, residual="x")), ("act", dict(act="gelu_erf", form="Gelu"))), dtype="bfloat16")
+    model = build(plan).model
+    ref, dtypes, noise = reference_outputs(model, model_inputs(model, {}, 0))
+    (r,), (d,), (n,) = ref, dtypes, noise
+    assert d == "bfloat16" and n.shape == r.shape and 0 < n.max() < 0.05 * np.abs(r).max()
+    bf16 = numpy_dtype("bfloat16")
+    assert elementwise_mismatch(r.astype(bf16), r, d, n) is None
+    assert "elements off" in elementwise_mismatch((r * 1.1).astype(bf16), r, d, n)
 
 
 # ---------------------------------------------------------------- plans whose fusions are known exactly
