@@ -2,7 +2,8 @@
 whose Hypothesis shrinking gives up after five minutes on graphs that take a second each to check):
 
     python -m tests.fuzz.explore run N SEED [image,tokens]   draw N graphs, check each, print every failure
-                                                              with its class and its plan; never stops early
+                                                              with its class and its plan; never stops early;
+                                                              then how many were drawn per batch and dtype
     python -m tests.fuzz.explore shrink FILE.txt | 'Plan(...)'
                                                               shrink a failing plan greedily while it fails
                                                               the same way, save it to regressions/
