@@ -731,13 +731,13 @@ def _input_shapes(domain: str):
 
 
 @st.composite
-def onnx_graphs(draw, domains=DOMAINS, max_layers: int = MAX_LAYERS) -> RandomGraph:
+def onnx_graphs(draw, domains=DOMAINS, max_layers: int = MAX_LAYERS, dtypes=DTYPES) -> RandomGraph:
     """Draws a small random ONNX graph: an image or token input, then 1 to `max_layers` layers from LAYER_KINDS
     (conv, BatchNorm, activations in every ONNX form and with nudged constants, broadcast constants, Max/Min/
     Sum/Mean pairs, elementwise ops, MatMul/Gemm, LayerNorm, conv/dense blocks, squeeze-excite, attention, If,
     forks and escaped intermediates), then up to 4 odd node / value names, as a
     RandomGraph(model, description, plan). Half the graphs have a symbolic batch (BATCH); a third each are
-    float32, float16 and bfloat16 (the float32 graph converted: `Plan.dtype`)."""
+    float32, float16 and bfloat16 (the float32 graph converted: `Plan.dtype`), or one of `dtypes`."""
     domain = draw(st.sampled_from(domains))
     shape = draw(_input_shapes(domain))
     if draw(st.booleans()):
@@ -752,5 +752,5 @@ def onnx_graphs(draw, domains=DOMAINS, max_layers: int = MAX_LAYERS) -> RandomGr
         _add(net, name, params)
         layers.append((name, params))
     names = draw_names(draw, len(net.g.nodes))
-    dtype = draw(st.sampled_from(DTYPES))
+    dtype = draw(st.sampled_from(dtypes))
     return net.finish(Plan(domain, shape, seed, tuple(layers), names, dtype))

@@ -99,15 +99,15 @@ def check_random_graph(graph, rules) -> None:
 
 
 def test_strategy_is_not_vacuous(rules):
-    """Within a fixed (derandomized) sequence of drawn graphs (all axes: batch, dtype), every family fires and
-    some match is declined because an intermediate has another consumer: the property above exercises real
-    fusions. The graphs are fused only until all have been seen: SE and attention decline in float16 and
-    bfloat16 (with a reason), so they fire in a third of the graphs that have them."""
+    """Within a fixed (derandomized) sequence of drawn float32 graphs (static or symbolic batch), every family
+    fires and some match is declined because an intermediate has another consumer: the property above
+    exercises real fusions. float32 only: SE and attention decline in float16 and bfloat16 (with a reason),
+    which took 4x the graphs to see them fire. The graphs are fused only until all have been seen."""
     target = resolve_target("llvm")
     fired, domains, blocked = Counter(), Counter(), []
 
     @settings(max_examples=COVERAGE_EXAMPLES, derandomize=True, database=None)
-    @given(graph=onnx_graphs())
+    @given(graph=onnx_graphs(dtypes=("float32",)))
     def collect(graph):
         if len(domains) == 2 and blocked and all(fired[f] for f in FAMILIES):
             return
