@@ -656,9 +656,11 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
         if fold_constants:
             try:
                 mod = _precision.bfloat16_norms_widened(mod)  # FoldConstant's legalization refuses them
+                mod = _precision.bfloat16_ops_widened(mod)  # and bfloat16 isnan (Clip's bounds), power
                 with tvm_output(drop=FAST_TAKE_LINES):  # folding legalizes constant Gathers
                     mod = relax.transform.FoldConstant()(mod)
                 mod = _precision.bfloat16_norms_narrowed(mod)
+                mod = _precision.bfloat16_ops_narrowed(mod)
             except Exception as err:
                 raise _simplify.failure(where, "TVM's FoldConstant", err, table, simplified, mod) from None
         mod = _normalize(mod)  # after folding: Clip bounds are constants by then

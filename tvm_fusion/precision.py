@@ -34,8 +34,10 @@ each group against the same ops unfused, on the same half inputs, where nothing 
 
 from __future__ import annotations
 
-__all__ = ["HALF_DTYPES", "PRECISIONS", "FLOAT32_NORMS", "accumulator_dtype", "bfloat16_norms_narrowed",
-           "bfloat16_norms_widened", "cast_to", "check_precision", "convert", "dtype_reason", "half_baseline",
+__all__ = ["HALF_DTYPES", "PRECISIONS", "FLOAT32_NORMS", "FLOAT32_OPS", "FLOAT32_TESTS",
+           "accumulator_dtype", "bfloat16_norms_narrowed", "bfloat16_norms_widened", "bfloat16_ops_narrowed",
+           "bfloat16_ops_widened", "cast_to",
+           "check_precision", "convert", "dtype_reason", "half_baseline",
            "half_baseline_outputs", "half_batch_norm_casts", "half_sums_in_float32", "norm_in_float32", "numpy_dtype",
            "rounded_weights", "verdict_dtype"]
 
@@ -319,6 +321,88 @@ def bfloat16_norms_widened(mod):
     return _mutated(mod, Widen)
 
 
+#: tests TVM 0.27 has no bfloat16 intrinsic for ("Data type T.bfloat16 not supported for isnan op"): ONNX's
+#: Clip imports as max(x, where(isnan(lo), -inf, lo)) ..., so constant folding refused every bfloat16 Clip
+FLOAT32_TESTS = {"relax.isnan": "isnan", "relax.isinf": "isinf", "relax.isfinite": "isfinite"}
+#: ops TVM 0.27 cannot legalize in bfloat16 on llvm ("power only applies to float"; mod's store fails)
+FLOAT32_OPS = ("relax.power", "relax.mod")
+
+
+def bfloat16_ops_widened(mod):
+    """`mod` with every FLOAT32_TESTS call on a bfloat16 value as the same test of its float32 value (exact:
+    every bfloat16 value, NaN and infinities included, is a float32 value), and every FLOAT32_OPS call on
+    bfloat16 values computed in float32 and rounded once to bfloat16. A test of a constant, and a `where` of
+    constants, is evaluated here: FoldConstant folds no bfloat16 value, and the Clip rules want constant
+    bounds."""
+    import numpy as np
+
+    from ._tvm import constant_value, expr_type, is_constant, make_constant, relax
+
+    def dtype(e) -> str:
+        return str(getattr(expr_type(e), "dtype", ""))
+
+    @relax.expr_functor.mutator
+    class Widen(relax.PyExprMutator):
+        def constant(self, e):
+            e = self.lookup_binding(e) if isinstance(e, relax.Var) and self.lookup_binding(e) is not None else e
+            return constant_value(e) if is_constant(e) else None
+
+        def wide(self, e):
+            value = self.constant(e)
+            return relax.op.astype(e, ACCUMULATOR) if value is None else make_constant(value.astype(np.float32))
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            op = getattr(call.op, "name", "")
+            if op == "relax.where" and dtype(call) == "bfloat16":
+                values = [self.constant(a) for a in call.args]
+                return call if any(v is None for v in values) else make_constant(np.where(*values))
+            if op not in (*FLOAT32_TESTS, *FLOAT32_OPS) or dtype(call.args[0]) != "bfloat16":
+                return call
+            if op in FLOAT32_OPS:
+                wide = relax.Call(call.op, [self.wide(a) for a in call.args], call.attrs, call.ty_args)
+                return relax.op.astype(wide, "bfloat16")
+            value = self.constant(call.args[0])
+            if value is not None:
+                return make_constant(getattr(np, FLOAT32_TESTS[op])(value.astype(np.float32)))
+            return relax.Call(call.op, [self.wide(call.args[0])], call.attrs, call.ty_args)
+
+    return _mutated(mod, Widen)
+
+
+def bfloat16_ops_narrowed(mod):
+    """astype(op(astype(x: bfloat16, float32), c), bfloat16), c a float32 constant that bfloat16 holds exactly,
+    ==> op(x, c in bfloat16) for FLOAT32_OPS (what bfloat16_ops_widened wrote, after FoldConstant): the form
+    the rules take (GELU's x ** 3); half_sums_in_float32 widens those no rule took for the builds."""
+    import numpy as np
+
+    from ._tvm import constant_value, dpl, expr_type, is_constant, make_constant, relax
+
+    half = numpy_dtype("bfloat16")
+
+    def narrowed(e):
+        if is_constant(e):
+            v = constant_value(e)
+            ok = v.dtype == np.float32 and np.array_equal(v.astype(half).astype(np.float32), v, equal_nan=True)
+            return make_constant(v.astype(half)) if ok else None
+        inner = e.args[0]
+        return inner if str(expr_type(inner).dtype) == "bfloat16" and str(e.attrs.dtype) == ACCUMULATOR else None
+
+    for name in FLOAT32_OPS:
+        args = [dpl.is_op("relax.astype")(dpl.wildcard()) | dpl.is_const() for _ in range(2)]
+        call = dpl.is_op(name)(*args)
+
+        def rewriter(expr, matches, args=args, call=call):
+            narrow = [narrowed(matches[a]) for a in args]
+            if str(expr.attrs.dtype) != "bfloat16" or any(n is None for n in narrow):
+                return expr
+            c = matches[call]
+            return relax.Call(c.op, narrow, c.attrs, c.ty_args)
+
+        mod = _rewrite(mod, dpl.is_op("relax.astype")(call), rewriter)
+    return mod
+
+
 def bfloat16_norms_narrowed(mod):
     """astype(norm(astype(x: bfloat16, float32), gamma, beta), bfloat16) with float32 constants gamma and beta
     that bfloat16 holds exactly  ==>  norm(x, gamma, beta) in bfloat16 (FLOAT32_NORMS; the form the rules take,
@@ -347,8 +431,9 @@ def bfloat16_norms_narrowed(mod):
 def half_sums_in_float32():
     """A module pass for the ops no rule took: conv2d / matmul with half inputs and no wider out_dtype
     ==> astype(op(..., out_dtype=float32), half); mean / sum / variance / average pools (WIDENED_INPUTS) of a
-    half x ==> astype(op(astype(x, float32)), half); a bfloat16 layer_norm ==> norm_in_float32. TVM
-    legalizes them summing in the half dtype otherwise (or refuses bfloat16), and the unfused build is an oracle
+    half x ==> astype(op(astype(x, float32)), half); a bfloat16 layer_norm ==> norm_in_float32; a bfloat16
+    power / mod (FLOAT32_OPS) computed in float32. TVM legalizes them summing in the half dtype otherwise (or
+    refuses bfloat16), and the unfused build is an oracle
     of the fused one (and onnxruntime sums float16 in float32 too)."""
     from ._tvm import relax, tvm
 
@@ -360,6 +445,9 @@ def half_sums_in_float32():
             dtype = str(call.args[0].ty.dtype) if call.args and hasattr(call.args[0].ty, "dtype") else ""
             if op in FLOAT32_NORMS and dtype == "bfloat16":
                 return norm_in_float32(call)
+            if op in FLOAT32_OPS and dtype == "bfloat16":
+                wide = [relax.op.astype(a, ACCUMULATOR) for a in call.args]
+                return relax.op.astype(relax.Call(call.op, wide, call.attrs, call.ty_args), dtype)
             if op in WIDENED_INPUTS and dtype in HALF_DTYPES:
                 wide = relax.op.astype(call.args[0], ACCUMULATOR)
                 return relax.op.astype(relax.Call(call.op, [wide, *call.args[1:]], call.attrs, call.ty_args), dtype)

@@ -86,9 +86,9 @@ class GraphBuilder:
 
 
 def as_float16(model: onnx.ModelProto, dtype: str = "float16") -> onnx.ModelProto:
-    """The same graph in float16 (or `dtype` "bfloat16"): float32 initializers rounded, float32 inputs, outputs
-    and value infos declared in the half dtype (what an exporter's `model.half()` writes), If / Loop bodies
-    included."""
+    """The same graph in float16 (or `dtype` "bfloat16"): float32 initializers and Constant nodes rounded,
+    float32 inputs, outputs and value infos declared in the half dtype (what an exporter's `model.half()`
+    writes), If / Loop bodies included."""
     from .precision import numpy_dtype
     from .recurrent import _graphs
 
@@ -96,10 +96,11 @@ def as_float16(model: onnx.ModelProto, dtype: str = "float16") -> onnx.ModelProt
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for g in _graphs(out.graph):
-        for i, t in enumerate(g.initializer):
+        constants = [a.t for n in g.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
+        for t in [*g.initializer, *constants]:
             a = numpy_helper.to_array(t)
             if a.dtype == np.float32:
-                g.initializer[i].CopyFrom(numpy_helper.from_array(a.astype(numpy_dtype(dtype)), t.name))
+                t.CopyFrom(numpy_helper.from_array(a.astype(numpy_dtype(dtype)), t.name))
         for v in [*g.input, *g.output, *g.value_info]:
             if v.type.tensor_type.elem_type == TensorProto.FLOAT:
                 v.type.tensor_type.elem_type = elem

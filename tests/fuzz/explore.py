@@ -2,7 +2,8 @@
 whose Hypothesis shrinking gives up after five minutes on graphs that take a second each to check):
 
     python -m tests.fuzz.explore run N SEED [image,tokens]   draw N graphs, check each, print every failure
-                                                              with its class and its plan; never stops early
+                                                              with its class and its plan; never stops early;
+                                                              then how many were drawn per batch and dtype
     python -m tests.fuzz.explore shrink FILE.txt | 'Plan(...)'
                                                               shrink a failing plan greedily while it fails
                                                               the same way, save it to regressions/
@@ -27,6 +28,7 @@ import re
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
@@ -42,7 +44,7 @@ from .oracle import (
     check_against_onnxruntime,
     symbolic_shapes,
 )
-from .strategies import Plan, build, onnx_graphs
+from .strategies import BATCH, Plan, build, onnx_graphs
 from .test_random_graphs import save_regression
 
 #: crash messages -> class (the known bugs that crash)
@@ -75,7 +77,7 @@ def outcome(plan: Plan, rules):
 
 
 def run(n: int, seed_: int, domains: tuple[str, ...]) -> Counter:
-    rules, found = load_rules_for(), Counter()
+    rules, found, axes = load_rules_for(), Counter(), Counter()
 
     @seed(seed_)
     @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],
@@ -84,11 +86,14 @@ def run(n: int, seed_: int, domains: tuple[str, ...]) -> Counter:
     def check(graph):
         cls, _, err = outcome(graph.plan, rules)
         found[cls] += 1
+        axes[(graph.plan.symbolic, graph.plan.dtype)] += 1
         if cls != "pass":
             print(f"FAIL {cls}\nPLAN {graph.plan!r}\n{type(err).__name__}: {str(err)[:300]}", flush=True)
 
     start = time.perf_counter()
     check()
+    print("axes: " + ", ".join(f"{'symbolic' if symbolic else 'static'} {dtype}: {n}"
+                               for (symbolic, dtype), n in sorted(axes.items())))
     print(f"{sum(found.values())} graphs in {time.perf_counter() - start:.0f} s: {dict(found)}")
     return found
 
@@ -135,13 +140,14 @@ def run_kernels(n: int, seed_: int, kinds: tuple[str, ...], compile_only: bool =
 
 
 def smaller(p: Plan):
-    """Candidate plans one step simpler than `p`, most promising first."""
+    """Candidate plans one step simpler than `p`, most promising first (float32 and a static batch are simpler
+    than float16 / bfloat16 and a symbolic one)."""
     def with_layers(layers):
-        return Plan(p.domain, p.input_shape, p.seed, tuple(layers), p.names)
+        return replace(p, layers=tuple(layers))
 
     layers = list(p.layers)
     for i in range(len(p.names)):
-        yield Plan(p.domain, p.input_shape, p.seed, p.layers, p.names[:i] + p.names[i + 1:])
+        yield replace(p, names=p.names[:i] + p.names[i + 1:])
     for i in range(len(layers)):
         yield with_layers(layers[:i] + layers[i + 1:])
     for i, (name, params) in enumerate(layers):
@@ -163,12 +169,14 @@ def smaller(p: Plan):
             steps = params["steps"]
             for j in range(len(steps)):
                 yield with_layers(before + [(name, dict(steps=steps[:j] + steps[j + 1:]))] + after)
+    if p.dtype != "float32":
+        yield replace(p, dtype="float32")
     for j, d in enumerate(p.input_shape):
-        for nd in sorted({1, 2, 3, d // 2}):
-            if nd < d:
-                yield Plan(p.domain, p.input_shape[:j] + (nd,) + p.input_shape[j + 1:], p.seed, p.layers, p.names)
+        for nd in [1] if d == BATCH else sorted({1, 2, 3, d // 2}):  # a symbolic batch: a static one
+            if d == BATCH or nd < d:
+                yield replace(p, input_shape=p.input_shape[:j] + (nd,) + p.input_shape[j + 1:])
     if p.seed:
-        yield Plan(p.domain, p.input_shape, 0, p.layers, p.names)
+        yield replace(p, seed=0)
 
 
 def _greedy(plan: Plan, outcome_of, candidates):

@@ -16,6 +16,11 @@ constants near but not equal to the canonical ones (`near_act`), ranks 2 to 5 (t
 batched MatMul weights), LayerNorm scales of another broadcast shape ((S, 1) with S == F), `If` nodes with a
 constant condition, and node / value names that collide with C, Python or TVM names (`Plan.names`).
 
+Every graph is drawn along two more axes (`Plan`): its batch is static or symbolic (the input's first dim is
+the dim_param BATCH, "N"; constants never take that axis: a symbolic batch broadcasts as 1 in them, `fixed`),
+and its dtype is float32, float16 or bfloat16 (`testing.as_float16` of the float32 graph, If branches
+included). oracle.py builds a symbolic batch once and runs it at batch 1 and 3.
+
 Values with several consumers come from skip connections (an add back to an earlier value of the same
 shape), forks (one value feeding two branches that are joined again), attention (q, k and v of one value),
 elementwise ops reusing their input, and escapes (an intermediate that is also a graph output); each must
@@ -31,15 +36,19 @@ import numpy as np
 import onnx
 from hypothesis import strategies as st
 
-from tvm_fusion.testing import ACTIVATION_FORMS, GELU_OPSET, OPSET, GraphBuilder, apply_activation_onnx
+from tvm_fusion.testing import ACTIVATION_FORMS, GELU_OPSET, OPSET, GraphBuilder, apply_activation_onnx, as_float16
 
-__all__ = ["LAYER_KINDS", "Plan", "RandomGraph", "build", "onnx_graphs"]
+__all__ = ["BATCH", "DTYPES", "LAYER_KINDS", "Plan", "RandomGraph", "build", "onnx_graphs"]
 
 MAX_CHANNELS = 16  # image channels and token features
 MAX_SPATIAL = 12
 MAX_LAYERS = 6
 DECOMPOSED_LN_OPSET = 18  # ReduceMean takes its axes as an input from opset 18
 DOMAINS = ("image", "tokens")
+#: a symbolic batch: the input's first dim is this dim_param (kernels.py's too), kept symbolic in the builds
+BATCH = "N"
+#: the model's float dtype: float32, or the float32 graph converted (testing.as_float16: weights rounded)
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,12 @@ class Plan:
     seed: int  # of the weights (GraphBuilder)
     layers: tuple  # ((layer kind, params), ...)
     names: tuple = ()  # (("node" | "value" | "input", index, new name), ...): see ODD_NAMES and rename()
+    dtype: str = "float32"  # one of DTYPES
+
+    @property
+    def symbolic(self) -> bool:
+        """The batch (input_shape[0]) is the dim_param BATCH."""
+        return self.input_shape[0] == BATCH
 
 
 @dataclass(frozen=True)
@@ -120,6 +135,8 @@ class Net:
         outputs, renamed = rename(self.g, outputs, plan.names)
         model = self.g.model(outputs, opset=self.opset)
         head = f"{plan.domain} x{list(plan.input_shape)}, weights seed {plan.seed}, opset {self.opset}"
+        if plan.dtype != "float32":
+            model, head = as_float16(model, plan.dtype), f"{head}, {plan.dtype}"
         tail = f"outputs: {', '.join(outputs)}" + (f"\nrenamed: {'; '.join(renamed)}" if renamed else "")
         return RandomGraph(model, "\n".join([head, *self.log, tail]), plan)
 
@@ -182,7 +199,25 @@ def broadcast_shapes(shape: tuple):
     either kept or 1: (W,), (H, 1), (C, 1, 1), (1, W), the full shape ... (scalars first: they shrink there)."""
     rank = len(shape)
     return st.integers(0, rank).flatmap(
-        lambda k: st.tuples(*[st.sampled_from([1, d]) if d != 1 else st.just(1) for d in shape[rank - k:]]))
+        lambda k: st.tuples(*[st.sampled_from([1, d]) if d not in (1, BATCH) else st.just(1)
+                              for d in shape[rank - k:]]))
+
+
+def fixed(shape) -> tuple:
+    """`shape` for a constant: a symbolic batch axis becomes 1 (it broadcasts)."""
+    return tuple(1 if d == BATCH else d for d in shape)
+
+
+def broadcast(*shapes) -> tuple:
+    """np.broadcast_shapes where a dim may be the symbolic batch BATCH (which broadcasts only with 1 and itself)."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for dims in zip(*[(1,) * (rank - len(s)) + tuple(s) for s in shapes]):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {shapes} do not broadcast")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
 
 
 # ---------------------------------------------------------------- layer kinds: draw(draw, net, keep_shape), emit
@@ -310,7 +345,7 @@ def draw_bias_add(draw, net: Net, keep_shape: bool = False) -> dict:
     rank = len(net.shape)
     channel = net.per_channel()
     broadcast = (1, *channel) if net.domain == "image" else (1,) * (rank - 1) + channel
-    other_axes = [(net.shape[-1],), (net.shape[-2], 1)] if rank >= 2 else []  # (W,), (H, 1); tokens: (S, 1)
+    other_axes = [(net.shape[-1],)] + ([(net.shape[-2], 1)] if rank >= 2 and net.shape[-2] != BATCH else [])
     shape = draw(st.sampled_from([channel, broadcast, (), *other_axes, *other_axes]) | broadcast_shapes(net.shape))
     if not keep_shape and net.domain == "tokens" and len(shape) == rank < 5 and draw(st.booleans()):
         shape = (1, *shape)  # raises the value's rank: [2, N] + (1, 1, N) is [1, 2, N]
@@ -323,7 +358,7 @@ CONST_OPS = ("Add", "Mul", "Sub", "Div")
 
 def emit_bias_add(net: Net, shape, const_first, op="Add") -> None:
     b = net.uniform(shape) if op in ("Mul", "Div") else net.normal(shape)  # no division by values near 0
-    out = np.broadcast_shapes(tuple(net.shape), tuple(shape))
+    out = broadcast(net.shape, shape)
     net.set(net.g.op(op, [b, net.cur] if const_first else [net.cur, b]), out)
 
 
@@ -341,7 +376,7 @@ def draw_pair(draw, net: Net, keep_shape: bool = False) -> dict:
     the shape is kept, one that also stretches its size-1 axes or adds a leading axis), in either order."""
     shape = draw(broadcast_shapes(net.shape))
     if not keep_shape and draw(st.booleans()):
-        shape = tuple(draw(st.integers(2, 3)) if d == 1 else d for d in net.shape)
+        shape = fixed(draw(st.integers(2, 3)) if d == 1 else d for d in net.shape)
     if not keep_shape and net.domain == "tokens" and len(shape) == len(net.shape) < 5 and draw(st.booleans()):
         shape = (draw(st.integers(1, 2)), *shape)  # one more (leading) axis than the value
     return dict(op=draw(st.sampled_from(["Max", "Min", "Sum", "Mean"])), shape=tuple(shape),
@@ -351,7 +386,7 @@ def draw_pair(draw, net: Net, keep_shape: bool = False) -> dict:
 def emit_pair(net: Net, op, shape, const_first, filled=False) -> None:
     """`filled`: every element of the constant is the same (as ConstantOfShape / Expand of a scalar give)."""
     c = net.g.const(np.full(shape, 0.25, np.float32)) if filled else net.normal(shape)
-    out = np.broadcast_shapes(tuple(net.shape), tuple(shape))
+    out = broadcast(net.shape, shape)
     net.set(net.g.op(op, [c, net.cur] if const_first else [net.cur, c]), out)
 
 
@@ -441,7 +476,7 @@ def emit_fork(net: Net, a, b, join) -> None:
         net.cur = v
         LAYER_KINDS[name].emit(net, **params)
         ends.append(net.cur)
-    net.set(net.g.op(join, ends), np.broadcast_shapes(*(net.shapes[e] for e in ends)))
+    net.set(net.g.op(join, ends), broadcast(*(net.shapes[e] for e in ends)))
 
 
 def draw_squeeze_excite(draw, net: Net, keep_shape: bool = False) -> dict:
@@ -493,7 +528,7 @@ def draw_block(draw, net: Net, keep_shape: bool = False) -> dict:
     const = draw(st.sampled_from([None, "after_" + first, "before_act"]))
     if const == "after_" + first:  # conv -> Add((W,)) -> relu with C == W: not a per-channel bias
         layers.append(("bias_add", draw_bias_add(draw, after, keep_shape=True)))
-    if draw(st.booleans()):
+    if out[1] != BATCH and draw(st.booleans()):  # not over a symbolic batch moved to axis 1 by a leading axis
         layers.append(("bn", {}))
     if residual:
         layers.append(("skip_add", dict(other=draw(st.sampled_from([net.cur, *net.same_shape()])), op="Add",
@@ -517,10 +552,10 @@ def draw_off_axis(draw, net: Net, keep_shape: bool = False) -> dict:
         if ow % params["groups"] == 0 and ow <= MAX_CHANNELS:
             params = dict(params, cout=ow, bias=draw(st.sampled_from([False, False, True])))
     elif first == "dense" and not keep_shape and len(net.shape) >= 2:
-        params = dict(params, n=net.shape[-2])
+        params = dict(params, n=net.shape[-2]) if net.shape[-2] != BATCH else params
     out = conv_shape(net.shape, **params) if first == "conv" else \
         (1,) * (params.get("bias_rank", 1) - len(net.shape)) + (*net.shape[:-1], params["n"])
-    other = st.sampled_from([(out[-1],), (out[-1],), (out[-2], 1), (1, out[-1])]) if len(out) >= 2 else st.just(())
+    other = st.sampled_from([(out[-1],), (out[-1],), fixed((out[-2], 1)), (1, out[-1])]) if len(out) >= 2 else st.just(())
     shape = draw(other | broadcast_shapes(out))
     op = draw(st.sampled_from(["Add", "Mul", "Add", "Sub", "Div"]))
     const_first = op != "Div" and draw(st.sampled_from([False, False, True]))
@@ -552,7 +587,7 @@ def emit_to_tokens(net: Net, how) -> None:
     if how == "pool":
         net.set(net.g.op("Flatten", [net.g.op("GlobalAveragePool", [net.cur])], axis=1), (n, c))
         return
-    flat = net.g.op("Reshape", [net.cur, net.g.const(np.array([n, c, h * w], np.int64))])
+    flat = net.g.op("Reshape", [net.cur, net.g.const(np.array([0 if n == BATCH else n, c, h * w], np.int64))])
     net.set(net.g.op("Transpose", [flat], perm=[0, 2, 1]), (n, h * w, c))
 
 
@@ -572,7 +607,7 @@ def emit_dense(net: Net, op, n, bias, trans_b=False, alpha=1.0, batched_weight=F
     """`bias_rank`: the bias is (1, ..., 1, n) of that rank; one more than the value's rank adds a leading axis."""
     f = net.shape[-1]
     w = (n, f) if trans_b else (f, n)
-    w = net.normal((*net.shape[:-2], *w) if batched_weight else w, std=1.0 / np.sqrt(f))
+    w = net.normal((*fixed(net.shape[:-2]), *w) if batched_weight else w, std=1.0 / np.sqrt(f))
     b = net.normal((1,) * (bias_rank - 1) + (n,), std=0.1) if bias else None
     if op == "Gemm":
         y = net.g.op("Gemm", [net.cur, w] + ([b] if b else []), transB=int(trans_b), alpha=alpha)
@@ -587,10 +622,11 @@ def draw_layer_norm(draw, net: Net, keep_shape: bool = False) -> dict:
     """LayerNormalization (the op, or its ReduceMean/Sub/Pow/Sqrt/Div form), optionally after a residual add
     with an earlier value, the input itself (h + h) or a new graph input."""
     form = draw(st.sampled_from(["op", "decomposed"]))
-    axis = draw(st.sampled_from([-1, -1, -2])) if form == "op" and len(net.shape) == 3 else -1  # -2 declines
+    two = form == "op" and len(net.shape) == 3 and net.shape[-2] != BATCH  # not over a symbolic axis
+    axis = draw(st.sampled_from([-1, -1, -2])) if two else -1  # -2 declines
     gamma = None  # the normalized shape; the decomposed form takes any that broadcasts: (S, 1) with S == F ...
     if form == "decomposed" and len(net.shape) >= 2:
-        gamma = draw(st.sampled_from([None, (net.shape[-2], 1)]) | broadcast_shapes(net.shape))
+        gamma = draw(st.sampled_from([None, fixed((net.shape[-2], 1))]) | broadcast_shapes(net.shape))
     return dict(form=form, residual=draw(st.sampled_from([None, "input", net.cur, *net.same_shape()])),
                 epsilon=draw(st.sampled_from([1e-5, 1e-3])), axis=axis, gamma=gamma)
 
@@ -633,7 +669,7 @@ class LayerKind:
 #: the layer kinds, simplest first (Hypothesis shrinks towards the first)
 LAYER_KINDS = {
     "act": LayerKind(draw_act, emit_act, weight=3, branch=True),
-    "bn": LayerKind(draw_nothing, emit_bn, weight=2, branch=True),
+    "bn": LayerKind(draw_nothing, emit_bn, weight=2, branch=True, when=lambda net: net.shape[1] != BATCH),
     "bias_add": LayerKind(draw_bias_add, emit_bias_add, branch=True),
     "elementwise": LayerKind(draw_elementwise, emit_elementwise, weight=2, branch=True),
     "conv": LayerKind(draw_conv, emit_conv, domains=("image",), weight=4, branch=True),
@@ -641,8 +677,8 @@ LAYER_KINDS = {
     "layer_norm": LayerKind(draw_layer_norm, emit_layer_norm, domains=("tokens",), weight=3, branch=True),
     "block": LayerKind(draw_block, emit_block, weight=4, branch=True),
     "off_axis": LayerKind(draw_off_axis, emit_block, weight=3, branch=True),
-    "squeeze_excite": LayerKind(draw_squeeze_excite, emit_squeeze_excite, domains=("image",), branch=True),
-    "attention": LayerKind(draw_attention, emit_attention, domains=("tokens",), branch=True,
+    "squeeze_excite": LayerKind(draw_squeeze_excite, emit_squeeze_excite, domains=("image",), weight=3, branch=True),
+    "attention": LayerKind(draw_attention, emit_attention, domains=("tokens",), weight=3, branch=True,
                            when=lambda net: len(net.shape) == 3),
     "skip_add": LayerKind(draw_skip_add, emit_skip_add, weight=2, when=lambda net: bool(net.same_shape())),
     "fork": LayerKind(draw_fork, emit_fork),
@@ -695,14 +731,17 @@ def _input_shapes(domain: str):
 
 
 @st.composite
-def onnx_graphs(draw, domains=DOMAINS, max_layers: int = MAX_LAYERS) -> RandomGraph:
+def onnx_graphs(draw, domains=DOMAINS, max_layers: int = MAX_LAYERS, dtypes=DTYPES) -> RandomGraph:
     """Draws a small random ONNX graph: an image or token input, then 1 to `max_layers` layers from LAYER_KINDS
     (conv, BatchNorm, activations in every ONNX form and with nudged constants, broadcast constants, Max/Min/
     Sum/Mean pairs, elementwise ops, MatMul/Gemm, LayerNorm, conv/dense blocks, squeeze-excite, attention, If,
     forks and escaped intermediates), then up to 4 odd node / value names, as a
-    RandomGraph(model, description, plan)."""
+    RandomGraph(model, description, plan). Half the graphs have a symbolic batch (BATCH); a third each are
+    float32, float16 and bfloat16 (the float32 graph converted: `Plan.dtype`), or one of `dtypes`."""
     domain = draw(st.sampled_from(domains))
     shape = draw(_input_shapes(domain))
+    if draw(st.booleans()):
+        shape = (BATCH, *shape[1:])
     seed = draw(st.integers(0, 2**16 - 1))
     net = Net.start(domain, shape, seed)
     layers = []
@@ -713,4 +752,5 @@ def onnx_graphs(draw, domains=DOMAINS, max_layers: int = MAX_LAYERS) -> RandomGr
         _add(net, name, params)
         layers.append((name, params))
     names = draw_names(draw, len(net.g.nodes))
-    return net.finish(Plan(domain, shape, seed, tuple(layers), names))
+    dtype = draw(st.sampled_from(dtypes))
+    return net.finish(Plan(domain, shape, seed, tuple(layers), names, dtype))
