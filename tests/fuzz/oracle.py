@@ -9,7 +9,10 @@ A crash in import, fuse or build is a failure too (the graph is valid: onnxrunti
 onnxruntime refuses is the strategy's bug (InvalidGraph).
 
 Symbolic dims (a graph input's dim_param, the random graphs' batch "N") stay symbolic in the builds; one build
-runs at each of `sizes`. A float16 model is judged against onnxruntime's float16 run with float16's tolerance;
+runs at each of `sizes`. A float16 model is judged against onnxruntime's float16 run with float16's tolerance,
+its noise per element how far onnxruntime's float32 run of the same values moves when each node's output is
+rounded to float16 (the roundings the builds make between kernels, which onnxruntime's fp16 kernels avoid
+inside an op);
 a bfloat16 model (onnxruntime has no bfloat16 kernels for most ops on the CPU) against onnxruntime's run of
 the same graph in float32 (`as_float32`: its bfloat16 weights widened exactly) on the same bfloat16 inputs
 widened, with bfloat16's tolerance, as test_precision.py does; the build's outputs must be bfloat16. That
@@ -70,17 +73,17 @@ def as_float32(model: onnx.ModelProto) -> onnx.ModelProto:
     for g in _graphs(out.graph):
         constants = [a.t for n in g.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
         for t in [*g.initializer, *constants]:
-            if t.data_type == TensorProto.BFLOAT16:
+            if t.data_type in (TensorProto.BFLOAT16, TensorProto.FLOAT16):
                 t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
         for v in [*g.input, *g.output, *g.value_info]:
-            if v.type.tensor_type.elem_type == TensorProto.BFLOAT16:
+            if v.type.tensor_type.elem_type in (TensorProto.BFLOAT16, TensorProto.FLOAT16):
                 v.type.tensor_type.elem_type = TensorProto.FLOAT
     return out
 
 
-def rounded_per_node(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The float32 `model` with every float32 output of a top-level node rounded to bfloat16 (Cast to bfloat16
-    and back): the roundings a bfloat16 computation makes between its ops."""
+def rounded_per_node(model: onnx.ModelProto, to: int = TensorProto.BFLOAT16) -> onnx.ModelProto:
+    """The float32 `model` with every float32 output of a top-level node rounded to `to` (bfloat16 or float16:
+    Cast to it and back): the roundings a half computation makes between its ops."""
     out = onnx.shape_inference.infer_shapes(model)
     types = {v.name: v.type.tensor_type.elem_type for v in [*out.graph.value_info, *out.graph.output]}
     nodes = []
@@ -90,12 +93,16 @@ def rounded_per_node(model: onnx.ModelProto) -> onnx.ModelProto:
             if types.get(name) != TensorProto.FLOAT:
                 continue
             node.output[k] = f"{name}__exact"
-            nodes.append(onnx.helper.make_node("Cast", [node.output[k]], [f"{name}__bf16"], to=TensorProto.BFLOAT16))
+            nodes.append(onnx.helper.make_node("Cast", [node.output[k]], [f"{name}__bf16"], to=to))
             nodes.append(onnx.helper.make_node("Cast", [f"{name}__bf16"], [name], to=TensorProto.FLOAT))
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     del out.graph.value_info[:]
     return out
+
+
+def _is_float16(model) -> bool:
+    return any(v.type.tensor_type.elem_type == TensorProto.FLOAT16 for v in [*model.graph.input, *model.graph.output])
 
 
 def _is_bfloat16(model) -> bool:
@@ -116,6 +123,13 @@ def reference_outputs(model, inputs: dict) -> tuple[list[np.ndarray], list, list
     reference's own) and the reference's noise (None: none); a bfloat16 model runs as float32 (see the
     module docstring)."""
     n = len(model.graph.output)
+    if _is_float16(model):  # onnxruntime's float16 run; noise: the roundings of a float16 computation between ops
+        wide = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in inputs.items()}
+        exact = _onnxruntime(as_float32(model), wide)
+        rounded = _onnxruntime(rounded_per_node(as_float32(model), TensorProto.FLOAT16), wide)
+        own = _onnxruntime(model, inputs)
+        return own, [None] * n, [np.abs(r.astype(np.float64) - e) if o.dtype == np.float16 else None
+                                 for o, e, r in zip(own, exact, rounded)]
     if not _is_bfloat16(model):
         return _onnxruntime(model, inputs), [None] * n, [None] * n
     bf16 = numpy_dtype("bfloat16")

@@ -190,3 +190,17 @@ def test_known_plan_fuses_exactly(name, rules):
     reasons = blocked_by_consumer(fused.fused.decisions)
     blocked = {d.rule for d in fused.fused.decisions if d.reason in reasons}
     assert blocked == blocked_rules, (blocked, graph.description)
+
+
+def test_float16_reference_noise_still_fails_a_wrong_result():
+    """A float16 graph: onnxruntime's float16 run, with per element how far its float32 run moves when every
+    node's output is rounded to float16; 10% off still fails."""
+    plan = Plan("tokens", (3, 5, 8), 2, (
+        ("dense", dict(op="MatMul", n=8, bias="after", batched_weight=False, bias_rank=1)),
+        ("layer_norm", dict(LN, residual="x")), ("act", dict(act="gelu_erf", form="Gelu"))), dtype="float16")
+    model = build(plan).model
+    ref, dtypes, noise = reference_outputs(model, model_inputs(model, {}, 0))
+    (r,), (d,), (n,) = ref, dtypes, noise
+    assert r.dtype == np.float16 and d is None and n.shape == r.shape and n.max() < 0.05 * np.abs(r).max()
+    assert elementwise_mismatch(r, r, d, n) is None
+    assert "elements off" in elementwise_mismatch((r * 1.1).astype(np.float16), r, d, n)
