@@ -41,7 +41,6 @@ from .errors import FusionError
 __all__ = ["RECURRENT_OPS", "ACTIVATIONS", "decompose_recurrent", "sequence_first"]
 
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
-_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
 #: activation (lower case) -> (alphas it takes, betas it takes, default alpha, default beta), as onnxruntime
 #: reads them: a function without parameters consumes no entry of activation_alpha / _beta, and a missing
@@ -338,7 +337,7 @@ class _Direction:
 
 def _direction(e: _Emitter, spec: _Spec, d: int) -> _Direction:
     ins, hsz = spec.inputs, spec.hidden
-    gh = _GATES[spec.op] * hsz
+    gh = _kernel.GATES[spec.op] * hsz
     wt = e.op("Transpose", [e.gather(ins["W"], d, 0, f"W{d}")], f"W{d}_t", perm=[1, 0])
     rt = e.op("Transpose", [e.gather(ins["R"], d, 0, f"R{d}")], f"R{d}_t", perm=[1, 0])
     if "B" in ins:

@@ -32,7 +32,7 @@ __all__ = ["SCAN_DOMAIN", "SCAN_OP", "ATTR", "Cell", "check_target", "convert", 
 
 SCAN_DOMAIN, SCAN_OP = "tvm_fusion.recurrent", "RecurrentScan"
 ATTR = "tvm_fusion.recurrent_scan"  # the PrimFunc attribute: the Cell as JSON
-_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}  # the gates of each op, in its weights' order
 _OPTIONAL = ("h0", "c0", "P", "lens")  # inputs after xw, rt, rb, in this order
 _SHARED_BYTES = 48 * 1024  # static shared memory a CUDA block may declare
 
@@ -65,17 +65,17 @@ class Cell:
 
 
 class _Math:
-    """Constants in the compute type; exp, sigmoid and tanh: on the CPU in float32 the vectorizable forms of
-    schedules/llvm/fast_math.py (LLVM makes a vector exp one libm call per lane), elsewhere TVM's intrinsics."""
+    """Constants in the compute type; exp, sigmoid and tanh as activations.KernelMath gives them: on the CPU the
+    vectorizable float32 forms of schedules/llvm/fast_math.py (LLVM makes a vector exp one libm call per lane),
+    elsewhere TVM's intrinsics."""
 
     def __init__(self, gpu: bool, dtype: str):
-        self.dtype = dtype
-        if gpu or dtype != "float32":
-            self.exp, self.sigmoid, self.tanh = tirx.exp, tirx.sigmoid, tirx.tanh
-        else:
-            from .schedules.llvm.fast_math import fast_exp, fast_sigmoid, fast_tanh
+        from .schedules.activations import KernelMath
+        from .schedules.llvm import fast_math  # noqa: F401  (registers the llvm float32 forms)
 
-            self.exp, self.sigmoid, self.tanh = fast_exp, fast_sigmoid, fast_tanh
+        self.dtype = dtype
+        kernel = KernelMath.of(not gpu, "llvm")
+        self.exp, self.sigmoid, self.tanh = kernel.exp, kernel.sigmoid, kernel.tanh
 
     def c(self, v) -> tirx.PrimExpr:
         return tirx.const(float(v), self.dtype)
@@ -234,7 +234,7 @@ class _State:
     on the CPU), the cell state (c, LSTM), the gates (acc), and a GRU's z and r * h (linear_before_reset=0)."""
 
     def __init__(self, body: _Body, cell: Cell):
-        hidden, gh = cell.hidden, _GATES[cell.op] * cell.hidden
+        hidden, gh = cell.hidden, GATES[cell.op] * cell.hidden
         self.h = body.scratch(hidden)
         self.h_own = body.own(hidden) if body.gpu else self.h
         self.c = body.own(hidden) if cell.op == "LSTM" else None
@@ -357,12 +357,12 @@ _STEPS = {"LSTM": _lstm, "GRU": _gru, "RNN": _rnn}
 
 def _threads(cell: Cell) -> int:
     """A GPU block's threads: the gates rounded up to a warp, at most 1024."""
-    gh = _GATES[cell.op] * cell.hidden
+    gh = GATES[cell.op] * cell.hidden
     return min(1024, (gh + 31) // 32 * 32)
 
 
 def _shared_bytes(cell: Cell) -> int:
-    gh, H = _GATES[cell.op] * cell.hidden, cell.hidden
+    gh, H = GATES[cell.op] * cell.hidden, cell.hidden
     return (8 if cell.dtype == "float64" else 4) * (H + gh + (H if cell.op == "GRU" and not cell.linear_before_reset else 0))
 
 
