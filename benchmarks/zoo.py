@@ -1,4 +1,4 @@
-"""The README's "Models from real exporters" table: `python benchmarks/zoo.py [--threads N] [NAME ...]`
+"""The corpus table of docs/models.md ("The corpus, fused"): `python benchmarks/zoo.py [--threads N] [NAME ...]`
 (default: every corpus model, all cores; `--threads 1` times TVM and onnxruntime on one thread each, the
 steadier comparison on a host that other jobs load).
 
