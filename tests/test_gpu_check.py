@@ -182,7 +182,7 @@ def test_bars_pass_fail_and_not_measured():
 
 #: exit 0: fp16 is ill-conditioned for this synthetic example (rounding its input and weights alone is over
 #: float16's tolerance), so its fp16 builds' errors against the float32 model are reported and fusion is judged
-#: per group (README, Half precision)
+#: per group (docs/precision.md, Half precision)
 RESNET50_CODE = 0
 #: fp16: the casts of the input and of the two outputs, and the global average pool's input cast to float32
 #: (precision.WIDENED_INPUTS: its mean sums in float32; TVM's FuseOps keeps that cast a kernel of its own)

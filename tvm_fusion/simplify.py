@@ -6,7 +6,7 @@ Exporters write shape arithmetic (`Shape -> Gather -> Unsqueeze -> Concat -> Res
 `Constant` nodes and `Identity` of shape values; TVM's importer rejects some of it ("shape_of expects a
 tensor input") and TVM's FoldConstant can crash on the rest. With the shapes bound, a simplifier folds it all
 to constants. SIMPLIFIERS holds the candidates (benchmarks/simplifiers.py compares them on the zoo corpus);
-DEFAULT is the one `import_onnx(simplify=True)` runs (README, "Models from real exporters", says why).
+DEFAULT is the one `import_onnx(simplify=True)` runs (docs/models.md, "Which simplifier", says why).
 
 Node names: a node the simplifier keeps keeps its ONNX name; a node it makes (or leaves unnamed) takes the
 name of the original node that produced the same output, so messages and manifests still name the user's

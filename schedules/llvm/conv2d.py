@@ -383,7 +383,7 @@ def flat_taps(kh: int, kw: int, strides, groups: int, cpg: int, cout: int, facts
     wasted). Stride 1, or strided where the input is copied channels-last (`channels_last_input`; the shallow
     strided convs read theirs NCHW). Measured on Zen 2 (AVX2, one conv + ReLU, one thread, CPU time, rows of
     tiles -> one row, bit-identical): 3x3 128 on 28x28 3.04 -> 2.79 ms, 512 on 7x7 3.86 -> 2.96 ms; 3x3/2
-    128 on 56x56 2.68 -> 2.52 ms, 512 on 14x14 3.80 -> 3.13 ms (README "CPU speed")."""
+    128 on 56x56 2.68 -> 2.52 ms, 512 on 14x14 3.80 -> 3.13 ms (docs/cpu_speed.md)."""
     return (step_cost(facts).flat_taps_chains > 0 and (kh, kw) != (1, 1) and groups == 1
             and (all(int(s) == 1 for s in strides) or channels_last_input("tiled", cpg, cout, kh, kw, strides, facts)))
 

@@ -45,8 +45,8 @@ grouped and the last tile is a group of its own; the pixel-group, tile and copy 
 and only its epilogue stores under a lane predicate (scalar): the main loop keeps whole-vector stores.
 Measured on Zen 2 (AVX2, one thread, CPU time, one conv + ReLU, channel-vectorized tile -> this kernel):
 64 -> 256 on 56x56 1.34 -> 1.12 ms, 256 -> 64 on 56x56 1.45 -> 1.28 ms, 320 -> 64 on 28x28 0.45 -> 0.39 ms,
-PP-OCR's 240 -> 240 on 12x80 1.67 -> 1.35 ms and 480 -> 480 on 6x80 3.09 -> 2.68 ms (README, "CPU
-convolution kernels", for every shape).
+PP-OCR's 240 -> 240 on 12x80 1.67 -> 1.35 ms and 480 -> 480 on 6x80 3.09 -> 2.68 ms (docs/cpu_conv_kernels.md,
+for every shape).
 
 ## groups > 1 ("pixels"): `conv2d(x, W, groups=G) + epilogue  ==>  G GEMMs over pixel vectors`
 

@@ -1,5 +1,5 @@
 """Tests of the ONNX backend suite that fail for reasons outside tvm_fusion, grouped by reason.
-Filled from a run of the suite (see README, Conformance); a failure caused by our rules or schedules is a
+Filled from a run of the suite (see docs/testing.md, Conformance); a failure caused by our rules or schedules is a
 bug to fix, never an entry here."""
 
 #: by reason, from the Fused half: tests that fail as the exporter wrote them and also through the ONNX simplifier

@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-#: (reason shown in the README, regex on the failure message), first match wins
+#: (reason shown in docs/testing.md, regex on the failure message), first match wins
 REASONS = [
     ("op not supported by TVM's ONNX importer", r"which TVM's ONNX importer does not support"),
     ("a Loop whose trip count is a graph input (TVM imports no Loop; one with a constant trip count is unrolled)",
