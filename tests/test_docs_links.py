@@ -58,3 +58,11 @@ def test_relative_links_resolve(doc):
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
             broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
     assert not broken, f"{doc.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_readme_sections_the_messages_name_exist():
+    """A message that sends the user to "README: 'Section'" names a heading the README has."""
+    named = {m for path in (ROOT / "tvm_fusion").rglob("*.py")
+             for m in re.findall(r"README: '([^']+)'", path.read_text())}
+    headings = set(re.findall(r"^#{1,6} (.+)$", (ROOT / "README.md").read_text(), re.M))
+    assert named and not named - headings, f"no such README heading: {sorted(named - headings)}"
