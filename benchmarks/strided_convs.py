@@ -40,7 +40,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "schedules" / "llvm"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tvm_fusion" / "schedules" / "llvm"))
 
 import conv2d_test  # noqa: E402  (the packed build the tests use)
 from cpu_speed import set_tvm_threads  # noqa: E402
