@@ -27,7 +27,7 @@ def resnet50_path():
 
 @pytest.fixture(scope="session")
 def resnet50_mod(resnet50_path):
-    from tvm_fusion.frontend import import_onnx
+    from tvm_fusion.frontend.importer import import_onnx
 
     return import_onnx(resnet50_path)
 

@@ -45,7 +45,7 @@ from tvm_fusion.numerics import error_stats  # noqa: E402
 
 def _light(name: str):
     """(module, onnx model, feeds in graph order) of a light architecture."""
-    from tvm_fusion import frontend
+    from tvm_fusion.frontend import importer as frontend
     from tvm_fusion.compare import random_inputs
     from tvm_fusion.examples import example_path
 
@@ -63,7 +63,7 @@ def _zoo(name: str):
 def _qdq(name: str):
     from qdq_models import inputs, qdq_path
 
-    from tvm_fusion import frontend
+    from tvm_fusion.frontend import importer as frontend
 
     proto = onnx.load(str(qdq_path(name)))
     return frontend.import_onnx(proto), proto, inputs(proto)

@@ -395,7 +395,7 @@ def _export_other(built, path: Path, model_path: str, arch: str) -> Path:
     reads (model, target, inputs, weights, cuda_binary)."""
     from tvm_fusion.compile import _inputs
     from tvm_fusion.export import export_library
-    from tvm_fusion.frontend import onnx_input_names
+    from tvm_fusion.frontend.importer import onnx_input_names
     from tvm_fusion.weights import WEIGHTS_SUFFIX, save_weights
 
     binary = export_library(built.executable, path, arch)
@@ -430,7 +430,7 @@ def build_config(rep: Report, cfg: dict, out: Path, arch: str, external: bool) -
     import onnx
     import tvm
 
-    from tvm_fusion import frontend
+    from tvm_fusion.frontend import importer as frontend
     from tvm_fusion._tvm import relax
     from tvm_fusion.build import build, resolve_target
     from tvm_fusion.compare import input_tensors, run_onnxruntime

@@ -10,7 +10,7 @@ from onnx import TensorProto
 
 from tvm_fusion.cli import main
 from tvm_fusion.errors import FusionError
-from tvm_fusion.frontend import parse_shape
+from tvm_fusion.frontend.importer import parse_shape
 from tvm_fusion.testing import GraphBuilder, conv_bn_relu
 
 
@@ -337,7 +337,7 @@ def test_nodes_out_of_order_are_not_a_cycle(capsys, tmp_path):
 
 
 def test_in_topological_order_keeps_sorted_graphs_and_sorts_bodies():
-    from tvm_fusion.frontend import in_topological_order
+    from tvm_fusion.frontend.importer import in_topological_order
 
     h = onnx.helper
     sorted_model = h.make_model(h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [_vi("x")], [_vi("y")]))

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from tvm_fusion import cuda_graph, frontend
+from tvm_fusion import cuda_graph
+from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build import build, resolve_target
 from tvm_fusion.testing import GraphBuilder, residual_block

@@ -19,7 +19,7 @@ from tvm_fusion.build import build, resolve_target
 from tvm_fusion.compare import random_inputs, run_onnxruntime
 from tvm_fusion.compile import compile_model, cpu_linker
 from tvm_fusion.errors import FusionError
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion import runtime
 from tvm_fusion.runtime import check_host, load

@@ -8,7 +8,7 @@ import numpy as np
 from tvm_fusion import fuse
 from tvm_fusion._tvm import dpl
 from tvm_fusion.build import build
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.testing import GraphBuilder
 
 

@@ -12,7 +12,7 @@ from tvm_fusion._tvm import relax
 from tvm_fusion.build import resolve_target
 from tvm_fusion.differential import _composite_calls, _group_module
 from tvm_fusion.errors import LoweringError
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.fuse import Matched, lower, match
 from tvm_fusion.patterns.dense_epilogue import dense_epilogue
 from tvm_fusion.rules import RuleSet, static_shape

@@ -21,7 +21,7 @@ from tvm_fusion.compare import compare
 from tvm_fusion.export import compile_cuda_source, cuda_source
 from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.differential import check_groups
 from tvm_fusion.loader import load_rules_for
 from tvm_fusion.precision import (WIDENED_INPUTS, convert, half_baseline, half_sums_in_float32, numpy_dtype,
@@ -141,7 +141,7 @@ def test_bfloat16_layer_norm_computes_in_float32(case, source):
 def test_bfloat16_layer_norm_with_a_symbolic_batch(rank):
     """--precision bf16 with the batch symbolic: the LayerNorm is the rule's over [N, C] and over [N, S, C] (the
     kernel's [N, rows, C]), computed in float32; every build within tolerance at batch 1 and 3."""
-    from tvm_fusion.frontend import SymDim
+    from tvm_fusion.frontend.importer import SymDim
 
     g = GraphBuilder(6)
     x = g.input("x", ["N", 32] if rank == 2 else ["N", 5, 32])

@@ -13,11 +13,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion import FusionError
 from tvm_fusion.build import build
-from tvm_fusion.frontend import SymDim, import_onnx, onnx_node_names
+from tvm_fusion.frontend.importer import SymDim, import_onnx, onnx_node_names
 from tvm_fusion.io import run_onnxruntime
 from tvm_fusion._tvm import tirx
-from tvm_fusion.recurrent import ACTIVATIONS, decompose_recurrent
-from tvm_fusion.recurrent_kernel import ATTR
+from tvm_fusion.frontend.recurrent import ACTIVATIONS, decompose_recurrent
+from tvm_fusion.frontend.recurrent_kernel import ATTR
 from tvm_fusion.testing import assert_close, run_build
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -358,7 +358,7 @@ def test_gpu_form_with_serial_threads_computes_what_the_cpu_form_does(op, hidden
     loops on the CPU, against the llvm form on the same inputs (which the builds check against onnxruntime)."""
     from tvm_fusion._tvm import te, tvm
     from tvm_fusion.build import resolve_target
-    from tvm_fusion.recurrent_kernel import Cell, scan_te
+    from tvm_fusion.frontend.recurrent_kernel import Cell, scan_te
 
     acts = kw.pop("acts", None) or {"LSTM": (("sigmoid", None, None), ("tanh", None, None), ("tanh", None, None)),
                                     "GRU": (("sigmoid", None, None), ("tanh", None, None))}[op]
@@ -391,7 +391,7 @@ def test_cuda_refuses_a_hidden_size_beyond_shared_memory():
     parameters alone; the CPU takes any size."""
     from tvm_fusion._tvm import te, tvm
     from tvm_fusion.build import resolve_target
-    from tvm_fusion.recurrent_kernel import Cell, check_target, scan_te
+    from tvm_fusion.frontend.recurrent_kernel import Cell, check_target, scan_te
 
     cell = Cell("LSTM", 2500, (("sigmoid", None, None), ("tanh", None, None), ("tanh", None, None)), None, False,
                 False, False, 0, ())

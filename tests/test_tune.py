@@ -17,7 +17,7 @@ from tvm_fusion.build import build, default_rules
 from tvm_fusion.cli import main
 from tvm_fusion.compile import compile_model
 from tvm_fusion.examples import with_dynamic_batch
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.io import random_inputs, run_onnxruntime
 from tvm_fusion.testing import assert_close, conv_bn_relu, run_build
 from tvm_fusion.tune import CHOICES_FILE, TuneOptions, parse_rpc

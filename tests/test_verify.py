@@ -75,7 +75,8 @@ def test_cuda_groups_the_cpu_schedule_refuses_still_verify(monkeypatch):
     plain (unscheduled) compute instead of being dropped or re-matched."""
     import dataclasses
 
-    from tvm_fusion import frontend, registry
+    from tvm_fusion.frontend import importer as frontend
+    from tvm_fusion import registry
     from tvm_fusion._tvm import SCHEDULED_ATTR
     from tvm_fusion.build import build
     from tvm_fusion.verify import verify_fused

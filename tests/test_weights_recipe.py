@@ -93,7 +93,7 @@ def test_fp16_weights_are_casts_of_the_float32_recipe(tmp_path):
     biases are stored (the Gemm's: its float16 cast widened again)."""
     from tvm_fusion.build import default_rules, legalize, resolve_target
     from tvm_fusion.examples import example_path
-    from tvm_fusion.frontend import import_onnx
+    from tvm_fusion.frontend.importer import import_onnx
     from tvm_fusion.fuse import fuse
     from tvm_fusion.precision import convert
     from tvm_fusion.weights import lift_weights

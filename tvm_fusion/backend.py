@@ -26,7 +26,7 @@ from onnx.backend.base import Backend, BackendRep
 from ._tvm import relax, tvm
 from .build import build, resolve_target
 from .errors import FusionMismatch
-from .frontend import import_onnx
+from tvm_fusion.frontend.importer import import_onnx
 from .fuse import unchanged
 from .io import as_arrays, device, gpu_available
 from .numerics import error_stats

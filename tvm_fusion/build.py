@@ -12,7 +12,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from . import _tvm, pipeline, recurrent_kernel
+from tvm_fusion import _tvm, pipeline
+from tvm_fusion.frontend import recurrent_kernel
 from . import cuda_graph as graphs
 from ._tvm import relax, tvm
 from .errors import FusionError

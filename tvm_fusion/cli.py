@@ -188,7 +188,7 @@ def _model(args, shapes: dict | None = None):
         raise FusionError("give either a model path or --example, not both")
     if args.example:
         from .examples import example_path
-        from .frontend import SymDim
+        from tvm_fusion.frontend.importer import SymDim
 
         dynamic = any(shape and isinstance(shape[0], SymDim) for shape in (shapes or {}).values())
         return str(example_path(args.example, args.seed, dynamic_batch=dynamic))
@@ -198,7 +198,7 @@ def _model(args, shapes: dict | None = None):
 
 
 def _shapes(args) -> dict:
-    from .frontend import format_shape, parse_shape
+    from tvm_fusion.frontend.importer import format_shape, parse_shape
 
     shapes: dict = {}
     for text in args.shape:

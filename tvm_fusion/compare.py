@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from . import frontend
+from tvm_fusion.frontend import importer as frontend
 from ._tvm import relax, tvm
 from .build import Built, build, resolve_target
 from .console import progress, table

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import onnx
 
-from . import _tvm, cpu_features, frontend
+from tvm_fusion import _tvm, cpu_features
+from tvm_fusion.frontend import importer as frontend
 from . import cuda_graph as graphs
 from ._tvm import relax, tvm
 from .build import build, count_kernel_calls, legalize, resolve_target
@@ -25,7 +26,7 @@ from .io import check_inputs, load_inputs
 from .hardware import cuda_facts
 from .precision import PRECISIONS, check_precision, convert
 from .rules import RuleSet, dim_name
-from .simplify import record_of as simplify_record
+from tvm_fusion.frontend.simplify import record_of as simplify_record
 from .tune import TuneOptions
 from .tune import check_options as check_tune_options
 from .verify import DEFAULT_SEARCH_TIMEOUT, skipped, verify_fused

@@ -23,7 +23,8 @@ import numpy as np
 import onnx
 
 
-from . import _tvm, frontend
+from tvm_fusion import _tvm
+from tvm_fusion.frontend import importer as frontend
 from ._tvm import relax, tvm
 from .build import build, default_rules, resolve_target
 from .console import status, table

@@ -59,7 +59,7 @@ class Explanation:
         """The longest partial match of each rule (or of `rule`) before an op no group took: longest first,
         then the closest to a whole match, then by priority."""
         if self._near is None:
-            from .frontend import onnx_node_names
+            from tvm_fusion.frontend.importer import onnx_node_names
 
             found = [] if self.module is None else near_misses(
                 self.module, self.result.groups, self.result.matched.rules, onnx_node_names(self.module))
@@ -112,7 +112,7 @@ def _by_node(items: list) -> dict[str, list]:
 def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None, simplify: bool = True) -> Explanation:
     """Fuse `model` (path, ModelProto or Relax IRModule) and explain every decision (`simplify=False`: an ONNX
     model imported as given, without the ONNX simplifier)."""
-    from . import frontend
+    from tvm_fusion.frontend import importer as frontend
     from .loader import load_rules_for
 
     mod = model if isinstance(model, tvm.IRModule) else frontend.import_onnx(model, shapes, simplify=simplify)

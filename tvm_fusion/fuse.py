@@ -18,7 +18,7 @@ from . import _tvm, registry
 from . import patterns as builtin_patterns
 from ._tvm import dpl, relax, te, tirx, tvm
 from .errors import FusionError, InternalError, LoweringError
-from .frontend import onnx_node_names
+from tvm_fusion.frontend.importer import onnx_node_names
 from .rules import (Decline, Lowering, Match, Rule, RuleSet, batch_shape, declared_batch_dims, dim_name, shape_text,
                     symbolic_reason, undeclared_dims)
 from .schedules.activations import fast_math_allowed

@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from . import _tvm, frontend
+from tvm_fusion import _tvm
+from tvm_fusion.frontend import importer as frontend
 from ._tvm import relax, tvm
 from .errors import FusionError
-from .recurrent import sequence_first
+from tvm_fusion.frontend.recurrent import sequence_first
 from .runtime import as_arrays
 
 __all__ = ["INPUTS_SYNTAX", "as_arrays", "available_memory", "check_inputs", "check_memory", "device",

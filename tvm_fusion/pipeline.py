@@ -11,7 +11,7 @@ The `legalize` stage is run by build.py before counting kernels; `lower` is hand
 from __future__ import annotations
 
 from ._tvm import BACKEND_PIPELINES, dlight, tvm
-from . import recurrent_kernel
+from tvm_fusion.frontend import recurrent_kernel
 from .errors import FusionError
 from .precision import half_sums_in_float32
 

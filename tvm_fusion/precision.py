@@ -174,7 +174,7 @@ def convert(mod, precision: str | None):
         return mod
     from ._tvm import expr_type, relax
     from .errors import FusionError
-    from .frontend import onnx_node_names
+    from tvm_fusion.frontend.importer import onnx_node_names
     from .fuse import normalize_batch_norm
 
     for p in mod["main"].params:
@@ -272,7 +272,7 @@ def _cast_constants():
 
 
 def _min_of_max_to_clip():
-    from .frontend import _min_of_max_to_clip as build
+    from tvm_fusion.frontend.importer import _min_of_max_to_clip as build
 
     return build()
 

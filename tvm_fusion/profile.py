@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
-from . import _tvm, frontend
+from tvm_fusion import _tvm
+from tvm_fusion.frontend import importer as frontend
 from ._tvm import relax, tvm
 from .build import legalize_traced, resolve_target
 from .console import table

@@ -90,7 +90,7 @@ def as_float16(model: onnx.ModelProto, dtype: str = "float16") -> onnx.ModelProt
     float32 inputs, outputs and value infos declared in the half dtype (what an exporter's `model.half()`
     writes), If / Loop bodies included."""
     from .precision import numpy_dtype
-    from .recurrent import _graphs
+    from tvm_fusion.frontend.recurrent import _graphs
 
     elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
     out = onnx.ModelProto()
@@ -195,7 +195,7 @@ def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
     """Build unfused and fused on llvm; both must match onnxruntime and each other. Returns the fused build."""
     from .build import build
     from .io import random_inputs, run_onnxruntime
-    from .frontend import import_onnx
+    from tvm_fusion.frontend.importer import import_onnx
 
     mod = import_onnx(model)
     inputs = random_inputs(model, seed=seed)
@@ -216,7 +216,7 @@ def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
 def symbolic_shapes(model, bound: int | None = None) -> dict:
     """The `--shape` of every graph input as the model declares it: each named dim (`N`) a SymDim with upper
     bound `bound`, the others their sizes."""
-    from .frontend import SymDim
+    from tvm_fusion.frontend.importer import SymDim
     from .io import graph_inputs
 
     return {i.name: tuple(SymDim(d.dim_param, bound) if d.dim_param else d.dim_value
@@ -228,7 +228,7 @@ def check_symbolic_batch(model, shapes: dict, rules=None, expect: dict | None = 
     then run that one build at each batch in `batches` against onnxruntime, element by element. Returns the
     build; `expect`: its exact rule counts."""
     from .build import build
-    from .frontend import import_onnx
+    from tvm_fusion.frontend.importer import import_onnx
     from .io import graph_inputs, random_inputs, run_onnxruntime
 
     fused = build(import_onnx(model, shapes), "llvm", "fused", rules=rules)
@@ -261,7 +261,7 @@ def check_cuda_build(model, rules=None, expect: dict | None = None, arch: str = 
     from ._tvm import tvm
     from .build import build, resolve_target
     from .export import compile_cuda_source, cuda_source
-    from .frontend import import_onnx
+    from tvm_fusion.frontend.importer import import_onnx
     from .schedules.cuda.gpu_limits import check_gpu_limits
 
     target = resolve_target("cuda", arch)
@@ -339,7 +339,7 @@ def check_rule_property(model, rules, rule_name: str, seed: int = 0) -> bool:
     matches the unfused build and onnxruntime; if it declined, the fused module is the module with no
     rules at all. Returns whether it fired."""
     from .build import resolve_target
-    from .frontend import import_onnx
+    from tvm_fusion.frontend.importer import import_onnx
     from .fuse import fuse
     from .rules import RuleSet
 

@@ -32,7 +32,7 @@ from ._tvm import relax, tvm
 from .build import Built, build, resolve_target
 from .io import as_arrays, input_tensors
 from .errors import FusionError, ToleranceExceeded
-from .frontend import check_sizes, concrete_shapes, sizes_text
+from tvm_fusion.frontend.importer import check_sizes, concrete_shapes, sizes_text
 from .fuse import lower
 from .reference import Reference
 from .rules import RuleSet

@@ -374,7 +374,7 @@ def pool_match(plan: Plan, target):
 
     from tvm_fusion._tvm import tirx
     from tvm_fusion.build import legalize
-    from tvm_fusion.frontend import import_onnx
+    from tvm_fusion.frontend.importer import import_onnx
 
     alone = Plan(plan.domain, plan.input_shape, plan.seed, plan.layers[:1])  # without its activation
     legal = legalize(import_onnx(build_kernel(alone).model), target, "unfused")

@@ -21,10 +21,10 @@ from corpus import CHECKED_IN, ENTRIES, QUANTIZED, WHEEL_ENTRIES, ZOO_DIR, make_
 from wheels import WHEEL_MODELS, RegistryUnreachable
 
 import tvm_fusion as tf
-from tvm_fusion import simplify
+from tvm_fusion.frontend import simplify
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.compare import as_arrays, run_onnxruntime
-from tvm_fusion.frontend import _walk, node_labels, onnx_node_names
+from tvm_fusion.frontend.importer import _walk, node_labels, onnx_node_names
 from tvm_fusion.reference import reference_noise
 
 #: per-rule counts of the fused llvm build (rules that fired), recorded 2026-11-30; squeeze_excite and

@@ -10,7 +10,7 @@ import pytest
 from tvm_fusion import _tvm
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build import resolve_target
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.fuse import fuse
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.patterns.conv_epilogue import STRUCTURES
@@ -555,7 +555,7 @@ def test_conv1d_with_a_symbolic_batch(rules):
     """The views [N, C, 1, W] keep N symbolic (in the caller's dims): one build, batches 1 and 3."""
     from tvm_fusion.build import build
     from tvm_fusion.compare import run_onnxruntime
-    from tvm_fusion.frontend import SymDim
+    from tvm_fusion.frontend.importer import SymDim
     from tvm_fusion.testing import assert_close
 
     model = _audio_block(batch="N")

@@ -127,7 +127,7 @@ def test_golden_ir_of_batched_dense_bias_relu(rules):
     from tvm_fusion import _tvm
     from tvm_fusion._tvm import relax
     from tvm_fusion.build import resolve_target
-    from tvm_fusion.frontend import import_onnx
+    from tvm_fusion.frontend.importer import import_onnx
     from tvm_fusion.fuse import fuse
 
     g = GraphBuilder(8)

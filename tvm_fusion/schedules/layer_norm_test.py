@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tvm_fusion.build import build
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.testing import GraphBuilder, assert_close, run_build
 
 LN_OPSET = 18

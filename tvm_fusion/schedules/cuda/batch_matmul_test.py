@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tvm_fusion.build import build, resolve_target
-from tvm_fusion.frontend import SymDim, import_onnx
+from tvm_fusion.frontend.importer import SymDim, import_onnx
 from tvm_fusion.schedules.cuda.batch_matmul import ENGINE
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
 from tvm_fusion.testing import GraphBuilder, as_float16, check_cuda_build

@@ -7,7 +7,7 @@ import pytest
 from tvm_fusion._tvm import prim_dtype, tvm
 from tvm_fusion.build import build, resolve_target
 from tvm_fusion.export import compile_cuda_source, cuda_source
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
 from tvm_fusion.testing import GELU_OPSET, GraphBuilder, apply_activation_onnx, check_cuda_build
 
@@ -157,7 +157,7 @@ def test_gpu_limits_bind_a_symbolic_batch_of_an_int64_kernel():
     """TVM's legalized kernels (a Pad the leftover schedules take) index with int64 and carry an int64 buffer
     offset: at_batch binds their N as well (specialize refused an int32 size: "expected an independent Var,
     but got T.int64(0)")."""
-    from tvm_fusion.frontend import SymDim
+    from tvm_fusion.frontend.importer import SymDim
     from tvm_fusion.schedules.cuda.gpu_limits import at_batch
 
     g = GraphBuilder(3)

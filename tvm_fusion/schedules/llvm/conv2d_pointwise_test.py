@@ -374,7 +374,7 @@ def test_grouped_symbolic_batch_and_residual_through_the_fused_build(hw):
     from tvm_fusion._tvm import relax
     from tvm_fusion.build import build
     from tvm_fusion.compare import run_onnxruntime
-    from tvm_fusion.frontend import SymDim, import_onnx
+    from tvm_fusion.frontend.importer import SymDim, import_onnx
     from tvm_fusion.testing import GraphBuilder, assert_close
 
     g = GraphBuilder(seed=5)

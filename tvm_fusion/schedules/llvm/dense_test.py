@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_fusion import frontend
+from tvm_fusion.frontend import importer as frontend
 from tvm_fusion.build import build, resolve_target
 from tvm_fusion.compare import run_onnxruntime
 from tvm_fusion.hardware import cpu_facts

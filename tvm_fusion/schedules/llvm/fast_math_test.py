@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from tvm_fusion import frontend
+from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import te, tirx, tvm
 from tvm_fusion.build import build, resolve_target
 from tvm_fusion.compare import run_onnxruntime

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from tvm_fusion import frontend, pipeline
+from tvm_fusion.frontend import importer as frontend
+from tvm_fusion import pipeline
 from tvm_fusion._tvm import te, tirx, tvm
 from tvm_fusion.build import build, resolve_target
 from tvm_fusion.compare import run_onnxruntime

@@ -12,7 +12,7 @@ from onnx import numpy_helper
 
 from tvm_fusion._tvm import tvm
 from tvm_fusion.build import build, resolve_target
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.testing import GraphBuilder, assert_close, check_fused, run_build
 
 AVX2 = '{"kind": "llvm", "mcpu": "x86-64-v3"}'
@@ -65,7 +65,7 @@ def test_cuda_schedule_is_its_own():
 def test_symbolic_rows_keep_one_row_of_partial_sums():
     """A symbolic batch of rows: the partial sums are one row's vector (not N rows of them), and the kernel
     matches float64 NumPy at batch 1 and 3."""
-    from tvm_fusion.frontend import SymDim
+    from tvm_fusion.frontend.importer import SymDim
 
     model = _layer_norm("N", 768)
     shapes = {"x": (SymDim("N", None), 768), "r": (SymDim("N", None), 768)}

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from tvm_fusion.schedules.llvm.pooling import LeftoverPool, match_pool, pool_plan
 
-from tvm_fusion import frontend, pipeline
+from tvm_fusion.frontend import importer as frontend
+from tvm_fusion import pipeline
 from tvm_fusion._tvm import relax, te, tirx, tvm
 from tvm_fusion.build import build, resolve_target
 from tvm_fusion.compare import run_onnxruntime

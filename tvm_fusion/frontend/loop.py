@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .errors import FusionError
-from .recurrent import _graphs, _taken_names  # every graph of a model (bodies included); every name in it
+from tvm_fusion.errors import FusionError
+from tvm_fusion.frontend.recurrent import (_graphs, _taken_names)  # every graph of a model (bodies included); every name in it
 
 __all__ = ["unroll_loops", "MAX_ITERATIONS"]
 

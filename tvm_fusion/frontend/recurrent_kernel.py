@@ -1,7 +1,7 @@
 """One direction of an LSTM / GRU / RNN over all its steps in one kernel (the recurrence's time loop in TIR).
 
 The front door (recurrent.py) rewrites a recurrent node into its input projection (one MatMul over every
-step) and, per direction, one `tvm_fusion.recurrent::RecurrentScan` node (float32 or float64; a float16 or
+step) and, per direction, one `tvm_fusion.frontend.recurrent::RecurrentScan` node (float32 or float64; a float16 or
 bfloat16 node's between Casts to float32 and back), which the importer turns into a call of the kernel made
 here. Per step the kernel computes the recurrent product h @ R^T + Rb and the cell's
 update, with the state kept in the kernel:
@@ -25,8 +25,8 @@ import json
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
-from ._tvm import te, tirx, tvm
-from .errors import FusionError
+from tvm_fusion._tvm import te, tirx, tvm
+from tvm_fusion.errors import FusionError
 
 __all__ = ["SCAN_DOMAIN", "SCAN_OP", "ATTR", "Cell", "check_target", "convert", "for_target"]
 
@@ -70,8 +70,8 @@ class _Math:
     elsewhere TVM's intrinsics."""
 
     def __init__(self, gpu: bool, dtype: str):
-        from .schedules.activations import KernelMath
-        from .schedules.llvm import fast_math  # noqa: F401  (registers the llvm float32 forms)
+        from tvm_fusion.schedules.activations import KernelMath
+        from tvm_fusion.schedules.llvm import fast_math  # noqa: F401  (registers the llvm float32 forms)
 
         self.dtype = dtype
         kernel = KernelMath.of(not gpu, "llvm")

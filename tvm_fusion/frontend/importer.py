@@ -18,16 +18,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from . import _tvm
-from . import precision as _precision
-from . import recurrent as _recurrent
-from . import recurrent_kernel as _recurrent_kernel
-from . import loop as _loop
-from . import simplify as _simplify
-from ._tvm import dpl, relax, tirx, tvm
-from .errors import FusionError
-from .quiet import FAST_TAKE_LINES, tvm_output
-from .rules import scalar_constant, shape_dims, static_shape as _static_shape
+from tvm_fusion import _tvm
+from tvm_fusion import precision as _precision
+from tvm_fusion.frontend import recurrent as _recurrent
+from tvm_fusion.frontend import recurrent_kernel as _recurrent_kernel
+from tvm_fusion.frontend import loop as _loop
+from tvm_fusion.frontend import simplify as _simplify
+from tvm_fusion._tvm import dpl, relax, tirx, tvm
+from tvm_fusion.errors import FusionError
+from tvm_fusion.quiet import FAST_TAKE_LINES, tvm_output
+from tvm_fusion.rules import scalar_constant, shape_dims, static_shape as _static_shape
 
 __all__ = ["SymDim", "import_onnx", "load_onnx", "parse_shape", "onnx_node_names", "concrete_shapes",
            "check_sizes", "sizes_text", "symbolic_dims", "format_shape", "UPPER_BOUND_ATTR"]
@@ -619,7 +619,7 @@ def import_onnx(model, shapes: dict | None = None, *, fold_constants: bool = Tru
 
     `shapes` binds input dims: {"input_name": (1, 3, 224, 224)}; required for symbolic dims.
     `simplify` (default: on; the CLI's --no-simplify turns it off) first runs the ONNX simplifier with those shapes
-    (simplify.py; module attribute `tvm_fusion.simplify` records what ran).
+    (simplify.py; module attribute `tvm_fusion.frontend.simplify` records what ran).
     """
     where = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
     proto = load_onnx(model)
