@@ -34,14 +34,14 @@ def resnet50_mod(resnet50_path):
 
 @pytest.fixture(scope="session")
 def cpu():
-    from tvm_fusion.build import resolve_target
+    from tvm_fusion.build.builder import resolve_target
 
     return resolve_target("llvm")
 
 
 @pytest.fixture(scope="session")
 def rules():
-    from tvm_fusion.loader import load_rules_for
+    from tvm_fusion.fusion.loader import load_rules_for
 
     return load_rules_for()
 

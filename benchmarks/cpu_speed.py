@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "zoo"))
 
 from tvm_fusion._tvm import relax, tvm  # noqa: E402
-from tvm_fusion.build import build, resolve_target  # noqa: E402
+from tvm_fusion.build.builder import build, resolve_target  # noqa: E402
 from tvm_fusion.compare import as_arrays  # noqa: E402
 from tvm_fusion.numerics import error_stats  # noqa: E402
 

@@ -26,7 +26,8 @@ def main() -> None:
 
     import tvm
 
-    from tvm_fusion import build, example_model, import_onnx
+    from tvm_fusion.build import builder as build
+    from tvm_fusion import example_model, import_onnx
     from tvm_fusion._tvm import relax
     from tvm_fusion.frontend.importer import SymDim
     from tvm_fusion.runtime import as_arrays

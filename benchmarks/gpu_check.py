@@ -432,7 +432,7 @@ def build_config(rep: Report, cfg: dict, out: Path, arch: str, external: bool) -
 
     from tvm_fusion.frontend import importer as frontend
     from tvm_fusion._tvm import relax
-    from tvm_fusion.build import build, resolve_target
+    from tvm_fusion.build.builder import build, resolve_target
     from tvm_fusion.compare import input_tensors, run_onnxruntime
     from tvm_fusion.compile import compile_model
     from tvm_fusion.precision import convert

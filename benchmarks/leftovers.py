@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cpu_speed import _zoo, interleaved, ort_session, set_tvm_threads  # noqa: E402
 
-from tvm_fusion import pipeline  # noqa: E402
+from tvm_fusion.build import pipeline  # noqa: E402
 from tvm_fusion._tvm import relax, tvm  # noqa: E402
-from tvm_fusion.build import build, resolve_target  # noqa: E402
+from tvm_fusion.build.builder import build, resolve_target  # noqa: E402
 from tvm_fusion.compare import as_arrays  # noqa: E402
-from tvm_fusion.loader import load_rules_for  # noqa: E402
+from tvm_fusion.fusion.loader import load_rules_for  # noqa: E402
 from tvm_fusion.numerics import error_stats  # noqa: E402
 
 DEFAULT_MODELS = ("vit_seg_ts17", "audio1d_ts17", "fsmn_ts13")

@@ -48,7 +48,7 @@ from cpu_speed import set_tvm_threads  # noqa: E402
 import tvm_fusion.schedules.llvm.conv2d as llvm_conv  # noqa: E402
 from tvm_fusion._tvm import te, tvm  # noqa: E402
 from tvm_fusion.testing import RESNET50_CONVS  # noqa: E402
-from tvm_fusion.build import resolve_target  # noqa: E402
+from tvm_fusion.build.builder import resolve_target  # noqa: E402
 
 #: name: (n, c, h, w, oc, k, stride, pad)
 SHAPES = {

@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_speed import _light, interleaved_ms  # noqa: E402
 
 from tvm_fusion._tvm import relax, tvm  # noqa: E402
-from tvm_fusion.build import build, resolve_target  # noqa: E402
+from tvm_fusion.build.builder import build, resolve_target  # noqa: E402
 from tvm_fusion.compare import as_arrays  # noqa: E402
 from tvm_fusion.numerics import error_stats  # noqa: E402
-from tvm_fusion.tune import TuneOptions  # noqa: E402
+from tvm_fusion.build.tune import TuneOptions  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -35,7 +35,7 @@ import pytest  # noqa: E402
 from tvm_fusion._tvm import relax, tvm  # noqa: E402
 from tvm_fusion.compare import run_onnxruntime  # noqa: E402
 
-from tvm_fusion.build import resolve_target  # noqa: E402
+from tvm_fusion.build.builder import resolve_target  # noqa: E402
 from tvm_fusion.compile import kernel_counts  # noqa: E402
 from tvm_fusion.explain import explain  # noqa: E402
 

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tvm_fusion.build import build, resolve_target
+from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.compare import random_inputs, run_onnxruntime
 from tvm_fusion.compile import compile_model, cpu_linker
 from tvm_fusion.errors import FusionError
@@ -123,7 +123,7 @@ RUNTIME_ONLY = textwrap.dedent("""
     out = model(np.load(sys.argv[2]))
     np.save(sys.argv[3], out[0])
     compiler = [m for m in sys.modules if m.startswith(("tvm.relax", "tvm.s_tir", "tvm.topi", "tvm.meta_schedule",
-                "tvm_fusion._tvm", "tvm_fusion.build", "tvm_fusion.fuse", "tvm_fusion.compile", "onnx"))]
+                "tvm_fusion._tvm", "tvm_fusion.build.builder", "tvm_fusion.fusion.fuse", "tvm_fusion.compile", "onnx"))]
     print(json.dumps({"compiler_modules": compiler, "threads": model.threads,
                       "env_threads": os.environ.get("TVM_NUM_THREADS")}))
 """)

@@ -8,7 +8,7 @@ import pytest
 
 from tvm_fusion.cli import main
 from tvm_fusion.differential import bisect, check_groups
-from tvm_fusion.loader import load_rules_for
+from tvm_fusion.fusion.loader import load_rules_for
 from tvm_fusion.testing import GraphBuilder, conv_bn_relu
 
 WRONG_RULES = Path(__file__).parent / "wrong_rules.py"  # conv -> relu lowered with its weights scaled by 1.01

@@ -12,12 +12,12 @@ import pytest
 
 from tvm_fusion import cli
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.build import build, resolve_target
+from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.compare import run_onnxruntime
 from tvm_fusion.errors import FusionError
 from tvm_fusion.frontend.importer import SymDim, check_sizes, import_onnx, parse_shape
-from tvm_fusion.fuse import fuse
-from tvm_fusion.build import default_rules
+from tvm_fusion.fusion.fuse import fuse
+from tvm_fusion.build.builder import default_rules
 from tvm_fusion.runtime import load
 from tvm_fusion.rules import shape_text
 from tvm_fusion.testing import GraphBuilder, assert_close, run_build

@@ -136,7 +136,7 @@ def _assert_matches_onnxruntime(model, seed=0):
     """Imported output types == onnxruntime's outputs; fused and unfused llvm builds == onnxruntime,
     element by element (numerics' table; integers exactly). Returns the imported module."""
 
-    from tvm_fusion.build import build
+    from tvm_fusion.build.builder import build
     from tvm_fusion.compare import random_inputs, run_onnxruntime
     from tvm_fusion.testing import run_build
 

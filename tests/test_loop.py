@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_fusion.build import build
+from tvm_fusion.build.builder import build
 from tvm_fusion.errors import FusionError
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.io import run_onnxruntime

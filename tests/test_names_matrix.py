@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion import explain
-from tvm_fusion.build import build
+from tvm_fusion.build.builder import build
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.io import run_onnxruntime
 from tvm_fusion.testing import assert_close, check_cuda_build, run_build

@@ -15,7 +15,7 @@ import pytest
 from onnx import numpy_helper
 
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.build import build, resolve_target
+from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.cli import main
 from tvm_fusion.compare import compare
 from tvm_fusion.export import compile_cuda_source, cuda_source
@@ -23,7 +23,7 @@ from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.differential import check_groups
-from tvm_fusion.loader import load_rules_for
+from tvm_fusion.fusion.loader import load_rules_for
 from tvm_fusion.precision import (WIDENED_INPUTS, convert, half_baseline, half_sums_in_float32, numpy_dtype,
                                   rounded_weights)
 from tvm_fusion.schedules.cuda.families_test import _chain_model, _conv_act_model, _ffn_model, _layer_norm_model
@@ -589,7 +589,7 @@ def test_precision_keeps_the_batch_norm_in_float32_for_the_fold(precision):
     packed = [c for c in _call_constants(built.fused.mod) if c.ndim == 5]
     assert len(packed) == 1 and packed[0].dtype == numpy_dtype(dtype)
     cout, cpg, kh, kw = w.shape
-    from tvm_fusion.build import resolve_target
+    from tvm_fusion.build.builder import resolve_target
     from tvm_fusion.schedules.llvm.conv2d import packs_taps_first
 
     blocks = packed[0].transpose(0, 3, 1, 2, 4) if packs_taps_first(resolve_target("llvm")) else packed[0]

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from tvm_fusion._tvm import relax
-from tvm_fusion.build import build
+from tvm_fusion.build.builder import build
 from tvm_fusion.compare import gpu_available, random_inputs, run_onnxruntime
 from tvm_fusion.testing import assert_close, run_build
 

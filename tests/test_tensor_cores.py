@@ -109,8 +109,8 @@ def test_resnet50_fp16_on_sm90_runs_52_convs_on_tensor_cores(resnet50_mod, rules
     fills 2% of a tile: CUDA cores."""
     from collections import Counter
 
-    from tvm_fusion.build import resolve_target
-    from tvm_fusion.fuse import fuse
+    from tvm_fusion.build.builder import resolve_target
+    from tvm_fusion.fusion.fuse import fuse
     from tvm_fusion.precision import convert
 
     groups = fuse(convert(resnet50_mod, "fp16"), resolve_target("cuda", "sm_90"), rules).groups

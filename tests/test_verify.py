@@ -78,7 +78,7 @@ def test_cuda_groups_the_cpu_schedule_refuses_still_verify(monkeypatch):
     from tvm_fusion.frontend import importer as frontend
     from tvm_fusion import registry
     from tvm_fusion._tvm import SCHEDULED_ATTR
-    from tvm_fusion.build import build
+    from tvm_fusion.build.builder import build
     from tvm_fusion.verify import verify_fused
 
     proto = residual_block()
@@ -89,8 +89,8 @@ def test_cuda_groups_the_cpu_schedule_refuses_still_verify(monkeypatch):
                                 dataclasses.replace(sched, supports=lambda *a: "refused by the test"))
     result = verify_fused(proto, built)
     assert result.verified and all(s.ok for s in result.outputs.values())
-    from tvm_fusion.build import resolve_target
-    from tvm_fusion.fuse import lower
+    from tvm_fusion.build.builder import resolve_target
+    from tvm_fusion.fusion.fuse import lower
 
     graph, groups = lower(built.fused.matched, resolve_target("llvm"), any_target=True)
     assert [g.rule for g in groups] == ["conv2d_bn_relu", "conv2d_bn_add_relu"]

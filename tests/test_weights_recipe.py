@@ -91,10 +91,10 @@ def test_fp16_weights_are_casts_of_the_float32_recipe(tmp_path):
     BatchNorm, a Gemm) are float16 casts of its draws, with BatchNorm folded into them or transposed, and the
     recipe regenerates them bit for bit (write_recipe replays it and checks every sha256): only the float32
     biases are stored (the Gemm's: its float16 cast widened again)."""
-    from tvm_fusion.build import default_rules, legalize, resolve_target
+    from tvm_fusion.build.builder import default_rules, legalize, resolve_target
     from tvm_fusion.examples import example_path
     from tvm_fusion.frontend.importer import import_onnx
-    from tvm_fusion.fuse import fuse
+    from tvm_fusion.fusion.fuse import fuse
     from tvm_fusion.precision import convert
     from tvm_fusion.weights import lift_weights
 

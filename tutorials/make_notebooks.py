@@ -235,7 +235,7 @@ CPU, W' was also packed once at compile time into the layout the kernel reads: `
 blocks of B output channels innermost (B from the target's vector width, so it differs between an AVX2 and
 an AVX-512 machine; with AVX2 the taps come first, `[O'/B, KH, KW, C, B]`) and the channels padded with
 zeros to the kernel's tile. Undo the packing to compare:"""),
-    new_code_cell("""from tvm_fusion.build import resolve_target
+    new_code_cell("""from tvm_fusion.build.builder import resolve_target
 from tvm_fusion.schedules.llvm.conv2d import packs_taps_first
 
 constants = []

@@ -24,26 +24,29 @@ import types
 _LAZY = {
     "BisectReport": "differential", "GroupReport": "differential", "bisect": "differential",
     "check_groups": "differential",
-    "Built": "build", "CompareReport": "compare", "CompileResult": "compile", "Explanation": "explain",
-    "FuseResult": "fuse", "ProfileReport": "profile",
+    "Built": "build.builder", "CompareReport": "compare", "CompileResult": "compile", "Explanation": "explain",
+    "FuseResult": "fusion.fuse", "ProfileReport": "profile",
     "FusionError": "errors", "ToleranceExceeded": "errors",
     "example_model": "examples", "example_path": "examples",
-    "import_onnx": "frontend", "SymDim": "frontend",
-    "load_rules": "loader",
+    "import_onnx": "frontend.importer", "SymDim": "frontend.importer",
+    "load_rules": "fusion.loader",
     "register_compute": "registry", "register_schedule": "registry",
     "Decline": "rules", "Lowering": "rules", "Match": "rules", "Rule": "rules", "RuleSet": "rules",
     "Spec": "rules", "commutative": "rules", "decline": "rules", "rule": "rules",
     "load": "runtime",
-    "TuneOptions": "tune", "TuneReport": "tune",
+    "TuneOptions": "build.tune", "TuneReport": "build.tune",
 }
 
 #: functions of the API named like a submodule: `tvm_fusion.<name>` is that submodule (`import tvm_fusion.rules
 #: as r` gives the module), and calling it calls the function: the facade's below, or (None) the module's own
 #: function of that name (`tf.build(...)` is `tvm_fusion.build.build(...)`)
 _CALLABLE = {"build": None, "compare": None, "explain": None, "profile": None,
-             "compile": "_compile", "fuse": "_fuse", "rules": "_rules"}
+             "compile": "_compile", "rules": "_rules"}
 
-__all__ = sorted([*_LAZY, *_CALLABLE])
+#: functions of the API defined here, whose module has another name (`fuse`: tvm_fusion.fusion.fuse)
+_FUNCTIONS = ("fuse",)
+
+__all__ = sorted([*_LAZY, *_CALLABLE, *_FUNCTIONS])
 
 
 def __getattr__(name: str):
@@ -99,16 +102,16 @@ __version__ = "0.1.0"
 
 def _rules(files=(), only=None, disable=None) -> RuleSet:
     """The active rule set: built-in tables (fixed order), installed plugins, then `files`."""
-    from .loader import load_rules_for
+    from tvm_fusion.fusion.loader import load_rules_for
 
     return load_rules_for(files, only=only, disable=disable)
 
 
-def _fuse(mod, target="llvm", rules: RuleSet | None = None, *, only=None, disable=None) -> FuseResult:
+def fuse(mod, target="llvm", rules: RuleSet | None = None, *, only=None, disable=None) -> FuseResult:
     """Run the fuse stage: returns the rewritten module and per-rule counts (`.counts`)."""
-    from .build import resolve_target
-    from .fuse import fuse as fuse_stage
-    from .loader import load_rules_for
+    from tvm_fusion.build.builder import resolve_target
+    from tvm_fusion.fusion.fuse import fuse as fuse_stage
+    from tvm_fusion.fusion.loader import load_rules_for
 
     rules = rules if rules is not None else load_rules_for(only=only, disable=disable)
     return fuse_stage(mod, resolve_target(target), rules)

@@ -24,10 +24,10 @@ import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from ._tvm import relax, tvm
-from .build import build, resolve_target
+from tvm_fusion.build.builder import build, resolve_target
 from .errors import FusionMismatch
 from tvm_fusion.frontend.importer import import_onnx
-from .fuse import unchanged
+from tvm_fusion.fusion.fuse import unchanged
 from .io import as_arrays, device, gpu_available
 from .numerics import error_stats
 from .rules import RuleSet

@@ -87,7 +87,7 @@ def _tune_options(args):
             raise FusionError(f"{' and '.join(given)} without --tune: add --tune TRIALS (e.g. --tune 64)")
         return None
     from .examples import cache_dir
-    from .tune import TuneOptions, check_options
+    from tvm_fusion.build.tune import TuneOptions, check_options
 
     kernels = tuple(k for k in (args.tune_kernels or "").split(",") if k) or None
     return check_options(TuneOptions(args.tune, args.tune_db or cache_dir("tune"), args.tune_rpc,
@@ -176,7 +176,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _rules(args):
-    from .loader import load_rules_for
+    from tvm_fusion.fusion.loader import load_rules_for
 
     disable = [n for d in args.disable for n in d.split(",") if n]
     return load_rules_for(args.rules, only=[n for n in args.only.split(",") if n], disable=disable)
@@ -223,7 +223,7 @@ def _check_args(args) -> None:
         raise FusionError(f"--search-timeout {timeout:g}: use 0 (no search) or more seconds")
     arch = getattr(args, "arch", None)
     if arch is not None:
-        from .build import check_arch
+        from tvm_fusion.build.builder import check_arch
 
         check_arch(arch, nvcc=args.target == "cuda")
 
@@ -242,7 +242,7 @@ def _run(args) -> int:
 
         print(bundle(args.library, args.output, args.python, recipe=args.weights_recipe, numpy_wheel=args.numpy))
         return 0
-    from .build import resolve_target
+    from tvm_fusion.build.builder import resolve_target
 
     resolve_target(args.target, args.arch)  # a bad --target fails here, before any work
     rules = _rules(args)

@@ -12,13 +12,13 @@ import onnx
 
 from tvm_fusion.frontend import importer as frontend
 from ._tvm import relax, tvm
-from .build import Built, build, resolve_target
+from tvm_fusion.build.builder import Built, build, resolve_target
 from .console import progress, table
 from .errors import FusionError
 from .export import compile_cuda_source, cuda_source
 from .io import (INPUTS_SYNTAX, as_arrays, available_memory, check_inputs, check_memory,  # noqa: F401 (re-exported)
                  device, gpu_available, graph_inputs, input_tensors, load_inputs, random_inputs, run_onnxruntime)
-from .pipeline import MODES
+from tvm_fusion.build.pipeline import MODES
 from .rules import RuleSet
 from .numerics import ErrorStats, error_stats
 from .precision import check_precision, convert, half_baseline, verdict_dtype

@@ -15,20 +15,20 @@ import onnx
 
 from tvm_fusion import _tvm, cpu_features
 from tvm_fusion.frontend import importer as frontend
-from . import cuda_graph as graphs
+from tvm_fusion.build import cuda_graph as graphs
 from ._tvm import relax, tvm
-from .build import build, count_kernel_calls, legalize, resolve_target
+from tvm_fusion.build.builder import build, count_kernel_calls, legalize, resolve_target
 from .console import progress
 from .errors import FusionError
 from .export import export_library
-from .fuse import ELEMENTS_PER_BATCH_ATTR
+from tvm_fusion.fusion.fuse import ELEMENTS_PER_BATCH_ATTR
 from .io import check_inputs, load_inputs
 from .hardware import cuda_facts
 from .precision import PRECISIONS, check_precision, convert
 from .rules import RuleSet, dim_name
 from tvm_fusion.frontend.simplify import record_of as simplify_record
-from .tune import TuneOptions
-from .tune import check_options as check_tune_options
+from tvm_fusion.build.tune import TuneOptions
+from tvm_fusion.build.tune import check_options as check_tune_options
 from .verify import DEFAULT_SEARCH_TIMEOUT, skipped, verify_fused
 from .weights import WEIGHTS_SUFFIX, save_weights
 

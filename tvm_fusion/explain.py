@@ -9,12 +9,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ._tvm import relax, tvm
-from .build import legalize_traced, resolve_target
-from .fuse import Decision, FuseResult, fuse, normalize_batch_norm
+from tvm_fusion.build.builder import legalize_traced, resolve_target
+from tvm_fusion.fusion.fuse import Decision, FuseResult, fuse, normalize_batch_norm
 from .rules import RuleSet
 from .patterns.qdq import fake_quant_notes
-from .trace import PartialMatch, near_misses
-from .unscheduled import Unscheduled, find_unscheduled
+from tvm_fusion.fusion.trace import PartialMatch, near_misses
+from tvm_fusion.build.unscheduled import Unscheduled, find_unscheduled
 
 __all__ = ["Explanation", "PartialMatch", "explain", "op_counts"]
 
@@ -113,7 +113,7 @@ def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None, 
     """Fuse `model` (path, ModelProto or Relax IRModule) and explain every decision (`simplify=False`: an ONNX
     model imported as given, without the ONNX simplifier)."""
     from tvm_fusion.frontend import importer as frontend
-    from .loader import load_rules_for
+    from tvm_fusion.fusion.loader import load_rules_for
 
     mod = model if isinstance(model, tvm.IRModule) else frontend.import_onnx(model, shapes, simplify=simplify)
     rules = rules if rules is not None else load_rules_for()

@@ -175,7 +175,7 @@ def convert(mod, precision: str | None):
     from ._tvm import expr_type, relax
     from .errors import FusionError
     from tvm_fusion.frontend.importer import onnx_node_names
-    from .fuse import normalize_batch_norm
+    from tvm_fusion.fusion.fuse import normalize_batch_norm
 
     for p in mod["main"].params:
         have = str(getattr(expr_type(p), "dtype", ""))

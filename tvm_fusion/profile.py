@@ -24,15 +24,15 @@ import onnx
 from tvm_fusion import _tvm
 from tvm_fusion.frontend import importer as frontend
 from ._tvm import relax, tvm
-from .build import legalize_traced, resolve_target
+from tvm_fusion.build.builder import legalize_traced, resolve_target
 from .console import table
 from .errors import FusionError
-from .fuse import FuseResult, fuse
+from tvm_fusion.fusion.fuse import FuseResult, fuse
 from .io import gpu_available, input_tensors, nbytes
-from .pipeline import MODES
+from tvm_fusion.build.pipeline import MODES
 from .roofline import KNOWN_GPUS, Peaks, gpu_peaks, host_peaks
 from .rules import RuleSet
-from .unscheduled import find_unscheduled
+from tvm_fusion.build.unscheduled import find_unscheduled
 
 __all__ = ["ProfileReport", "profile", "Site", "GroupProfile", "Candidate", "BuildProfile", "SCHEMA_VERSION"]
 
@@ -557,14 +557,14 @@ def _raised(peaks: Peaks, sites: list[Site]) -> Peaks:
 def _build(mod, target, mode: str, rules: RuleSet):
     """(legalized module, FuseResult or None, executable, seconds, the kernels without a schedule) for one
     profile mode."""
-    from .pipeline import lower_passes, sequential
+    from tvm_fusion.build.pipeline import lower_passes, sequential
 
     t0 = time.perf_counter()
     fused = None
     if mode == "fused":
         fused = fuse(mod, target, rules)
     elif mode == "unfused":
-        from .loader import load_rules_for
+        from tvm_fusion.fusion.loader import load_rules_for
 
         fused = fuse(mod, target, load_rules_for(only=[BASELINE_RULE], plugins=False))
     legal, origins = legalize_traced(fused.mod if fused else mod, target, "unfused" if mode == "unfused" else mode)
@@ -578,7 +578,7 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     """Build `model` in `modes`, time every kernel over `repeat` inferences on the same seeded inputs, and
     model the memory traffic and what is left to fuse. Needs the unfused and fused builds for before/after.
     `simplify=False`: import the model as given (no ONNX simplifier)."""
-    from .loader import load_rules_for
+    from tvm_fusion.fusion.loader import load_rules_for
 
     modes = list(dict.fromkeys(modes))
     for m in modes:

@@ -193,7 +193,7 @@ def run_build(built, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
     """Build unfused and fused on llvm; both must match onnxruntime and each other. Returns the fused build."""
-    from .build import build
+    from tvm_fusion.build.builder import build
     from .io import random_inputs, run_onnxruntime
     from tvm_fusion.frontend.importer import import_onnx
 
@@ -227,7 +227,7 @@ def check_symbolic_batch(model, shapes: dict, rules=None, expect: dict | None = 
     """Build fused on llvm with the symbolic dims of `shapes` (`{"x": (SymDim("N"), 4, 8, 8)}`) kept symbolic,
     then run that one build at each batch in `batches` against onnxruntime, element by element. Returns the
     build; `expect`: its exact rule counts."""
-    from .build import build
+    from tvm_fusion.build.builder import build
     from tvm_fusion.frontend.importer import import_onnx
     from .io import graph_inputs, random_inputs, run_onnxruntime
 
@@ -259,7 +259,7 @@ def check_cuda_build(model, rules=None, expect: dict | None = None, arch: str = 
     limits (verify_gpu_code, hardware.cuda_facts) and the generated CUDA C compiled by nvcc (or NVRTC); nothing
     runs. `shapes`: input shapes for import_onnx (a symbolic batch). Returns the build."""
     from ._tvm import tvm
-    from .build import build, resolve_target
+    from tvm_fusion.build.builder import build, resolve_target
     from .export import compile_cuda_source, cuda_source
     from tvm_fusion.frontend.importer import import_onnx
     from .schedules.cuda.gpu_limits import check_gpu_limits
@@ -338,9 +338,9 @@ def check_rule_property(model, rules, rule_name: str, seed: int = 0) -> bool:
     """The property every rule must have, with only `rule_name` active: if it fired, the fused build
     matches the unfused build and onnxruntime; if it declined, the fused module is the module with no
     rules at all. Returns whether it fired."""
-    from .build import resolve_target
+    from tvm_fusion.build.builder import resolve_target
     from tvm_fusion.frontend.importer import import_onnx
-    from .fuse import fuse
+    from tvm_fusion.fusion.fuse import fuse
     from .rules import RuleSet
 
     only = RuleSet([rules[rule_name]])
@@ -396,7 +396,7 @@ def _pair(v):
 
 def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=False, activation="relu",
                   target=None, dtype="float32"):
-    """The fused conv PrimFunc as tvm_fusion.fuse builds it for `target` (its kind's compute, given the
+    """The fused conv PrimFunc as tvm_fusion.fusion.fuse builds it for `target` (its kind's compute, given the
     target; None: the generic compute): (func, attrs, input shapes) for the schedule tests.
     `dtype`: of x, W, the residual and the output; the bias is in the accumulator dtype (float32 for half)."""
     (kh, kw), strides, dilation = _pair(k), _pair(stride), _pair(dil)

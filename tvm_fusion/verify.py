@@ -29,11 +29,11 @@ import onnx
 
 from . import _tvm
 from ._tvm import relax, tvm
-from .build import Built, build, resolve_target
+from tvm_fusion.build.builder import Built, build, resolve_target
 from .io import as_arrays, input_tensors
 from .errors import FusionError, ToleranceExceeded
 from tvm_fusion.frontend.importer import check_sizes, concrete_shapes, sizes_text
-from .fuse import lower
+from tvm_fusion.fusion.fuse import lower
 from .reference import Reference
 from .rules import RuleSet
 from .runtime import check_host

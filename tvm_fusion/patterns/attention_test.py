@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tvm_fusion import _tvm
-from tvm_fusion.build import resolve_target
+from tvm_fusion.build.builder import resolve_target
 from tvm_fusion.frontend.importer import import_onnx
-from tvm_fusion.fuse import fuse
+from tvm_fusion.fusion.fuse import fuse
 from tvm_fusion.testing import GraphBuilder, check_cuda_build, check_fused, check_symbolic_batch, symbolic_shapes
 
 OPSET = 17

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.build import build, resolve_target
+from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.compare import run_onnxruntime
 from tvm_fusion.frontend.importer import SymDim, import_onnx
-from tvm_fusion.fuse import fuse
+from tvm_fusion.fusion.fuse import fuse
 from tvm_fusion.patterns.batch_matmul import kernel_views
 from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.testing import (GELU_OPSET, GraphBuilder, apply_activation_onnx, as_float16, assert_close,

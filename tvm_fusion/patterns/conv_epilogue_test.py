@@ -9,9 +9,9 @@ import pytest
 
 from tvm_fusion import _tvm
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.build import resolve_target
+from tvm_fusion.build.builder import resolve_target
 from tvm_fusion.frontend.importer import import_onnx
-from tvm_fusion.fuse import fuse
+from tvm_fusion.fusion.fuse import fuse
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.patterns.conv_epilogue import STRUCTURES
 from tvm_fusion.schedules.conv2d import pack_channel_blocks
@@ -538,7 +538,7 @@ def test_conv1d_attributes(k, stride, pads, dilation, groups, rules):
 
 
 def test_conv1d_float16_and_avx2(rules):
-    from tvm_fusion.build import build
+    from tvm_fusion.build.builder import build
     from tvm_fusion.compare import random_inputs, run_onnxruntime
     from tvm_fusion.testing import as_float16, assert_close, run_build
 
@@ -553,7 +553,7 @@ def test_conv1d_float16_and_avx2(rules):
 
 def test_conv1d_with_a_symbolic_batch(rules):
     """The views [N, C, 1, W] keep N symbolic (in the caller's dims): one build, batches 1 and 3."""
-    from tvm_fusion.build import build
+    from tvm_fusion.build.builder import build
     from tvm_fusion.compare import run_onnxruntime
     from tvm_fusion.frontend.importer import SymDim
     from tvm_fusion.testing import assert_close

@@ -126,9 +126,9 @@ def test_golden_ir_of_batched_dense_bias_relu(rules):
 
     from tvm_fusion import _tvm
     from tvm_fusion._tvm import relax
-    from tvm_fusion.build import resolve_target
+    from tvm_fusion.build.builder import resolve_target
     from tvm_fusion.frontend.importer import import_onnx
-    from tvm_fusion.fuse import fuse
+    from tvm_fusion.fusion.fuse import fuse
 
     g = GraphBuilder(8)
     x = g.input("x", [2, 3, 4])

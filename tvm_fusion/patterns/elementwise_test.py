@@ -93,9 +93,9 @@ def test_golden_ir_of_add_relu(rules):
 
     from tvm_fusion import _tvm
     from tvm_fusion._tvm import relax
-    from tvm_fusion.build import resolve_target
+    from tvm_fusion.build.builder import resolve_target
     from tvm_fusion.frontend.importer import import_onnx
-    from tvm_fusion.fuse import fuse
+    from tvm_fusion.fusion.fuse import fuse
 
     g = GraphBuilder(3)
     a, b = g.input("a", [2, 5]), g.input("b", [2, 5])

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from tvm_fusion.build import resolve_target
+from tvm_fusion.build.builder import resolve_target
 from tvm_fusion.frontend.importer import import_onnx
-from tvm_fusion.fuse import fuse
+from tvm_fusion.fusion.fuse import fuse
 from tvm_fusion.testing import GraphBuilder, check_cuda_build, check_fused, check_symbolic_batch, symbolic_shapes
 
 LN_OPSET = 18
@@ -126,9 +126,9 @@ def test_golden_ir_of_add_layer_norm(rules):
 
     from tvm_fusion import _tvm
     from tvm_fusion._tvm import relax
-    from tvm_fusion.build import resolve_target
+    from tvm_fusion.build.builder import resolve_target
     from tvm_fusion.frontend.importer import import_onnx
-    from tvm_fusion.fuse import fuse
+    from tvm_fusion.fusion.fuse import fuse
 
     g = GraphBuilder(5)
     x, r = g.input("x", [3, 8]), g.input("r", [3, 8])

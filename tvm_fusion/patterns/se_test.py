@@ -7,9 +7,9 @@ import pytest
 from onnx.numpy_helper import to_array
 
 from tvm_fusion import _tvm
-from tvm_fusion.build import resolve_target
+from tvm_fusion.build.builder import resolve_target
 from tvm_fusion.frontend.importer import import_onnx
-from tvm_fusion.fuse import fuse
+from tvm_fusion.fusion.fuse import fuse
 from tvm_fusion.frontend.importer import SymDim
 from tvm_fusion.testing import GraphBuilder, apply_activation_onnx, check_cuda_build, check_fused, check_symbolic_batch
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_fusion.build import build
+from tvm_fusion.build.builder import build
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.testing import GraphBuilder, assert_close, run_build
 

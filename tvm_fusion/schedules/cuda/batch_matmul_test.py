@@ -4,7 +4,7 @@ nvcc compiles it (scores of two tensors, broadcast batches, a symbolic batch, fl
 import numpy as np
 import pytest
 
-from tvm_fusion.build import build, resolve_target
+from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.frontend.importer import SymDim, import_onnx
 from tvm_fusion.schedules.cuda.batch_matmul import ENGINE
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits

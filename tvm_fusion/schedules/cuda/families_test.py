@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tvm_fusion._tvm import prim_dtype, tvm
-from tvm_fusion.build import build, resolve_target
+from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.export import compile_cuda_source, cuda_source
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
@@ -105,8 +105,8 @@ def test_each_arch_builds_within_its_limits(arch):
 def test_squeeze_excite_over_a_large_map_declines_on_cuda_only():
     """One block per sample: a 112x112x32 map (EfficientNet-B0's first SE) is left to the unfused kernels on
     CUDA, with the reason; the CPU schedule takes it."""
-    from tvm_fusion.fuse import fuse
-    from tvm_fusion.loader import load_rules_for
+    from tvm_fusion.fusion.fuse import fuse
+    from tvm_fusion.fusion.loader import load_rules_for
     from tvm_fusion.patterns.se_test import se_block
 
     g = GraphBuilder(5)
@@ -123,8 +123,8 @@ def test_squeeze_excite_over_a_large_map_declines_on_cuda_only():
 
 def test_attention_over_too_many_keys_declines_on_cuda_only():
     """A row of 5000 keys (3 x 20 KB of scores in shared memory) does not fit the CUDA kernel; the CPU takes it."""
-    from tvm_fusion.fuse import fuse
-    from tvm_fusion.loader import load_rules_for
+    from tvm_fusion.fusion.fuse import fuse
+    from tvm_fusion.fusion.loader import load_rules_for
     from tvm_fusion.patterns.attention_test import attention_block
 
     g = GraphBuilder(7)

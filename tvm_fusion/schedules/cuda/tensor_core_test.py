@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tvm_fusion._tvm import te, tvm
-from tvm_fusion.build import codegen_config
+from tvm_fusion.build.builder import codegen_config
 from tvm_fusion.export import cuda_source
 from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.precision import numpy_dtype

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tvm_fusion._tvm import tvm
-from tvm_fusion.build import build
+from tvm_fusion.build.builder import build
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.batch_matmul import matmul_plan

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tvm_fusion._tvm import te, tvm
-from tvm_fusion.build import resolve_target
+from tvm_fusion.build.builder import resolve_target
 from tvm_fusion.cpu_features import host_features
 from tvm_fusion.schedules.conv2d import conv2d_out_size, pack_channel_blocks
 from tvm_fusion.schedules.dense import dense_affine

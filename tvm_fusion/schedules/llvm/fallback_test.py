@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto
 
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.build import build, legalize_traced, resolve_target
+from tvm_fusion.build.builder import build, legalize_traced, resolve_target
 from tvm_fusion.compare import run_onnxruntime
 from tvm_fusion.frontend.importer import SymDim, import_onnx
 from tvm_fusion.schedules.llvm.fallback import LeftoverFallback, schedule_function
@@ -139,7 +139,7 @@ def test_avx2_and_a_symbolic_batch(rules):
 
 def _unscheduled_kernel(make, name):
     """The PrimFunc `name` of the fused build of `make`'s model, before the leftover schedules."""
-    from tvm_fusion import pipeline
+    from tvm_fusion.build import pipeline
 
     target = resolve_target("llvm")
     passes = pipeline.legalize_passes("fused", target)[:-1]
@@ -185,11 +185,11 @@ def test_a_nest_no_plan_takes_is_declined():
 
 def test_the_build_names_what_no_schedule_took(monkeypatch):
     """Without the leftover schedules every TVM kernel of the fused build is named, with its ONNX nodes."""
-    from tvm_fusion import pipeline
+    from tvm_fusion.build import pipeline
 
     monkeypatch.setitem(pipeline.LEFTOVER_SCHEDULES, "llvm", [])
     legal, origins = legalize_traced(import_onnx(_model(_arg_min)), "llvm", "fused")
-    from tvm_fusion.unscheduled import find_unscheduled
+    from tvm_fusion.build.unscheduled import find_unscheduled
 
     (found,) = find_unscheduled(legal, origins)
     assert found.function == "fused_argmin_cast" and found.ops == ("argmin", "cast")

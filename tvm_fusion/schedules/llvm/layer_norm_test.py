@@ -11,7 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 from tvm_fusion._tvm import tvm
-from tvm_fusion.build import build, resolve_target
+from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.testing import GraphBuilder, assert_close, check_fused, run_build
 

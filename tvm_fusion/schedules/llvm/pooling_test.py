@@ -17,9 +17,9 @@ import pytest
 from tvm_fusion.schedules.llvm.pooling import LeftoverPool, match_pool, pool_plan
 
 from tvm_fusion.frontend import importer as frontend
-from tvm_fusion import pipeline
+from tvm_fusion.build import pipeline
 from tvm_fusion._tvm import relax, te, tirx, tvm
-from tvm_fusion.build import build, resolve_target
+from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.compare import run_onnxruntime
 from tvm_fusion.testing import GraphBuilder, assert_close, run_build
 

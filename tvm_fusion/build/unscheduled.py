@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ._tvm import SCHEDULED_ATTR, relax, tvm
+from tvm_fusion._tvm import SCHEDULED_ATTR, relax, tvm
 from tvm_fusion.frontend.importer import onnx_node_names
 
 __all__ = ["Origins", "Unscheduled", "find_unscheduled", "kernel_origins", "legalized_calls"]

@@ -10,10 +10,10 @@ The `legalize` stage is run by build.py before counting kernels; `lower` is hand
 
 from __future__ import annotations
 
-from ._tvm import BACKEND_PIPELINES, dlight, tvm
+from tvm_fusion._tvm import BACKEND_PIPELINES, dlight, tvm
 from tvm_fusion.frontend import recurrent_kernel
-from .errors import FusionError
-from .precision import half_sums_in_float32
+from tvm_fusion.errors import FusionError
+from tvm_fusion.precision import half_sums_in_float32
 
 __all__ = ["MODES", "legalize_passes", "lower_passes"]
 

@@ -23,11 +23,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import _tvm
-from ._tvm import tvm
-from .console import progress, table
-from .errors import FusionError
-from .rules import close_names
+from tvm_fusion import _tvm
+from tvm_fusion._tvm import tvm
+from tvm_fusion.console import progress, table
+from tvm_fusion.errors import FusionError
+from tvm_fusion.rules import close_names
 
 __all__ = ["KernelTuning", "TuneOptions", "TuneReport", "check_options", "parse_rpc", "tune_fused"]
 
@@ -143,7 +143,7 @@ def check_options(options: TuneOptions) -> TuneOptions:
 
 
 #: the build function of our builder workers (registered in each by _register_build)
-BUILD_FUNC = "tvm_fusion.tune.build"
+BUILD_FUNC = "tvm_fusion.build.tune.build"
 #: seconds a builder worker may take for one candidate (its first also imports TVM: slow on a loaded host)
 BUILD_TIMEOUT_S = 300
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import _tvm
-from ._tvm import dpl, relax, tvm
-from .rules import RuleSet
+from tvm_fusion import _tvm
+from tvm_fusion._tvm import dpl, relax, tvm
+from tvm_fusion.rules import RuleSet
 
 __all__ = ["PartialMatch", "near_misses"]
 

@@ -6,8 +6,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from .errors import FusionError
-from .rules import RuleSet, rules_in_module
+from tvm_fusion.errors import FusionError
+from tvm_fusion.rules import RuleSet, rules_in_module
 
 __all__ = ["load_rules", "load_rules_for"]
 
