@@ -50,7 +50,7 @@ def rules():
 def matches_onnxruntime():
     """assert(model, fused build): fused equals onnxruntime element by element with numerics' tolerance table
     (testing.assert_close), on check_fused's seeded inputs."""
-    from tvm_fusion.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.check.compare import random_inputs, run_onnxruntime
     from tvm_fusion.testing import assert_close, run_build
 
     def check(model, fused, seed: int = 0):

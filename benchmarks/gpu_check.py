@@ -11,7 +11,7 @@ For each precision (fp16: `--precision fp16`, tvm_fusion.precision) and batch of
      builds; and the fused build for the CPU. Batch 8 is a static build (the example's dynamic-batch variant,
      examples.with_dynamic_batch, bound to 8): CUDA graphs need static shapes, and each batch gets kernels
      scheduled for it.
-  2. numerics, element by element with the dtype's tolerance (tvm_fusion.numerics; an fp16 build is judged
+  2. numerics, element by element with the dtype's tolerance (tvm_fusion.check.numerics; an fp16 build is judged
      against the float32 reference with float16's): the CPU build vs onnxruntime here; on the GPU the fused
      library vs unfused, vs itself without the graph, vs the CPU build and vs onnxruntime (and tvm vs
      onnxruntime, which shows what the conversion alone costs)
@@ -73,7 +73,7 @@ def config_key(precision: str, batch: int) -> str:
 
 def _error_stats():
     try:
-        from tvm_fusion.numerics import error_stats
+        from tvm_fusion.check.numerics import error_stats
     except ImportError:  # in a bundle on the GPU machine: numerics.py is carried beside the runtime
         from numerics import error_stats
     return error_stats
@@ -226,7 +226,7 @@ def markdown(d: dict) -> str:
 
 
 def detect_gpu(cpu_only: bool) -> dict:
-    from tvm_fusion.compare import gpu_available
+    from tvm_fusion.check.compare import gpu_available
 
     if cpu_only:
         return {"present": False, "why": "--cpu-only given"}
@@ -323,7 +323,7 @@ def run_matrix_on_gpu(rep: Report, keys: list[str], run_one, budget_s: float) ->
 
 
 def input_spec(names: list[str], arrays_: list, seed: int) -> dict | None:
-    """How inputs drawn by tvm_fusion.io.random_inputs are drawn again with numpy alone (regenerate_inputs),
+    """How inputs drawn by tvm_fusion.check.io.random_inputs are drawn again with numpy alone (regenerate_inputs),
     with each array's sha256; None when they are not all such draws (then they travel as arrays)."""
     import numpy as np
 
@@ -369,7 +369,7 @@ def plan(model_path: Path, example: str | None, precisions, batches) -> list[dic
     import onnx
 
     from tvm_fusion.examples import CALIBRATION_BATCH, example_path
-    from tvm_fusion.io import graph_inputs
+    from tvm_fusion.check.io import graph_inputs
 
     out = []
     for batch in batches:
@@ -412,7 +412,7 @@ def _export_other(built, path: Path, model_path: str, arch: str) -> Path:
 def _per_group(rep: Report, key: str, model: str, shapes, precision: str) -> None:
     """A configuration ill-conditioned for its precision: fusion judged per group on the CPU (each fused group
     against its unfused ops at the same precision, differential.check_groups); one row, the worst group."""
-    from tvm_fusion.differential import check_groups
+    from tvm_fusion.check.differential import check_groups
 
     t0 = time.perf_counter()
     groups = check_groups(model, "llvm", shapes=shapes, precision=precision)
@@ -433,7 +433,7 @@ def build_config(rep: Report, cfg: dict, out: Path, arch: str, external: bool) -
     from tvm_fusion.frontend import importer as frontend
     from tvm_fusion._tvm import relax
     from tvm_fusion.build.builder import build, resolve_target
-    from tvm_fusion.compare import input_tensors, run_onnxruntime
+    from tvm_fusion.check.compare import input_tensors, run_onnxruntime
     from tvm_fusion.compile import compile_model
     from tvm_fusion.precision import convert
 
@@ -501,7 +501,7 @@ def write_bundle(rep: Report, dest: Path, done: dict, python: str | None) -> Non
 
     import numpy as np
 
-    from tvm_fusion import numerics
+    from tvm_fusion.check import numerics
     from tvm_fusion.bundle import MAX_BYTES, bundle
     from tvm_fusion.examples import example_of
 

@@ -29,7 +29,7 @@ def main() -> None:
     from tvm_fusion.build import builder as build
     from tvm_fusion import example_path, import_onnx
     from tvm_fusion._tvm import relax
-    from tvm_fusion.compare import gpu_available, random_inputs, run_onnxruntime
+    from tvm_fusion.check.compare import gpu_available, random_inputs, run_onnxruntime
 
     path = example_path("resnet50")
     model = onnx.load(str(path))

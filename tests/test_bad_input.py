@@ -57,7 +57,7 @@ def test_intermediate_beyond_int32_indexing(capsys, symbolic):
 def test_compare_refuses_what_does_not_fit_in_memory(capsys, model, monkeypatch):
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("tvm_fusion.io"), "available_memory", lambda: 1000)
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.check.io"), "available_memory", lambda: 1000)
     err = _bad(capsys, "compare", str(model))
     assert "running the model needs at least" in err and "GiB is available" in err
 
@@ -224,7 +224,7 @@ def test_inputs_int_dtype_named(capsys, tmp_path):
 def test_per_group_refuses_what_does_not_fit_in_memory(capsys, model, monkeypatch):
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("tvm_fusion.io"), "available_memory", lambda: 1000)
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.check.io"), "available_memory", lambda: 1000)
     assert "running the model needs at least" in _bad(capsys, "compare", str(model), "--per-group")
 
 
@@ -379,7 +379,7 @@ def test_model_onnxruntime_refuses(capsys, tmp_path):
 
 
 def test_onnxruntime_reason_drops_code_path_and_function():
-    from tvm_fusion.io import onnxruntime_reason
+    from tvm_fusion.check.io import onnxruntime_reason
 
     err = RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Load model from /tmp/m.onnx failed:/onnxruntime_src/onnxruntime/"
                        "core/graph/model_load_utils.h:46 void onnxruntime::model_load_utils::ValidateOpsetForDomain("

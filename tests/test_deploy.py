@@ -16,7 +16,7 @@ import onnx
 import pytest
 
 from tvm_fusion.build.builder import build, resolve_target
-from tvm_fusion.compare import random_inputs, run_onnxruntime
+from tvm_fusion.check.compare import random_inputs, run_onnxruntime
 from tvm_fusion.compile import compile_model, cpu_linker
 from tvm_fusion.errors import FusionError
 from tvm_fusion.frontend.importer import import_onnx

@@ -13,7 +13,7 @@ import pytest
 from tvm_fusion import cli
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import build, resolve_target
-from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.check.compare import run_onnxruntime
 from tvm_fusion.errors import FusionError
 from tvm_fusion.frontend.importer import SymDim, check_sizes, import_onnx, parse_shape
 from tvm_fusion.fusion.fuse import fuse

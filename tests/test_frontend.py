@@ -137,7 +137,7 @@ def _assert_matches_onnxruntime(model, seed=0):
     element by element (numerics' table; integers exactly). Returns the imported module."""
 
     from tvm_fusion.build.builder import build
-    from tvm_fusion.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.check.compare import random_inputs, run_onnxruntime
     from tvm_fusion.testing import run_build
 
     mod = import_onnx(model)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from tvm_fusion import _tvm, rule
 from tvm_fusion._tvm import relax
 from tvm_fusion.build.builder import resolve_target
-from tvm_fusion.differential import _composite_calls, _group_module
+from tvm_fusion.check.differential import _composite_calls, _group_module
 from tvm_fusion.errors import LoweringError
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.fusion.fuse import Matched, lower, match

@@ -12,10 +12,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_fusion import explain
+from tvm_fusion.check import explain
 from tvm_fusion.build.builder import build
 from tvm_fusion.frontend.importer import import_onnx
-from tvm_fusion.io import run_onnxruntime
+from tvm_fusion.check.io import run_onnxruntime
 from tvm_fusion.testing import assert_close, check_cuda_build, run_build
 
 NAMES = ["y/0", "a:0", "1x", "conv.weight", "with space", "ünï/çødé", "if", "main", "lv0", "x-1"]

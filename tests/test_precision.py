@@ -17,17 +17,17 @@ from onnx import numpy_helper
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.cli import main
-from tvm_fusion.compare import compare
+from tvm_fusion.check.compare import compare
 from tvm_fusion.export import compile_cuda_source, cuda_source
 from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
 from tvm_fusion.frontend.importer import import_onnx
-from tvm_fusion.differential import check_groups
+from tvm_fusion.check.differential import check_groups
 from tvm_fusion.fusion.loader import load_rules_for
 from tvm_fusion.precision import (WIDENED_INPUTS, convert, half_baseline, half_sums_in_float32, numpy_dtype,
                                   rounded_weights)
 from tvm_fusion.schedules.cuda.families_test import _chain_model, _conv_act_model, _ffn_model, _layer_norm_model
-from tvm_fusion.compare import random_inputs, run_onnxruntime
+from tvm_fusion.check.compare import random_inputs, run_onnxruntime
 from tvm_fusion.testing import (GraphBuilder, as_float16, assert_close, check_fused, conv_bn_relu, conv_primfunc,
                                 residual_block, run_build)
 

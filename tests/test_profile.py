@@ -236,7 +236,7 @@ def test_page_renders_in_headless_chromium(squeezenet, tmp_path):
 
 
 def test_cuda_without_a_gpu_says_so(capsys, tmp_path):
-    from tvm_fusion.compare import gpu_available
+    from tvm_fusion.check.compare import gpu_available
 
     if gpu_available()[0]:
         pytest.skip("a GPU is present: this checks the message without one")

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm_fusion import FusionError
 from tvm_fusion.build.builder import build
 from tvm_fusion.frontend.importer import SymDim, import_onnx, onnx_node_names
-from tvm_fusion.io import run_onnxruntime
+from tvm_fusion.check.io import run_onnxruntime
 from tvm_fusion._tvm import tirx
 from tvm_fusion.frontend.recurrent import ACTIVATIONS, decompose_recurrent
 from tvm_fusion.frontend.recurrent_kernel import ATTR

@@ -7,7 +7,7 @@ import pytest
 
 from tvm_fusion._tvm import relax
 from tvm_fusion.build.builder import build
-from tvm_fusion.compare import gpu_available, random_inputs, run_onnxruntime
+from tvm_fusion.check.compare import gpu_available, random_inputs, run_onnxruntime
 from tvm_fusion.testing import assert_close, run_build
 
 RESNET50_COUNTS = {"conv2d_bn_add_relu": 16, "conv2d_bn_relu": 33, "conv2d_bn": 4, "dense_bias": 1}
@@ -110,7 +110,7 @@ def test_library_runs_on_gpu(resnet50_path, tmp_path):
 
 @pytest.mark.slow
 def test_every_group_matches_its_unfused_subgraph(resnet50_path):
-    from tvm_fusion.differential import check_groups
+    from tvm_fusion.check.differential import check_groups
 
     report = check_groups(str(resnet50_path))
     assert report.ok, report.first_failure()

@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from tvm_fusion.cli import main
-from tvm_fusion.explain import explain
+from tvm_fusion.check.explain import explain
 from tvm_fusion.testing import GraphBuilder, as_float16
 
 ENGINES = {  # rule -> engine of its group, for the model below on sm_90

@@ -18,7 +18,7 @@ from tvm_fusion.cli import main
 from tvm_fusion.compile import compile_model
 from tvm_fusion.examples import with_dynamic_batch
 from tvm_fusion.frontend.importer import import_onnx
-from tvm_fusion.io import random_inputs, run_onnxruntime
+from tvm_fusion.check.io import random_inputs, run_onnxruntime
 from tvm_fusion.testing import assert_close, conv_bn_relu, run_build
 from tvm_fusion.build.tune import CHOICES_FILE, TuneOptions, parse_rpc
 

@@ -79,7 +79,7 @@ def test_cuda_groups_the_cpu_schedule_refuses_still_verify(monkeypatch):
     from tvm_fusion import registry
     from tvm_fusion._tvm import SCHEDULED_ATTR
     from tvm_fusion.build.builder import build
-    from tvm_fusion.verify import verify_fused
+    from tvm_fusion.check.verify import verify_fused
 
     proto = residual_block()
     built = build(frontend.import_onnx(proto), "cuda", "fused")
@@ -139,7 +139,7 @@ def test_a_difference_the_unfused_build_shares_is_written_with_a_warning(capsys,
                                                                           monkeypatch):
     """Fused matches unfused, both differ from onnxruntime: TVM's, not fusion's. Written, with a warning line
     and the three comparisons in the manifest; the culprit search does not run."""
-    from tvm_fusion import differential
+    from tvm_fusion.check import differential
 
     def no_search(*a, **kw):
         raise AssertionError("the culprit search ran although fused matches unfused")
@@ -234,8 +234,8 @@ def _against(fused, unfused, ort, strict=False):
     """verify._against_unfused on arrays: fused (over tolerance against ort) judged against unfused."""
     import numpy as np
 
-    from tvm_fusion.numerics import error_stats
-    from tvm_fusion.verify import _against_unfused, _Run
+    from tvm_fusion.check.numerics import error_stats
+    from tvm_fusion.check.verify import _against_unfused, _Run
 
     run = _Run([np.asarray(fused)], _Onnxruntime([np.asarray(ort)]), ["float32"], "", {}, [])
     stats = {"y": error_stats(fused, ort)}

@@ -22,9 +22,10 @@ import types
 # Names load on first use (PEP 562), so `import tvm_fusion.runtime` on a deployment machine pulls in
 # nothing of the compiler side.
 _LAZY = {
-    "BisectReport": "differential", "GroupReport": "differential", "bisect": "differential",
-    "check_groups": "differential",
-    "Built": "build.builder", "CompareReport": "compare", "CompileResult": "compile", "Explanation": "explain",
+    "BisectReport": "check.differential", "GroupReport": "check.differential", "bisect": "check.differential",
+    "check_groups": "check.differential", "compare": "check.compare", "explain": "check.explain",
+    "Built": "build.builder", "CompareReport": "check.compare", "CompileResult": "compile",
+    "Explanation": "check.explain",
     "FuseResult": "fusion.fuse", "ProfileReport": "profile",
     "FusionError": "errors", "ToleranceExceeded": "errors",
     "example_model": "examples", "example_path": "examples",
@@ -40,8 +41,7 @@ _LAZY = {
 #: functions of the API named like a submodule: `tvm_fusion.<name>` is that submodule (`import tvm_fusion.rules
 #: as r` gives the module), and calling it calls the function: the facade's below, or (None) the module's own
 #: function of that name (`tf.build(...)` is `tvm_fusion.build.build(...)`)
-_CALLABLE = {"build": None, "compare": None, "explain": None, "profile": None,
-             "compile": "_compile", "rules": "_rules"}
+_CALLABLE = {"build": None, "profile": None, "compile": "_compile", "rules": "_rules"}
 
 #: functions of the API defined here, whose module has another name (`fuse`: tvm_fusion.fusion.fuse)
 _FUNCTIONS = ("fuse",)

@@ -250,7 +250,7 @@ def _run(args) -> int:
     model = _model(args, shapes)
     simplify = not args.no_simplify
     if args.command == "explain":
-        from .explain import explain
+        from tvm_fusion.check.explain import explain
 
         print(explain(model, args.target, shapes=shapes, rules=rules, simplify=simplify))
         return 0
@@ -260,7 +260,7 @@ def _run(args) -> int:
         from .compile import compile_model
 
         tune = _tune_options(args)
-        from .verify import DEFAULT_SEARCH_TIMEOUT
+        from tvm_fusion.check.verify import DEFAULT_SEARCH_TIMEOUT
 
         timeout = DEFAULT_SEARCH_TIMEOUT if args.search_timeout is None else args.search_timeout
         result = compile_model(model, args.output, args.target, arch=args.arch, shapes=shapes, rules=rules,
@@ -274,12 +274,12 @@ def _run(args) -> int:
         print(result)
         print(_profile_hint(args))
         return 0
-    from .compare import check_modes
+    from tvm_fusion.check.compare import check_modes
 
     modes = check_modes(args.modes)
     if args.per_group or args.bisect:
         return _differential(args, model, shapes, rules)
-    from .compare import compare
+    from tvm_fusion.check.compare import compare
 
     report = compare(model, args.target, shapes=shapes, rules=rules, repeat=args.repeat, seed=args.seed,
                      arch=args.arch, modes=modes, inputs=args.inputs, precision=args.precision, simplify=simplify)
@@ -313,7 +313,7 @@ def _profile(args, model, shapes, rules) -> int:
 
 
 def _differential(args, model, shapes, rules) -> int:
-    from .differential import bisect, check_groups
+    from tvm_fusion.check.differential import bisect, check_groups
 
     kw = {"shapes": shapes, "rules": rules, "seed": args.seed, "arch": args.arch, "inputs": args.inputs,
           "precision": args.precision, "simplify": not args.no_simplify}

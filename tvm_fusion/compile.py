@@ -22,14 +22,14 @@ from .console import progress
 from .errors import FusionError
 from .export import export_library
 from tvm_fusion.fusion.fuse import ELEMENTS_PER_BATCH_ATTR
-from .io import check_inputs, load_inputs
+from tvm_fusion.check.io import check_inputs, load_inputs
 from .hardware import cuda_facts
 from .precision import PRECISIONS, check_precision, convert
 from .rules import RuleSet, dim_name
 from tvm_fusion.frontend.simplify import record_of as simplify_record
 from tvm_fusion.build.tune import TuneOptions
 from tvm_fusion.build.tune import check_options as check_tune_options
-from .verify import DEFAULT_SEARCH_TIMEOUT, skipped, verify_fused
+from tvm_fusion.check.verify import DEFAULT_SEARCH_TIMEOUT, skipped, verify_fused
 from .weights import WEIGHTS_SUFFIX, save_weights
 
 __all__ = ["CompileResult", "compile_model", "cpu_linker", "kernel_counts", "kernel_launches"]

@@ -146,7 +146,7 @@ def half_baseline_outputs(proto, inputs: dict, precision: str) -> list:
     (rounded_weights; the arithmetic in float32)."""
     import numpy as np
 
-    from .io import run_onnxruntime
+    from tvm_fusion.check.io import run_onnxruntime
 
     half = numpy_dtype(check_precision(precision))
     fed = {k: v.astype(half).astype(v.dtype) if np.asarray(v).dtype == np.float32 else v for k, v in inputs.items()}
@@ -160,7 +160,7 @@ def half_baseline(proto, inputs: dict, reference: list, precision: str) -> list:
     well-conditioned for the dtype, and half builds are judged against the float32 model."""
     import numpy as np
 
-    from .numerics import error_stats
+    from tvm_fusion.check.numerics import error_stats
 
     return [error_stats(a, r, verdict_dtype(np.asarray(r).dtype, precision))
             for a, r in zip(half_baseline_outputs(proto, inputs, precision), reference)]

@@ -28,7 +28,7 @@ from tvm_fusion.build.builder import legalize_traced, resolve_target
 from .console import table
 from .errors import FusionError
 from tvm_fusion.fusion.fuse import FuseResult, fuse
-from .io import gpu_available, input_tensors, nbytes
+from tvm_fusion.check.io import gpu_available, input_tensors, nbytes
 from tvm_fusion.build.pipeline import MODES
 from .roofline import KNOWN_GPUS, Peaks, gpu_peaks, host_peaks
 from .rules import RuleSet

@@ -9,7 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .errors import ToleranceExceeded
-from .numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
+from tvm_fusion.check.numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
            "check_fused", "check_symbolic_batch", "symbolic_shapes", "check_cuda_build", "check_rule_property", "check_family_property",
@@ -186,7 +186,7 @@ def qdq_conv(cin=8, cout=16, hw=(16, 16), seed=0, out_scale=0.05) -> onnx.ModelP
 # ---------------------------------------------------------------- fused vs unfused vs onnxruntime
 def run_build(built, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """Run a CPU build's `main` on numpy inputs; its outputs as a flat list of numpy arrays."""
-    from .io import device, run_vm
+    from tvm_fusion.check.io import device, run_vm
 
     return run_vm(built.executable, device("llvm"), inputs)
 
@@ -194,7 +194,7 @@ def run_build(built, inputs: list[np.ndarray]) -> list[np.ndarray]:
 def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
     """Build unfused and fused on llvm; both must match onnxruntime and each other. Returns the fused build."""
     from tvm_fusion.build.builder import build
-    from .io import random_inputs, run_onnxruntime
+    from tvm_fusion.check.io import random_inputs, run_onnxruntime
     from tvm_fusion.frontend.importer import import_onnx
 
     mod = import_onnx(model)
@@ -217,7 +217,7 @@ def symbolic_shapes(model, bound: int | None = None) -> dict:
     """The `--shape` of every graph input as the model declares it: each named dim (`N`) a SymDim with upper
     bound `bound`, the others their sizes."""
     from tvm_fusion.frontend.importer import SymDim
-    from .io import graph_inputs
+    from tvm_fusion.check.io import graph_inputs
 
     return {i.name: tuple(SymDim(d.dim_param, bound) if d.dim_param else d.dim_value
                           for d in i.type.tensor_type.shape.dim) for i in graph_inputs(model)}
@@ -229,7 +229,7 @@ def check_symbolic_batch(model, shapes: dict, rules=None, expect: dict | None = 
     build; `expect`: its exact rule counts."""
     from tvm_fusion.build.builder import build
     from tvm_fusion.frontend.importer import import_onnx
-    from .io import graph_inputs, random_inputs, run_onnxruntime
+    from tvm_fusion.check.io import graph_inputs, random_inputs, run_onnxruntime
 
     fused = build(import_onnx(model, shapes), "llvm", "fused", rules=rules)
     _assert_fired(fused, expect)

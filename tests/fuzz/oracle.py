@@ -32,7 +32,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from tvm_fusion.build.builder import build
-from tvm_fusion.compare import random_inputs
+from tvm_fusion.check.compare import random_inputs
 from tvm_fusion.frontend.importer import SymDim, import_onnx
 from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.frontend.recurrent import _graphs

@@ -23,9 +23,9 @@ from wheels import WHEEL_MODELS, RegistryUnreachable
 import tvm_fusion as tf
 from tvm_fusion.frontend import simplify
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.compare import as_arrays, run_onnxruntime
+from tvm_fusion.check.compare import as_arrays, run_onnxruntime
 from tvm_fusion.frontend.importer import _walk, node_labels, onnx_node_names
-from tvm_fusion.reference import reference_noise
+from tvm_fusion.check.reference import reference_noise
 
 #: per-rule counts of the fused llvm build (rules that fired), recorded 2026-11-30; squeeze_excite and
 #: conv2d_add (residual without activation), conv2d_silu_add (after it), attention 2026-12-01
@@ -151,7 +151,7 @@ def run_llvm(name: str, mode: str = "fused"):
 
 @lru_cache(maxsize=None)
 def ort_noise(name: str) -> list[np.ndarray]:
-    """|onnxruntime optimized - onnxruntime as written| per element (tvm_fusion.reference): how far two correct
+    """|onnxruntime optimized - onnxruntime as written| per element (tvm_fusion.check.reference): how far two correct
     runs of the model differ on these inputs (0 for most models; Basic Pitch's log-CQT amplifies rounding to ~2e-4)."""
     return reference_noise(onnx.load(str(zoo_path(name))), make_inputs(name), reference(name))
 

@@ -7,7 +7,7 @@ import pytest
 
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import build, resolve_target
-from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.check.compare import run_onnxruntime
 from tvm_fusion.frontend.importer import SymDim, import_onnx
 from tvm_fusion.fusion.fuse import fuse
 from tvm_fusion.patterns.batch_matmul import kernel_views

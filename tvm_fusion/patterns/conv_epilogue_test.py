@@ -387,7 +387,7 @@ def test_property_conv_family(rules):
 
 def test_per_channel_checks_decline_with_reasons(rules):
     """A conv 'bias' that is not per output channel, and a residual of another shape."""
-    from tvm_fusion import explain
+    from tvm_fusion.check import explain
 
     g = GraphBuilder(12)
     x = g.input("x", [1, 4, 6, 6])
@@ -401,7 +401,7 @@ def test_float64_conv_declines_with_reason(rules):
     """float16 and bfloat16 fuse (tests/test_precision.py); float64 has no compute."""
     from onnx import TensorProto
 
-    from tvm_fusion import explain
+    from tvm_fusion.check import explain
 
     g = GraphBuilder(13)
     x = g.input("x", [1, 2, 5, 5], TensorProto.DOUBLE)
@@ -539,7 +539,7 @@ def test_conv1d_attributes(k, stride, pads, dilation, groups, rules):
 
 def test_conv1d_float16_and_avx2(rules):
     from tvm_fusion.build.builder import build
-    from tvm_fusion.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.check.compare import random_inputs, run_onnxruntime
     from tvm_fusion.testing import as_float16, assert_close, run_build
 
     check_fused(as_float16(_audio_block()), rules, expect=AUDIO_COUNTS)
@@ -554,7 +554,7 @@ def test_conv1d_float16_and_avx2(rules):
 def test_conv1d_with_a_symbolic_batch(rules):
     """The views [N, C, 1, W] keep N symbolic (in the caller's dims): one build, batches 1 and 3."""
     from tvm_fusion.build.builder import build
-    from tvm_fusion.compare import run_onnxruntime
+    from tvm_fusion.check.compare import run_onnxruntime
     from tvm_fusion.frontend.importer import SymDim
     from tvm_fusion.testing import assert_close
 

@@ -13,8 +13,8 @@ from onnx import TensorProto, helper
 import tvm_fusion as tf
 from tvm_fusion import _tvm
 from tvm_fusion._tvm import relax
-from tvm_fusion.explain import op_counts
-from tvm_fusion.io import random_inputs, run_onnxruntime
+from tvm_fusion.check.explain import op_counts
+from tvm_fusion.check.io import random_inputs, run_onnxruntime
 from tvm_fusion.testing import GraphBuilder, as_float16, check_cuda_build, encoder, run_build
 
 INT8 = (np.int8, -128, 127)

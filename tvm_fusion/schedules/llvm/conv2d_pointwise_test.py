@@ -373,7 +373,7 @@ def test_grouped_symbolic_batch_and_residual_through_the_fused_build(hw):
     llvm compute under the host target): batches 1 and 3 of one build against onnxruntime, element-wise."""
     from tvm_fusion._tvm import relax
     from tvm_fusion.build.builder import build
-    from tvm_fusion.compare import run_onnxruntime
+    from tvm_fusion.check.compare import run_onnxruntime
     from tvm_fusion.frontend.importer import SymDim, import_onnx
     from tvm_fusion.testing import GraphBuilder, assert_close
 

@@ -13,7 +13,7 @@ import pytest
 from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import te, tirx, tvm
 from tvm_fusion.build.builder import build, legalize, resolve_target
-from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.check.compare import run_onnxruntime
 from tvm_fusion.schedules.llvm.conv_transpose import LeftoverConvTranspose, phase_sum
 from tvm_fusion.testing import GraphBuilder, assert_close, run_build
 

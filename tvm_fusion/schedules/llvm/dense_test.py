@@ -8,7 +8,7 @@ import pytest
 
 from tvm_fusion.frontend import importer as frontend
 from tvm_fusion.build.builder import build, resolve_target
-from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.check.compare import run_onnxruntime
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.dense import pack_columns
 from tvm_fusion.schedules.llvm.dense import column_block, packed_columns, row_block

@@ -12,7 +12,7 @@ import pytest
 from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import tirx
 from tvm_fusion.build.builder import build, resolve_target
-from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.check.compare import run_onnxruntime
 from tvm_fusion.schedules.llvm.elementwise import MIN_PARALLEL, vector_run_start
 from tvm_fusion.testing import GraphBuilder, assert_close, run_build
 

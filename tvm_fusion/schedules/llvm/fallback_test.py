@@ -11,7 +11,7 @@ from onnx import TensorProto
 
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import build, legalize_traced, resolve_target
-from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.check.compare import run_onnxruntime
 from tvm_fusion.frontend.importer import SymDim, import_onnx
 from tvm_fusion.schedules.llvm.fallback import LeftoverFallback, schedule_function
 from tvm_fusion.testing import GraphBuilder, assert_close, check_fused

@@ -12,7 +12,7 @@ import pytest
 from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import te, tirx, tvm
 from tvm_fusion.build.builder import build, resolve_target
-from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.check.compare import run_onnxruntime
 from tvm_fusion.schedules.activations import KernelMath, apply_activation, fast_math_allowed
 from tvm_fusion.schedules.llvm.fast_math import fast_erf, fast_exp, fast_exp_nonpositive, fast_sigmoid, fast_tanh
 from tvm_fusion.testing import GraphBuilder, apply_activation_onnx, assert_close, run_build

@@ -14,7 +14,7 @@ from tvm_fusion.frontend import importer as frontend
 from tvm_fusion.build import pipeline
 from tvm_fusion._tvm import te, tirx, tvm
 from tvm_fusion.build.builder import build, resolve_target
-from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.check.compare import run_onnxruntime
 from tvm_fusion.schedules.llvm.injective import LeftoverInjective
 from tvm_fusion.testing import GraphBuilder, assert_close, run_build
 

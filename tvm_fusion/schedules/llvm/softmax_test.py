@@ -14,7 +14,7 @@ import pytest
 from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import relax, tirx
 from tvm_fusion.build.builder import build, resolve_target
-from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.check.compare import run_onnxruntime
 from tvm_fusion.schedules.llvm.softmax import LeftoverSoftmax, recognise, rewrite
 from tvm_fusion.testing import GraphBuilder, as_float16, assert_close, run_build
 

@@ -11,18 +11,17 @@ import numpy as np
 import onnx
 
 from tvm_fusion.frontend import importer as frontend
-from ._tvm import relax, tvm
+from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import Built, build, resolve_target
-from .console import progress, table
-from .errors import FusionError
-from .export import compile_cuda_source, cuda_source
-from .io import (INPUTS_SYNTAX, as_arrays, available_memory, check_inputs, check_memory,  # noqa: F401 (re-exported)
-                 device, gpu_available, graph_inputs, input_tensors, load_inputs, random_inputs, run_onnxruntime)
+from tvm_fusion.console import progress, table
+from tvm_fusion.errors import FusionError
+from tvm_fusion.export import compile_cuda_source, cuda_source
+from tvm_fusion.check.io import (INPUTS_SYNTAX, as_arrays, available_memory, check_inputs, check_memory, device, gpu_available, graph_inputs, input_tensors, load_inputs, random_inputs, run_onnxruntime)
 from tvm_fusion.build.pipeline import MODES
-from .rules import RuleSet
-from .numerics import ErrorStats, error_stats
-from .precision import check_precision, convert, half_baseline, verdict_dtype
-from .reference import Reference
+from tvm_fusion.rules import RuleSet
+from tvm_fusion.check.numerics import ErrorStats, error_stats
+from tvm_fusion.precision import check_precision, convert, half_baseline, verdict_dtype
+from tvm_fusion.check.reference import Reference
 
 __all__ = ["CompareReport", "compare", "random_inputs", "load_inputs", "check_inputs", "check_modes", "run_onnxruntime",
            "gpu_available"]
@@ -148,7 +147,7 @@ class CompareReport:
             lines += ["", str(self.groups)]
         lines += self._noise_lines()
         lines += ["", "element-wise: |a - r| <= atol * max(rms(r), max|r|/10) + rtol * |r| + noise(r) per element, "
-                  "(rtol, atol) by the reference's dtype (tvm_fusion.numerics); noise(r): |onnxruntime optimized - "
+                  "(rtol, atol) by the reference's dtype (tvm_fusion.check.numerics); noise(r): |onnxruntime optimized - "
                   "as written|", self.verdict()]
         return "\n".join(lines)
 
@@ -245,7 +244,7 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     if any(not s.ok for pair in baseline for s in errors[pair]):  # ill-conditioned: judge fusion per group
         reported = list(errors)
         if "fused" in builds:
-            from .differential import check_groups
+            from tvm_fusion.check.differential import check_groups
 
             groups = check_groups(model, tgt, shapes=shapes, rules=rules, seed=seed, arch=arch, inputs=given,
                                   precision=precision, simplify=simplify)

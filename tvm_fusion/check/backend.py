@@ -1,6 +1,6 @@
 """An ONNX backend (onnx.backend.base.Backend) that compiles with tvm_fusion.
 
-    import tvm_fusion.backend as backend
+    import tvm_fusion.check.backend as backend
     rep = backend.prepare(model, "CPU")              # fused build (mode="unfused" for the reference)
     outputs = rep.run([x])
 
@@ -23,14 +23,14 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
-from ._tvm import relax, tvm
+from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import build, resolve_target
-from .errors import FusionMismatch
+from tvm_fusion.errors import FusionMismatch
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.fusion.fuse import unchanged
-from .io import as_arrays, device, gpu_available
-from .numerics import error_stats
-from .rules import RuleSet
+from tvm_fusion.check.io import as_arrays, device, gpu_available
+from tvm_fusion.check.numerics import error_stats
+from tvm_fusion.rules import RuleSet
 
 __all__ = ["SimplifiedBackend", "TVMFusionBackend", "TVMFusionRep", "UnfusedBackend", "prepare", "run_model",
            "run_node", "supports_device"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .errors import FusionError
-from .io import INPUTS_SYNTAX, onnxruntime_reason, run_onnxruntime
+from tvm_fusion.errors import FusionError
+from tvm_fusion.check.io import INPUTS_SYNTAX, onnxruntime_reason, run_onnxruntime
 
 __all__ = ["Reference", "reference_noise"]
 

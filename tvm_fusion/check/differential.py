@@ -25,16 +25,15 @@ import onnx
 
 from tvm_fusion import _tvm
 from tvm_fusion.frontend import importer as frontend
-from ._tvm import relax, tvm
+from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import build, default_rules, resolve_target
-from .console import status, table
-from .errors import FusionError
-from .io import (as_arrays, check_inputs, check_memory, device, gpu_available, input_tensors, load_inputs,
-                 run_onnxruntime, run_vm)
+from tvm_fusion.console import status, table
+from tvm_fusion.errors import FusionError
+from tvm_fusion.check.io import (as_arrays, check_inputs, check_memory, device, gpu_available, input_tensors, load_inputs, run_onnxruntime, run_vm)
 from tvm_fusion.fusion.fuse import Matched, lower, match
-from .rules import RuleSet
-from .numerics import ErrorStats, error_stats
-from .precision import check_precision, convert, half_baseline, verdict_dtype
+from tvm_fusion.rules import RuleSet
+from tvm_fusion.check.numerics import ErrorStats, error_stats
+from tvm_fusion.precision import check_precision, convert, half_baseline, verdict_dtype
 
 __all__ = ["GroupCheck", "GroupReport", "BisectReport", "SearchTimedOut", "check_groups", "bisect", "unfused_module"]
 

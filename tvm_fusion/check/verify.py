@@ -27,18 +27,18 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from . import _tvm
-from ._tvm import relax, tvm
+from tvm_fusion import _tvm
+from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import Built, build, resolve_target
-from .io import as_arrays, input_tensors
-from .errors import FusionError, ToleranceExceeded
+from tvm_fusion.check.io import as_arrays, input_tensors
+from tvm_fusion.errors import FusionError, ToleranceExceeded
 from tvm_fusion.frontend.importer import check_sizes, concrete_shapes, sizes_text
 from tvm_fusion.fusion.fuse import lower
-from .reference import Reference
-from .rules import RuleSet
-from .runtime import check_host
-from .numerics import ErrorStats, error_stats
-from .precision import half_baseline, verdict_dtype
+from tvm_fusion.check.reference import Reference
+from tvm_fusion.rules import RuleSet
+from tvm_fusion.runtime import check_host
+from tvm_fusion.check.numerics import ErrorStats, error_stats
+from tvm_fusion.precision import half_baseline, verdict_dtype
 
 __all__ = ["Verification", "verify_fused", "DEFAULT_SEARCH_TIMEOUT"]
 
@@ -196,7 +196,7 @@ class _Unfused:
 
     def run(self, tensors) -> list:
         if self.vm is None:
-            from .differential import unfused_module
+            from tvm_fusion.check.differential import unfused_module
 
             exe = build(unfused_module(self.built.fused.matched), resolve_target("llvm"), "unfused").executable
             self.vm = relax.VirtualMachine(exe, self.dev)
@@ -238,7 +238,7 @@ def _judge_groups(proto, cpu, shapes, rules, seed, inputs, precision, simplify: 
     """A model ill-conditioned for the half dtype (precision.half_baseline over tolerance): every fused group
     against its unfused ops at the same precision on the host CPU (differential.check_groups, matched for the
     CPU); ToleranceExceeded naming the first group over tolerance."""
-    from .differential import check_groups
+    from tvm_fusion.check.differential import check_groups
 
     report = check_groups(proto, cpu, shapes=shapes, rules=rules, seed=seed, inputs=inputs, precision=precision,
                           simplify=simplify)
@@ -272,7 +272,7 @@ def _quick_cpu():
 def _blame(model, cpu, run: _Run, rules, seed, inputs, head: str, timeout: float, simplify: bool) -> str:
     """The error of a fused build that differs from the unfused one: `head`, then what the culprit search
     (differential.bisect, at most `timeout` seconds; 0: not run) found."""
-    from .differential import bisect
+    from tvm_fusion.check.differential import bisect
 
     rerun = "`tvm-fusion compare --bisect` (with the same model, --shape, --inputs and rules) runs it without a bound"
     if timeout <= 0:

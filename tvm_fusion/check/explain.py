@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ._tvm import relax, tvm
+from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import legalize_traced, resolve_target
 from tvm_fusion.fusion.fuse import Decision, FuseResult, fuse, normalize_batch_norm
-from .rules import RuleSet
-from .patterns.qdq import fake_quant_notes
+from tvm_fusion.rules import RuleSet
+from tvm_fusion.patterns.qdq import fake_quant_notes
 from tvm_fusion.fusion.trace import PartialMatch, near_misses
 from tvm_fusion.build.unscheduled import Unscheduled, find_unscheduled
 

@@ -16,10 +16,10 @@ import onnx
 
 from tvm_fusion import _tvm
 from tvm_fusion.frontend import importer as frontend
-from ._tvm import relax, tvm
-from .errors import FusionError
+from tvm_fusion._tvm import relax, tvm
+from tvm_fusion.errors import FusionError
 from tvm_fusion.frontend.recurrent import sequence_first
-from .runtime import as_arrays
+from tvm_fusion.runtime import as_arrays
 
 __all__ = ["INPUTS_SYNTAX", "as_arrays", "available_memory", "check_inputs", "check_memory", "device",
            "gpu_available", "graph_inputs", "input_tensors", "load_inputs", "nbytes", "random_inputs",
