@@ -12,7 +12,7 @@ setup(
     description="Operator-fusion compiler plugin for Apache TVM: ONNX -> fused Relax -> CUDA library",
     python_requires=">=3.10",
     packages=find_packages(include=["tvm_fusion", "tvm_fusion.*"]),
-    package_data={"tvm_fusion": ["thread_pool.c"], "tvm_fusion.patterns": ["README.md"]},
+    package_data={"tvm_fusion.deploy": ["thread_pool.c"], "tvm_fusion.patterns": ["README.md"]},
     install_requires=[
         "apache-tvm==0.27.0.post1",
         # 0.1.15.post2 (what pip picks for apache-tvm's >=0.1.14.post0) segfaults in ffi::ToJSONGraph on

@@ -28,7 +28,7 @@ The GPU steps stay within --budget-s (default 420 s): the latency rounds of each
 share of what is left is spent (at least MIN_ROUNDS rounds).
 
 With --bundle B it also writes a runtime-only bundle for a GPU machine that has Python, a CUDA driver and
-no TVM (tvm_fusion.bundle, at most 64 MiB): the 16 CUDA libraries with their weights as recipes over the
+no TVM (tvm_fusion.deploy.bundle, at most 64 MiB): the 16 CUDA libraries with their weights as recipes over the
 example's seed (weights_recipe.py: ResNet-50's 102 MB of weights regenerated there with numpy, float16 ones
 as casts of them, each checked by sha256; libraries whose weights are identical share one recipe), the TVM
 runtime, numpy's wheel, the CPU and onnxruntime outputs (references.npz; the inputs are regenerated there
@@ -393,8 +393,8 @@ def plan(model_path: Path, example: str | None, precisions, batches) -> list[dic
 def _export_other(built, path: Path, model_path: str, arch: str) -> Path:
     """A CUDA library of an unfused / tvm build with its weights outside, and the manifest entries a bundle
     reads (model, target, inputs, weights, cuda_binary)."""
-    from tvm_fusion.compile import _inputs
-    from tvm_fusion.export import export_library
+    from tvm_fusion.deploy.compile import _inputs
+    from tvm_fusion.deploy.export import export_library
     from tvm_fusion.frontend.importer import onnx_input_names
     from tvm_fusion.weights import WEIGHTS_SUFFIX, save_weights
 
@@ -434,7 +434,7 @@ def build_config(rep: Report, cfg: dict, out: Path, arch: str, external: bool) -
     from tvm_fusion._tvm import relax
     from tvm_fusion.build.builder import build, resolve_target
     from tvm_fusion.check.compare import input_tensors, run_onnxruntime
-    from tvm_fusion.compile import compile_model
+    from tvm_fusion.deploy.compile import compile_model
     from tvm_fusion.precision import convert
 
     key, precision, model = cfg["key"], cfg["precision"], cfg["model"]
@@ -502,7 +502,7 @@ def write_bundle(rep: Report, dest: Path, done: dict, python: str | None) -> Non
     import numpy as np
 
     from tvm_fusion.check import numerics
-    from tvm_fusion.bundle import MAX_BYTES, bundle
+    from tvm_fusion.deploy.bundle import MAX_BYTES, bundle
     from tvm_fusion.examples import example_of
 
     t0 = time.perf_counter()

@@ -36,7 +36,7 @@ from tvm_fusion._tvm import relax, tvm  # noqa: E402
 from tvm_fusion.check.compare import run_onnxruntime  # noqa: E402
 
 from tvm_fusion.build.builder import resolve_target  # noqa: E402
-from tvm_fusion.compile import kernel_counts  # noqa: E402
+from tvm_fusion.deploy.compile import kernel_counts  # noqa: E402
 from tvm_fusion.check.explain import explain  # noqa: E402
 
 KEY_OPS = {"conv": "relax.nn.conv2d", "matmul": "relax.matmul", "layer_norm": "relax.nn.layer_norm",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tvm_fusion import export
-from tvm_fusion.cuda_binary import CudaModule, KernelInfo, code_format, parse_cuda_module, serialize_cuda_module
+from tvm_fusion.deploy import export
+from tvm_fusion.deploy.cuda_binary import (CudaModule, KernelInfo, code_format, parse_cuda_module, serialize_cuda_module)
 from tvm_fusion.errors import FusionError
 
 SOURCE = """
@@ -63,7 +63,7 @@ def _cuda_headers() -> str | None:
 
 def test_nvrtc_path_without_nvcc(monkeypatch):
     """A host without nvcc compiles with NVRTC (the [cuda] extra): a cubin carrying the kernel."""
-    from tvm_fusion.cuda_binary import fatbin_kernels
+    from tvm_fusion.deploy.cuda_binary import fatbin_kernels
 
     headers = _cuda_headers()
     if headers is None:
@@ -86,7 +86,7 @@ def test_nvcc_error_is_the_compilers_own_line():
 def test_unknown_arch_is_noted_in_the_manifest(tmp_path):
     import onnx
 
-    from tvm_fusion.compile import compile_model
+    from tvm_fusion.deploy.compile import compile_model
     from tvm_fusion.testing import residual_block
 
     model = tmp_path / "block.onnx"

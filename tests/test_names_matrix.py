@@ -226,7 +226,7 @@ def test_compiled_library_keeps_the_models_names(tmp_path):
     inputs and outputs under the model's names, runtime.load gives them in call order, and the loaded library
     computes onnxruntime's values on either branch."""
     from tvm_fusion import runtime
-    from tvm_fusion.compile import compile_model
+    from tvm_fusion.deploy.compile import compile_model
 
     names = dict(zip(POSITIONS, NAMES))
     model = names_model(names)

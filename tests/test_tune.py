@@ -15,7 +15,7 @@ import pytest
 from tvm_fusion import _tvm
 from tvm_fusion.build.builder import build, default_rules
 from tvm_fusion.cli import main
-from tvm_fusion.compile import compile_model
+from tvm_fusion.deploy.compile import compile_model
 from tvm_fusion.examples import with_dynamic_batch
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.check.io import random_inputs, run_onnxruntime

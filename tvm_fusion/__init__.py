@@ -24,7 +24,7 @@ import types
 _LAZY = {
     "BisectReport": "check.differential", "GroupReport": "check.differential", "bisect": "check.differential",
     "check_groups": "check.differential", "compare": "check.compare", "explain": "check.explain",
-    "Built": "build.builder", "CompareReport": "check.compare", "CompileResult": "compile",
+    "Built": "build.builder", "CompareReport": "check.compare", "CompileResult": "deploy.compile",
     "Explanation": "check.explain",
     "FuseResult": "fusion.fuse", "ProfileReport": "profile",
     "FusionError": "errors", "ToleranceExceeded": "errors",
@@ -41,10 +41,11 @@ _LAZY = {
 #: functions of the API named like a submodule: `tvm_fusion.<name>` is that submodule (`import tvm_fusion.rules
 #: as r` gives the module), and calling it calls the function: the facade's below, or (None) the module's own
 #: function of that name (`tf.build(...)` is `tvm_fusion.build.build(...)`)
-_CALLABLE = {"build": None, "profile": None, "compile": "_compile", "rules": "_rules"}
+_CALLABLE = {"build": None, "profile": None, "rules": "_rules"}
 
-#: functions of the API defined here, whose module has another name (`fuse`: tvm_fusion.fusion.fuse)
-_FUNCTIONS = ("fuse",)
+#: functions of the API defined here, whose modules live in the stage packages (tvm_fusion.fusion.fuse,
+#: tvm_fusion.deploy.compile)
+_FUNCTIONS = ("compile", "fuse")
 
 __all__ = sorted([*_LAZY, *_CALLABLE, *_FUNCTIONS])
 
@@ -117,8 +118,8 @@ def fuse(mod, target="llvm", rules: RuleSet | None = None, *, only=None, disable
     return fuse_stage(mod, resolve_target(target), rules)
 
 
-def _compile(model, output, target="cuda", **kwargs) -> CompileResult:
+def compile(model, output, target="cuda", **kwargs) -> CompileResult:
     """ONNX model -> library at `output` plus `<output>.json` manifest (see compile_model)."""
-    from .compile import compile_model
+    from tvm_fusion.deploy.compile import compile_model
 
     return compile_model(model, output, target, **kwargs)

@@ -238,7 +238,7 @@ def _run(args) -> int:
         print("\n" + convention())
         return 0
     if args.command == "bundle":
-        from .bundle import bundle
+        from tvm_fusion.deploy.bundle import bundle
 
         print(bundle(args.library, args.output, args.python, recipe=args.weights_recipe, numpy_wheel=args.numpy))
         return 0
@@ -257,7 +257,7 @@ def _run(args) -> int:
     if args.command == "profile":
         return _profile(args, model, shapes, rules)
     if args.command == "compile":
-        from .compile import compile_model
+        from tvm_fusion.deploy.compile import compile_model
 
         tune = _tune_options(args)
         from tvm_fusion.check.verify import DEFAULT_SEARCH_TIMEOUT

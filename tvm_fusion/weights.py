@@ -77,7 +77,7 @@ def load_weights(library, dev) -> list:
     if not entry:
         return []
     if entry.get("recipe"):  # a bundle's: regenerated with numpy from the seed (recipe_replay)
-        from .recipe_replay import regenerate
+        from tvm_fusion.deploy.recipe_replay import regenerate
 
         values = regenerate(library.with_name(entry["recipe"]))
         return [tvm.runtime.tensor(values[name], dev) for name in entry["params"]]

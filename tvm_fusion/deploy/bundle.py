@@ -34,7 +34,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import FusionError
+from tvm_fusion.errors import FusionError
 
 __all__ = ["BundleResult", "MAX_BYTES", "bundle"]
 
@@ -126,8 +126,8 @@ def _add_library(library: Path, out: Path, recipe: bool, recipes: dict) -> dict:
     if entry and recipe:
         import tvm.runtime
 
-        from .recipe_replay import digest
-        from .weights_recipe import make_recipe, step_counts, write_recipe
+        from tvm_fusion.deploy.recipe_replay import digest
+        from tvm_fusion.deploy.weights_recipe import make_recipe, step_counts, write_recipe
 
         values = tvm.runtime.load_param_dict(library.with_name(entry["file"]).read_bytes())
         lifted = {n: values[n].numpy() for n in entry["params"]}

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import FusionError
+from tvm_fusion.errors import FusionError
 
 __all__ = ["KernelInfo", "CudaModule", "parse_cuda_module", "serialize_cuda_module", "code_format",
            "library_cuda_module", "FatbinKernel", "fatbin_kernels", "cuobjdump_path"]

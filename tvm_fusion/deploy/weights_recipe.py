@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import recipe_replay
-from .errors import FusionError
+from tvm_fusion.deploy import recipe_replay
+from tvm_fusion.errors import FusionError
 
 __all__ = ["make_recipe", "step_counts", "write_recipe"]
 
@@ -88,7 +88,7 @@ def make_recipe(model_path, lifted: dict) -> tuple[dict, dict]:
     model at `model_path`, and the tensors it stores. FusionError when the model is no example."""
     import onnx
 
-    from .examples import draw_plan, example_of
+    from tvm_fusion.examples import draw_plan, example_of
 
     example = example_of(model_path)
     if example is None or not Path(model_path).exists():

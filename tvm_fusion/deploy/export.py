@@ -21,12 +21,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import _tvm
-from ._tvm import tvm
-from .cuda_binary import (FATBIN_MAGIC, CudaModule, _Reader, _string, _u64, code_format, library_cuda_module,
-                          parse_cuda_module, serialize_cuda_module)
-from .errors import FusionError
-from .quiet import SCOPE_LINES, tvm_output
+from tvm_fusion import _tvm
+from tvm_fusion._tvm import tvm
+from tvm_fusion.deploy.cuda_binary import (FATBIN_MAGIC, CudaModule, _Reader, _string, _u64, code_format, library_cuda_module, parse_cuda_module, serialize_cuda_module)
+from tvm_fusion.errors import FusionError
+from tvm_fusion.quiet import SCOPE_LINES, tvm_output
 
 __all__ = ["CudaBinary", "export_library", "cuda_source", "compile_cuda_source", "cuda_compiler",
            "build_time_compiler", "library_cuda_modules", "FATBIN_MAGIC"]

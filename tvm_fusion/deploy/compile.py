@@ -16,21 +16,21 @@ import onnx
 from tvm_fusion import _tvm, cpu_features
 from tvm_fusion.frontend import importer as frontend
 from tvm_fusion.build import cuda_graph as graphs
-from ._tvm import relax, tvm
+from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import build, count_kernel_calls, legalize, resolve_target
-from .console import progress
-from .errors import FusionError
-from .export import export_library
+from tvm_fusion.console import progress
+from tvm_fusion.errors import FusionError
+from tvm_fusion.deploy.export import export_library
 from tvm_fusion.fusion.fuse import ELEMENTS_PER_BATCH_ATTR
 from tvm_fusion.check.io import check_inputs, load_inputs
-from .hardware import cuda_facts
-from .precision import PRECISIONS, check_precision, convert
-from .rules import RuleSet, dim_name
+from tvm_fusion.hardware import cuda_facts
+from tvm_fusion.precision import PRECISIONS, check_precision, convert
+from tvm_fusion.rules import RuleSet, dim_name
 from tvm_fusion.frontend.simplify import record_of as simplify_record
 from tvm_fusion.build.tune import TuneOptions
 from tvm_fusion.build.tune import check_options as check_tune_options
 from tvm_fusion.check.verify import DEFAULT_SEARCH_TIMEOUT, skipped, verify_fused
-from .weights import WEIGHTS_SUFFIX, save_weights
+from tvm_fusion.weights import WEIGHTS_SUFFIX, save_weights
 
 __all__ = ["CompileResult", "compile_model", "cpu_linker", "kernel_counts", "kernel_launches"]
 

@@ -16,7 +16,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LIBRARY = "model.so"  # written by tvm_fusion.bundle
+LIBRARY = "model.so"  # written by tvm_fusion.deploy.bundle
 os.environ["TVM_USE_RUNTIME_LIB"] = "1"
 os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))  # TVM's default: half the cores
 sys.path.insert(0, os.path.join(HERE, "site"))
