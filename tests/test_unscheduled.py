@@ -13,7 +13,7 @@ from onnx import TensorProto
 from tvm_fusion.check import explain
 from tvm_fusion.build import pipeline
 from tvm_fusion.deploy.compile import compile_model
-from tvm_fusion.profile import profile
+from tvm_fusion.profile.measure import profile
 from tvm_fusion.testing import GraphBuilder
 
 

@@ -330,7 +330,7 @@ The model: `Conv -> Relu -> Abs -> Sin -> Cos -> Mul -> Add -> Tanh`. The built-
     new_code_cell("""from IPython.display import HTML, SVG, display
 
 import tvm_fusion as tf
-from tvm_fusion.profile_html import graph_svg, time_chart_svg
+from tvm_fusion.profile.html import graph_svg, time_chart_svg
 
 before = tf.profile("chain.onnx", repeat=5)
 print(before)"""),

@@ -26,7 +26,7 @@ _LAZY = {
     "check_groups": "check.differential", "compare": "check.compare", "explain": "check.explain",
     "Built": "build.builder", "CompareReport": "check.compare", "CompileResult": "deploy.compile",
     "Explanation": "check.explain",
-    "FuseResult": "fusion.fuse", "ProfileReport": "profile",
+    "FuseResult": "fusion.fuse", "ProfileReport": "profile.measure",
     "FusionError": "errors", "ToleranceExceeded": "errors",
     "example_model": "examples", "example_path": "examples",
     "import_onnx": "frontend.importer", "SymDim": "frontend.importer",

@@ -300,7 +300,7 @@ def _profile_hint(args) -> str:
 
 
 def _profile(args, model, shapes, rules) -> int:
-    from .profile import profile
+    from tvm_fusion.profile.measure import profile
 
     report = profile(model, args.target, shapes=shapes, rules=rules, modes=[m for m in args.modes.split(",") if m],
                      repeat=args.repeat, seed=args.seed, arch=args.arch, simplify=not args.no_simplify)

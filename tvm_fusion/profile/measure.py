@@ -23,15 +23,15 @@ import onnx
 
 from tvm_fusion import _tvm
 from tvm_fusion.frontend import importer as frontend
-from ._tvm import relax, tvm
+from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import legalize_traced, resolve_target
-from .console import table
-from .errors import FusionError
+from tvm_fusion.console import table
+from tvm_fusion.errors import FusionError
 from tvm_fusion.fusion.fuse import FuseResult, fuse
 from tvm_fusion.check.io import gpu_available, input_tensors, nbytes
 from tvm_fusion.build.pipeline import MODES
-from .roofline import KNOWN_GPUS, Peaks, gpu_peaks, host_peaks
-from .rules import RuleSet
+from tvm_fusion.profile.roofline import KNOWN_GPUS, Peaks, gpu_peaks, host_peaks
+from tvm_fusion.rules import RuleSet
 from tvm_fusion.build.unscheduled import find_unscheduled
 
 __all__ = ["ProfileReport", "profile", "Site", "GroupProfile", "Candidate", "BuildProfile", "SCHEMA_VERSION"]
@@ -499,7 +499,7 @@ class ProfileReport:
             json.dump(self.to_json(), f, indent=1)
 
     def write_html(self, path) -> None:
-        from .profile_html import render
+        from tvm_fusion.profile.html import render
 
         with open(path, "w") as f:
             f.write(render(self))
