@@ -1,4 +1,4 @@
-"""The build's pass lists (tvm_fusion/pipeline.py): a dlight rule that raises declines instead of stopping
+"""The build's pass lists (tvm_fusion/build/pipeline.py): a dlight rule that raises declines instead of stopping
 the build, so the next rule of the list schedules the PrimFunc."""
 
 from __future__ import annotations

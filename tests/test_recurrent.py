@@ -1,4 +1,4 @@
-"""LSTM / GRU / RNN (tvm_fusion/recurrent.py, tvm_fusion/recurrent_kernel.py): the unrolled graph against
+"""LSTM / GRU / RNN (tvm_fusion/frontend/recurrent.py, tvm_fusion/frontend/recurrent_kernel.py): the unrolled graph against
 onnxruntime's own kernels, attribute by attribute (onnxruntime runs both graphs: fast); the time-loop kernel
 of float32 nodes in fused llvm builds against onnxruntime on the same attributes; fused and unfused builds
 element by element with the dtype table, exact dense_bias and kernel counts, a symbolic batch, a symbolic

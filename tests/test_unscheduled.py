@@ -1,4 +1,4 @@
-"""Kernels without a schedule (tvm_fusion/unscheduled.py): compile warns and writes them to the manifest,
+"""Kernels without a schedule (tvm_fusion/build/unscheduled.py): compile warns and writes them to the manifest,
 explain and profile name them, each with its ops and ONNX nodes; a default build has none. The leftover
 schedules are switched off (pipeline.LEFTOVER_SCHEDULES) to make some."""
 

@@ -331,7 +331,7 @@ def _differential(args, model, shapes, rules) -> int:
 
 
 def _where(err: BaseException, command: str) -> str:
-    """`compare (tvm_fusion/build.py:85 in build)`: the command and the innermost frame of our package."""
+    """`compare (tvm_fusion/build/builder.py:85 in build)`: the command and the innermost frame of our package."""
     frames = [f for f in traceback.extract_tb(err.__traceback__) if re.search(r"[/\\]tvm_fusion[/\\]", f.filename)]
     if not frames:
         return command

@@ -65,7 +65,7 @@ EXPECTED_COUNTS = {
     "yolox_ts13": {"conv2d_bias_silu": 14, "conv2d_bias_sigmoid": 4, "conv2d_bias": 2},
     "yolox_dynamo18": {"conv2d_bias_silu": 14, "conv2d_bias_sigmoid": 4, "conv2d_bias": 2},
     # the recurrent exports, recorded 2026-12-03: dense_bias is each LSTM / GRU direction's input projection and
-    # every step's recurrent MatMul (a GRU: two per step), unrolled by the front door (tvm_fusion/recurrent.py)
+    # every step's recurrent MatMul (a GRU: two per step), unrolled by the front door (tvm_fusion/frontend/recurrent.py)
     # the recurrent models: one dense_bias per direction and layer (the projection of every step); the time
     # loops are recurrence kernels, no rule's (tests/test_recurrent.py)
     "crnn_lstm_ts14": {"conv2d_bias_relu": 4, "dense_bias": 5},
@@ -194,7 +194,7 @@ def test_fused_llvm_matches_onnxruntime(name):
 
 @pytest.mark.parametrize("name", params(ENTRIES))
 def test_every_llvm_kernel_has_a_schedule(name):
-    """No kernel of the fused CPU build is left to TVM's bare loop nest (tvm_fusion/unscheduled.py)."""
+    """No kernel of the fused CPU build is left to TVM's bare loop nest (tvm_fusion/build/unscheduled.py)."""
     built, _ = run_llvm(name)
     assert not built.unscheduled, [str(u) for u in built.unscheduled]
 

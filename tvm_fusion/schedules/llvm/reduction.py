@@ -14,7 +14,7 @@ applies one (the fallback rule tries them in order on a copy of the schedule, `f
   axis): `w` partial results per output in one vector (`rfactor`: element j goes to lane j % w), then
   combined across the lanes. Max, min, ArgMax and ArgMin give exactly TVM's results (the arg reducers break
   ties by the lower index); a sum or product is reassociated into `w` partial sums, as onnxruntime's
-  vectorized reductions are (within the float tolerances of `tvm_fusion/numerics.py`). A row that is not
+  vectorized reductions are (within the float tolerances of `tvm_fusion/check/numerics.py`). A row that is not
   whole vectors of at least MIN_VECTOR lanes is not taken (TVM's split would read past it).
 - `chains:<c>`: `c` outputs' reductions interleaved (independent scalar chains, unrolled), each in TVM's
   order: bit-identical.

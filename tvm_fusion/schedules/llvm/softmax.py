@@ -30,7 +30,7 @@ llvm's vectorizable float32 form (its dtypes, as for the fused kernels), that fo
 results below 2^-126 flush to 0), TVM's `exp` intrinsic otherwise. Rows with NaN, +inf or only -inf give
 the NaNs TVM's lowering gives, -inf entries its zeros. The max is exact; the sums of a last-axis softmax are
 reassociated (lanes partial sums), so the results differ from TVM's lowering in the last bits (within the
-dtype tolerances of `tvm_fusion/numerics.py`). Rows shorter than two vectors are declined (nothing to gain).
+dtype tolerances of `tvm_fusion/check/numerics.py`). Rows shorter than two vectors are declined (nothing to gain).
 """
 
 from __future__ import annotations
