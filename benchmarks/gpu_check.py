@@ -94,7 +94,7 @@ class Report:
 
     def compare(self, config: str, pair: str, outputs: list[str], actual, reference, judged: bool | None = None) -> None:
         """One numerics row per output; an fp16 configuration is judged with float16's tolerance. In a
-        configuration ill-conditioned for its precision (tvm_fusion.precision.half_baseline) only the rows
+        configuration ill-conditioned for its precision (tvm_fusion.check.half_reference.half_baseline) only the rows
         between the same kernels (SAME_KERNELS) are judged; the others are reported (`judged` False)."""
         cfg = self.data["configs"][config]
         dtype = VERDICT_DTYPE[cfg["precision"]]
@@ -435,7 +435,7 @@ def build_config(rep: Report, cfg: dict, out: Path, arch: str, external: bool) -
     from tvm_fusion.build.builder import build, resolve_target
     from tvm_fusion.check.compare import input_tensors, run_onnxruntime
     from tvm_fusion.deploy.compile import compile_model
-    from tvm_fusion.precision import convert
+    from tvm_fusion.build.mixed_precision import convert
 
     key, precision, model = cfg["key"], cfg["precision"], cfg["model"]
     shapes = {k: tuple(v) for k, v in cfg["shapes"].items()} if cfg["shapes"] else None
@@ -480,7 +480,7 @@ def build_config(rep: Report, cfg: dict, out: Path, arch: str, external: bool) -
     ref = sess.run(None, inputs)
     outputs = [o.name for o in proto.graph.output]
     if precision != "fp32":  # is float16's tolerance against the float32 model meaningful here?
-        from tvm_fusion.precision import half_baseline_outputs
+        from tvm_fusion.check.half_reference import half_baseline_outputs
 
         rep.compare(key, BASELINE, outputs, half_baseline_outputs(proto, inputs, precision), ref, judged=False)
         entry["ill_conditioned"] = not all(n["ok"] for n in rep.data["numerics"]

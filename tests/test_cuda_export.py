@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tvm_fusion.deploy import export
-from tvm_fusion.deploy.cuda_binary import (CudaModule, KernelInfo, code_format, parse_cuda_module, serialize_cuda_module)
+from tvm_fusion.deploy.cuda_binary import (CudaModule, KernelInfo, code_format, parse_cuda_module,
+                                           serialize_cuda_module)
 from tvm_fusion.errors import FusionError
 
 SOURCE = """

@@ -24,8 +24,9 @@ from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.check.differential import check_groups
 from tvm_fusion.fusion.loader import load_rules_for
-from tvm_fusion.precision import (WIDENED_INPUTS, convert, half_baseline, half_sums_in_float32, numpy_dtype,
-                                  rounded_weights)
+from tvm_fusion.build.mixed_precision import convert
+from tvm_fusion.check.half_reference import half_baseline, rounded_weights
+from tvm_fusion.precision import WIDENED_INPUTS, half_sums_in_float32, numpy_dtype
 from tvm_fusion.schedules.cuda.families_test import _chain_model, _conv_act_model, _ffn_model, _layer_norm_model
 from tvm_fusion.check.compare import random_inputs, run_onnxruntime
 from tvm_fusion.testing import (GraphBuilder, as_float16, assert_close, check_fused, conv_bn_relu, conv_primfunc,

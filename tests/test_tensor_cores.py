@@ -111,7 +111,7 @@ def test_resnet50_fp16_on_sm90_runs_52_convs_on_tensor_cores(resnet50_mod, rules
 
     from tvm_fusion.build.builder import resolve_target
     from tvm_fusion.fusion.fuse import fuse
-    from tvm_fusion.precision import convert
+    from tvm_fusion.build.mixed_precision import convert
 
     groups = fuse(convert(resnet50_mod, "fp16"), resolve_target("cuda", "sm_90"), rules).groups
     engines = Counter((g.rule.startswith("conv2d"), g.kernel.split(", 16 warps")[0].split(", 4 warps")[0]

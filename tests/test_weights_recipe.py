@@ -95,7 +95,7 @@ def test_fp16_weights_are_casts_of_the_float32_recipe(tmp_path):
     from tvm_fusion.examples import example_path
     from tvm_fusion.frontend.importer import import_onnx
     from tvm_fusion.fusion.fuse import fuse
-    from tvm_fusion.precision import convert
+    from tvm_fusion.build.mixed_precision import convert
     from tvm_fusion.weights import lift_weights
 
     path = example_path("shufflenet", 0)

@@ -16,11 +16,15 @@ from tvm_fusion.build.builder import Built, build, resolve_target
 from tvm_fusion.console import progress, table
 from tvm_fusion.errors import FusionError
 from tvm_fusion.deploy.export import compile_cuda_source, cuda_source
-from tvm_fusion.check.io import (INPUTS_SYNTAX, as_arrays, available_memory, check_inputs, check_memory, device, gpu_available, graph_inputs, input_tensors, load_inputs, random_inputs, run_onnxruntime)
+from tvm_fusion.check.io import (INPUTS_SYNTAX, as_arrays, available_memory, check_inputs,  # noqa: F401 (re-exported)
+                                 check_memory, device, gpu_available, graph_inputs, input_tensors, load_inputs,
+                                 random_inputs, run_onnxruntime)
 from tvm_fusion.build.pipeline import MODES
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.check.numerics import ErrorStats, error_stats
-from tvm_fusion.precision import check_precision, convert, half_baseline, verdict_dtype
+from tvm_fusion.build.mixed_precision import convert
+from tvm_fusion.check.half_reference import half_baseline
+from tvm_fusion.precision import check_precision, verdict_dtype
 from tvm_fusion.check.reference import Reference
 
 __all__ = ["CompareReport", "compare", "random_inputs", "load_inputs", "check_inputs", "check_modes", "run_onnxruntime",
@@ -63,7 +67,7 @@ class CompareReport:
     skipped_reason: str = ""
     ort_latencies: list[float] = field(default_factory=list)
     precision: str | None = None  # --precision fp16 / bf16: the model was converted from float32
-    reported: list[str] = field(default_factory=list)  # comparisons shown but not judged (precision.half_baseline)
+    reported: list[str] = field(default_factory=list)  # comparisons shown but not judged (half_reference.half_baseline)
     groups: object = None  # differential.GroupReport: fusion judged per group (a model ill-conditioned for half)
     cpu_threads: int = 0  # threads of TVM's CPU pool while timing (0: not timed on the CPU)
     noise: dict = field(default_factory=dict)  # output (" at N=3") -> (elements where onnxruntime's runs differ, max)

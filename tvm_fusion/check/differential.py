@@ -29,11 +29,14 @@ from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import build, default_rules, resolve_target
 from tvm_fusion.console import status, table
 from tvm_fusion.errors import FusionError
-from tvm_fusion.check.io import (as_arrays, check_inputs, check_memory, device, gpu_available, input_tensors, load_inputs, run_onnxruntime, run_vm)
+from tvm_fusion.check.io import (as_arrays, check_inputs, check_memory, device, gpu_available, input_tensors,
+                                 load_inputs, run_onnxruntime, run_vm)
 from tvm_fusion.fusion.fuse import Matched, lower, match
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.check.numerics import ErrorStats, error_stats
-from tvm_fusion.precision import check_precision, convert, half_baseline, verdict_dtype
+from tvm_fusion.build.mixed_precision import convert
+from tvm_fusion.check.half_reference import half_baseline
+from tvm_fusion.precision import check_precision, verdict_dtype
 
 __all__ = ["GroupCheck", "GroupReport", "BisectReport", "SearchTimedOut", "check_groups", "bisect", "unfused_module"]
 
@@ -183,7 +186,7 @@ def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: Rul
     `inputs`: a dict name -> array or an .npz path for some or all graph inputs (the rest: seeded random).
     `precision` "fp16" / "bf16": the float32 model converted first (tvm_fusion.precision); each group's
     half output is judged with its dtype's tolerance against the same ops unfused at the same precision, and
-    the whole model's outputs only where the model is well-conditioned for the dtype (precision.half_baseline).
+    the whole model's outputs only where the model is well-conditioned for the dtype (half_reference.half_baseline).
     `deadline` (time.monotonic()): SearchTimedOut between two stages past it. `noise`: per output, onnxruntime's
     own on these inputs (reference.Reference.noise), allowed in the whole model's fused-vs-unfused verdict.
     `simplify=False`: import the model as given (no ONNX simplifier)."""
@@ -204,7 +207,7 @@ def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: Rul
     check_memory(mod, 3, name, extra=watched * 2)  # each watched value: the reference's and the group's copy
 
     values, args = input_tensors(proto, shapes, seed, dev, given)
-    # a model ill-conditioned for the half dtype (precision.half_baseline): its outputs are reported only
+    # a model ill-conditioned for the half dtype (half_reference.half_baseline): its outputs are reported only
     judge_outputs = not check_precision(precision) or all(
         s.ok for s in half_baseline(proto, values, run_onnxruntime(proto, values, name=name)[0].run(None, values), precision))
     _in_time(deadline)

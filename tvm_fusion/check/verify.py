@@ -38,7 +38,8 @@ from tvm_fusion.check.reference import Reference
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.runtime import check_host
 from tvm_fusion.check.numerics import ErrorStats, error_stats
-from tvm_fusion.precision import half_baseline, verdict_dtype
+from tvm_fusion.check.half_reference import half_baseline
+from tvm_fusion.precision import verdict_dtype
 
 __all__ = ["Verification", "verify_fused", "DEFAULT_SEARCH_TIMEOUT"]
 
@@ -63,7 +64,7 @@ class Verification:
     given: list[str] = field(default_factory=list)  # inputs the user gave (--inputs); the rest were seeded
     sizes: list[dict] = field(default_factory=list)  # the sizes symbolic dims were run at ({"N": 3}); outputs
     # are then named "<output> at N=3"
-    baseline: dict[str, ErrorStats] = field(default_factory=dict)  # --precision: precision.half_baseline
+    baseline: dict[str, ErrorStats] = field(default_factory=dict)  # --precision: half_reference.half_baseline
     groups: dict | None = None  # a model ill-conditioned for half: the per-group check that judged fusion
     noise_measured: bool = False  # onnxruntime's optimized run was made (only where an output needed it)
     importer: dict | None = None  # over tolerance against onnxruntime, within it against the unfused build
@@ -235,7 +236,7 @@ def _against_unfused(run: _Run, unfused: _Unfused, bad: list[str], stats: dict, 
 
 
 def _judge_groups(proto, cpu, shapes, rules, seed, inputs, precision, simplify: bool) -> dict:
-    """A model ill-conditioned for the half dtype (precision.half_baseline over tolerance): every fused group
+    """A model ill-conditioned for the half dtype (half_reference.half_baseline over tolerance): every fused group
     against its unfused ops at the same precision on the host CPU (differential.check_groups, matched for the
     CPU); ToleranceExceeded naming the first group over tolerance."""
     from tvm_fusion.check.differential import check_groups

@@ -24,7 +24,8 @@ from tvm_fusion.deploy.export import export_library
 from tvm_fusion.fusion.fuse import ELEMENTS_PER_BATCH_ATTR
 from tvm_fusion.check.io import check_inputs, load_inputs
 from tvm_fusion.hardware import cuda_facts
-from tvm_fusion.precision import PRECISIONS, check_precision, convert
+from tvm_fusion.build.mixed_precision import convert
+from tvm_fusion.precision import PRECISIONS, check_precision
 from tvm_fusion.rules import RuleSet, dim_name
 from tvm_fusion.frontend.simplify import record_of as simplify_record
 from tvm_fusion.build.tune import TuneOptions

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from tvm_fusion import _tvm
 from tvm_fusion._tvm import tvm
-from tvm_fusion.deploy.cuda_binary import (FATBIN_MAGIC, CudaModule, _Reader, _string, _u64, code_format, library_cuda_module, parse_cuda_module, serialize_cuda_module)
+from tvm_fusion.deploy.cuda_binary import (FATBIN_MAGIC, CudaModule, _Reader, _string, _u64, code_format,
+                                           library_cuda_module, parse_cuda_module, serialize_cuda_module)
 from tvm_fusion.errors import FusionError
 from tvm_fusion.quiet import SCOPE_LINES, tvm_output
 

@@ -415,7 +415,7 @@ def _call_tir_pair(name: str, make):
     return root, rewriter
 
 
-def _min_of_max_to_clip():
+def min_of_max_to_clip():
     """minimum(maximum(x, lo), hi) with scalar lo <= hi  ->  clip(x, lo, hi)."""
     x, lo, hi = dpl.wildcard(), dpl.is_const(), dpl.is_const()
     root = dpl.is_op("relax.minimum")(dpl.is_op("relax.maximum")(x, lo), hi)
@@ -513,7 +513,7 @@ NORMALIZATIONS = [
     ("min_of_two_to_minimum", lambda: _stacked_pair("relax.min", relax.op.minimum)),
     ("clip_lower_bound", lambda: _call_tir_pair("maximum", relax.op.maximum)),
     ("clip_upper_bound", lambda: _call_tir_pair("minimum", relax.op.minimum)),
-    ("min_of_max_to_clip", _min_of_max_to_clip),
+    ("min_of_max_to_clip", min_of_max_to_clip),
     ("requantize_after_move", _requantize_after_move),
 ]
 

@@ -19,7 +19,8 @@ from tvm_fusion import patterns as builtin_patterns
 from tvm_fusion._tvm import dpl, relax, te, tirx, tvm
 from tvm_fusion.errors import FusionError, InternalError, LoweringError
 from tvm_fusion.frontend.importer import onnx_node_names
-from tvm_fusion.rules import (Decline, Lowering, Match, Rule, RuleSet, batch_shape, declared_batch_dims, dim_name, shape_text, symbolic_reason, undeclared_dims)
+from tvm_fusion.rules import (Decline, Lowering, Match, Rule, RuleSet, batch_shape, declared_batch_dims, dim_name,
+                              shape_text, symbolic_reason, undeclared_dims)
 from tvm_fusion.schedules.activations import fast_math_allowed
 
 __all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm", "unchanged"]

@@ -38,7 +38,7 @@ from tvm_fusion.patterns.priority import ACTIVATION_RANK, priority
 from tvm_fusion.patterns.qdq import fake_quant_params, fake_quant_pattern
 from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.registry import refuse_another
-from tvm_fusion.rules import Decline, Rule, Spec, commutative, rule, scalar_constant
+from tvm_fusion.rules import Decline, Rule, Spec, clip_bounds, commutative, rule, scalar_constant
 from tvm_fusion.schedules import activations as computes
 from tvm_fusion.schedules.activations import CANONICAL
 
@@ -54,16 +54,6 @@ _NAMES_IT = 1e-4
 
 def _op(name, *args):
     return dpl.is_op(name)(*args)
-
-
-def clip_bounds(call) -> tuple[float, float]:
-    """(min, max) of a relax clip call."""
-    def number(arg):
-        while hasattr(arg, "value"):
-            arg = arg.value
-        return float(arg)
-
-    return number(call.args[1]), number(call.args[2])
 
 
 def _carry(name: str, m, constants: dict[str, tuple[str, str]], label: str | None = None):
