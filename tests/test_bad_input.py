@@ -122,7 +122,7 @@ def test_arch_unknown_to_nvcc(capsys, model, tmp_path):
 
 
 def test_nvcc_failure_is_one_line():
-    from tvm_fusion.deploy.export import _first_error
+    from tvm_fusion.build.cuda_compiler import _first_error
 
     source = "extern \"C\" __global__ void k() {\n  int error_count = 0;\n}\n" * 200
     err = RuntimeError(source + "\n\nCompilation error:\nnvcc fatal   : Unsupported gpu architecture 'sm_999'\n")

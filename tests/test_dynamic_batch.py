@@ -237,7 +237,7 @@ def test_declared_batch_dims_are_the_inputs_symbolic_dims():
 def test_families_build_for_cuda_with_a_symbolic_grid(symbolic_model):
     """Compile check (no GPU): same counts, each kernel within the launch limits, the grid sized from N
     (blockIdx.x's extent is symbolic), and nvcc compiles the source."""
-    from tvm_fusion.deploy.export import compile_cuda_source, cuda_source
+    from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_source
     from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
 
     target = resolve_target("cuda")

@@ -18,7 +18,7 @@ from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.cli import main
 from tvm_fusion.check.compare import compare
-from tvm_fusion.deploy.export import compile_cuda_source, cuda_source
+from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_source
 from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
 from tvm_fusion.frontend.importer import import_onnx

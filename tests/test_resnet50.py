@@ -77,7 +77,7 @@ def test_cuda_library(resnet50_path, tmp_path):
 
 @pytest.mark.slow
 def test_cuda_source_has_each_rules_kernel(resnet50_mod, rules):
-    from tvm_fusion.deploy.export import cuda_source
+    from tvm_fusion.build.cuda_compiler import cuda_source
 
     built = build(resnet50_mod, "cuda", "fused", rules=rules)
     kernels = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(\w+)\s*\(",

@@ -51,7 +51,7 @@ print(json.dumps(manifest["groups"][0], indent=1))"""),
 The kernel is named after the rule, so it traces back to the rule and (via the manifest) to the ONNX nodes."""),
     new_code_cell("""import re
 
-from tvm_fusion.deploy.export import cuda_source
+from tvm_fusion.build.cuda_compiler import cuda_source
 
 built = tf.build(mod, target="cuda", mode="fused")
 source = cuda_source(built.executable)

@@ -260,7 +260,7 @@ def check_cuda_build(model, rules=None, expect: dict | None = None, arch: str = 
     runs. `shapes`: input shapes for import_onnx (a symbolic batch). Returns the build."""
     from ._tvm import tvm
     from tvm_fusion.build.builder import build, resolve_target
-    from tvm_fusion.deploy.export import compile_cuda_source, cuda_source
+    from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_source
     from tvm_fusion.frontend.importer import import_onnx
     from .schedules.cuda.gpu_limits import check_gpu_limits
 

@@ -126,7 +126,7 @@ def _compiler_for(target):
     """For CUDA, the compiler TVM calls if a driver is present (the same as a driverless export's)."""
     if target.kind.name != "cuda":
         return contextlib.nullcontext()
-    from tvm_fusion.deploy.export import build_time_compiler
+    from tvm_fusion.build.cuda_compiler import build_time_compiler
 
     return build_time_compiler(str(target.attrs.get("arch", "sm_90")))
 

@@ -15,7 +15,7 @@ from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import Built, build, resolve_target
 from tvm_fusion.console import progress, table
 from tvm_fusion.errors import FusionError
-from tvm_fusion.deploy.export import compile_cuda_source, cuda_source
+from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_source
 from tvm_fusion.check.io import (INPUTS_SYNTAX, as_arrays, available_memory, check_inputs,  # noqa: F401 (re-exported)
                                  check_memory, device, gpu_available, graph_inputs, input_tensors, load_inputs,
                                  random_inputs, run_onnxruntime)

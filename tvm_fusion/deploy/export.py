@@ -1,12 +1,9 @@
 """Export a built CUDA executable as a library that carries compiled GPU code, never CUDA source.
 
-TVM 0.27 compiles the kernels itself during the build when a CUDA driver is present (through the global
-`tvm_callback_cuda_compile`), and keeps them as *source* (format "cuda") when there is none. Both paths
-go through `compile_cuda_source` here: `build_time_compiler` puts it in TVM's callback during a build,
-and `export_library` compiles a module still in source form. The compiler is chosen once, explicitly:
-nvcc when it is on PATH (a fatbin: SASS for the arch + PTX for newer GPUs), else NVRTC through the
-`[cuda]` extra (`cuda-bindings`, a cubin). So a build host with a driver and one without produce the
-same kernels. The module is written in the layout TVM's CUDA loader reads (see cuda_binary.py); any
+TVM 0.27 compiles the kernels itself during the build when a CUDA driver is present, and keeps them as *source*
+(format "cuda") when there is none. `export_library` compiles a module still in source form with the compiler a
+build with a driver uses (tvm_fusion.build.cuda_compiler), so a build host with a driver and one without produce
+the same kernels. The module is written in the layout TVM's CUDA loader reads (see cuda_binary.py); any
 format TVM produced ("cuda", "ptx", "cubin", "fatbin") is accepted.
 
 Every library exported here links `thread_pool.c`: loaded by any process (a plain `tvm.runtime.load_module`
@@ -16,20 +13,18 @@ is set, before TVM's CPU thread pool starts (TVM's default halves the machine's 
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tvm_fusion import _tvm
-from tvm_fusion._tvm import tvm
 from tvm_fusion.deploy.cuda_binary import (FATBIN_MAGIC, CudaModule, _Reader, _string, _u64, code_format,
                                            library_cuda_module, parse_cuda_module, serialize_cuda_module)
+from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_compiler, cuda_modules
 from tvm_fusion.errors import FusionError
 from tvm_fusion.quiet import SCOPE_LINES, tvm_output
 
-__all__ = ["CudaBinary", "export_library", "cuda_source", "compile_cuda_source", "cuda_compiler",
-           "build_time_compiler", "library_cuda_modules", "FATBIN_MAGIC"]
+__all__ = ["CudaBinary", "export_library", "library_cuda_modules", "FATBIN_MAGIC"]
 
 
 @dataclass
@@ -40,69 +35,6 @@ class CudaBinary:
     compiler: str  # "nvcc" or "nvrtc"
     compiled_at: str  # "export" (no driver: the build kept source) or "build" (TVM compiled with a driver)
     kernels: list[str] = field(default_factory=list)  # the function table, in order
-
-
-def _cuda_modules(module):
-    for m in module.imports:
-        if m.kind == "cuda":
-            yield m
-        yield from _cuda_modules(m)
-
-
-def cuda_source(executable) -> str:
-    """The generated CUDA C of a CUDA build (all kernels)."""
-    mods = list(_cuda_modules(executable.mod))
-    if not mods:
-        raise FusionError("the executable has no CUDA module; was it built for target cuda?")
-    return "\n".join(m.inspect_source() for m in mods)
-
-
-def _has_nvrtc() -> bool:
-    try:
-        from cuda.bindings import nvrtc  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def cuda_compiler() -> str:
-    """The CUDA compiler this host uses: 'nvcc' when on PATH, else 'nvrtc' (cuda-bindings)."""
-    if shutil.which("nvcc"):
-        return "nvcc"
-    if _has_nvrtc():
-        return "nvrtc"
-    raise FusionError("no CUDA compiler: put the CUDA toolkit's nvcc on PATH, "
-                      "or pip install 'tvm_fusion[cuda]' for NVRTC (cuda-bindings)")
-
-
-def compile_cuda_source(source: str, arch: str, compiler: str | None = None) -> bytes:
-    """CUDA C -> a fatbin (nvcc: SASS for `arch` and PTX for newer GPUs) or a cubin (NVRTC)."""
-    compiler = compiler or cuda_compiler()
-    fmt = "fatbin" if compiler == "nvcc" else "cubin"
-    with tvm.target.Target({"kind": "cuda", "arch": arch}):
-        try:
-            return bytes(_tvm.nvcc.compile_cuda(source, target_format=fmt, arch=arch, compiler=compiler))
-        except Exception as err:
-            raise FusionError(f"{compiler} failed to compile the generated CUDA for {arch}: {_first_error(err)}") from None
-
-
-def _first_error(err: Exception) -> str:
-    """The compiler's own message in TVM's error (which quotes the whole source first)."""
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    if "Compilation error:" in lines:
-        lines = lines[lines.index("Compilation error:") + 1:]
-    hits = [ln for ln in lines if "error" in ln.lower() or "fatal" in ln.lower()]
-    return (hits or lines or [type(err).__name__])[0]
-
-
-def build_time_compiler(arch: str):
-    """`with build_time_compiler(arch): tvm.compile(...)`: when a driver is present and TVM compiles the
-    kernels during the build, it uses the same compiler and options as a driverless export."""
-
-    def compile_callback(code):
-        return bytearray(compile_cuda_source(str(code), _tvm.current_cuda_arch(arch)))
-
-    return _tvm.override_global_func(_tvm.CUDA_COMPILE_CALLBACK, compile_callback)
 
 
 # ---- the blob TVM links into a library: [u64 nbytes][import tree][per module: key, payload]
@@ -167,7 +99,7 @@ def export_library(executable, path, arch: str = "sm_90", cc: str | None = None)
     with `THREAD_POOL_SOURCE` (by `cc`, e.g. a cross gcc; None: TVM's default compiler)."""
     path = Path(path)
     link = {"addons": [str(THREAD_POOL_SOURCE)], **({"cc": cc} if cc else {})}
-    if not list(_cuda_modules(executable.mod)):
+    if not list(cuda_modules(executable.mod)):
         with tvm_output(drop=SCOPE_LINES):  # TVM's VM logs a warning per function it saves
             executable.export_library(str(path), **link)
         return None

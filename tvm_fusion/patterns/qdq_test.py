@@ -272,7 +272,7 @@ def test_pair_inside_an_if_branch_runs_as_onnxruntime():
 def test_cuda_build_rounds_half_to_even():
     """The CUDA kernels compile, round with nearbyintf (TVM's `round` is roundf there: ties away from 0) and
     keep the dequantize's product out of a fused multiply-add (__fmul_rn)."""
-    from tvm_fusion.deploy.export import cuda_source
+    from tvm_fusion.build.cuda_compiler import cuda_source
 
     model, _ = _qdq_conv(relu=True, zero_point=0)
     built = check_cuda_build(model, expect={"conv2d_bias_fake_quant": 1, "fake_quant": 1})

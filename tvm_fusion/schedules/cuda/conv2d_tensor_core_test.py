@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tvm_fusion._tvm import tvm
-from tvm_fusion.deploy.export import cuda_source
+from tvm_fusion.build.cuda_compiler import cuda_source
 from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.schedules.cuda.conv2d import schedule_conv2d_cuda, tensor_core_plan
 from tvm_fusion.schedules.cuda.gpu_limits import vector_copy_strides

@@ -6,7 +6,7 @@ import pytest
 
 from tvm_fusion._tvm import prim_dtype, tvm
 from tvm_fusion.build.builder import build, resolve_target
-from tvm_fusion.deploy.export import compile_cuda_source, cuda_source
+from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_source
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
 from tvm_fusion.testing import GELU_OPSET, GraphBuilder, apply_activation_onnx, check_cuda_build

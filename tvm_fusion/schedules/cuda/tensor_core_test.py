@@ -13,7 +13,7 @@ import pytest
 
 from tvm_fusion._tvm import te, tvm
 from tvm_fusion.build.builder import codegen_config
-from tvm_fusion.deploy.export import cuda_source
+from tvm_fusion.build.cuda_compiler import cuda_source
 from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.schedules.cuda.dense import schedule_dense_cuda, tensor_core_plan
