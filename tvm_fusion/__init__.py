@@ -103,16 +103,16 @@ __version__ = "0.1.0"
 
 def _rules(files=(), only=None, disable=None) -> RuleSet:
     """The active rule set: built-in tables (fixed order), installed plugins, then `files`."""
-    from tvm_fusion.fusion.loader import load_rules_for
+    from tvm_fusion.fusion.loader import load_rules_for  # local: the facade loads a stage when it is used
 
     return load_rules_for(files, only=only, disable=disable)
 
 
 def fuse(mod, target="llvm", rules: RuleSet | None = None, *, only=None, disable=None) -> FuseResult:
     """Run the fuse stage: returns the rewritten module and per-rule counts (`.counts`)."""
-    from tvm_fusion.build.builder import resolve_target
-    from tvm_fusion.fusion.fuse import fuse as fuse_stage
-    from tvm_fusion.fusion.loader import load_rules_for
+    from tvm_fusion.build.builder import resolve_target  # local: the facade loads a stage when it is used
+    from tvm_fusion.fusion.fuse import fuse as fuse_stage  # local: as above
+    from tvm_fusion.fusion.loader import load_rules_for  # local: as above
 
     rules = rules if rules is not None else load_rules_for(only=only, disable=disable)
     return fuse_stage(mod, resolve_target(target), rules)
@@ -120,6 +120,6 @@ def fuse(mod, target="llvm", rules: RuleSet | None = None, *, only=None, disable
 
 def compile(model, output, target="cuda", **kwargs) -> CompileResult:
     """ONNX model -> library at `output` plus `<output>.json` manifest (see compile_model)."""
-    from tvm_fusion.deploy.compile import compile_model
+    from tvm_fusion.deploy.compile import compile_model  # local: the facade loads a stage when it is used
 
     return compile_model(model, output, target, **kwargs)

@@ -15,14 +15,15 @@ import sys
 import traceback
 
 from .errors import FusionError, ToleranceExceeded
+from tvm_fusion.examples import EXAMPLES, cache_dir, example_path
 
 __all__ = ["main"]
 
+# Each command imports its stage when it runs (the imports inside the functions below): `tvm-fusion --help` and
+# a bad argument answer without loading TVM, and a test's patch of a stage function reaches the command.
 
 def _common(p: argparse.ArgumentParser, target: str = "llvm") -> None:
     p.add_argument("model", nargs="?", help="path of the ONNX model (or use --example)")
-    from .examples import EXAMPLES
-
     p.add_argument("--example", choices=EXAMPLES, help="use a model made on the fly (seeded random weights)")
     p.add_argument("--seed", type=int, default=0, help="seed (>= 0) of the example's weights and of the inputs")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
@@ -86,7 +87,6 @@ def _tune_options(args):
         if given:
             raise FusionError(f"{' and '.join(given)} without --tune: add --tune TRIALS (e.g. --tune 64)")
         return None
-    from .examples import cache_dir
     from tvm_fusion.build.tune import TuneOptions, check_options
 
     kernels = tuple(k for k in (args.tune_kernels or "").split(",") if k) or None
@@ -187,7 +187,6 @@ def _model(args, shapes: dict | None = None):
     if args.example and args.model:
         raise FusionError("give either a model path or --example, not both")
     if args.example:
-        from .examples import example_path
         from tvm_fusion.frontend.importer import SymDim
 
         dynamic = any(shape and isinstance(shape[0], SymDim) for shape in (shapes or {}).values())

@@ -22,6 +22,11 @@ from tvm_fusion.fusion.fuse import FuseResult, fuse
 from tvm_fusion.quiet import FAST_TAKE_LINES, tvm_output
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.build.unscheduled import Unscheduled, find_unscheduled, kernel_origins, legalized_calls
+from tvm_fusion.fusion.loader import load_rules_for
+from tvm_fusion.build.cuda_compiler import build_time_compiler
+from tvm_fusion.hardware import cuda_sm_version
+from tvm_fusion.weights import lift_weights
+from tvm_fusion.build.tune import tune_fused
 
 __all__ = ["Built", "build", "legalize", "legalize_traced", "resolve_target", "parse_target", "default_cpu_target",
            "TARGET_FORMS", "check_arch", "count_kernel_calls", "default_rules"]
@@ -103,8 +108,6 @@ def resolve_target(target="llvm", arch: str = "sm_90"):
 
 
 def default_rules() -> RuleSet:
-    from tvm_fusion.fusion.loader import load_rules_for
-
     return load_rules_for()
 
 
@@ -126,7 +129,6 @@ def _compiler_for(target):
     """For CUDA, the compiler TVM calls if a driver is present (the same as a driverless export's)."""
     if target.kind.name != "cuda":
         return contextlib.nullcontext()
-    from tvm_fusion.build.cuda_compiler import build_time_compiler
 
     return build_time_compiler(str(target.attrs.get("arch", "sm_90")))
 
@@ -159,8 +161,6 @@ def codegen_config(target) -> dict:
     """PassContext config for the target's code generation: on CUDA sm_80+, the copies a schedule marks as
     asynchronous pipeline stages (the tensor-core kernels) become cp.async; a kernel without such a stage is
     generated as without the option."""
-    from tvm_fusion.hardware import cuda_sm_version
-
     return {_tvm.ASYNC_COPY_CONFIG: True} if target.kind.name == "cuda" and cuda_sm_version(target) >= 80 else {}
 
 
@@ -207,16 +207,12 @@ def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None,
         fused = fuse(mod, target, rules if rules is not None else default_rules())
         mod = fused.mod
         if tune is not None:
-            from tvm_fusion.build.tune import tune_fused
-
             mod, tuning = tune_fused(mod, fused.plain, target, tune)
     legal, origins = legalize_traced(mod, target, mode)
     unscheduled = find_unscheduled(legal, origins)
     primfuncs, calls = count_kernel_calls(legal)
     weights = None
     if external_weights:
-        from tvm_fusion.weights import lift_weights
-
         legal, weights = lift_weights(legal)
     if cuda_graph is None:  # a graph keeps the first call's weight tensors: only where they are constants
         cuda_graph = mode == "fused" and not external_weights

@@ -15,6 +15,7 @@ the graph from the lowered module.
 from __future__ import annotations
 
 from tvm_fusion._tvm import relax, te, tvm
+from tvm_fusion import _tvm
 
 __all__ = ["CONFIG", "applies", "launches", "lowered", "pass_config", "static_inputs"]
 
@@ -26,7 +27,6 @@ def applies(mod, target) -> str | None:
     """None when CUDA graphs apply to `mod` for `target`, else why not."""
     if target.kind.name != "cuda":
         return f"target kind {target.kind.name}: CUDA graphs are for cuda"
-    from tvm_fusion import _tvm
 
     for p in _inputs(mod["main"]):
         shape = getattr(_tvm.expr_type(p), "shape", None)
@@ -60,8 +60,6 @@ def _copy_func(ty, target):
 def static_inputs(mod, target):
     """main's inputs copied first into buffers of their own (kernel `copy_input`), so the kernels after the
     copy read static memory and TVM can capture them in a graph."""
-    from tvm_fusion import _tvm
-
     main = mod["main"]
     bb = relax.BlockBuilder(tvm.IRModule(dict(mod.functions), attrs=mod.attrs))
     copies, remap = [], {}

@@ -14,6 +14,7 @@ from tvm_fusion._tvm import BACKEND_PIPELINES, dlight, tvm
 from tvm_fusion.frontend import recurrent_kernel
 from tvm_fusion.errors import FusionError
 from tvm_fusion.precision import half_sums_in_float32
+from tvm_fusion.schedules.llvm.leftovers import leftover_schedule
 
 __all__ = ["MODES", "legalize_passes", "lower_passes"]
 
@@ -65,27 +66,8 @@ def legalize_passes(mode: str, target) -> list:
     return passes
 
 
-def _llvm_leftovers():
-    """The fused build's CPU kernels that no rule took and TVM leaves unscheduled: copies and elementwise
-    maps vectorized (`schedules/llvm/injective.py`), transposed convolutions (`schedules/llvm/conv_transpose.py`),
-    softmax / log_softmax rows (`schedules/llvm/softmax.py`), 2-D max / average pools (`schedules/llvm/pooling.py`),
-    reductions that run in vectors (`schedules/llvm/reduction.py`), means over trailing axes
-(`schedules/llvm/plane_sum.py`); then every other kernel: parallel outer loops, a
-vector (or chains) of outputs, reductions in TVM's order (`schedules/llvm/fallback.py`)."""
-    from tvm_fusion.schedules.llvm.conv_transpose import LeftoverConvTranspose
-    from tvm_fusion.schedules.llvm.fallback import LeftoverFallback
-    from tvm_fusion.schedules.llvm.injective import LeftoverInjective
-    from tvm_fusion.schedules.llvm.plane_sum import LeftoverPlaneSum
-    from tvm_fusion.schedules.llvm.pooling import LeftoverPool
-    from tvm_fusion.schedules.llvm.reduction import LeftoverReduction
-    from tvm_fusion.schedules.llvm.softmax import LeftoverSoftmax
-
-    return dlight.ApplyDefaultSchedule(LeftoverInjective(), LeftoverConvTranspose(), LeftoverSoftmax(), LeftoverPool(),
-                                     LeftoverReduction(), LeftoverPlaneSum(), LeftoverFallback())
-
-
 #: target kind -> passes (made on use) scheduling what the fused build left to TVM's default lowering
-LEFTOVER_SCHEDULES = {"llvm": [_llvm_leftovers]}
+LEFTOVER_SCHEDULES = {"llvm": [leftover_schedule]}
 
 
 def lower_passes(target) -> list:

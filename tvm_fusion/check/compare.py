@@ -26,6 +26,7 @@ from tvm_fusion.build.mixed_precision import convert
 from tvm_fusion.check.half_reference import half_baseline
 from tvm_fusion.precision import check_precision, verdict_dtype
 from tvm_fusion.check.reference import Reference
+from tvm_fusion.check.differential import check_groups
 
 __all__ = ["CompareReport", "compare", "random_inputs", "load_inputs", "check_inputs", "check_modes", "run_onnxruntime",
            "gpu_available"]
@@ -248,8 +249,6 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     if any(not s.ok for pair in baseline for s in errors[pair]):  # ill-conditioned: judge fusion per group
         reported = list(errors)
         if "fused" in builds:
-            from tvm_fusion.check.differential import check_groups
-
             groups = check_groups(model, tgt, shapes=shapes, rules=rules, seed=seed, arch=arch, inputs=given,
                                   precision=precision, simplify=simplify)
     ort_lat = []

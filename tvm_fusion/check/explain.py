@@ -15,6 +15,9 @@ from tvm_fusion.rules import RuleSet
 from tvm_fusion.patterns.qdq import fake_quant_notes
 from tvm_fusion.fusion.trace import PartialMatch, near_misses
 from tvm_fusion.build.unscheduled import Unscheduled, find_unscheduled
+from tvm_fusion.frontend import importer as frontend
+from tvm_fusion.fusion.loader import load_rules_for
+from tvm_fusion.frontend.importer import onnx_node_names
 
 __all__ = ["Explanation", "PartialMatch", "explain", "op_counts"]
 
@@ -59,8 +62,6 @@ class Explanation:
         """The longest partial match of each rule (or of `rule`) before an op no group took: longest first,
         then the closest to a whole match, then by priority."""
         if self._near is None:
-            from tvm_fusion.frontend.importer import onnx_node_names
-
             found = [] if self.module is None else near_misses(
                 self.module, self.result.groups, self.result.matched.rules, onnx_node_names(self.module))
             self._near = sorted(found, key=lambda m: (-len(m.matched), m.to_go, -m.priority))
@@ -112,9 +113,6 @@ def _by_node(items: list) -> dict[str, list]:
 def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None, simplify: bool = True) -> Explanation:
     """Fuse `model` (path, ModelProto or Relax IRModule) and explain every decision (`simplify=False`: an ONNX
     model imported as given, without the ONNX simplifier)."""
-    from tvm_fusion.frontend import importer as frontend
-    from tvm_fusion.fusion.loader import load_rules_for
-
     mod = model if isinstance(model, tvm.IRModule) else frontend.import_onnx(model, shapes, simplify=simplify)
     rules = rules if rules is not None else load_rules_for()
     target = resolve_target(target)

@@ -40,6 +40,7 @@ from tvm_fusion.runtime import check_host
 from tvm_fusion.check.numerics import ErrorStats, error_stats
 from tvm_fusion.check.half_reference import half_baseline
 from tvm_fusion.precision import verdict_dtype
+from tvm_fusion.check.differential import bisect, check_groups, unfused_module
 
 __all__ = ["Verification", "verify_fused", "DEFAULT_SEARCH_TIMEOUT"]
 
@@ -197,8 +198,6 @@ class _Unfused:
 
     def run(self, tensors) -> list:
         if self.vm is None:
-            from tvm_fusion.check.differential import unfused_module
-
             exe = build(unfused_module(self.built.fused.matched), resolve_target("llvm"), "unfused").executable
             self.vm = relax.VirtualMachine(exe, self.dev)
         return as_arrays(self.vm["main"](*tensors))
@@ -239,8 +238,6 @@ def _judge_groups(proto, cpu, shapes, rules, seed, inputs, precision, simplify: 
     """A model ill-conditioned for the half dtype (half_reference.half_baseline over tolerance): every fused group
     against its unfused ops at the same precision on the host CPU (differential.check_groups, matched for the
     CPU); ToleranceExceeded naming the first group over tolerance."""
-    from tvm_fusion.check.differential import check_groups
-
     report = check_groups(proto, cpu, shapes=shapes, rules=rules, seed=seed, inputs=inputs, precision=precision,
                           simplify=simplify)
     if report.failing:
@@ -273,8 +270,6 @@ def _quick_cpu():
 def _blame(model, cpu, run: _Run, rules, seed, inputs, head: str, timeout: float, simplify: bool) -> str:
     """The error of a fused build that differs from the unfused one: `head`, then what the culprit search
     (differential.bisect, at most `timeout` seconds; 0: not run) found."""
-    from tvm_fusion.check.differential import bisect
-
     rerun = "`tvm-fusion compare --bisect` (with the same model, --shape, --inputs and rules) runs it without a bound"
     if timeout <= 0:
         return f"{head}. The culprit search is off (--search-timeout 0); {rerun}; --no-verify writes the library anyway"

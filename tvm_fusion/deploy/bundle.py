@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tvm_fusion.errors import FusionError
+from tvm_fusion.deploy.recipe_replay import digest
+from tvm_fusion.deploy.weights_recipe import make_recipe, step_counts, write_recipe
 
 __all__ = ["BundleResult", "MAX_BYTES", "bundle"]
 
@@ -126,8 +128,6 @@ def _add_library(library: Path, out: Path, recipe: bool, recipes: dict) -> dict:
     if entry and recipe:
         import tvm.runtime
 
-        from tvm_fusion.deploy.recipe_replay import digest
-        from tvm_fusion.deploy.weights_recipe import make_recipe, step_counts, write_recipe
 
         values = tvm.runtime.load_param_dict(library.with_name(entry["file"]).read_bytes())
         lifted = {n: values[n].numpy() for n in entry["params"]}

@@ -27,6 +27,7 @@ import numpy as np
 
 from tvm_fusion.deploy import recipe_replay
 from tvm_fusion.errors import FusionError
+from tvm_fusion.examples import draw_plan, example_of
 
 __all__ = ["make_recipe", "step_counts", "write_recipe"]
 
@@ -87,8 +88,6 @@ def make_recipe(model_path, lifted: dict) -> tuple[dict, dict]:
     """The recipe of `lifted` ({param: array}, main's parameter order) for a library compiled from the example
     model at `model_path`, and the tensors it stores. FusionError when the model is no example."""
     import onnx
-
-    from tvm_fusion.examples import draw_plan, example_of
 
     example = example_of(model_path)
     if example is None or not Path(model_path).exists():

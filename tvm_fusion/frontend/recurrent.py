@@ -37,6 +37,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.frontend import recurrent_kernel as _kernel
 from tvm_fusion.errors import FusionError
+from tvm_fusion.frontend.simplify import bind_input_shapes
 
 __all__ = ["RECURRENT_OPS", "ACTIVATIONS", "decompose_recurrent", "sequence_first"]
 
@@ -572,7 +573,6 @@ def decompose_recurrent(model: onnx.ModelProto, shapes: dict, where: str,
     unknown activation or a malformed attribute is a FusionError naming the node."""
     if not any(_is_recurrent(n) for g in _graphs(model.graph) for n in g.node):
         return model, {}
-    from tvm_fusion.frontend.simplify import bind_input_shapes
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     types = _value_types(bind_input_shapes(model, shapes))

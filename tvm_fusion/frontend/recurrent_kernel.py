@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 
 from tvm_fusion._tvm import te, tirx, tvm
 from tvm_fusion.errors import FusionError
+from tvm_fusion.schedules.activations import KernelMath
+from tvm_fusion.schedules.llvm import fast_math  # noqa: F401  (registers the llvm float32 forms)
 
 __all__ = ["SCAN_DOMAIN", "SCAN_OP", "ATTR", "Cell", "check_target", "convert", "for_target"]
 
@@ -70,9 +72,6 @@ class _Math:
     elsewhere TVM's intrinsics."""
 
     def __init__(self, gpu: bool, dtype: str):
-        from tvm_fusion.schedules.activations import KernelMath
-        from tvm_fusion.schedules.llvm import fast_math  # noqa: F401  (registers the llvm float32 forms)
-
         self.dtype = dtype
         kernel = KernelMath.of(not gpu, "llvm")
         self.exp, self.sigmoid, self.tanh = kernel.exp, kernel.sigmoid, kernel.tanh

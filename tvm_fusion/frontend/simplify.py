@@ -22,6 +22,7 @@ import time
 import onnx
 
 from tvm_fusion.errors import FusionError
+from tvm_fusion._tvm import relax, tvm, var_name
 
 __all__ = ["DEFAULT", "RECORD_ATTR", "SIMPLIFIERS", "bind_input_shapes", "failure", "front_door",
            "record_of", "run_simplifier", "simplify"]
@@ -205,8 +206,6 @@ def failure(where: str, stage: str, err: BaseException, nodes: dict[str, str], r
 def _failing_binding(mod) -> tuple[str, str] | None:
     """(var name, op) of the first foldable binding in `main` (all its operands constants) whose
     legalization raises, else None."""
-    from tvm_fusion._tvm import relax, tvm, var_name
-
     main = mod["main"] if "main" in [gv.name_hint for gv in mod.get_global_vars()] else None
     if main is None:
         return None

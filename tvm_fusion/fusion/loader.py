@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tvm_fusion.errors import FusionError
 from tvm_fusion.rules import RuleSet, rules_in_module
+from tvm_fusion.patterns import builtin_rules
 
 __all__ = ["load_rules", "load_rules_for"]
 
@@ -63,8 +64,6 @@ def _plugin_rules() -> RuleSet:
 def load_rules_for(files=(), only=None, disable=None, plugins: bool = True) -> RuleSet:
     """Built-in tables (with their computes and schedules), then plugins, then `files`; then `only` /
     `disable` applied."""
-    from tvm_fusion.patterns import builtin_rules
-
     rules = builtin_rules()
     if plugins:
         rules = rules + _plugin_rules()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 
 from tvm_fusion.rules import RuleSet, rules_in_module
+from tvm_fusion import schedules
 
 TABLES = (
     "tvm_fusion.patterns.attention",
@@ -20,8 +21,6 @@ TABLES = (
 
 
 def builtin_rules() -> RuleSet:
-    from tvm_fusion import schedules
-
     schedules.load()
     rules = RuleSet()
     for name in TABLES:

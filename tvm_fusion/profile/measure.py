@@ -29,10 +29,12 @@ from tvm_fusion.console import table
 from tvm_fusion.errors import FusionError
 from tvm_fusion.fusion.fuse import FuseResult, fuse
 from tvm_fusion.check.io import gpu_available, input_tensors, nbytes
-from tvm_fusion.build.pipeline import MODES
+from tvm_fusion.build.pipeline import MODES, lower_passes, sequential
 from tvm_fusion.profile.roofline import KNOWN_GPUS, Peaks, gpu_peaks, host_peaks
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.build.unscheduled import find_unscheduled
+from tvm_fusion.fusion.loader import load_rules_for
+from tvm_fusion.profile.html import render
 
 __all__ = ["ProfileReport", "profile", "Site", "GroupProfile", "Candidate", "BuildProfile", "SCHEMA_VERSION"]
 
@@ -499,8 +501,6 @@ class ProfileReport:
             json.dump(self.to_json(), f, indent=1)
 
     def write_html(self, path) -> None:
-        from tvm_fusion.profile.html import render
-
         with open(path, "w") as f:
             f.write(render(self))
 
@@ -557,15 +557,11 @@ def _raised(peaks: Peaks, sites: list[Site]) -> Peaks:
 def _build(mod, target, mode: str, rules: RuleSet):
     """(legalized module, FuseResult or None, executable, seconds, the kernels without a schedule) for one
     profile mode."""
-    from tvm_fusion.build.pipeline import lower_passes, sequential
-
     t0 = time.perf_counter()
     fused = None
     if mode == "fused":
         fused = fuse(mod, target, rules)
     elif mode == "unfused":
-        from tvm_fusion.fusion.loader import load_rules_for
-
         fused = fuse(mod, target, load_rules_for(only=[BASELINE_RULE], plugins=False))
     legal, origins = legalize_traced(fused.mod if fused else mod, target, "unfused" if mode == "unfused" else mode)
     ex = tvm.compile(legal, target, relax_pipeline=sequential(lower_passes(target), "lower"))
@@ -578,8 +574,6 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     """Build `model` in `modes`, time every kernel over `repeat` inferences on the same seeded inputs, and
     model the memory traffic and what is left to fuse. Needs the unfused and fused builds for before/after.
     `simplify=False`: import the model as given (no ONNX simplifier)."""
-    from tvm_fusion.fusion.loader import load_rules_for
-
     modes = list(dict.fromkeys(modes))
     for m in modes:
         if m not in MODES:

@@ -33,6 +33,15 @@ BINARY = {
 }
 
 
+def inline_into_last(sch):
+    """Inline every stage into the output stage; return the output block (the CPU and CUDA schedules of a
+    chain both start so)."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    for block in blocks[:-1]:
+        sch.compute_inline(block)
+    return blocks[-1]
+
+
 def _math(name: str):
     """name(x) element by element as the kernel's `KernelMath` computes it (llvm's vectorizable float32 exp /
     sigmoid / erf / tanh where the kernel may take them, else TVM's intrinsic); named and tagged as topi's."""

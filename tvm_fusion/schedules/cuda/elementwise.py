@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.elementwise import ELEMENTWISE_FAMILY
-from tvm_fusion.schedules.llvm.elementwise import inline_into_last
+from tvm_fusion.schedules.elementwise import ELEMENTWISE_FAMILY, inline_into_last
 
 THREADS = 256  # threads per block: a multiple of the warp, enough to hide memory latency
 

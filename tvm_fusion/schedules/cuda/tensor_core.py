@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from tvm_fusion import _tvm
 from tvm_fusion.hardware import cuda_facts, cuda_sm_version
+from tvm_fusion.schedules.cuda.gpu_limits import vector_copy_strides
 
 __all__ = ["TensorCorePlan", "plan", "schedule_tensor_core", "try_tensor_cores", "utilization", "HALF_DTYPES",
            "MIN_SM", "MIN_UTILIZATION", "VECTOR"]
@@ -228,8 +229,6 @@ def try_tensor_cores(sch, tc: TensorCorePlan, what: str, target) -> TensorCorePl
     """Schedule `sch` on tensor cores where `tc` says so (a copy is scheduled, and its trace replayed on `sch`
     once every intrinsic matched and every vector copy reads contiguous elements, the condition of a correct
     cp.async); returns `tc`, or `tc` with the reason it was not done (`sch` untouched)."""
-    from .gpu_limits import vector_copy_strides
-
     if tc.reason is not None:
         return tc
     trial = _tvm.Schedule(sch.mod)

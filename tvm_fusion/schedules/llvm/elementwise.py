@@ -16,17 +16,9 @@ import math
 from tvm_fusion._tvm import tirx
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.elementwise import ELEMENTWISE_FAMILY
+from tvm_fusion.schedules.elementwise import ELEMENTWISE_FAMILY, inline_into_last
 
 MIN_PARALLEL = 4096  # elements below which threading costs more than it saves
-
-
-def inline_into_last(sch):
-    """Inline every stage into the output stage; return the output block."""
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    for block in blocks[:-1]:
-        sch.compute_inline(block)
-    return blocks[-1]
 
 
 def read_axes(sch, block) -> list[frozenset[int]]:
