@@ -143,7 +143,7 @@ def check_options(options: TuneOptions) -> TuneOptions:
 
 
 #: the build function of our builder workers (registered in each by _register_build)
-BUILD_FUNC = "tvm_fusion.build.tune.build"
+BUILD_FUNC = "tvm_fusion.tune.build"
 #: seconds a builder worker may take for one candidate (its first also imports TVM: slow on a loaded host)
 BUILD_TIMEOUT_S = 300
 

@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-FORMAT = "tvm_fusion.deploy.weights_recipe/1"
+FORMAT = "tvm_fusion.weights_recipe/1"
 __all__ = ["FORMAT", "STEPS", "RecipeMismatch", "digest", "draws", "evaluate", "regenerate"]
 
 
