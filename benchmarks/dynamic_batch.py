@@ -26,7 +26,7 @@ def main() -> None:
 
     import tvm
 
-    from tvm_fusion.build import builder as build
+    from tvm_fusion import build
     from tvm_fusion import example_model, import_onnx
     from tvm_fusion._tvm import relax
     from tvm_fusion.frontend.importer import SymDim

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto
 
 from tvm_fusion import bisect, check_groups
-from tvm_fusion.check import compare
+from tvm_fusion import compare
 from tvm_fusion.cli import main
 from tvm_fusion.check.compare import random_inputs
 from tvm_fusion.testing import GraphBuilder, conv_bn_relu

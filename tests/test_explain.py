@@ -1,6 +1,6 @@
 """explain: the rule that took each chain, reasons for near misses, what is left to TVM."""
 
-from tvm_fusion.check import explain
+from tvm_fusion import explain
 from tvm_fusion.testing import GraphBuilder, residual_block
 
 

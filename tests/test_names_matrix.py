@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_fusion.check import explain
+from tvm_fusion import explain
 from tvm_fusion.build.builder import build
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.check.io import run_onnxruntime

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from tvm_fusion.check import explain
+from tvm_fusion import explain
 from tvm_fusion.build import pipeline
 from tvm_fusion.deploy.compile import compile_model
 from tvm_fusion.profile.measure import profile

@@ -100,7 +100,7 @@ def test_near_miss_constants_on_a_dense(case, rules, matches_onnxruntime):
      "the erf argument's divisor is 1.5; gelu needs 1.41421"),
 ])
 def test_constants_that_do_not_make_the_activation_decline(act, rule_name, reason, rules):
-    from tvm_fusion.check import explain
+    from tvm_fusion import explain
 
     reasons = [d.reason for d in explain(_conv_then(act), rules=rules).declined(rule_name)]
     assert reasons == [reason]

@@ -387,7 +387,7 @@ def test_property_conv_family(rules):
 
 def test_per_channel_checks_decline_with_reasons(rules):
     """A conv 'bias' that is not per output channel, and a residual of another shape."""
-    from tvm_fusion.check import explain
+    from tvm_fusion import explain
 
     g = GraphBuilder(12)
     x = g.input("x", [1, 4, 6, 6])
@@ -401,7 +401,7 @@ def test_float64_conv_declines_with_reason(rules):
     """float16 and bfloat16 fuse (tests/test_precision.py); float64 has no compute."""
     from onnx import TensorProto
 
-    from tvm_fusion.check import explain
+    from tvm_fusion import explain
 
     g = GraphBuilder(13)
     x = g.input("x", [1, 2, 5, 5], TensorProto.DOUBLE)

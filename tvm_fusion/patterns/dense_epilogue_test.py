@@ -158,7 +158,7 @@ def test_float64_declines_with_reason(rules):
     w = g.const(g.rng.normal(0, 0.3, (4, 3)).astype(np.float64))
     b = g.const(g.rng.normal(0, 0.1, 3).astype(np.float64))
     model = g.model([g.op("Add", [g.op("MatMul", [x, w]), b])], dtype=TensorProto.DOUBLE)
-    from tvm_fusion.check import explain
+    from tvm_fusion import explain
 
     reasons = [d.reason for d in explain(model, rules=rules).declined("dense_bias")]
     assert reasons == ["matmul dtype is float64; the compute supports float32, float16, bfloat16"]

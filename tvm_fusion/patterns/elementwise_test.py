@@ -114,7 +114,7 @@ def test_golden_ir_of_add_relu(rules):
 def test_integer_chain_declines_with_reason(rules):
     from onnx import TensorProto
 
-    from tvm_fusion.check import explain
+    from tvm_fusion import explain
 
     g = GraphBuilder(4)
     a, b = g.input("a", [3, 4], TensorProto.INT32), g.input("b", [3, 4], TensorProto.INT32)
