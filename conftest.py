@@ -27,21 +27,21 @@ def resnet50_path():
 
 @pytest.fixture(scope="session")
 def resnet50_mod(resnet50_path):
-    from tvm_fusion.frontend import import_onnx
+    from tvm_fusion.frontend.importer import import_onnx
 
     return import_onnx(resnet50_path)
 
 
 @pytest.fixture(scope="session")
 def cpu():
-    from tvm_fusion.build import resolve_target
+    from tvm_fusion.build.builder import resolve_target
 
     return resolve_target("llvm")
 
 
 @pytest.fixture(scope="session")
 def rules():
-    from tvm_fusion.loader import load_rules_for
+    from tvm_fusion.fusion.loader import load_rules_for
 
     return load_rules_for()
 
@@ -50,7 +50,7 @@ def rules():
 def matches_onnxruntime():
     """assert(model, fused build): fused equals onnxruntime element by element with numerics' tolerance table
     (testing.assert_close), on check_fused's seeded inputs."""
-    from tvm_fusion.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.check.compare import random_inputs, run_onnxruntime
     from tvm_fusion.testing import assert_close, run_build
 
     def check(model, fused, seed: int = 0):

@@ -1,14 +1,6 @@
 """tvm_fusion: operator fusion for Apache TVM (Relax + TE), ONNX in, fused CUDA libraries out."""
 
-from setuptools import setup
-
-PACKAGES = {
-    "tvm_fusion": "tvm_fusion",
-    "tvm_fusion.patterns": "patterns",
-    "tvm_fusion.schedules": "schedules",
-    "tvm_fusion.schedules.cuda": "schedules/cuda",
-    "tvm_fusion.schedules.llvm": "schedules/llvm",
-}
+from setuptools import find_packages, setup
 
 #: MetaSchedule tuning (`compile --tune`): its builder and runner workers pickle with cloudpickle; its default
 #: cost model is XGBoost
@@ -19,9 +11,8 @@ setup(
     version="0.1.0",
     description="Operator-fusion compiler plugin for Apache TVM: ONNX -> fused Relax -> CUDA library",
     python_requires=">=3.10",
-    packages=list(PACKAGES),
-    package_dir=PACKAGES,
-    package_data={"tvm_fusion": ["thread_pool.c"], "tvm_fusion.patterns": ["README.md"]},
+    packages=find_packages(include=["tvm_fusion", "tvm_fusion.*"]),
+    package_data={"tvm_fusion.deploy": ["thread_pool.c"], "tvm_fusion.patterns": ["README.md"]},
     install_requires=[
         "apache-tvm==0.27.0.post1",
         # 0.1.15.post2 (what pip picks for apache-tvm's >=0.1.14.post0) segfaults in ffi::ToJSONGraph on

@@ -8,7 +8,7 @@ models at realistic sizes (`--models qdq`: qdq_models.py, made on the fly and ca
 
 For each model (tvm_fusion.examples with seeded weights, and tests/zoo through the simplifier, on the
 corpus entries' own inputs) the fused build is checked element-wise against onnxruntime (the
-tvm_fusion.numerics table), then timed against onnxruntime at each thread count: TVM's pool and
+tvm_fusion.check.numerics table), then timed against onnxruntime at each thread count: TVM's pool and
 onnxruntime's intra-op pool both set to that count, `--rounds` interleaved rounds, each one block of
 fused runs then one block of onnxruntime runs (blocks of about `--block-ms`), and the medians of the
 per-block means compared. onnxruntime's worker threads are told not to spin (they would otherwise steal
@@ -38,15 +38,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "zoo"))
 
 from tvm_fusion._tvm import relax, tvm  # noqa: E402
-from tvm_fusion.build import build, resolve_target  # noqa: E402
-from tvm_fusion.compare import as_arrays  # noqa: E402
-from tvm_fusion.numerics import error_stats  # noqa: E402
+from tvm_fusion.build.builder import build, resolve_target  # noqa: E402
+from tvm_fusion.check.compare import as_arrays  # noqa: E402
+from tvm_fusion.check.numerics import error_stats  # noqa: E402
 
 
 def _light(name: str):
     """(module, onnx model, feeds in graph order) of a light architecture."""
-    from tvm_fusion import frontend
-    from tvm_fusion.compare import random_inputs
+    from tvm_fusion.frontend import importer as frontend
+    from tvm_fusion.check.compare import random_inputs
     from tvm_fusion.examples import example_path
 
     proto = onnx.load(str(example_path(name)))
@@ -63,7 +63,7 @@ def _zoo(name: str):
 def _qdq(name: str):
     from qdq_models import inputs, qdq_path
 
-    from tvm_fusion import frontend
+    from tvm_fusion.frontend import importer as frontend
 
     proto = onnx.load(str(qdq_path(name)))
     return frontend.import_onnx(proto), proto, inputs(proto)
@@ -87,7 +87,7 @@ def _within_reference_noise(proto, feeds, out, stats) -> str | None:
     by no more (max |d|) than onnxruntime's optimized session does, else None."""
     if not any(n.op_type == "QuantizeLinear" for n in proto.graph.node):
         return None
-    from tvm_fusion.io import run_onnxruntime
+    from tvm_fusion.check.io import run_onnxruntime
 
     plain = run_onnxruntime(proto, feeds, optimize=False)[0].run(None, feeds)
     optimized = ort_session(proto, 1).run(None, feeds)

@@ -26,9 +26,10 @@ def main() -> None:
 
     import tvm
 
-    from tvm_fusion import build, example_model, import_onnx
+    from tvm_fusion import build
+    from tvm_fusion import example_model, import_onnx
     from tvm_fusion._tvm import relax
-    from tvm_fusion.frontend import SymDim
+    from tvm_fusion.frontend.importer import SymDim
     from tvm_fusion.runtime import as_arrays
 
     dynamic = example_model("resnet50", dynamic_batch=True)

@@ -11,7 +11,7 @@ For each precision (fp16: `--precision fp16`, tvm_fusion.precision) and batch of
      builds; and the fused build for the CPU. Batch 8 is a static build (the example's dynamic-batch variant,
      examples.with_dynamic_batch, bound to 8): CUDA graphs need static shapes, and each batch gets kernels
      scheduled for it.
-  2. numerics, element by element with the dtype's tolerance (tvm_fusion.numerics; an fp16 build is judged
+  2. numerics, element by element with the dtype's tolerance (tvm_fusion.check.numerics; an fp16 build is judged
      against the float32 reference with float16's): the CPU build vs onnxruntime here; on the GPU the fused
      library vs unfused, vs itself without the graph, vs the CPU build and vs onnxruntime (and tvm vs
      onnxruntime, which shows what the conversion alone costs)
@@ -28,7 +28,7 @@ The GPU steps stay within --budget-s (default 420 s): the latency rounds of each
 share of what is left is spent (at least MIN_ROUNDS rounds).
 
 With --bundle B it also writes a runtime-only bundle for a GPU machine that has Python, a CUDA driver and
-no TVM (tvm_fusion.bundle, at most 64 MiB): the 16 CUDA libraries with their weights as recipes over the
+no TVM (tvm_fusion.deploy.bundle, at most 64 MiB): the 16 CUDA libraries with their weights as recipes over the
 example's seed (weights_recipe.py: ResNet-50's 102 MB of weights regenerated there with numpy, float16 ones
 as casts of them, each checked by sha256; libraries whose weights are identical share one recipe), the TVM
 runtime, numpy's wheel, the CPU and onnxruntime outputs (references.npz; the inputs are regenerated there
@@ -73,7 +73,7 @@ def config_key(precision: str, batch: int) -> str:
 
 def _error_stats():
     try:
-        from tvm_fusion.numerics import error_stats
+        from tvm_fusion.check.numerics import error_stats
     except ImportError:  # in a bundle on the GPU machine: numerics.py is carried beside the runtime
         from numerics import error_stats
     return error_stats
@@ -94,7 +94,7 @@ class Report:
 
     def compare(self, config: str, pair: str, outputs: list[str], actual, reference, judged: bool | None = None) -> None:
         """One numerics row per output; an fp16 configuration is judged with float16's tolerance. In a
-        configuration ill-conditioned for its precision (tvm_fusion.precision.half_baseline) only the rows
+        configuration ill-conditioned for its precision (tvm_fusion.check.half_reference.half_baseline) only the rows
         between the same kernels (SAME_KERNELS) are judged; the others are reported (`judged` False)."""
         cfg = self.data["configs"][config]
         dtype = VERDICT_DTYPE[cfg["precision"]]
@@ -226,7 +226,7 @@ def markdown(d: dict) -> str:
 
 
 def detect_gpu(cpu_only: bool) -> dict:
-    from tvm_fusion.compare import gpu_available
+    from tvm_fusion.check.compare import gpu_available
 
     if cpu_only:
         return {"present": False, "why": "--cpu-only given"}
@@ -323,7 +323,7 @@ def run_matrix_on_gpu(rep: Report, keys: list[str], run_one, budget_s: float) ->
 
 
 def input_spec(names: list[str], arrays_: list, seed: int) -> dict | None:
-    """How inputs drawn by tvm_fusion.io.random_inputs are drawn again with numpy alone (regenerate_inputs),
+    """How inputs drawn by tvm_fusion.check.io.random_inputs are drawn again with numpy alone (regenerate_inputs),
     with each array's sha256; None when they are not all such draws (then they travel as arrays)."""
     import numpy as np
 
@@ -369,7 +369,7 @@ def plan(model_path: Path, example: str | None, precisions, batches) -> list[dic
     import onnx
 
     from tvm_fusion.examples import CALIBRATION_BATCH, example_path
-    from tvm_fusion.io import graph_inputs
+    from tvm_fusion.check.io import graph_inputs
 
     out = []
     for batch in batches:
@@ -393,9 +393,9 @@ def plan(model_path: Path, example: str | None, precisions, batches) -> list[dic
 def _export_other(built, path: Path, model_path: str, arch: str) -> Path:
     """A CUDA library of an unfused / tvm build with its weights outside, and the manifest entries a bundle
     reads (model, target, inputs, weights, cuda_binary)."""
-    from tvm_fusion.compile import _inputs
-    from tvm_fusion.export import export_library
-    from tvm_fusion.frontend import onnx_input_names
+    from tvm_fusion.deploy.compile import _inputs
+    from tvm_fusion.deploy.export import export_library
+    from tvm_fusion.frontend.importer import onnx_input_names
     from tvm_fusion.weights import WEIGHTS_SUFFIX, save_weights
 
     binary = export_library(built.executable, path, arch)
@@ -412,7 +412,7 @@ def _export_other(built, path: Path, model_path: str, arch: str) -> Path:
 def _per_group(rep: Report, key: str, model: str, shapes, precision: str) -> None:
     """A configuration ill-conditioned for its precision: fusion judged per group on the CPU (each fused group
     against its unfused ops at the same precision, differential.check_groups); one row, the worst group."""
-    from tvm_fusion.differential import check_groups
+    from tvm_fusion.check.differential import check_groups
 
     t0 = time.perf_counter()
     groups = check_groups(model, "llvm", shapes=shapes, precision=precision)
@@ -430,12 +430,12 @@ def build_config(rep: Report, cfg: dict, out: Path, arch: str, external: bool) -
     import onnx
     import tvm
 
-    from tvm_fusion import frontend
+    from tvm_fusion.frontend import importer as frontend
     from tvm_fusion._tvm import relax
-    from tvm_fusion.build import build, resolve_target
-    from tvm_fusion.compare import input_tensors, run_onnxruntime
-    from tvm_fusion.compile import compile_model
-    from tvm_fusion.precision import convert
+    from tvm_fusion.build.builder import build, resolve_target
+    from tvm_fusion.check.compare import input_tensors, run_onnxruntime
+    from tvm_fusion.deploy.compile import compile_model
+    from tvm_fusion.build.mixed_precision import convert
 
     key, precision, model = cfg["key"], cfg["precision"], cfg["model"]
     shapes = {k: tuple(v) for k, v in cfg["shapes"].items()} if cfg["shapes"] else None
@@ -480,7 +480,7 @@ def build_config(rep: Report, cfg: dict, out: Path, arch: str, external: bool) -
     ref = sess.run(None, inputs)
     outputs = [o.name for o in proto.graph.output]
     if precision != "fp32":  # is float16's tolerance against the float32 model meaningful here?
-        from tvm_fusion.precision import half_baseline_outputs
+        from tvm_fusion.check.half_reference import half_baseline_outputs
 
         rep.compare(key, BASELINE, outputs, half_baseline_outputs(proto, inputs, precision), ref, judged=False)
         entry["ill_conditioned"] = not all(n["ok"] for n in rep.data["numerics"]
@@ -501,8 +501,8 @@ def write_bundle(rep: Report, dest: Path, done: dict, python: str | None) -> Non
 
     import numpy as np
 
-    from tvm_fusion import numerics
-    from tvm_fusion.bundle import MAX_BYTES, bundle
+    from tvm_fusion.check import numerics
+    from tvm_fusion.deploy.bundle import MAX_BYTES, bundle
     from tvm_fusion.examples import example_of
 
     t0 = time.perf_counter()

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_speed import _block, _light, _zoo, model_names, ort_session, set_tvm_threads
 
 from tvm_fusion._tvm import relax, tirx, tvm
-from tvm_fusion.build import build, resolve_target
+from tvm_fusion.build.builder import build, resolve_target
 
 
 def _median_ms(fn, rounds: int, block_ms: float, clock: str = "cpu") -> float:

@@ -21,8 +21,8 @@ os.environ.setdefault("TVM_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from tvm_fusion._tvm import tvm  # noqa: E402
-from tvm_fusion.build import build, resolve_target  # noqa: E402
-from tvm_fusion.frontend import import_onnx  # noqa: E402
+from tvm_fusion.build.builder import build, resolve_target  # noqa: E402
+from tvm_fusion.frontend.importer import import_onnx  # noqa: E402
 from tvm_fusion.testing import GraphBuilder  # noqa: E402
 
 

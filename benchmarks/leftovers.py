@@ -14,7 +14,7 @@ Each corpus model (tests/zoo through the simplifier, on the entry's own inputs) 
     unfused     one TVM kernel per op, every one a bare loop
     onnxruntime all graph optimizations
 
-The three builds are checked element-wise against onnxruntime (tvm_fusion.numerics), then all four are timed
+The three builds are checked element-wise against onnxruntime (tvm_fusion.check.numerics), then all four are timed
 at one thread (TVM's pool and onnxruntime's intra-op pool): `--rounds` interleaved rounds, a block of about
 `--block-ms` of each, the medians of the per-block means (cpu_speed.interleaved). Prints a table of times and
 ratios to onnxruntime, and the kernels each fused build runs without a schedule. To compare two versions of
@@ -33,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cpu_speed import _zoo, interleaved, ort_session, set_tvm_threads  # noqa: E402
 
-from tvm_fusion import pipeline  # noqa: E402
+from tvm_fusion.build import pipeline  # noqa: E402
 from tvm_fusion._tvm import relax, tvm  # noqa: E402
-from tvm_fusion.build import build, resolve_target  # noqa: E402
-from tvm_fusion.compare import as_arrays  # noqa: E402
-from tvm_fusion.loader import load_rules_for  # noqa: E402
-from tvm_fusion.numerics import error_stats  # noqa: E402
+from tvm_fusion.build.builder import build, resolve_target  # noqa: E402
+from tvm_fusion.check.compare import as_arrays  # noqa: E402
+from tvm_fusion.fusion.loader import load_rules_for  # noqa: E402
+from tvm_fusion.check.numerics import error_stats  # noqa: E402
 
 DEFAULT_MODELS = ("vit_seg_ts17", "audio1d_ts17", "fsmn_ts13")
 BUILDS = ("fused", "bare", "unfused")

@@ -2,7 +2,7 @@
 
     python benchmarks/light_models.py [--models alexnet,vgg19] [--rounds 3] [--fast-rounds 15]
 
-For each model (tvm_fusion.examples: seeded random weights) `tvm_fusion.compare` builds the three
+For each model (tvm_fusion.examples: seeded random weights) `tvm_fusion.check.compare` builds the three
 variants on llvm, checks fused against unfused and onnxruntime, and times the three builds and
 onnxruntime interleaved over `--rounds` rounds (the unfused and tvm builds run TVM's unscheduled CPU
 kernels: seconds per inference). The fused build and onnxruntime are then timed alone, interleaved, over
@@ -26,7 +26,7 @@ def _median_ms(values) -> float:
 
 
 def _row(name: str, rounds: int, fast_rounds: int) -> tuple[list[str], list[str]]:
-    from tvm_fusion.compare import compare
+    from tvm_fusion.check.compare import compare
     from tvm_fusion.examples import example_path, logits_name
 
     path = example_path(name)

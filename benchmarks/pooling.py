@@ -26,7 +26,7 @@ from cpu_speed import _block, ort_session, set_tvm_threads
 from tvm_fusion.schedules.llvm.pooling import LeftoverPool, pool_plan
 
 from tvm_fusion._tvm import relax, tirx, tvm
-from tvm_fusion.build import resolve_target
+from tvm_fusion.build.builder import resolve_target
 
 # model pool, op, NCHW input, kernel, stride, pads (top, left, bottom, right), ceil_mode
 SHAPES = [

@@ -27,8 +27,8 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from tvm_fusion._tvm import relax, tvm  # noqa: E402
-from tvm_fusion.build import build, resolve_target  # noqa: E402
-from tvm_fusion.frontend import import_onnx  # noqa: E402
+from tvm_fusion.build.builder import build, resolve_target  # noqa: E402
+from tvm_fusion.frontend.importer import import_onnx  # noqa: E402
 from tvm_fusion.testing import assert_close  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -26,14 +26,15 @@ def main() -> None:
 
     import tvm
 
-    from tvm_fusion import build, example_path, import_onnx
+    from tvm_fusion import build
+    from tvm_fusion import example_path, import_onnx
     from tvm_fusion._tvm import relax
-    from tvm_fusion.compare import gpu_available, random_inputs, run_onnxruntime
+    from tvm_fusion.check.compare import gpu_available, random_inputs, run_onnxruntime
 
     path = example_path("resnet50")
     model = onnx.load(str(path))
     mod = import_onnx(model)
-    from tvm_fusion.build import resolve_target
+    from tvm_fusion.build.builder import resolve_target
 
     args.target = resolve_target(args.target, args.arch)
     if args.target.kind.name == "cuda":

@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "zoo"))
 from corpus import ENTRIES, make_inputs, model_path, shapes  # noqa: E402
 
-from tvm_fusion import simplify  # noqa: E402
+from tvm_fusion.frontend import simplify  # noqa: E402
 from tvm_fusion.errors import FusionError  # noqa: E402
-from tvm_fusion.frontend import import_onnx  # noqa: E402
+from tvm_fusion.frontend.importer import import_onnx  # noqa: E402
 
 CLUTTER = ("Shape", "Constant", "Identity")
 

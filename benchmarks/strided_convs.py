@@ -40,7 +40,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "schedules" / "llvm"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tvm_fusion" / "schedules" / "llvm"))
 
 import conv2d_test  # noqa: E402  (the packed build the tests use)
 from cpu_speed import set_tvm_threads  # noqa: E402
@@ -48,7 +48,7 @@ from cpu_speed import set_tvm_threads  # noqa: E402
 import tvm_fusion.schedules.llvm.conv2d as llvm_conv  # noqa: E402
 from tvm_fusion._tvm import te, tvm  # noqa: E402
 from tvm_fusion.testing import RESNET50_CONVS  # noqa: E402
-from tvm_fusion.build import resolve_target  # noqa: E402
+from tvm_fusion.build.builder import resolve_target  # noqa: E402
 
 #: name: (n, c, h, w, oc, k, stride, pad)
 SHAPES = {

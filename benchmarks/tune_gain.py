@@ -5,7 +5,7 @@
 
 Builds the model's fused build twice on this CPU, with the hand schedules and with `--trials` MetaSchedule
 trials per fused kernel (tuning kept only where it measured faster; the database is reused, so a second run
-measures nothing new), checks both element-wise against onnxruntime (tvm_fusion.numerics), prints the
+measures nothing new), checks both element-wise against onnxruntime (tvm_fusion.check.numerics), prints the
 per-kernel tuning table, then times the two builds interleaved (`--rounds` blocks of about `--block-ms`
 each, medians of the block means). Exits 1 if either build is out of tolerance.
 """
@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_speed import _light, interleaved_ms  # noqa: E402
 
 from tvm_fusion._tvm import relax, tvm  # noqa: E402
-from tvm_fusion.build import build, resolve_target  # noqa: E402
-from tvm_fusion.compare import as_arrays  # noqa: E402
-from tvm_fusion.numerics import error_stats  # noqa: E402
-from tvm_fusion.tune import TuneOptions  # noqa: E402
+from tvm_fusion.build.builder import build, resolve_target  # noqa: E402
+from tvm_fusion.check.compare import as_arrays  # noqa: E402
+from tvm_fusion.check.numerics import error_stats  # noqa: E402
+from tvm_fusion.build.tune import TuneOptions  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     dev = tvm.cpu()
     order = [i.name for i in proto.graph.input if i.name in feeds]
     inputs = [tvm.runtime.tensor(feeds[k], dev) for k in order]
-    from tvm_fusion.io import run_onnxruntime
+    from tvm_fusion.check.io import run_onnxruntime
 
     sess, _ = run_onnxruntime(proto, feeds)
     ref = sess.run(None, feeds)

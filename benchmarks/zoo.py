@@ -33,11 +33,11 @@ from test_zoo import imported, reference, run_llvm  # noqa: E402
 import pytest  # noqa: E402
 
 from tvm_fusion._tvm import relax, tvm  # noqa: E402
-from tvm_fusion.compare import run_onnxruntime  # noqa: E402
+from tvm_fusion.check.compare import run_onnxruntime  # noqa: E402
 
-from tvm_fusion.build import resolve_target  # noqa: E402
-from tvm_fusion.compile import kernel_counts  # noqa: E402
-from tvm_fusion.explain import explain  # noqa: E402
+from tvm_fusion.build.builder import resolve_target  # noqa: E402
+from tvm_fusion.deploy.compile import kernel_counts  # noqa: E402
+from tvm_fusion.check.explain import explain  # noqa: E402
 
 KEY_OPS = {"conv": "relax.nn.conv2d", "matmul": "relax.matmul", "layer_norm": "relax.nn.layer_norm",
            "softmax": "relax.nn.softmax", "erf (GELU)": "relax.erf"}

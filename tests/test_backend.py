@@ -1,11 +1,11 @@
-"""tvm_fusion.backend: the ONNX backend interface (prepare / run_model / run_node / supports_device)."""
+"""tvm_fusion.check.backend: the ONNX backend interface (prepare / run_model / run_node / supports_device)."""
 
 import numpy as np
 import onnx
 import pytest
 
-import tvm_fusion.backend as backend
-from tvm_fusion.compare import random_inputs, run_onnxruntime
+import tvm_fusion.check.backend as backend
+from tvm_fusion.check.compare import random_inputs, run_onnxruntime
 from tvm_fusion.testing import assert_close, residual_block
 
 

@@ -10,7 +10,7 @@ from onnx import TensorProto
 
 from tvm_fusion.cli import main
 from tvm_fusion.errors import FusionError
-from tvm_fusion.frontend import parse_shape
+from tvm_fusion.frontend.importer import parse_shape
 from tvm_fusion.testing import GraphBuilder, conv_bn_relu
 
 
@@ -57,7 +57,7 @@ def test_intermediate_beyond_int32_indexing(capsys, symbolic):
 def test_compare_refuses_what_does_not_fit_in_memory(capsys, model, monkeypatch):
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("tvm_fusion.io"), "available_memory", lambda: 1000)
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.check.io"), "available_memory", lambda: 1000)
     err = _bad(capsys, "compare", str(model))
     assert "running the model needs at least" in err and "GiB is available" in err
 
@@ -122,7 +122,7 @@ def test_arch_unknown_to_nvcc(capsys, model, tmp_path):
 
 
 def test_nvcc_failure_is_one_line():
-    from tvm_fusion.export import _first_error
+    from tvm_fusion.build.cuda_compiler import _first_error
 
     source = "extern \"C\" __global__ void k() {\n  int error_count = 0;\n}\n" * 200
     err = RuntimeError(source + "\n\nCompilation error:\nnvcc fatal   : Unsupported gpu architecture 'sm_999'\n")
@@ -224,7 +224,7 @@ def test_inputs_int_dtype_named(capsys, tmp_path):
 def test_per_group_refuses_what_does_not_fit_in_memory(capsys, model, monkeypatch):
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("tvm_fusion.io"), "available_memory", lambda: 1000)
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.check.io"), "available_memory", lambda: 1000)
     assert "running the model needs at least" in _bad(capsys, "compare", str(model), "--per-group")
 
 
@@ -337,7 +337,7 @@ def test_nodes_out_of_order_are_not_a_cycle(capsys, tmp_path):
 
 
 def test_in_topological_order_keeps_sorted_graphs_and_sorts_bodies():
-    from tvm_fusion.frontend import in_topological_order
+    from tvm_fusion.frontend.importer import in_topological_order
 
     h = onnx.helper
     sorted_model = h.make_model(h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [_vi("x")], [_vi("y")]))
@@ -379,7 +379,7 @@ def test_model_onnxruntime_refuses(capsys, tmp_path):
 
 
 def test_onnxruntime_reason_drops_code_path_and_function():
-    from tvm_fusion.io import onnxruntime_reason
+    from tvm_fusion.check.io import onnxruntime_reason
 
     err = RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Load model from /tmp/m.onnx failed:/onnxruntime_src/onnxruntime/"
                        "core/graph/model_load_utils.h:46 void onnxruntime::model_load_utils::ValidateOpsetForDomain("

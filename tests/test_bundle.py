@@ -73,11 +73,11 @@ def test_libraries_with_the_same_weights_share_one_recipe(tmp_path):
     weights: the bundle writes one recipe, both manifests name it, and it regenerates the weights of each
     library bit for bit. (A library bound to batch 2 may pack its conv weights for another tile: its own
     recipe.)"""
-    from tvm_fusion import recipe_replay
-    from tvm_fusion.bundle import bundle
-    from tvm_fusion.compile import compile_model
+    from tvm_fusion.deploy import recipe_replay
+    from tvm_fusion.deploy.bundle import bundle
+    from tvm_fusion.deploy.compile import compile_model
     from tvm_fusion.examples import example_path
-    from tvm_fusion.frontend import parse_shape
+    from tvm_fusion.frontend.importer import parse_shape
 
     libs = [tmp_path / "sq_b1.so", tmp_path / "sq_dyn.so"]
     compile_model(example_path("squeezenet", 0), libs[0], "llvm", verify=False, counts_of_other_builds=False,

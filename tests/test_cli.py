@@ -115,7 +115,7 @@ def test_compare_cuda_without_gpu_builds_and_says_why(capsys, tmp_path):
 def test_no_simplify_reaches_every_command(capsys, tmp_path, monkeypatch):
     """--no-simplify is an argument of each command's import (no process-wide switch): recorded here on the
     import, which then stops the command (exit 2)."""
-    from tvm_fusion import frontend
+    from tvm_fusion.frontend import importer as frontend
     from tvm_fusion.errors import FusionError
 
     seen = []

@@ -6,9 +6,10 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from tvm_fusion import bisect, check_groups, compare
+from tvm_fusion import bisect, check_groups
+from tvm_fusion import compare
 from tvm_fusion.cli import main
-from tvm_fusion.compare import random_inputs
+from tvm_fusion.check.compare import random_inputs
 from tvm_fusion.testing import GraphBuilder, conv_bn_relu
 
 
@@ -101,7 +102,7 @@ def test_given_inputs_are_used_and_the_rest_random():
 
 
 def _timed_report(latencies, threads):
-    from tvm_fusion.compare import BuildStats, CompareReport
+    from tvm_fusion.check.compare import BuildStats, CompareReport
 
     stats = {"fused": BuildStats("fused", 1, 1, 0.1, latencies)}
     return CompareReport("m.onnx", "llvm", ["y"], stats, {}, {}, True, cpu_threads=threads)
@@ -110,7 +111,7 @@ def _timed_report(latencies, threads):
 def test_runs_spread_on_a_shared_host_say_so():
     """A CPU build whose runs spread over STALL_SPREAD x on a pool of several threads gets a note naming the
     pool, the remedy and the README section; one thread, or runs within the spread, get none."""
-    from tvm_fusion.compare import STALL_SPREAD
+    from tvm_fusion.check.compare import STALL_SPREAD
 
     stalled = str(_timed_report([0.020, 0.210, 0.724], threads=2))
     assert "note: fused's timed runs spread 36x (fastest to slowest) on TVM's pool of 2 threads" in stalled

@@ -11,10 +11,10 @@ from test_frontend import _assert_matches_onnxruntime
 
 import tvm_fusion as tf
 from tvm_fusion._tvm import relax
-from tvm_fusion.compare import random_inputs, run_onnxruntime
-from tvm_fusion.explain import op_counts
-from tvm_fusion.frontend import import_onnx, onnx_node_names
-from tvm_fusion.fuse import normalize_batch_norm
+from tvm_fusion.check.compare import random_inputs, run_onnxruntime
+from tvm_fusion.check.explain import op_counts
+from tvm_fusion.frontend.importer import import_onnx, onnx_node_names
+from tvm_fusion.fusion.fuse import normalize_batch_norm
 from tvm_fusion.testing import GraphBuilder, assert_close, conv_bn_relu, run_build
 
 

@@ -1,12 +1,15 @@
-"""export.py / cuda_binary.py: every format TVM's CUDA module can carry is exported as compiled code, the
-function table survives a parse/serialize round trip, and a host without a CUDA compiler gets one line."""
+"""build/cuda_compiler.py, deploy/export.py, deploy/cuda_binary.py: every format TVM's CUDA module can carry is
+exported as compiled code, the function table survives a parse/serialize round trip, and a host without a CUDA
+compiler gets one line."""
 
 from __future__ import annotations
 
 import pytest
 
-from tvm_fusion import export
-from tvm_fusion.cuda_binary import CudaModule, KernelInfo, code_format, parse_cuda_module, serialize_cuda_module
+from tvm_fusion.build import cuda_compiler as compiler
+from tvm_fusion.deploy import export
+from tvm_fusion.deploy.cuda_binary import (CudaModule, KernelInfo, code_format, parse_cuda_module,
+                                           serialize_cuda_module)
 from tvm_fusion.errors import FusionError
 
 SOURCE = """
@@ -39,16 +42,16 @@ def test_every_format_is_exported_as_compiled_code(fmt):
 
 
 def test_no_cuda_compiler_is_one_line(monkeypatch):
-    monkeypatch.setattr(export.shutil, "which", lambda name: None)
-    monkeypatch.setattr(export, "_has_nvrtc", lambda: False)
+    monkeypatch.setattr(compiler.shutil, "which", lambda name: None)
+    monkeypatch.setattr(compiler, "_has_nvrtc", lambda: False)
     with pytest.raises(FusionError) as err:
-        export.cuda_compiler()
+        compiler.cuda_compiler()
     assert str(err.value).count("\n") == 0
     assert "nvcc" in str(err.value) and "tvm_fusion[cuda]" in str(err.value)
 
 
 def test_nvcc_is_chosen_when_on_path():
-    assert export.cuda_compiler() == "nvcc"  # this host and CI have the CUDA toolkit (nvcc 13)
+    assert compiler.cuda_compiler() == "nvcc"  # this host and CI have the CUDA toolkit (nvcc 13)
 
 
 def _cuda_headers() -> str | None:
@@ -63,14 +66,14 @@ def _cuda_headers() -> str | None:
 
 def test_nvrtc_path_without_nvcc(monkeypatch):
     """A host without nvcc compiles with NVRTC (the [cuda] extra): a cubin carrying the kernel."""
-    from tvm_fusion.cuda_binary import fatbin_kernels
+    from tvm_fusion.deploy.cuda_binary import fatbin_kernels
 
     headers = _cuda_headers()
     if headers is None:
         pytest.skip("NVRTC path not run: no CUDA headers (CUDA_PATH or /usr/local/cuda*/include)")
     monkeypatch.setenv("CUDA_PATH", headers)
-    monkeypatch.setattr(export.shutil, "which", lambda name: None)
-    assert export.cuda_compiler() == "nvrtc"
+    monkeypatch.setattr(compiler.shutil, "which", lambda name: None)
+    assert compiler.cuda_compiler() == "nvrtc"
     module, binary = export._compiled(CudaModule("cuda", TABLE, SOURCE.encode()), "sm_90", "nvrtc")
     assert (module.fmt, binary.compiler, binary.compiled_at) == ("cubin", "nvrtc", "export")
     assert fatbin_kernels(module.data)[1] == ["scale_kernel"]
@@ -78,7 +81,7 @@ def test_nvrtc_path_without_nvcc(monkeypatch):
 
 def test_nvcc_error_is_the_compilers_own_line():
     with pytest.raises(FusionError) as err:
-        export.compile_cuda_source(SOURCE, "sm_72", "nvcc")  # nvcc 13 dropped sm_72
+        compiler.compile_cuda_source(SOURCE, "sm_72", "nvcc")  # nvcc 13 dropped sm_72
     assert str(err.value) == "nvcc failed to compile the generated CUDA for sm_72: " \
                              "nvcc fatal   : Unsupported gpu architecture 'sm_72'"
 
@@ -86,7 +89,7 @@ def test_nvcc_error_is_the_compilers_own_line():
 def test_unknown_arch_is_noted_in_the_manifest(tmp_path):
     import onnx
 
-    from tvm_fusion.compile import compile_model
+    from tvm_fusion.deploy.compile import compile_model
     from tvm_fusion.testing import residual_block
 
     model = tmp_path / "block.onnx"

@@ -6,9 +6,10 @@ import re
 
 import pytest
 
-from tvm_fusion import cuda_graph, frontend
+from tvm_fusion.build import cuda_graph
+from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.build import build, resolve_target
+from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.testing import GraphBuilder, residual_block
 
 

@@ -15,11 +15,11 @@ import numpy as np
 import onnx
 import pytest
 
-from tvm_fusion.build import build, resolve_target
-from tvm_fusion.compare import random_inputs, run_onnxruntime
-from tvm_fusion.compile import compile_model, cpu_linker
+from tvm_fusion.build.builder import build, resolve_target
+from tvm_fusion.check.compare import random_inputs, run_onnxruntime
+from tvm_fusion.deploy.compile import compile_model, cpu_linker
 from tvm_fusion.errors import FusionError
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion import runtime
 from tvm_fusion.runtime import check_host, load
@@ -123,7 +123,7 @@ RUNTIME_ONLY = textwrap.dedent("""
     out = model(np.load(sys.argv[2]))
     np.save(sys.argv[3], out[0])
     compiler = [m for m in sys.modules if m.startswith(("tvm.relax", "tvm.s_tir", "tvm.topi", "tvm.meta_schedule",
-                "tvm_fusion._tvm", "tvm_fusion.build", "tvm_fusion.fuse", "tvm_fusion.compile", "onnx"))]
+                "tvm_fusion._tvm", "tvm_fusion.build", "tvm_fusion.fusion", "tvm_fusion.deploy", "onnx"))]
     print(json.dumps({"compiler_modules": compiler, "threads": model.threads,
                       "env_threads": os.environ.get("TVM_NUM_THREADS")}))
 """)

@@ -7,8 +7,8 @@ import onnx
 import pytest
 
 from tvm_fusion.cli import main
-from tvm_fusion.differential import bisect, check_groups
-from tvm_fusion.loader import load_rules_for
+from tvm_fusion.check.differential import bisect, check_groups
+from tvm_fusion.fusion.loader import load_rules_for
 from tvm_fusion.testing import GraphBuilder, conv_bn_relu
 
 WRONG_RULES = Path(__file__).parent / "wrong_rules.py"  # conv -> relu lowered with its weights scaled by 1.01
@@ -102,7 +102,7 @@ def test_cli_per_group_passes(capsys, model_path):
 
 def test_cli_per_group_on_cuda(capsys, model_path):
     """Without a GPU: exit 2 and say why; with one: the CUDA groups pass."""
-    from tvm_fusion.compare import gpu_available
+    from tvm_fusion.check.compare import gpu_available
 
     rc = main(["compare", model_path, "--per-group", "--target", "cuda"])
     out, err = capsys.readouterr()

@@ -12,12 +12,12 @@ import pytest
 
 from tvm_fusion import cli
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.build import build, resolve_target
-from tvm_fusion.compare import run_onnxruntime
+from tvm_fusion.build.builder import build, resolve_target
+from tvm_fusion.check.compare import run_onnxruntime
 from tvm_fusion.errors import FusionError
-from tvm_fusion.frontend import SymDim, check_sizes, import_onnx, parse_shape
-from tvm_fusion.fuse import fuse
-from tvm_fusion.build import default_rules
+from tvm_fusion.frontend.importer import SymDim, check_sizes, import_onnx, parse_shape
+from tvm_fusion.fusion.fuse import fuse
+from tvm_fusion.build.builder import default_rules
 from tvm_fusion.runtime import load
 from tvm_fusion.rules import shape_text
 from tvm_fusion.testing import GraphBuilder, assert_close, run_build
@@ -237,7 +237,7 @@ def test_declared_batch_dims_are_the_inputs_symbolic_dims():
 def test_families_build_for_cuda_with_a_symbolic_grid(symbolic_model):
     """Compile check (no GPU): same counts, each kernel within the launch limits, the grid sized from N
     (blockIdx.x's extent is symbolic), and nvcc compiles the source."""
-    from tvm_fusion.export import compile_cuda_source, cuda_source
+    from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_source
     from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
 
     target = resolve_target("cuda")
@@ -345,7 +345,7 @@ def test_resnet50_batch_symbolic_cuda_library(tmp_path, capsys):
 
 def test_inputs_array_sets_the_checked_batch(tmp_path, symbolic_model):
     """--inputs with a symbolic batch: the array's batch is the one checked, and it must fit the bound."""
-    from tvm_fusion.compile import compile_model
+    from tvm_fusion.deploy.compile import compile_model
 
     path = tmp_path / "m.onnx"
     onnx.save(symbolic_model, str(path))

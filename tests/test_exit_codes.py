@@ -31,7 +31,7 @@ def crashing_rules(tmp_path):
             raise KeyError("no entry for 'conv'\\nsecond line of the message")
 
 
-        importlib.import_module("tvm_fusion.explain").explain = _boom
+        importlib.import_module("tvm_fusion.check.explain").explain = _boom
     """))
     return path
 
@@ -58,7 +58,7 @@ def test_exit_3_internal_error_is_one_line(capsys, model, monkeypatch):
     def boom(*args, **kwargs):
         raise ZeroDivisionError("division by zero\nmore detail")
 
-    monkeypatch.setattr(importlib.import_module("tvm_fusion.explain"), "explain", boom)
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.check.explain"), "explain", boom)
     assert main(["explain", str(model)]) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
@@ -106,7 +106,7 @@ def test_a_rule_that_raises_is_bad_input_from_a_users_file_and_internal_when_bui
 
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_debug_prints_the_traceback(capsys, model, monkeypatch, where):
-    monkeypatch.setattr(importlib.import_module("tvm_fusion.explain"), "explain", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(importlib.import_module("tvm_fusion.check.explain"), "explain", lambda *a, **k: 1 / 0)
     argv = ["--debug", "explain", str(model)] if where == "before" else ["explain", str(model), "--debug"]
     assert main(argv) == 3
     err = capsys.readouterr().err

@@ -5,7 +5,7 @@ from onnx import TensorProto, helper
 
 from tvm_fusion import FusionError
 from tvm_fusion._tvm import relax
-from tvm_fusion.frontend import SymDim, import_onnx, onnx_node_names, parse_shape
+from tvm_fusion.frontend.importer import SymDim, import_onnx, onnx_node_names, parse_shape
 from tvm_fusion.testing import GraphBuilder, assert_close, conv_bn_relu
 
 
@@ -136,8 +136,8 @@ def _assert_matches_onnxruntime(model, seed=0):
     """Imported output types == onnxruntime's outputs; fused and unfused llvm builds == onnxruntime,
     element by element (numerics' table; integers exactly). Returns the imported module."""
 
-    from tvm_fusion.build import build
-    from tvm_fusion.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.build.builder import build
+    from tvm_fusion.check.compare import random_inputs, run_onnxruntime
     from tvm_fusion.testing import run_build
 
     mod = import_onnx(model)
@@ -235,7 +235,7 @@ def test_normalisations_keep_float16(form):
 
 def test_normalisation_that_changes_a_shape_is_refused():
     """The root check: a rewrite whose result has another type than the original is not applied."""
-    from tvm_fusion import frontend
+    from tvm_fusion.frontend import importer as frontend
     from tvm_fusion._tvm import dpl
 
     def drop_broadcast():  # add(x, c) -> x: wrong whenever c widens x

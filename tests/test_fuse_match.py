@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_fusion import fuse
+from tvm_fusion.fusion import fuse
 from tvm_fusion._tvm import dpl
-from tvm_fusion.build import build
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.build.builder import build
+from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.testing import GraphBuilder
 
 

@@ -95,7 +95,7 @@ def test_the_matrix_without_a_gpu_and_its_bundle(tmp_path, block_n):
     assert all((bundle / lib).exists() and (bundle / f"{lib}.weights").exists() for lib in libs)
     refs = np.load(bundle / "references.npz")
     assert sorted(refs.files) == sorted(f"{k}|{w}0" for k in CONFIGS for w in ("cpu", "ort"))  # inputs: a seed
-    from tvm_fusion.io import random_inputs
+    from tvm_fusion.check.io import random_inputs
 
     for key, cfg in host["configs"].items():  # the inputs drawn again from the seed are those the host used
         again = _script().regenerate_inputs(cfg["inputs"])

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 
 from tvm_fusion import _tvm, rule
 from tvm_fusion._tvm import relax
-from tvm_fusion.build import resolve_target
-from tvm_fusion.differential import _composite_calls, _group_module
+from tvm_fusion.build.builder import resolve_target
+from tvm_fusion.check.differential import _composite_calls, _group_module
 from tvm_fusion.errors import LoweringError
-from tvm_fusion.frontend import import_onnx
-from tvm_fusion.fuse import Matched, lower, match
+from tvm_fusion.frontend.importer import import_onnx
+from tvm_fusion.fusion.fuse import Matched, lower, match
 from tvm_fusion.patterns.dense_epilogue import dense_epilogue
 from tvm_fusion.rules import RuleSet, static_shape
 from tvm_fusion.testing import GraphBuilder, conv_bn_relu, residual_block

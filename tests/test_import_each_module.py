@@ -1,5 +1,5 @@
-"""No import cycles: every module of tvm_fusion, tvm_fusion.patterns and tvm_fusion.schedules imports on its
-own, in a fresh package. One child interpreter loads the third-party libraries once (tvm, onnx, numpy) and
+"""No import cycles: every module of tvm_fusion and its subpackages (tvm_fusion.patterns, tvm_fusion.schedules,
+the stage packages) imports on its own, in a fresh package. One child interpreter loads the third-party libraries once (tvm, onnx, numpy) and
 forks a process per module, so each module is the first of ours imported there."""
 
 import subprocess
@@ -7,8 +7,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
-PACKAGES = {"tvm_fusion": "tvm_fusion", "tvm_fusion.patterns": "patterns", "tvm_fusion.schedules": "schedules",
-            "tvm_fusion.schedules.cuda": "schedules/cuda", "tvm_fusion.schedules.llvm": "schedules/llvm"}
 
 #: forks a child per module name read from stdin; prints "FAIL <module> <error>" for each that fails
 _CHILD = r'''
@@ -33,11 +31,12 @@ sys.exit(1 if failed else 0)
 
 def _modules() -> list[str]:
     names = []
-    for package, folder in PACKAGES.items():
-        names.append(package)
-        for path in sorted((ROOT / folder).glob("*.py")):
-            if path.stem not in ("__init__", "__main__") and not path.stem.endswith("_test"):
-                names.append(f"{package}.{path.stem}")
+    for path in sorted((ROOT / "tvm_fusion").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            names.append(".".join(parts[:-1]))
+        elif parts[-1] != "__main__" and not parts[-1].endswith("_test"):
+            names.append(".".join(parts))
     return names
 
 

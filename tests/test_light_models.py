@@ -13,10 +13,10 @@ import numpy as np
 import onnx
 import pytest
 
-from tvm_fusion.build import Built, build, count_kernel_calls, legalize
-from tvm_fusion.compare import random_inputs, run_onnxruntime
+from tvm_fusion.build.builder import Built, build, count_kernel_calls, legalize
+from tvm_fusion.check.compare import random_inputs, run_onnxruntime
 from tvm_fusion.examples import EXAMPLES, example_path, logits_name
-from tvm_fusion.frontend import import_onnx
+from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.testing import assert_close, run_build
 
 #: rule -> groups in the fused build (rules that fired)

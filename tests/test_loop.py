@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_fusion.build import build
+from tvm_fusion.build.builder import build
 from tvm_fusion.errors import FusionError
-from tvm_fusion.frontend import import_onnx
-from tvm_fusion.io import run_onnxruntime
-from tvm_fusion.loop import unroll_loops
+from tvm_fusion.frontend.importer import import_onnx
+from tvm_fusion.check.io import run_onnxruntime
+from tvm_fusion.frontend.loop import unroll_loops
 from tvm_fusion.testing import assert_close, run_build
 
 F = TensorProto.FLOAT

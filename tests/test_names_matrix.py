@@ -13,9 +13,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion import explain
-from tvm_fusion.build import build
-from tvm_fusion.frontend import import_onnx
-from tvm_fusion.io import run_onnxruntime
+from tvm_fusion.build.builder import build
+from tvm_fusion.frontend.importer import import_onnx
+from tvm_fusion.check.io import run_onnxruntime
 from tvm_fusion.testing import assert_close, check_cuda_build, run_build
 
 NAMES = ["y/0", "a:0", "1x", "conv.weight", "with space", "ünï/çødé", "if", "main", "lv0", "x-1"]
@@ -226,7 +226,7 @@ def test_compiled_library_keeps_the_models_names(tmp_path):
     inputs and outputs under the model's names, runtime.load gives them in call order, and the loaded library
     computes onnxruntime's values on either branch."""
     from tvm_fusion import runtime
-    from tvm_fusion.compile import compile_model
+    from tvm_fusion.deploy.compile import compile_model
 
     names = dict(zip(POSITIONS, NAMES))
     model = names_model(names)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tvm_fusion.errors import ToleranceExceeded
-from tvm_fusion.numerics import TOLERANCES, error_stats
+from tvm_fusion.check.numerics import TOLERANCES, error_stats
 from tvm_fusion.testing import assert_close
 
 

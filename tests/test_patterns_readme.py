@@ -9,7 +9,7 @@ import onnx
 from tvm_fusion.cli import main
 from tvm_fusion.testing import GraphBuilder, check_fused
 
-README = Path(__file__).parent.parent / "patterns" / "README.md"
+README = Path(__file__).parent.parent / "tvm_fusion" / "patterns" / "README.md"
 
 
 def _blocks(lang: str) -> list[str]:

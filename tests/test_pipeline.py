@@ -1,4 +1,4 @@
-"""The build's pass lists (tvm_fusion/pipeline.py): a dlight rule that raises declines instead of stopping
+"""The build's pass lists (tvm_fusion/build/pipeline.py): a dlight rule that raises declines instead of stopping
 the build, so the next rule of the list schedules the PrimFunc."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import tvm_fusion as tf
-from tvm_fusion import pipeline
+from tvm_fusion.build import pipeline
 from tvm_fusion._tvm import dlight
-from tvm_fusion.build import resolve_target
+from tvm_fusion.build.builder import resolve_target
 
 
 def _depthwise_conv1d_model() -> onnx.ModelProto:

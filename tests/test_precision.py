@@ -15,19 +15,20 @@ import pytest
 from onnx import numpy_helper
 
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.build import build, resolve_target
+from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.cli import main
-from tvm_fusion.compare import compare
-from tvm_fusion.export import compile_cuda_source, cuda_source
+from tvm_fusion.check.compare import compare
+from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_source
 from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
-from tvm_fusion.frontend import import_onnx
-from tvm_fusion.differential import check_groups
-from tvm_fusion.loader import load_rules_for
-from tvm_fusion.precision import (WIDENED_INPUTS, convert, half_baseline, half_sums_in_float32, numpy_dtype,
-                                  rounded_weights)
+from tvm_fusion.frontend.importer import import_onnx
+from tvm_fusion.check.differential import check_groups
+from tvm_fusion.fusion.loader import load_rules_for
+from tvm_fusion.build.mixed_precision import convert
+from tvm_fusion.check.half_reference import half_baseline, rounded_weights
+from tvm_fusion.precision import WIDENED_INPUTS, half_sums_in_float32, numpy_dtype
 from tvm_fusion.schedules.cuda.families_test import _chain_model, _conv_act_model, _ffn_model, _layer_norm_model
-from tvm_fusion.compare import random_inputs, run_onnxruntime
+from tvm_fusion.check.compare import random_inputs, run_onnxruntime
 from tvm_fusion.testing import (GraphBuilder, as_float16, assert_close, check_fused, conv_bn_relu, conv_primfunc,
                                 residual_block, run_build)
 
@@ -141,7 +142,7 @@ def test_bfloat16_layer_norm_computes_in_float32(case, source):
 def test_bfloat16_layer_norm_with_a_symbolic_batch(rank):
     """--precision bf16 with the batch symbolic: the LayerNorm is the rule's over [N, C] and over [N, S, C] (the
     kernel's [N, rows, C]), computed in float32; every build within tolerance at batch 1 and 3."""
-    from tvm_fusion.frontend import SymDim
+    from tvm_fusion.frontend.importer import SymDim
 
     g = GraphBuilder(6)
     x = g.input("x", ["N", 32] if rank == 2 else ["N", 5, 32])
@@ -589,7 +590,7 @@ def test_precision_keeps_the_batch_norm_in_float32_for_the_fold(precision):
     packed = [c for c in _call_constants(built.fused.mod) if c.ndim == 5]
     assert len(packed) == 1 and packed[0].dtype == numpy_dtype(dtype)
     cout, cpg, kh, kw = w.shape
-    from tvm_fusion.build import resolve_target
+    from tvm_fusion.build.builder import resolve_target
     from tvm_fusion.schedules.llvm.conv2d import packs_taps_first
 
     blocks = packed[0].transpose(0, 3, 1, 2, 4) if packs_taps_first(resolve_target("llvm")) else packed[0]

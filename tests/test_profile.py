@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.cli import main
-from tvm_fusion.profile import SCHEMA_VERSION, profile
+from tvm_fusion.profile.measure import SCHEMA_VERSION, profile
 
 SHAPE = [1, 8, 32, 32]
 TENSOR_BYTES = int(np.prod(SHAPE)) * 4
@@ -161,7 +161,7 @@ def test_profile_needs_both_builds(capsys, tmp_path):
 
 
 def test_page_without_dot_says_so(squeezenet, monkeypatch, tmp_path):
-    from tvm_fusion.profile_html import render
+    from tvm_fusion.profile.html import render
 
     report, _ = squeezenet
     monkeypatch.setenv("PATH", str(tmp_path))  # no dot here
@@ -236,7 +236,7 @@ def test_page_renders_in_headless_chromium(squeezenet, tmp_path):
 
 
 def test_cuda_without_a_gpu_says_so(capsys, tmp_path):
-    from tvm_fusion.compare import gpu_available
+    from tvm_fusion.check.compare import gpu_available
 
     if gpu_available()[0]:
         pytest.skip("a GPU is present: this checks the message without one")
@@ -246,7 +246,7 @@ def test_cuda_without_a_gpu_says_so(capsys, tmp_path):
 
 
 def test_page_outlines_the_candidate_chain_and_the_declined_match(chain):
-    from tvm_fusion.profile_html import CANDIDATE_COLOR, DECLINED_COLOR
+    from tvm_fusion.profile.html import CANDIDATE_COLOR, DECLINED_COLOR
 
     if shutil.which("dot") is None:
         pytest.skip("Graphviz's dot not found on PATH (Debian: apt-get install graphviz)")

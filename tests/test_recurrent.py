@@ -1,4 +1,4 @@
-"""LSTM / GRU / RNN (tvm_fusion/recurrent.py, tvm_fusion/recurrent_kernel.py): the unrolled graph against
+"""LSTM / GRU / RNN (tvm_fusion/frontend/recurrent.py, tvm_fusion/frontend/recurrent_kernel.py): the unrolled graph against
 onnxruntime's own kernels, attribute by attribute (onnxruntime runs both graphs: fast); the time-loop kernel
 of float32 nodes in fused llvm builds against onnxruntime on the same attributes; fused and unfused builds
 element by element with the dtype table, exact dense_bias and kernel counts, a symbolic batch, a symbolic
@@ -12,12 +12,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion import FusionError
-from tvm_fusion.build import build
-from tvm_fusion.frontend import SymDim, import_onnx, onnx_node_names
-from tvm_fusion.io import run_onnxruntime
+from tvm_fusion.build.builder import build
+from tvm_fusion.frontend.importer import SymDim, import_onnx, onnx_node_names
+from tvm_fusion.check.io import run_onnxruntime
 from tvm_fusion._tvm import tirx
-from tvm_fusion.recurrent import ACTIVATIONS, decompose_recurrent
-from tvm_fusion.recurrent_kernel import ATTR
+from tvm_fusion.frontend.recurrent import ACTIVATIONS, decompose_recurrent
+from tvm_fusion.frontend.recurrent_kernel import ATTR
 from tvm_fusion.testing import assert_close, run_build
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -357,8 +357,8 @@ def test_gpu_form_with_serial_threads_computes_what_the_cpu_form_does(op, hidden
     """The GPU form (lanes, chunks, registers, phases; its barriers aside) with its threads run as serial
     loops on the CPU, against the llvm form on the same inputs (which the builds check against onnxruntime)."""
     from tvm_fusion._tvm import te, tvm
-    from tvm_fusion.build import resolve_target
-    from tvm_fusion.recurrent_kernel import Cell, scan_te
+    from tvm_fusion.build.builder import resolve_target
+    from tvm_fusion.frontend.recurrent_kernel import Cell, scan_te
 
     acts = kw.pop("acts", None) or {"LSTM": (("sigmoid", None, None), ("tanh", None, None), ("tanh", None, None)),
                                     "GRU": (("sigmoid", None, None), ("tanh", None, None))}[op]
@@ -390,8 +390,8 @@ def test_cuda_refuses_a_hidden_size_beyond_shared_memory():
     """Checked on the module before the build's passes (recurrent_kernel.check_target), on the kernel's
     parameters alone; the CPU takes any size."""
     from tvm_fusion._tvm import te, tvm
-    from tvm_fusion.build import resolve_target
-    from tvm_fusion.recurrent_kernel import Cell, check_target, scan_te
+    from tvm_fusion.build.builder import resolve_target
+    from tvm_fusion.frontend.recurrent_kernel import Cell, check_target, scan_te
 
     cell = Cell("LSTM", 2500, (("sigmoid", None, None), ("tanh", None, None), ("tanh", None, None)), None, False,
                 False, False, 0, ())

@@ -16,9 +16,9 @@ nn = torch.nn
 
 import onnx  # noqa: E402
 
-from tvm_fusion.build import build  # noqa: E402
-from tvm_fusion.frontend import SymDim, import_onnx  # noqa: E402
-from tvm_fusion.io import run_onnxruntime  # noqa: E402
+from tvm_fusion.build.builder import build  # noqa: E402
+from tvm_fusion.frontend.importer import SymDim, import_onnx  # noqa: E402
+from tvm_fusion.check.io import run_onnxruntime  # noqa: E402
 from tvm_fusion.testing import assert_close, run_build  # noqa: E402
 
 pytestmark = pytest.mark.slow

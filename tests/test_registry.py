@@ -71,9 +71,9 @@ def test_builtin_rules_come_with_their_computes_and_schedules():
     import subprocess
     import sys
 
-    code = ("from tvm_fusion.build import resolve_target\n"
-            "from tvm_fusion.frontend import import_onnx\n"
-            "from tvm_fusion.fuse import fuse\n"
+    code = ("from tvm_fusion.build.builder import resolve_target\n"
+            "from tvm_fusion.frontend.importer import import_onnx\n"
+            "from tvm_fusion.fusion.fuse import fuse\n"
             "from tvm_fusion.patterns import builtin_rules\n"
             "from tvm_fusion.testing import conv_bn_relu\n"
             "for target in ('llvm', 'cuda'):\n"

@@ -6,8 +6,8 @@ import re
 import pytest
 
 from tvm_fusion._tvm import relax
-from tvm_fusion.build import build
-from tvm_fusion.compare import gpu_available, random_inputs, run_onnxruntime
+from tvm_fusion.build.builder import build
+from tvm_fusion.check.compare import gpu_available, random_inputs, run_onnxruntime
 from tvm_fusion.testing import assert_close, run_build
 
 RESNET50_COUNTS = {"conv2d_bn_add_relu": 16, "conv2d_bn_relu": 33, "conv2d_bn": 4, "dense_bias": 1}
@@ -58,8 +58,8 @@ def test_fused_matches_unfused_and_onnxruntime(resnet50_path, resnet50_mod, fuse
 
 @pytest.mark.slow
 def test_cuda_library(resnet50_path, tmp_path):
-    from tvm_fusion.compile import compile_model
-    from tvm_fusion.export import library_cuda_modules
+    from tvm_fusion.deploy.compile import compile_model
+    from tvm_fusion.deploy.export import library_cuda_modules
 
     lib = tmp_path / "resnet50_fused.so"
     result = compile_model(resnet50_path, lib, "cuda", arch="sm_90")
@@ -77,7 +77,7 @@ def test_cuda_library(resnet50_path, tmp_path):
 
 @pytest.mark.slow
 def test_cuda_source_has_each_rules_kernel(resnet50_mod, rules):
-    from tvm_fusion.export import cuda_source
+    from tvm_fusion.build.cuda_compiler import cuda_source
 
     built = build(resnet50_mod, "cuda", "fused", rules=rules)
     kernels = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(\w+)\s*\(",
@@ -94,7 +94,7 @@ def test_library_runs_on_gpu(resnet50_path, tmp_path):
     import onnx
     import tvm
 
-    from tvm_fusion.compile import compile_model
+    from tvm_fusion.deploy.compile import compile_model
 
     lib = tmp_path / "r50.so"
     compile_model(resnet50_path, lib, "cuda", counts_of_other_builds=False)
@@ -110,7 +110,7 @@ def test_library_runs_on_gpu(resnet50_path, tmp_path):
 
 @pytest.mark.slow
 def test_every_group_matches_its_unfused_subgraph(resnet50_path):
-    from tvm_fusion.differential import check_groups
+    from tvm_fusion.check.differential import check_groups
 
     report = check_groups(str(resnet50_path))
     assert report.ok, report.first_failure()

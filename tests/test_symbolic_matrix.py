@@ -12,11 +12,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion import cli
-from tvm_fusion.build import resolve_target
-from tvm_fusion.explain import explain
-from tvm_fusion.frontend import format_shape, import_onnx
-from tvm_fusion.fuse import fuse
-from tvm_fusion.io import random_inputs
+from tvm_fusion.build.builder import resolve_target
+from tvm_fusion.check.explain import explain
+from tvm_fusion.frontend.importer import format_shape, import_onnx
+from tvm_fusion.fusion.fuse import fuse
+from tvm_fusion.check.io import random_inputs
 from tvm_fusion.patterns.attention_test import attention_block
 from tvm_fusion.patterns.se_test import se_block
 from tvm_fusion.testing import (GraphBuilder, apply_activation_onnx, check_cuda_build, check_symbolic_batch,

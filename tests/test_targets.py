@@ -9,7 +9,7 @@ import pytest
 
 from tvm_fusion import _tvm
 from tvm_fusion._tvm import tvm
-from tvm_fusion.build import default_cpu_target, resolve_target
+from tvm_fusion.build.builder import default_cpu_target, resolve_target
 from tvm_fusion.cli import main
 from tvm_fusion.cpu_features import features_from_cpuinfo, host_features, missing_features
 from tvm_fusion.errors import FusionError

@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from tvm_fusion.cli import main
-from tvm_fusion.explain import explain
+from tvm_fusion.check.explain import explain
 from tvm_fusion.testing import GraphBuilder, as_float16
 
 ENGINES = {  # rule -> engine of its group, for the model below on sm_90
@@ -109,9 +109,9 @@ def test_resnet50_fp16_on_sm90_runs_52_convs_on_tensor_cores(resnet50_mod, rules
     fills 2% of a tile: CUDA cores."""
     from collections import Counter
 
-    from tvm_fusion.build import resolve_target
-    from tvm_fusion.fuse import fuse
-    from tvm_fusion.precision import convert
+    from tvm_fusion.build.builder import resolve_target
+    from tvm_fusion.fusion.fuse import fuse
+    from tvm_fusion.build.mixed_precision import convert
 
     groups = fuse(convert(resnet50_mod, "fp16"), resolve_target("cuda", "sm_90"), rules).groups
     engines = Counter((g.rule.startswith("conv2d"), g.kernel.split(", 16 warps")[0].split(", 4 warps")[0]

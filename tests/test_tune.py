@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 
 from tvm_fusion import _tvm
-from tvm_fusion.build import build, default_rules
+from tvm_fusion.build.builder import build, default_rules
 from tvm_fusion.cli import main
-from tvm_fusion.compile import compile_model
+from tvm_fusion.deploy.compile import compile_model
 from tvm_fusion.examples import with_dynamic_batch
-from tvm_fusion.frontend import import_onnx
-from tvm_fusion.io import random_inputs, run_onnxruntime
+from tvm_fusion.frontend.importer import import_onnx
+from tvm_fusion.check.io import random_inputs, run_onnxruntime
 from tvm_fusion.testing import assert_close, conv_bn_relu, run_build
-from tvm_fusion.tune import CHOICES_FILE, TuneOptions, parse_rpc
+from tvm_fusion.build.tune import CHOICES_FILE, TuneOptions, parse_rpc
 
-fuse = __import__("tvm_fusion.fuse", fromlist=["fuse"]).fuse
+fuse = __import__("tvm_fusion.fusion.fuse", fromlist=["fuse"]).fuse
 
 
 def _records(db: Path) -> int:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).parent.parent / "patterns" / "README.md"
+README = Path(__file__).parent.parent / "tvm_fusion" / "patterns" / "README.md"
 
 
 def _files() -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Kernels without a schedule (tvm_fusion/unscheduled.py): compile warns and writes them to the manifest,
+"""Kernels without a schedule (tvm_fusion/build/unscheduled.py): compile warns and writes them to the manifest,
 explain and profile name them, each with its ops and ONNX nodes; a default build has none. The leftover
 schedules are switched off (pipeline.LEFTOVER_SCHEDULES) to make some."""
 
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from tvm_fusion import explain, pipeline
-from tvm_fusion.compile import compile_model
-from tvm_fusion.profile import profile
+from tvm_fusion import explain
+from tvm_fusion.build import pipeline
+from tvm_fusion.deploy.compile import compile_model
+from tvm_fusion.profile.measure import profile
 from tvm_fusion.testing import GraphBuilder
 
 

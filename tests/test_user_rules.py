@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tvm_fusion import FusionError, load_rules
-from tvm_fusion.loader import load_rules_for
+from tvm_fusion.fusion.loader import load_rules_for
 from tvm_fusion.testing import GraphBuilder, check_fused
 
 USER_RULE = textwrap.dedent('''

@@ -75,10 +75,11 @@ def test_cuda_groups_the_cpu_schedule_refuses_still_verify(monkeypatch):
     plain (unscheduled) compute instead of being dropped or re-matched."""
     import dataclasses
 
-    from tvm_fusion import frontend, registry
+    from tvm_fusion.frontend import importer as frontend
+    from tvm_fusion import registry
     from tvm_fusion._tvm import SCHEDULED_ATTR
-    from tvm_fusion.build import build
-    from tvm_fusion.verify import verify_fused
+    from tvm_fusion.build.builder import build
+    from tvm_fusion.check.verify import verify_fused
 
     proto = residual_block()
     built = build(frontend.import_onnx(proto), "cuda", "fused")
@@ -88,8 +89,8 @@ def test_cuda_groups_the_cpu_schedule_refuses_still_verify(monkeypatch):
                                 dataclasses.replace(sched, supports=lambda *a: "refused by the test"))
     result = verify_fused(proto, built)
     assert result.verified and all(s.ok for s in result.outputs.values())
-    from tvm_fusion.build import resolve_target
-    from tvm_fusion.fuse import lower
+    from tvm_fusion.build.builder import resolve_target
+    from tvm_fusion.fusion.fuse import lower
 
     graph, groups = lower(built.fused.matched, resolve_target("llvm"), any_target=True)
     assert [g.rule for g in groups] == ["conv2d_bn_relu", "conv2d_bn_add_relu"]
@@ -138,7 +139,7 @@ def test_a_difference_the_unfused_build_shares_is_written_with_a_warning(capsys,
                                                                           monkeypatch):
     """Fused matches unfused, both differ from onnxruntime: TVM's, not fusion's. Written, with a warning line
     and the three comparisons in the manifest; the culprit search does not run."""
-    from tvm_fusion import differential
+    from tvm_fusion.check import differential
 
     def no_search(*a, **kw):
         raise AssertionError("the culprit search ran although fused matches unfused")
@@ -233,8 +234,8 @@ def _against(fused, unfused, ort, strict=False):
     """verify._against_unfused on arrays: fused (over tolerance against ort) judged against unfused."""
     import numpy as np
 
-    from tvm_fusion.numerics import error_stats
-    from tvm_fusion.verify import _against_unfused, _Run
+    from tvm_fusion.check.numerics import error_stats
+    from tvm_fusion.check.verify import _against_unfused, _Run
 
     run = _Run([np.asarray(fused)], _Onnxruntime([np.asarray(ort)]), ["float32"], "", {}, [])
     stats = {"y": error_stats(fused, ort)}

@@ -11,10 +11,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from tvm_fusion import recipe_replay
+from tvm_fusion.deploy import recipe_replay
 from tvm_fusion.errors import FusionError
 from tvm_fusion.examples import draw_plan, example_of
-from tvm_fusion.weights_recipe import make_recipe, step_counts, write_recipe
+from tvm_fusion.deploy.weights_recipe import make_recipe, step_counts, write_recipe
 
 
 def test_the_draw_plan_replays_the_example_initializers(resnet50_path):
@@ -91,11 +91,11 @@ def test_fp16_weights_are_casts_of_the_float32_recipe(tmp_path):
     BatchNorm, a Gemm) are float16 casts of its draws, with BatchNorm folded into them or transposed, and the
     recipe regenerates them bit for bit (write_recipe replays it and checks every sha256): only the float32
     biases are stored (the Gemm's: its float16 cast widened again)."""
-    from tvm_fusion.build import default_rules, legalize, resolve_target
+    from tvm_fusion.build.builder import default_rules, legalize, resolve_target
     from tvm_fusion.examples import example_path
-    from tvm_fusion.frontend import import_onnx
-    from tvm_fusion.fuse import fuse
-    from tvm_fusion.precision import convert
+    from tvm_fusion.frontend.importer import import_onnx
+    from tvm_fusion.fusion.fuse import fuse
+    from tvm_fusion.build.mixed_precision import convert
     from tvm_fusion.weights import lift_weights
 
     path = example_path("shufflenet", 0)
@@ -140,7 +140,7 @@ def test_resnet50_cuda_weights_regenerated_element_by_element(resnet50_path, tmp
     folded at compile time, the Gemm weight transposed by TVM's FoldConstant) regenerated with numpy from the
     seed and 0.3 MB of stored vectors equal them bit for bit."""
     from tvm_fusion._tvm import tvm
-    from tvm_fusion.compile import compile_model
+    from tvm_fusion.deploy.compile import compile_model
 
     result = compile_model(str(resnet50_path), tmp_path / "r50.so", "cuda", verify=False,
                            counts_of_other_builds=False, external_weights=True)

@@ -51,7 +51,7 @@ print(json.dumps(manifest["groups"][0], indent=1))"""),
 The kernel is named after the rule, so it traces back to the rule and (via the manifest) to the ONNX nodes."""),
     new_code_cell("""import re
 
-from tvm_fusion.export import cuda_source
+from tvm_fusion.build.cuda_compiler import cuda_source
 
 built = tf.build(mod, target="cuda", mode="fused")
 source = cuda_source(built.executable)
@@ -235,7 +235,7 @@ CPU, W' was also packed once at compile time into the layout the kernel reads: `
 blocks of B output channels innermost (B from the target's vector width, so it differs between an AVX2 and
 an AVX-512 machine; with AVX2 the taps come first, `[O'/B, KH, KW, C, B]`) and the channels padded with
 zeros to the kernel's tile. Undo the packing to compare:"""),
-    new_code_cell("""from tvm_fusion.build import resolve_target
+    new_code_cell("""from tvm_fusion.build.builder import resolve_target
 from tvm_fusion.schedules.llvm.conv2d import packs_taps_first
 
 constants = []
@@ -330,7 +330,7 @@ The model: `Conv -> Relu -> Abs -> Sin -> Cos -> Mul -> Add -> Tanh`. The built-
     new_code_cell("""from IPython.display import HTML, SVG, display
 
 import tvm_fusion as tf
-from tvm_fusion.profile_html import graph_svg, time_chart_svg
+from tvm_fusion.profile.html import graph_svg, time_chart_svg
 
 before = tf.profile("chain.onnx", repeat=5)
 print(before)"""),

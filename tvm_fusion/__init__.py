@@ -22,28 +22,32 @@ import types
 # Names load on first use (PEP 562), so `import tvm_fusion.runtime` on a deployment machine pulls in
 # nothing of the compiler side.
 _LAZY = {
-    "BisectReport": "differential", "GroupReport": "differential", "bisect": "differential",
-    "check_groups": "differential",
-    "Built": "build", "CompareReport": "compare", "CompileResult": "compile", "Explanation": "explain",
-    "FuseResult": "fuse", "ProfileReport": "profile",
+    "BisectReport": "check.differential", "GroupReport": "check.differential", "bisect": "check.differential",
+    "check_groups": "check.differential", "compare": "check.compare", "explain": "check.explain",
+    "Built": "build.builder", "CompareReport": "check.compare", "CompileResult": "deploy.compile",
+    "Explanation": "check.explain",
+    "FuseResult": "fusion.fuse", "ProfileReport": "profile.measure",
     "FusionError": "errors", "ToleranceExceeded": "errors",
     "example_model": "examples", "example_path": "examples",
-    "import_onnx": "frontend", "SymDim": "frontend",
-    "load_rules": "loader",
+    "import_onnx": "frontend.importer", "SymDim": "frontend.importer",
+    "load_rules": "fusion.loader",
     "register_compute": "registry", "register_schedule": "registry",
     "Decline": "rules", "Lowering": "rules", "Match": "rules", "Rule": "rules", "RuleSet": "rules",
     "Spec": "rules", "commutative": "rules", "decline": "rules", "rule": "rules",
     "load": "runtime",
-    "TuneOptions": "tune", "TuneReport": "tune",
+    "TuneOptions": "build.tune", "TuneReport": "build.tune",
 }
 
 #: functions of the API named like a submodule: `tvm_fusion.<name>` is that submodule (`import tvm_fusion.rules
 #: as r` gives the module), and calling it calls the function: the facade's below, or (None) the module's own
 #: function of that name (`tf.build(...)` is `tvm_fusion.build.build(...)`)
-_CALLABLE = {"build": None, "compare": None, "explain": None, "profile": None,
-             "compile": "_compile", "fuse": "_fuse", "rules": "_rules"}
+_CALLABLE = {"build": None, "profile": None, "rules": "_rules"}
 
-__all__ = sorted([*_LAZY, *_CALLABLE])
+#: functions of the API defined here, whose modules live in the stage packages (tvm_fusion.fusion.fuse,
+#: tvm_fusion.deploy.compile)
+_FUNCTIONS = ("compile", "fuse")
+
+__all__ = sorted([*_LAZY, *_CALLABLE, *_FUNCTIONS])
 
 
 def __getattr__(name: str):
@@ -99,23 +103,23 @@ __version__ = "0.1.0"
 
 def _rules(files=(), only=None, disable=None) -> RuleSet:
     """The active rule set: built-in tables (fixed order), installed plugins, then `files`."""
-    from .loader import load_rules_for
+    from tvm_fusion.fusion.loader import load_rules_for  # local: the facade loads a stage when it is used
 
     return load_rules_for(files, only=only, disable=disable)
 
 
-def _fuse(mod, target="llvm", rules: RuleSet | None = None, *, only=None, disable=None) -> FuseResult:
+def fuse(mod, target="llvm", rules: RuleSet | None = None, *, only=None, disable=None) -> FuseResult:
     """Run the fuse stage: returns the rewritten module and per-rule counts (`.counts`)."""
-    from .build import resolve_target
-    from .fuse import fuse as fuse_stage
-    from .loader import load_rules_for
+    from tvm_fusion.build.builder import resolve_target  # local: the facade loads a stage when it is used
+    from tvm_fusion.fusion.fuse import fuse as fuse_stage  # local: as above
+    from tvm_fusion.fusion.loader import load_rules_for  # local: as above
 
     rules = rules if rules is not None else load_rules_for(only=only, disable=disable)
     return fuse_stage(mod, resolve_target(target), rules)
 
 
-def _compile(model, output, target="cuda", **kwargs) -> CompileResult:
+def compile(model, output, target="cuda", **kwargs) -> CompileResult:
     """ONNX model -> library at `output` plus `<output>.json` manifest (see compile_model)."""
-    from .compile import compile_model
+    from tvm_fusion.deploy.compile import compile_model  # local: the facade loads a stage when it is used
 
     return compile_model(model, output, target, **kwargs)

@@ -15,14 +15,15 @@ import sys
 import traceback
 
 from .errors import FusionError, ToleranceExceeded
+from tvm_fusion.examples import EXAMPLES, cache_dir, example_path
 
 __all__ = ["main"]
 
+# Each command imports its stage when it runs (the imports inside the functions below): `tvm-fusion --help` and
+# a bad argument answer without loading TVM, and a test's patch of a stage function reaches the command.
 
 def _common(p: argparse.ArgumentParser, target: str = "llvm") -> None:
     p.add_argument("model", nargs="?", help="path of the ONNX model (or use --example)")
-    from .examples import EXAMPLES
-
     p.add_argument("--example", choices=EXAMPLES, help="use a model made on the fly (seeded random weights)")
     p.add_argument("--seed", type=int, default=0, help="seed (>= 0) of the example's weights and of the inputs")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
@@ -86,8 +87,7 @@ def _tune_options(args):
         if given:
             raise FusionError(f"{' and '.join(given)} without --tune: add --tune TRIALS (e.g. --tune 64)")
         return None
-    from .examples import cache_dir
-    from .tune import TuneOptions, check_options
+    from tvm_fusion.build.tune import TuneOptions, check_options
 
     kernels = tuple(k for k in (args.tune_kernels or "").split(",") if k) or None
     return check_options(TuneOptions(args.tune, args.tune_db or cache_dir("tune"), args.tune_rpc,
@@ -176,7 +176,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _rules(args):
-    from .loader import load_rules_for
+    from tvm_fusion.fusion.loader import load_rules_for
 
     disable = [n for d in args.disable for n in d.split(",") if n]
     return load_rules_for(args.rules, only=[n for n in args.only.split(",") if n], disable=disable)
@@ -187,8 +187,7 @@ def _model(args, shapes: dict | None = None):
     if args.example and args.model:
         raise FusionError("give either a model path or --example, not both")
     if args.example:
-        from .examples import example_path
-        from .frontend import SymDim
+        from tvm_fusion.frontend.importer import SymDim
 
         dynamic = any(shape and isinstance(shape[0], SymDim) for shape in (shapes or {}).values())
         return str(example_path(args.example, args.seed, dynamic_batch=dynamic))
@@ -198,7 +197,7 @@ def _model(args, shapes: dict | None = None):
 
 
 def _shapes(args) -> dict:
-    from .frontend import format_shape, parse_shape
+    from tvm_fusion.frontend.importer import format_shape, parse_shape
 
     shapes: dict = {}
     for text in args.shape:
@@ -223,7 +222,7 @@ def _check_args(args) -> None:
         raise FusionError(f"--search-timeout {timeout:g}: use 0 (no search) or more seconds")
     arch = getattr(args, "arch", None)
     if arch is not None:
-        from .build import check_arch
+        from tvm_fusion.build.builder import check_arch
 
         check_arch(arch, nvcc=args.target == "cuda")
 
@@ -238,11 +237,11 @@ def _run(args) -> int:
         print("\n" + convention())
         return 0
     if args.command == "bundle":
-        from .bundle import bundle
+        from tvm_fusion.deploy.bundle import bundle
 
         print(bundle(args.library, args.output, args.python, recipe=args.weights_recipe, numpy_wheel=args.numpy))
         return 0
-    from .build import resolve_target
+    from tvm_fusion.build.builder import resolve_target
 
     resolve_target(args.target, args.arch)  # a bad --target fails here, before any work
     rules = _rules(args)
@@ -250,17 +249,17 @@ def _run(args) -> int:
     model = _model(args, shapes)
     simplify = not args.no_simplify
     if args.command == "explain":
-        from .explain import explain
+        from tvm_fusion.check.explain import explain
 
         print(explain(model, args.target, shapes=shapes, rules=rules, simplify=simplify))
         return 0
     if args.command == "profile":
         return _profile(args, model, shapes, rules)
     if args.command == "compile":
-        from .compile import compile_model
+        from tvm_fusion.deploy.compile import compile_model
 
         tune = _tune_options(args)
-        from .verify import DEFAULT_SEARCH_TIMEOUT
+        from tvm_fusion.check.verify import DEFAULT_SEARCH_TIMEOUT
 
         timeout = DEFAULT_SEARCH_TIMEOUT if args.search_timeout is None else args.search_timeout
         result = compile_model(model, args.output, args.target, arch=args.arch, shapes=shapes, rules=rules,
@@ -274,12 +273,12 @@ def _run(args) -> int:
         print(result)
         print(_profile_hint(args))
         return 0
-    from .compare import check_modes
+    from tvm_fusion.check.compare import check_modes
 
     modes = check_modes(args.modes)
     if args.per_group or args.bisect:
         return _differential(args, model, shapes, rules)
-    from .compare import compare
+    from tvm_fusion.check.compare import compare
 
     report = compare(model, args.target, shapes=shapes, rules=rules, repeat=args.repeat, seed=args.seed,
                      arch=args.arch, modes=modes, inputs=args.inputs, precision=args.precision, simplify=simplify)
@@ -300,7 +299,7 @@ def _profile_hint(args) -> str:
 
 
 def _profile(args, model, shapes, rules) -> int:
-    from .profile import profile
+    from tvm_fusion.profile.measure import profile
 
     report = profile(model, args.target, shapes=shapes, rules=rules, modes=[m for m in args.modes.split(",") if m],
                      repeat=args.repeat, seed=args.seed, arch=args.arch, simplify=not args.no_simplify)
@@ -313,7 +312,7 @@ def _profile(args, model, shapes, rules) -> int:
 
 
 def _differential(args, model, shapes, rules) -> int:
-    from .differential import bisect, check_groups
+    from tvm_fusion.check.differential import bisect, check_groups
 
     kw = {"shapes": shapes, "rules": rules, "seed": args.seed, "arch": args.arch, "inputs": args.inputs,
           "precision": args.precision, "simplify": not args.no_simplify}
@@ -331,7 +330,7 @@ def _differential(args, model, shapes, rules) -> int:
 
 
 def _where(err: BaseException, command: str) -> str:
-    """`compare (tvm_fusion/build.py:85 in build)`: the command and the innermost frame of our package."""
+    """`compare (tvm_fusion/build/builder.py:85 in build)`: the command and the innermost frame of our package."""
     frames = [f for f in traceback.extract_tb(err.__traceback__) if re.search(r"[/\\]tvm_fusion[/\\]", f.filename)]
     if not frames:
         return command

@@ -240,7 +240,7 @@ class _Probe:
     """onnxruntime on the model with the weights as inputs and `watch` as extra outputs."""
 
     def __init__(self, model, values, watch, x):
-        from .io import run_onnxruntime
+        from tvm_fusion.check.io import run_onnxruntime  # local: `tvm-fusion --help` lists the examples without TVM
 
         probe = _add_outputs(_with_values(model, values, as_inputs=True), watch)
         self.sess, self.names = run_onnxruntime(probe, {})

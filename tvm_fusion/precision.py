@@ -8,38 +8,24 @@ widened to float32 before they are summed, the epilogue (bias, BatchNorm shift, 
 float32 and the result is rounded once. Folded constants are computed in float64 and rounded once: the
 weights to the tensor dtype, the bias to float32.
 
-`convert` turns a float32 Relax module into a mixed-precision one with Relax's `ToMixedPrecision`: conv2d
-and matmul read half inputs, elementwise ops and layer norm follow their inputs, and softmax and reductions stay
-in float32 (the pass's "never" list); a half layer norm computes in float32 (its kernel, or norm_in_float32
-where no rule takes a bfloat16 one). BatchNorm is rewritten as `x * s + t` first (s and t
-per channel, from the float32 statistics) so that it follows the conv into half precision and fuses exactly
-as in the float32 model. ToMixedPrecision only knows float16: for bfloat16 every float16 it produced is
-retyped to bfloat16 (the casts it inserted and the conv / matmul output dtypes), then types are inferred again.
-The function signature stays float32 (inputs are cast inside, outputs cast back), so the reference is the
-float32 model and the verdict uses the half dtype's tolerance (numerics.TOLERANCES).
-
-Whether that verdict means anything depends on the model, so it is measured first (`half_baseline`):
-
-    baseline = onnxruntime(fp32 model, input and conv / matmul weights rounded to the half dtype)
-    baseline within the half tolerance of onnxruntime(fp32 model)  ==>  judge every half build against it
-    otherwise (ill-conditioned)  ==>  report that error, judge each fused group against its unfused ops
-
-The baseline is the rounding every half build must do before any arithmetic, computed in float32 by
-onnxruntime (no TVM, no conversion of ours). When that alone puts elements over the half tolerance, the model
-amplifies rounding (the synthetic ResNet-50: a 2^-11 relative change of its input moves the logits ~0.9%), and
-two correct half builds that round at different points (fused and unfused) differ as much: then the whole-
-model errors are reported, and fusion is judged per group at the same precision (differential.check_groups:
-each group against the same ops unfused, on the same half inputs, where nothing amplifies).
+The conversion (`--precision`) is `tvm_fusion.build.mixed_precision`; the baseline a half build is judged
+against is `tvm_fusion.check.half_reference`. Here: the dtype helpers every stage uses, and the Relax passes
+that keep half tensors computing in float32 where TVM would not (at import: `bfloat16_*`; at build:
+`half_sums_in_float32`).
 """
 
 from __future__ import annotations
 
-__all__ = ["HALF_DTYPES", "PRECISIONS", "FLOAT32_NORMS", "FLOAT32_OPS", "FLOAT32_TESTS",
+import ml_dtypes
+import numpy as np
+
+from tvm_fusion._tvm import constant_value, dpl, expr_type, is_constant, make_constant, prim_dtype, relax, tvm
+from tvm_fusion.errors import FusionError
+
+__all__ = ["HALF_DTYPES", "PRECISIONS", "FLOAT32_NORMS", "FLOAT32_OPS", "FLOAT32_TESTS", "WEIGHT_OPS",
            "accumulator_dtype", "bfloat16_norms_narrowed", "bfloat16_norms_widened", "bfloat16_ops_narrowed",
-           "bfloat16_ops_widened", "cast_to",
-           "check_precision", "convert", "dtype_reason", "half_baseline",
-           "half_baseline_outputs", "half_batch_norm_casts", "half_sums_in_float32", "norm_in_float32", "numpy_dtype",
-           "rounded_weights", "verdict_dtype"]
+           "bfloat16_ops_widened", "cast_to", "check_precision", "dtype_reason", "half_batch_norm_casts",
+           "half_sums_in_float32", "mutated", "norm_in_float32", "numpy_dtype", "rewrite", "verdict_dtype"]
 
 #: the ONNX ops whose weight (input 1) a conversion reads in the half dtype
 WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -59,18 +45,12 @@ def accumulator_dtype(dtype) -> str:
 def cast_to(value, dtype):
     """The TIR expression `value` cast to `dtype`, or `value` itself when it already has that dtype (so a
     float32 compute stays exactly as it was written)."""
-    from ._tvm import prim_dtype
-
     return value if prim_dtype(value) == str(dtype) else value.astype(str(dtype))
 
 
 def numpy_dtype(dtype):
     """The NumPy dtype of a TVM dtype name; bfloat16 is ml_dtypes' (NumPy has none)."""
-    import numpy as np
-
     if str(dtype) == "bfloat16":
-        import ml_dtypes
-
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(str(dtype))
 
@@ -100,8 +80,6 @@ def dtype_reason(m, dtype: str, op: str, supported) -> str | None:
 
 def check_precision(precision: str | None) -> str | None:
     """The tensor dtype of `precision` (None for None / "fp32"); FusionError for anything else."""
-    from .errors import FusionError
-
     if precision in (None, "", "fp32"):
         return None
     if precision not in PRECISIONS:
@@ -115,88 +93,8 @@ def verdict_dtype(reference_dtype, precision: str | None):
     return half if half is not None and str(reference_dtype) == "float32" else reference_dtype
 
 
-def rounded_weights(proto, precision: str):
-    """A copy of the float32 ONNX model whose conv / matmul weights (float32 initializers and Constant nodes
-    read as input 1 of WEIGHT_OPS) are rounded to the half dtype of `precision` and stored as float32 again."""
-    import onnx
-    from onnx import numpy_helper
-
-    half = numpy_dtype(check_precision(precision))
-    weights = {n.input[1] for n in proto.graph.node if n.op_type in WEIGHT_OPS and len(n.input) > 1}
-
-    def rounded(t):
-        a = numpy_helper.to_array(t)
-        return numpy_helper.from_array(a.astype(half).astype(a.dtype), t.name) if a.dtype == "float32" else t
-
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    for t in out.graph.initializer:
-        if t.name in weights:
-            t.CopyFrom(rounded(t))
-    for n in out.graph.node:
-        if n.op_type == "Constant" and n.output[0] in weights:
-            for a in n.attribute:
-                if a.name == "value":
-                    a.t.CopyFrom(rounded(a.t))
-    return out
-
-
-def half_baseline_outputs(proto, inputs: dict, precision: str) -> list:
-    """onnxruntime's outputs for `proto` with its float32 `inputs` and weights rounded to the half dtype
-    (rounded_weights; the arithmetic in float32)."""
-    import numpy as np
-
-    from .io import run_onnxruntime
-
-    half = numpy_dtype(check_precision(precision))
-    fed = {k: v.astype(half).astype(v.dtype) if np.asarray(v).dtype == np.float32 else v for k, v in inputs.items()}
-    sess, _ = run_onnxruntime(rounded_weights(proto, precision), fed)
-    return sess.run(None, fed)
-
-
-def half_baseline(proto, inputs: dict, reference: list, precision: str) -> list:
-    """numerics.ErrorStats per output of half_baseline_outputs against `reference` (onnxruntime on the float32
-    model) with the half dtype's tolerance: the error any half build carries at least. All ok: the model is
-    well-conditioned for the dtype, and half builds are judged against the float32 model."""
-    import numpy as np
-
-    from .numerics import error_stats
-
-    return [error_stats(a, r, verdict_dtype(np.asarray(r).dtype, precision))
-            for a, r in zip(half_baseline_outputs(proto, inputs, precision), reference)]
-
-
-def convert(mod, precision: str | None):
-    """`mod` (float32) with conv / matmul and what follows them in `precision` (see the module docstring);
-    `mod` itself for None / "fp32"."""
-    dtype = check_precision(precision)
-    if dtype is None:
-        return mod
-    from ._tvm import expr_type, relax
-    from .errors import FusionError
-    from .frontend import onnx_node_names
-    from .fuse import normalize_batch_norm
-
-    for p in mod["main"].params:
-        have = str(getattr(expr_type(p), "dtype", ""))
-        if have in HALF_DTYPES:
-            raise FusionError(f"--precision {precision}: input {p.name} is already {have}; --precision converts "
-                              "a float32 model (run a half model without it: it fuses in its own dtype)")
-    mod = normalize_batch_norm(mod, onnx_node_names(mod))
-    mod = _rewrite(mod, *_clip_to_min_max())  # ToMixedPrecision fails on clip's PrimValue bounds
-    mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
-    if dtype != "float16":
-        mod = _retype_half(mod, dtype)
-    mod = _rewrite(mod, *_batch_norm_in_float32())
-    mod = _rewrite(mod, *_cast_constants())  # the weights' and scalars' casts (FoldConstant keeps scalars)
-    mod = _rewrite(mod, *_min_of_max_to_clip())
-    return relax.transform.DeadCodeElimination()(mod)
-
-
-def _mutated(mod, mutator):
+def mutated(mod, mutator):
     """`mod` with each Relax function visited by a fresh `mutator` (a relax.PyExprMutator class)."""
-    from ._tvm import relax, tvm
-
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
@@ -204,77 +102,13 @@ def _mutated(mod, mutator):
     return out
 
 
-def _rewrite(mod, pattern, rewriter):
-    from ._tvm import dpl, relax, tvm
-
+def rewrite(mod, pattern, rewriter):
+    """`mod` with each Relax function's matches of `pattern` replaced by `rewriter` (dpl.rewrite_call)."""
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
             out[gv] = dpl.rewrite_call(pattern, rewriter, func)
     return out
-
-
-def _clip_to_min_max():
-    """clip(x, lo, hi)  ->  minimum(maximum(x, lo), hi) with tensor constants of x's dtype (undone after the
-    conversion by the frontend's min_of_max_to_clip)."""
-    import numpy as np
-
-    from ._tvm import dpl, relax
-    from .patterns.activations import clip_bounds
-
-    x = dpl.wildcard()
-    root = dpl.is_op("relax.clip")(x, dpl.wildcard(), dpl.wildcard())
-
-    def rewriter(expr, matches):
-        from ._tvm import expr_type, make_constant
-
-        lo, hi = clip_bounds(expr)
-        dtype = numpy_dtype(expr_type(matches[x]).dtype)
-        return relax.op.minimum(relax.op.maximum(matches[x], make_constant(np.array(lo, dtype))),
-                                make_constant(np.array(hi, dtype)))
-
-    return root, rewriter
-
-
-def _batch_norm_in_float32():
-    """conv2d [+ b] -> * astype(s) + astype(t)  ->  astype(astype(., float32) * s + t, half): the BatchNorm after
-    a conv keeps its float32 s and t (ToMixedPrecision had cast them), in the form a half model's BatchNorm
-    has after import, so the conv rules fold it from float32 and round the weights once."""
-    from ._tvm import constant_value, dpl, expr_type, relax
-
-    conv = dpl.is_op("relax.nn.conv2d")(dpl.wildcard(), dpl.wildcard())
-    y = conv | dpl.is_op("relax.add")(conv, dpl.wildcard())
-    s, t = dpl.is_const(), dpl.is_const()
-    root = dpl.is_op("relax.add")(dpl.is_op("relax.multiply")(y, dpl.is_op("relax.astype")(s)),
-                                  dpl.is_op("relax.astype")(t))
-
-    def rewriter(expr, matches):
-        half = str(expr_type(matches[y]).dtype)
-        if half not in HALF_DTYPES or any(str(constant_value(matches[c]).dtype) != ACCUMULATOR for c in (s, t)):
-            return expr
-        wide = relax.op.multiply(relax.op.astype(matches[y], ACCUMULATOR), matches[s])
-        return relax.op.astype(relax.op.add(wide, matches[t]), half)
-
-    return root, rewriter
-
-
-def _cast_constants():
-    """astype(constant, dtype)  ->  the constant rounded to dtype by NumPy (round to nearest even, as TVM)."""
-    from ._tvm import constant_value, dpl, make_constant
-
-    const = dpl.is_const()
-    root = dpl.is_op("relax.astype")(const)
-
-    def rewriter(expr, matches):
-        return make_constant(constant_value(matches[const]).astype(numpy_dtype(expr.attrs.dtype)))
-
-    return root, rewriter
-
-
-def _min_of_max_to_clip():
-    from .frontend import _min_of_max_to_clip as build
-
-    return build()
 
 
 #: reductions that TVM legalizes summing in their input's dtype and that have no out_dtype: a half input is
@@ -293,8 +127,6 @@ FLOAT32_NORMS = ("relax.nn.layer_norm",)
 def norm_in_float32(call):
     """A bfloat16 normalization call (FLOAT32_NORMS: data, gamma, beta) as astype(norm(astype(data, float32),
     gamma and beta in float32), bfloat16): its statistics in float32, the result rounded once."""
-    from ._tvm import constant_value, expr_type, is_constant, make_constant, relax
-
     def wide(e):
         if is_constant(e):
             return make_constant(constant_value(e).astype("float32"))
@@ -307,8 +139,6 @@ def norm_in_float32(call):
 def bfloat16_norms_widened(mod):
     """`mod` with every bfloat16 FLOAT32_NORMS call as norm_in_float32 (TVM's FoldConstant legalizes each call
     and stops at one); bfloat16_norms_narrowed undoes it."""
-    from ._tvm import relax
-
     @relax.expr_functor.mutator
     class Widen(relax.PyExprMutator):
         def visit_call_(self, call):
@@ -318,7 +148,7 @@ def bfloat16_norms_widened(mod):
             return norm_in_float32(call) if op in FLOAT32_NORMS and str(getattr(data, "dtype", "")) == "bfloat16" \
                 else call
 
-    return _mutated(mod, Widen)
+    return mutated(mod, Widen)
 
 
 #: tests TVM 0.27 has no bfloat16 intrinsic for ("Data type T.bfloat16 not supported for isnan op"): ONNX's
@@ -334,10 +164,6 @@ def bfloat16_ops_widened(mod):
     bfloat16 values computed in float32 and rounded once to bfloat16. A test of a constant, and a `where` of
     constants, is evaluated here: FoldConstant folds no bfloat16 value, and the Clip rules want constant
     bounds."""
-    import numpy as np
-
-    from ._tvm import constant_value, expr_type, is_constant, make_constant, relax
-
     def dtype(e) -> str:
         return str(getattr(expr_type(e), "dtype", ""))
 
@@ -367,17 +193,13 @@ def bfloat16_ops_widened(mod):
                 return make_constant(getattr(np, FLOAT32_TESTS[op])(value.astype(np.float32)))
             return relax.Call(call.op, [self.wide(call.args[0])], call.attrs, call.ty_args)
 
-    return _mutated(mod, Widen)
+    return mutated(mod, Widen)
 
 
 def bfloat16_ops_narrowed(mod):
     """astype(op(astype(x: bfloat16, float32), c), bfloat16), c a float32 constant that bfloat16 holds exactly,
     ==> op(x, c in bfloat16) for FLOAT32_OPS (what bfloat16_ops_widened wrote, after FoldConstant): the form
     the rules take (GELU's x ** 3); half_sums_in_float32 widens those no rule took for the builds."""
-    import numpy as np
-
-    from ._tvm import constant_value, dpl, expr_type, is_constant, make_constant, relax
-
     half = numpy_dtype("bfloat16")
 
     def narrowed(e):
@@ -399,7 +221,7 @@ def bfloat16_ops_narrowed(mod):
             c = matches[call]
             return relax.Call(c.op, narrow, c.attrs, c.ty_args)
 
-        mod = _rewrite(mod, dpl.is_op("relax.astype")(call), rewriter)
+        mod = rewrite(mod, dpl.is_op("relax.astype")(call), rewriter)
     return mod
 
 
@@ -407,10 +229,6 @@ def bfloat16_norms_narrowed(mod):
     """astype(norm(astype(x: bfloat16, float32), gamma, beta), bfloat16) with float32 constants gamma and beta
     that bfloat16 holds exactly  ==>  norm(x, gamma, beta) in bfloat16 (FLOAT32_NORMS; the form the rules take,
     which the builds compute in float32: norm_in_float32)."""
-    import numpy as np
-
-    from ._tvm import constant_value, dpl, expr_type, make_constant, relax
-
     x, gamma, beta = dpl.wildcard(), dpl.is_const(), dpl.is_const()
     norm = dpl.is_op("relax.nn.layer_norm")(dpl.is_op("relax.astype")(x), gamma, beta)
     root = dpl.is_op("relax.astype")(norm)
@@ -425,7 +243,7 @@ def bfloat16_norms_narrowed(mod):
         return relax.Call(call.op, [matches[x], *(make_constant(p.astype(half)) for p in params)], call.attrs,
                           call.ty_args)
 
-    return _rewrite(mod, root, rewriter)
+    return rewrite(mod, root, rewriter)
 
 
 def half_sums_in_float32():
@@ -435,8 +253,6 @@ def half_sums_in_float32():
     power / mod (FLOAT32_OPS) computed in float32. TVM legalizes them summing in the half dtype otherwise (or
     refuses bfloat16), and the unfused build is an oracle
     of the fused one (and onnxruntime sums float16 in float32 too)."""
-    from ._tvm import relax, tvm
-
     @relax.expr_functor.mutator
     class Widen(relax.PyExprMutator):
         def visit_call_(self, call):
@@ -466,30 +282,8 @@ def half_sums_in_float32():
 
     @tvm.transform.module_pass(opt_level=0, name="HalfSumsInFloat32")
     def widen(mod, ctx):
-        return _mutated(mod, Widen)
+        return mutated(mod, Widen)
 
     return widen
 
 
-def _retype_half(mod, dtype: str):
-    """Every float16 that ToMixedPrecision introduced, as `dtype`: the astype targets and the out_dtype of
-    conv2d / matmul; the types downstream are inferred again by the block builder."""
-    from ._tvm import relax
-
-    @relax.expr_functor.mutator
-    class Retype(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            op = getattr(call.op, "name", "")
-            if op == "relax.astype" and str(call.attrs.dtype) == "float16":
-                return relax.op.astype(call.args[0], dtype)
-            if op == "relax.nn.conv2d" and str(call.attrs.out_dtype) == "float16":
-                a = call.attrs
-                return relax.op.nn.conv2d(call.args[0], call.args[1], strides=a.strides, padding=a.padding,
-                                          dilation=a.dilation, groups=a.groups, data_layout=a.data_layout,
-                                          kernel_layout=a.kernel_layout, out_layout=a.out_layout, out_dtype=dtype)
-            if op == "relax.matmul" and str(call.attrs.out_dtype) == "float16":
-                return relax.op.matmul(call.args[0], call.args[1], out_dtype=dtype)
-            return call
-
-    return _mutated(mod, Retype)

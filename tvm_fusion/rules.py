@@ -27,7 +27,7 @@ from .errors import FusionError
 
 __all__ = [
     "Decline", "Lowering", "Match", "Rule", "RuleSet", "Spec", "axis_vector", "axis_vector_shapes", "batch_shape",
-    "commutative", "decline", "declared_batch_dims", "is_symbolic", "rule", "scalar_constant", "shape_text",
+    "clip_bounds", "commutative", "decline", "declared_batch_dims", "is_symbolic", "rule", "scalar_constant", "shape_text",
     "static_shape", "symbolic_reason", "undeclared_dims",
 ]
 
@@ -221,6 +221,16 @@ def symbolic_reason(what: str, expr, batch_dims: Collection[str] | None = None) 
                 f"({', '.join(sorted(batch_dims)) or 'none declared'}); only a declared batch may stay symbolic")
     return (f"{what} has shape {shape_text(expr)}; only the outermost (batch) dim may stay symbolic: bind the "
             "others with --shape (e.g. NAME=Nx3x224x224)")
+
+
+def clip_bounds(call) -> tuple[float, float]:
+    """(min, max) of a relax clip call."""
+    def number(arg):
+        while hasattr(arg, "value"):
+            arg = arg.value
+        return float(arg)
+
+    return number(call.args[1]), number(call.args[2])
 
 
 def scalar_constant(expr, float_only: bool = False) -> float | None:

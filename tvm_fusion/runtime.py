@@ -91,7 +91,7 @@ class LoadedModel:
         self.main = self.vm["main"]
         self.weights = []  # main's parameters after the inputs, for a library with its weights outside
         if manifest and manifest.get("weights"):
-            from .weights import load_weights  # tvm.runtime and numpy only
+            from .weights import load_weights  # local: loaded for external weights only (tvm.runtime and numpy)
 
             self.weights = load_weights(library, device)
 

@@ -9,7 +9,21 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .errors import ToleranceExceeded
-from .numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
+from tvm_fusion.check.numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
+from tvm_fusion.precision import accumulator_dtype, numpy_dtype
+from tvm_fusion.frontend.recurrent import _graphs
+from tvm_fusion.check.io import device, graph_inputs, random_inputs, run_onnxruntime, run_vm
+from tvm_fusion.build.builder import build, resolve_target
+from tvm_fusion.frontend.importer import import_onnx, SymDim
+from tvm_fusion._tvm import te, tvm
+from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_source
+from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
+from tvm_fusion.fusion.fuse import fuse
+from tvm_fusion.rules import RuleSet
+from tvm_fusion.schedules.activations import fast_math_allowed
+from tvm_fusion.schedules.conv2d import CONV_FAMILY, conv2d_affine, conv2d_out_size as _conv_out
+from tvm_fusion.registry import compute_options, get_compute
+from tvm_fusion.schedules import load
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
            "check_fused", "check_symbolic_batch", "symbolic_shapes", "check_cuda_build", "check_rule_property", "check_family_property",
@@ -89,9 +103,6 @@ def as_float16(model: onnx.ModelProto, dtype: str = "float16") -> onnx.ModelProt
     """The same graph in float16 (or `dtype` "bfloat16"): float32 initializers and Constant nodes rounded,
     float32 inputs, outputs and value infos declared in the half dtype (what an exporter's `model.half()`
     writes), If / Loop bodies included."""
-    from .precision import numpy_dtype
-    from .recurrent import _graphs
-
     elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -186,17 +197,11 @@ def qdq_conv(cin=8, cout=16, hw=(16, 16), seed=0, out_scale=0.05) -> onnx.ModelP
 # ---------------------------------------------------------------- fused vs unfused vs onnxruntime
 def run_build(built, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """Run a CPU build's `main` on numpy inputs; its outputs as a flat list of numpy arrays."""
-    from .io import device, run_vm
-
     return run_vm(built.executable, device("llvm"), inputs)
 
 
 def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
     """Build unfused and fused on llvm; both must match onnxruntime and each other. Returns the fused build."""
-    from .build import build
-    from .io import random_inputs, run_onnxruntime
-    from .frontend import import_onnx
-
     mod = import_onnx(model)
     inputs = random_inputs(model, seed=seed)
     order = [i.name for i in model.graph.input if i.name in inputs]
@@ -216,9 +221,6 @@ def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
 def symbolic_shapes(model, bound: int | None = None) -> dict:
     """The `--shape` of every graph input as the model declares it: each named dim (`N`) a SymDim with upper
     bound `bound`, the others their sizes."""
-    from .frontend import SymDim
-    from .io import graph_inputs
-
     return {i.name: tuple(SymDim(d.dim_param, bound) if d.dim_param else d.dim_value
                           for d in i.type.tensor_type.shape.dim) for i in graph_inputs(model)}
 
@@ -227,10 +229,6 @@ def check_symbolic_batch(model, shapes: dict, rules=None, expect: dict | None = 
     """Build fused on llvm with the symbolic dims of `shapes` (`{"x": (SymDim("N"), 4, 8, 8)}`) kept symbolic,
     then run that one build at each batch in `batches` against onnxruntime, element by element. Returns the
     build; `expect`: its exact rule counts."""
-    from .build import build
-    from .frontend import import_onnx
-    from .io import graph_inputs, random_inputs, run_onnxruntime
-
     fused = build(import_onnx(model, shapes), "llvm", "fused", rules=rules)
     _assert_fired(fused, expect)
     sess, _ = run_onnxruntime(model, {}, optimize=False)
@@ -258,12 +256,6 @@ def check_cuda_build(model, rules=None, expect: dict | None = None, arch: str = 
     """Build fused for CUDA `arch` with no GPU: exact counts (`expect`), every kernel within the arch's launch
     limits (verify_gpu_code, hardware.cuda_facts) and the generated CUDA C compiled by nvcc (or NVRTC); nothing
     runs. `shapes`: input shapes for import_onnx (a symbolic batch). Returns the build."""
-    from ._tvm import tvm
-    from .build import build, resolve_target
-    from .export import compile_cuda_source, cuda_source
-    from .frontend import import_onnx
-    from .schedules.cuda.gpu_limits import check_gpu_limits
-
     target = resolve_target("cuda", arch)
     built = build(import_onnx(model, shapes), target, "fused", rules=rules)
     _assert_fired(built, expect)
@@ -338,11 +330,6 @@ def check_rule_property(model, rules, rule_name: str, seed: int = 0) -> bool:
     """The property every rule must have, with only `rule_name` active: if it fired, the fused build
     matches the unfused build and onnxruntime; if it declined, the fused module is the module with no
     rules at all. Returns whether it fired."""
-    from .build import resolve_target
-    from .frontend import import_onnx
-    from .fuse import fuse
-    from .rules import RuleSet
-
     only = RuleSet([rules[rule_name]])
     target = resolve_target("llvm")
     mod = import_onnx(model)
@@ -350,7 +337,6 @@ def check_rule_property(model, rules, rule_name: str, seed: int = 0) -> bool:
     if result.counts[rule_name]:
         check_fused(model, only, seed=seed)
         return True
-    from ._tvm import tvm
 
     tvm.ir.assert_structural_equal(result.mod["main"], fuse(mod, target, RuleSet()).mod["main"])
     return False
@@ -396,18 +382,12 @@ def _pair(v):
 
 def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=False, activation="relu",
                   target=None, dtype="float32"):
-    """The fused conv PrimFunc as tvm_fusion.fuse builds it for `target` (its kind's compute, given the
+    """The fused conv PrimFunc as tvm_fusion.fusion.fuse builds it for `target` (its kind's compute, given the
     target; None: the generic compute): (func, attrs, input shapes) for the schedule tests.
     `dtype`: of x, W, the residual and the output; the bias is in the accumulator dtype (float32 for half)."""
     (kh, kw), strides, dilation = _pair(k), _pair(stride), _pair(dil)
     padding = (pad,) * 4 if isinstance(pad, int) else tuple(pad)
     attrs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups, activation=activation)
-    from ._tvm import te
-    from .schedules.activations import fast_math_allowed
-    from .schedules.conv2d import conv2d_affine
-    from .schedules.conv2d import conv2d_out_size as _conv_out
-
-    from .precision import accumulator_dtype
 
     x = te.placeholder((n, c, h, w), dtype, name="x")
     wt = te.placeholder((oc, c // groups, kh, kw), dtype, name="w")
@@ -419,9 +399,6 @@ def conv_primfunc(n, c, h, w, oc, k, stride=1, pad=0, dil=1, groups=1, residual=
     if target is None:
         out = conv2d_affine(x, wt, b, *inputs[1:], **attrs, fast_math=fast_math)
     else:
-        from .registry import compute_options, get_compute
-        from .schedules import load
-        from .schedules.conv2d import CONV_FAMILY
 
         load()
         compute = get_compute(CONV_FAMILY, target.kind.name)

@@ -23,8 +23,8 @@ WEIGHTS_SUFFIX = ".weights"
 def lift_weights(mod):
     """`mod` whose `main` takes each constant argument of its kernel calls as a parameter (w0, w1, ...),
     and the values, in parameter order."""
-    from . import _tvm
-    from ._tvm import relax, tvm
+    from . import _tvm  # local: the runtime imports this module, and must not load TVM's compiler
+    from ._tvm import relax, tvm  # local: as above
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
 
@@ -58,7 +58,7 @@ def lift_weights(mod):
 
 def save_weights(path, weights: dict) -> int:
     """Write `weights` ({name: tensor}) in TVM's param-dict format; returns the bytes written."""
-    from ._tvm import tvm
+    from ._tvm import tvm  # local: the runtime imports this module, and must not load TVM's compiler
 
     data = tvm.runtime.save_param_dict(weights)
     Path(path).write_bytes(data)
@@ -77,7 +77,7 @@ def load_weights(library, dev) -> list:
     if not entry:
         return []
     if entry.get("recipe"):  # a bundle's: regenerated with numpy from the seed (recipe_replay)
-        from .recipe_replay import regenerate
+        from tvm_fusion.deploy.recipe_replay import regenerate  # local: numpy only, for a bundle's recipe
 
         values = regenerate(library.with_name(entry["recipe"]))
         return [tvm.runtime.tensor(values[name], dev) for name in entry["params"]]

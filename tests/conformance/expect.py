@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tvm_fusion.backend import SimplifiedBackend, TVMFusionBackend
+from tvm_fusion.check.backend import SimplifiedBackend, TVMFusionBackend
 from tvm_fusion.errors import FusionMismatch
 
 from .expected_failures import EXPECTED_FAILURES, SIMPLIFIER_BREAKS, SIMPLIFIER_FIXES

@@ -9,7 +9,7 @@ import pytest
 
 from tvm_fusion import rule
 from tvm_fusion.errors import FusionMismatch
-from tvm_fusion.loader import load_rules_for
+from tvm_fusion.fusion.loader import load_rules_for
 from tvm_fusion.patterns.conv_epilogue import conv_epilogue
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.testing import GraphBuilder, conv_bn_relu

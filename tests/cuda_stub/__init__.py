@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tvm_fusion.cuda_binary import CudaModule, fatbin_kernels
+from tvm_fusion.deploy.cuda_binary import CudaModule, fatbin_kernels
 
 HERE = Path(__file__).parent
 RUNTIME_SONAME = "libcudart.so.13"  # what libtvm_runtime_cuda.so links (`ldd`), symbols versioned by it

@@ -18,7 +18,7 @@ import sys
 import onnx
 import pytest
 
-from tvm_fusion.cuda_binary import fatbin_kernels, library_cuda_module
+from tvm_fusion.deploy.cuda_binary import fatbin_kernels, library_cuda_module
 from tvm_fusion.testing import residual_block
 
 from . import build_stub, check_launches, per_inference, run_with_stub, stub_env

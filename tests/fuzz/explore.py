@@ -33,9 +33,9 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from tvm_fusion.build import build as fused_build
-from tvm_fusion.frontend import import_onnx
-from tvm_fusion.loader import load_rules_for
+from tvm_fusion.build.builder import build as fused_build
+from tvm_fusion.frontend.importer import import_onnx
+from tvm_fusion.fusion.loader import load_rules_for
 
 from .kernels import SIZES, build_kernel, hand_schedule_used, kernels, plan_family
 from .oracle import (

@@ -318,7 +318,7 @@ def _plan_family(plan: Plan, target=None) -> str:
     from tvm_fusion.schedules.llvm.conv2d_pointwise import channel_chunks
     from tvm_fusion.schedules.llvm.dense import column_block, packed_columns
 
-    from tvm_fusion.build import resolve_target
+    from tvm_fusion.build.builder import resolve_target
     from tvm_fusion.hardware import cpu_facts
 
     target = target if target is not None else resolve_target("llvm")
@@ -373,8 +373,8 @@ def pool_match(plan: Plan, target):
     from tvm_fusion.schedules.llvm.pooling import pool_plan
 
     from tvm_fusion._tvm import tirx
-    from tvm_fusion.build import legalize
-    from tvm_fusion.frontend import import_onnx
+    from tvm_fusion.build.builder import legalize
+    from tvm_fusion.frontend.importer import import_onnx
 
     alone = Plan(plan.domain, plan.input_shape, plan.seed, plan.layers[:1])  # without its activation
     legal = legalize(import_onnx(build_kernel(alone).model), target, "unfused")

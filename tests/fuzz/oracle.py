@@ -31,11 +31,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from tvm_fusion.build import build
-from tvm_fusion.compare import random_inputs
-from tvm_fusion.frontend import SymDim, import_onnx
+from tvm_fusion.build.builder import build
+from tvm_fusion.check.compare import random_inputs
+from tvm_fusion.frontend.importer import SymDim, import_onnx
 from tvm_fusion.precision import numpy_dtype
-from tvm_fusion.recurrent import _graphs
+from tvm_fusion.frontend.recurrent import _graphs
 from tvm_fusion.testing import error_stats, run_build
 
 __all__ = ["BATCHES", "GraphMismatch", "InvalidGraph", "as_float32", "check_against_onnxruntime", "elementwise_mismatch",

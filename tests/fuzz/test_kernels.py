@@ -19,7 +19,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis.control import current_build_context
 
-from tvm_fusion.build import resolve_target
+from tvm_fusion.build.builder import resolve_target
 
 from .kernels import SIZES, build_kernel, hand_schedule_used, kernels, plan_family
 from .oracle import InvalidGraph, check_against_onnxruntime

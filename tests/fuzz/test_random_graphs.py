@@ -18,9 +18,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis.control import current_build_context
 
-from tvm_fusion.build import resolve_target
-from tvm_fusion.frontend import import_onnx
-from tvm_fusion.fuse import fuse
+from tvm_fusion.build.builder import resolve_target
+from tvm_fusion.frontend.importer import import_onnx
+from tvm_fusion.fusion.fuse import fuse
 from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.testing import check_fused
 

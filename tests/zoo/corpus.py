@@ -112,7 +112,7 @@ ENTRIES = {
     "vit_seg_dynamo18": _entry("vit_seg", "dynamo", 18, _IMAGE, ["scores"]),
     "yolox_ts13": _entry("yolox", "torchscript", 13, _YOLOX, ["detections"]),
     "yolox_dynamo18": _entry("yolox", "dynamo", 18, _YOLOX, ["detections"]),
-    # recurrent: the exporters write ONNX LSTM / GRU nodes, which the front door unrolls (tvm_fusion/recurrent.py)
+    # recurrent: the exporters write ONNX LSTM / GRU nodes, which the front door unrolls (tvm_fusion/frontend/recurrent.py)
     "crnn_lstm_ts14": _entry("crnn_lstm", "torchscript", 14, _LINE, ["log_probs"]),
     "crnn_lstm_dynamo18": _entry("crnn_lstm", "dynamo", 18, _LINE, ["log_probs"]),
     "crnn_gru_ts17": _entry("crnn_gru", "torchscript", 17, _LINE, ["log_probs"]),

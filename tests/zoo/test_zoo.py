@@ -21,11 +21,11 @@ from corpus import CHECKED_IN, ENTRIES, QUANTIZED, WHEEL_ENTRIES, ZOO_DIR, make_
 from wheels import WHEEL_MODELS, RegistryUnreachable
 
 import tvm_fusion as tf
-from tvm_fusion import simplify
+from tvm_fusion.frontend import simplify
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.compare import as_arrays, run_onnxruntime
-from tvm_fusion.frontend import _walk, node_labels, onnx_node_names
-from tvm_fusion.reference import reference_noise
+from tvm_fusion.check.compare import as_arrays, run_onnxruntime
+from tvm_fusion.frontend.importer import _walk, node_labels, onnx_node_names
+from tvm_fusion.check.reference import reference_noise
 
 #: per-rule counts of the fused llvm build (rules that fired), recorded 2026-11-30; squeeze_excite and
 #: conv2d_add (residual without activation), conv2d_silu_add (after it), attention 2026-12-01
@@ -65,7 +65,7 @@ EXPECTED_COUNTS = {
     "yolox_ts13": {"conv2d_bias_silu": 14, "conv2d_bias_sigmoid": 4, "conv2d_bias": 2},
     "yolox_dynamo18": {"conv2d_bias_silu": 14, "conv2d_bias_sigmoid": 4, "conv2d_bias": 2},
     # the recurrent exports, recorded 2026-12-03: dense_bias is each LSTM / GRU direction's input projection and
-    # every step's recurrent MatMul (a GRU: two per step), unrolled by the front door (tvm_fusion/recurrent.py)
+    # every step's recurrent MatMul (a GRU: two per step), unrolled by the front door (tvm_fusion/frontend/recurrent.py)
     # the recurrent models: one dense_bias per direction and layer (the projection of every step); the time
     # loops are recurrence kernels, no rule's (tests/test_recurrent.py)
     "crnn_lstm_ts14": {"conv2d_bias_relu": 4, "dense_bias": 5},
@@ -151,7 +151,7 @@ def run_llvm(name: str, mode: str = "fused"):
 
 @lru_cache(maxsize=None)
 def ort_noise(name: str) -> list[np.ndarray]:
-    """|onnxruntime optimized - onnxruntime as written| per element (tvm_fusion.reference): how far two correct
+    """|onnxruntime optimized - onnxruntime as written| per element (tvm_fusion.check.reference): how far two correct
     runs of the model differ on these inputs (0 for most models; Basic Pitch's log-CQT amplifies rounding to ~2e-4)."""
     return reference_noise(onnx.load(str(zoo_path(name))), make_inputs(name), reference(name))
 
@@ -194,7 +194,7 @@ def test_fused_llvm_matches_onnxruntime(name):
 
 @pytest.mark.parametrize("name", params(ENTRIES))
 def test_every_llvm_kernel_has_a_schedule(name):
-    """No kernel of the fused CPU build is left to TVM's bare loop nest (tvm_fusion/unscheduled.py)."""
+    """No kernel of the fused CPU build is left to TVM's bare loop nest (tvm_fusion/build/unscheduled.py)."""
     built, _ = run_llvm(name)
     assert not built.unscheduled, [str(u) for u in built.unscheduled]
 

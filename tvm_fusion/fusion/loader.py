@@ -1,0 +1,72 @@
+"""Where rules come from: the built-in tables (fixed order), user files, and installed plugins."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from tvm_fusion.errors import FusionError
+from tvm_fusion.rules import RuleSet, rules_in_module
+from tvm_fusion.patterns import builtin_rules
+
+__all__ = ["load_rules", "load_rules_for"]
+
+ENTRY_POINT_GROUP = "tvm_fusion.rules"
+
+
+def load_rules(path) -> RuleSet:
+    """The rules defined in a Python file (its Rule objects, in definition order)."""
+    path = Path(path)
+    if not path.exists():
+        raise FusionError(f"{path}: no such rules file")
+    if path.is_dir():
+        raise FusionError(f"--rules {path}: is a directory; give a Python file of rules (e.g. my_rules.py)")
+    if path.suffix != ".py":
+        raise FusionError(f"--rules {path}: not a Python file (expected a .py file defining @tvm_fusion.rule)")
+    name = f"tvm_fusion_user_rules_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise FusionError(f"--rules {path}: Python cannot load it as a module; give a .py file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except FusionError as err:
+        raise FusionError(f"{path}: {err}") from None
+    except Exception as err:
+        raise FusionError(f"{path}: failed to load rules: {type(err).__name__}: {err}") from None
+    rules = RuleSet()
+    for r in rules_in_module(module):
+        r.source = str(path)
+        rules.add(r)
+        _ = r.spec  # build the pattern now, so a broken rule fails here, naming file and rule
+    if not len(rules):
+        raise FusionError(f"{path}: defines no rules (declare them with @tvm_fusion.rule(...))")
+    return rules
+
+
+def _plugin_rules() -> RuleSet:
+    from importlib.metadata import entry_points
+
+    rules = RuleSet()
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            module = ep.load()  # a module of rules, like the built-in tables
+        except Exception as err:
+            raise FusionError(f"rules plugin {ep.name!r} ({ep.value}) failed to load: "
+                              f"{type(err).__name__}: {err}") from None
+        for r in rules_in_module(module):
+            rules.add(r)
+    return rules
+
+
+def load_rules_for(files=(), only=None, disable=None, plugins: bool = True) -> RuleSet:
+    """Built-in tables (with their computes and schedules), then plugins, then `files`; then `only` /
+    `disable` applied."""
+    rules = builtin_rules()
+    if plugins:
+        rules = rules + _plugin_rules()
+    for f in files or ():
+        rules = rules + load_rules(f)
+    return rules.select(only=only, disable=disable)
