@@ -396,16 +396,17 @@ def _export_other(built, path: Path, model_path: str, arch: str) -> Path:
     from tvm_fusion.compile import _inputs
     from tvm_fusion.export import export_library
     from tvm_fusion.frontend import onnx_input_names
+    from tvm_fusion.manifest import CudaBinary, Manifest, WeightsFile, manifest_path_of
     from tvm_fusion.weights import WEIGHTS_SUFFIX, save_weights
 
     binary = export_library(built.executable, path, arch)
     weights = path.with_name(path.name + WEIGHTS_SUFFIX)
     size = save_weights(weights, built.weights)
-    manifest = {"model": model_path, "target": str(built.target), "arch": arch, "mode": built.mode,
-                "inputs": _inputs(built, onnx_input_names(built.module)),  # the model's own input names
-                "weights": {"file": weights.name, "bytes": size, "params": list(built.weights)},
-                "cuda_binary": {"format": binary.fmt, "bytes": binary.size, "kernels": binary.kernels}}
-    path.with_name(path.name + ".json").write_text(json.dumps(manifest, indent=2))
+    Manifest(model=model_path, library=str(path), target=str(built.target), arch=arch, extra={"mode": built.mode},
+             inputs=_inputs(built, onnx_input_names(built.module)),  # the model's own input names
+             weights=WeightsFile(file=weights.name, bytes=size, params=list(built.weights)),
+             cuda_binary=CudaBinary(format=binary.fmt, bytes=binary.size, kernels=binary.kernels),
+             ).save(manifest_path_of(path))
     return path
 
 

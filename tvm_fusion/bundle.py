@@ -23,7 +23,6 @@ On the target machine (Python, no TVM): `python deploy/run.py`. It needs nothing
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import FusionError
+from .manifest import Manifest, manifest_path_of
 
 __all__ = ["BundleResult", "MAX_BYTES", "bundle"]
 
@@ -44,6 +44,7 @@ _NOT_RUNTIME = ("libtvm_compiler.so", "__pycache__", "include", "src", "3rdparty
 _CUDART = "libcudart.so.13"  # what libtvm_runtime_cuda.so links (`ldd`)
 _RUN = Path(__file__).with_name("bundle_run.py")
 _REPLAY = Path(__file__).with_name("recipe_replay.py")
+_MANIFEST = Path(__file__).with_name("manifest.py")  # run.py reads the manifest through it: site/tvm_fusion_manifest.py
 
 
 @dataclass
@@ -111,38 +112,38 @@ def _cudart() -> Path | None:
     return Path(m.group(1)) if m and Path(m.group(1)).exists() else None
 
 
-def _add_library(library: Path, out: Path, recipe: bool, recipes: dict) -> dict:
+def _add_library(library: Path, out: Path, recipe: bool, recipes: dict) -> Manifest:
     """Copy `library`, its manifest and its weights (the file, or a recipe of them) into `out`. `recipes`:
     the recipes written so far, by the sha256 of every weight in order; a library whose weights are the same
     as an earlier one's (a dynamic-batch build of the same model, a build without its CUDA graph) names that
     recipe."""
-    manifest_path = library.with_name(library.name + ".json")
+    manifest_path = manifest_path_of(library)
     if not library.exists() or not manifest_path.exists():
         raise FusionError(f"{library}: library or its manifest {manifest_path.name} missing; "
                           "run tvm-fusion compile first")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = Manifest.load(manifest_path)
     shutil.copy2(library, out / library.name)
-    entry = manifest.get("weights")
+    entry = manifest.weights
     if entry and recipe:
         import tvm.runtime
 
         from .recipe_replay import digest
         from .weights_recipe import make_recipe, step_counts, write_recipe
 
-        values = tvm.runtime.load_param_dict(library.with_name(entry["file"]).read_bytes())
-        lifted = {n: values[n].numpy() for n in entry["params"]}
+        values = tvm.runtime.load_param_dict(library.with_name(entry.file).read_bytes())
+        lifted = {n: values[n].numpy() for n in entry.params}
         key = tuple((n, digest(v)) for n, v in lifted.items())
         if key not in recipes:
-            made, stored = make_recipe(manifest["model"], lifted)
+            made, stored = make_recipe(manifest.model, lifted)
             name = library.name + ".recipe.json"
             recipes[key] = dict(recipe=name, recipe_bytes=write_recipe(out / name, made, stored),
                                 recipe_steps=step_counts(made))
-        entry.update(recipes[key])
+        entry.extra.update(recipes[key])
     elif entry:
-        shutil.copy2(library.with_name(entry["file"]), out / entry["file"])
+        shutil.copy2(library.with_name(entry.file), out / entry.file)
     elif recipe:
         raise FusionError(f"{library}: --weights-recipe needs a library compiled with --external-weights")
-    (out / manifest_path.name).write_text(json.dumps(manifest, indent=2))
+    manifest.save(out / manifest_path.name)
     return manifest
 
 
@@ -167,12 +168,13 @@ def bundle(library, out_dir, python: str | None = None, *, recipe: bool = False,
 
     shutil.copy2(typing_extensions.__file__, site / "typing_extensions.py")
     shutil.copy2(_REPLAY, site / _REPLAY.name)
+    shutil.copy2(_MANIFEST, site / "tvm_fusion_manifest.py")
     if numpy_wheel:
         import numpy
 
         _pip_download(f"numpy=={numpy.__version__}", python, out / "wheels")
     notes = []
-    if manifest.get("cuda_binary"):
+    if manifest.cuda_binary is not None:
         cudart = _cudart()
         if cudart:
             shutil.copy2(cudart, site / "tvm" / "lib" / _CUDART)

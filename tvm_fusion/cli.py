@@ -268,7 +268,7 @@ def _run(args) -> int:
                                seed=args.seed, external_weights=args.external_weights, inputs=args.inputs,
                                cuda_graph=args.cuda_graph, precision=args.precision, tune=tune,
                                strict=args.strict, search_timeout=timeout, simplify=simplify)
-        warning = result.manifest["verification"].get("warning")
+        warning = (result.manifest.verification or {}).get("warning")
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
         print(result)

@@ -36,7 +36,7 @@ from .frontend import check_sizes, concrete_shapes, sizes_text
 from .fuse import lower
 from .reference import Reference
 from .rules import RuleSet
-from .runtime import check_host
+from .runtime import check_cpu
 from .numerics import ErrorStats, error_stats
 from .precision import half_baseline, verdict_dtype
 
@@ -257,7 +257,7 @@ def _runs_here(target) -> bool:
     if target.kind.name != "llvm":
         return False
     try:
-        check_host({"cpu_triple": _tvm.llvm_triple(target), "cpu_features": _tvm.target_cpu_features(target)})
+        check_cpu(_tvm.llvm_triple(target), _tvm.target_cpu_features(target))
     except FusionError:
         return False
     return True

@@ -12,7 +12,6 @@ parameter order. Loading needs only `tvm.runtime` (no compiler).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 __all__ = ["WEIGHTS_SUFFIX", "lift_weights", "save_weights", "load_weights"]
@@ -65,21 +64,23 @@ def save_weights(path, weights: dict) -> int:
     return len(data)
 
 
-def load_weights(library, dev) -> list:
-    """The weights of an exported library (its `<library>.json` manifest names the file and the order),
-    as tensors on `dev`, in `main`'s parameter order; [] for a library with embedded weights. A bundle's
-    manifest may name a weights recipe instead of the file: the weights are then regenerated with numpy."""
+def load_weights(library, dev, manifest=None) -> list:
+    """The weights of an exported library (its manifest, `<library>.json` unless given, names the file and
+    the order), as tensors on `dev`, in `main`'s parameter order; [] for a library with embedded weights.
+    A bundle's manifest may name a weights recipe instead of the file: the weights are then regenerated
+    with numpy."""
     import tvm.runtime  # the runtime alone
 
+    from .manifest import Manifest, manifest_path_of
+
     library = Path(library)
-    manifest = json.loads(library.with_name(library.name + ".json").read_text())
-    entry = manifest.get("weights")
-    if not entry:
+    entry = (manifest or Manifest.load(manifest_path_of(library))).weights
+    if entry is None:
         return []
-    if entry.get("recipe"):  # a bundle's: regenerated with numpy from the seed (recipe_replay)
+    if entry.extra.get("recipe"):  # a bundle's: regenerated with numpy from the seed (recipe_replay)
         from .recipe_replay import regenerate
 
-        values = regenerate(library.with_name(entry["recipe"]))
-        return [tvm.runtime.tensor(values[name], dev) for name in entry["params"]]
-    values = tvm.runtime.load_param_dict(library.with_name(entry["file"]).read_bytes())
-    return [values[name].copyto(dev) for name in entry["params"]]
+        values = regenerate(library.with_name(entry.extra["recipe"]))
+        return [tvm.runtime.tensor(values[name], dev) for name in entry.params]
+    values = tvm.runtime.load_param_dict(library.with_name(entry.file).read_bytes())
+    return [values[name].copyto(dev) for name in entry.params]
