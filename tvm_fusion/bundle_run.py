@@ -2,11 +2,11 @@
 
     python run.py [--device cpu|cuda] [--seed 0] [--save outputs.npz]
 
-Seeded standard-normal inputs of the shapes in the manifest (read by site/tvm_fusion_manifest.py); prints one JSON line: the device, the output
-shapes, the threads of TVM's CPU pool, and whether TVM's compiler library is loaded in this process (it must
-not be). The weights come from the weights file, or are regenerated from the bundle's recipe with numpy
-(recipe_replay, each checked against its sha256). Without numpy here, a bundled numpy wheel is unpacked
-beside this file. TVM's pool gets the cores this process may run on unless TVM_NUM_THREADS is set.
+Seeded standard-normal inputs of the shapes in the manifest (read by site/tvm_fusion_manifest.py); prints
+one JSON line: the device, the output shapes, the threads of TVM's CPU pool, and whether TVM's compiler
+library is loaded in this process (it must not be). The weights come from the weights file, or, in a bundle
+that carries them as a recipe (the GPU check's: benchmarks/gpu_bundle), are regenerated with numpy by the
+site/recipe_replay.py it added. Without numpy here, a bundled numpy wheel is unpacked beside this file. TVM's pool gets the cores this process may run on unless TVM_NUM_THREADS is set.
 """
 
 import argparse
@@ -55,7 +55,7 @@ def weights(manifest: Manifest, dev) -> list:
     entry = manifest.weights
     if entry is None:
         return []
-    if entry.extra.get("recipe"):
+    if entry.extra.get("recipe"):  # a bundle with recipes carries site/recipe_replay.py (benchmarks/gpu_bundle)
         from recipe_replay import regenerate
 
         values = regenerate(os.path.join(HERE, entry.extra["recipe"]))

@@ -138,10 +138,6 @@ def _parser() -> argparse.ArgumentParser:
     bnd.add_argument("library", help="a library written by tvm-fusion compile (with its .json manifest)")
     bnd.add_argument("-o", "--output", required=True, help="folder to write")
     bnd.add_argument("--python", default=None, help="Python version of the target machine (default: this one's)")
-    bnd.add_argument("--weights-recipe", action="store_true",
-                     help="for a library compiled from --example with --external-weights: carry how each weight is "
-                          "made from the seed (regenerated with numpy on the target, checked by sha256) instead "
-                          "of the weights file")
     bnd.add_argument("--numpy", action="store_true", help="carry numpy's wheel for the target Python (unpacked "
                      "by run.py where the target has no numpy)")
     m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report",
@@ -240,7 +236,7 @@ def _run(args) -> int:
     if args.command == "bundle":
         from .bundle import bundle
 
-        print(bundle(args.library, args.output, args.python, recipe=args.weights_recipe, numpy_wheel=args.numpy))
+        print(bundle(args.library, args.output, args.python, numpy_wheel=args.numpy))
         return 0
     from .build import resolve_target
 

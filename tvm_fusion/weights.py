@@ -67,8 +67,8 @@ def save_weights(path, weights: dict) -> int:
 def load_weights(library, dev, manifest=None) -> list:
     """The weights of an exported library (its manifest, `<library>.json` unless given, names the file and
     the order), as tensors on `dev`, in `main`'s parameter order; [] for a library with embedded weights.
-    A bundle's manifest may name a weights recipe instead of the file: the weights are then regenerated
-    with numpy."""
+    (A bundle whose weights travel another way than their file, e.g. the GPU check's recipes, is run by its
+    own run.py.)"""
     import tvm.runtime  # the runtime alone
 
     from .manifest import Manifest, manifest_path_of
@@ -77,10 +77,5 @@ def load_weights(library, dev, manifest=None) -> list:
     entry = (manifest or Manifest.load(manifest_path_of(library))).weights
     if entry is None:
         return []
-    if entry.extra.get("recipe"):  # a bundle's: regenerated with numpy from the seed (recipe_replay)
-        from .recipe_replay import regenerate
-
-        values = regenerate(library.with_name(entry.extra["recipe"]))
-        return [tvm.runtime.tensor(values[name], dev) for name in entry.params]
     values = tvm.runtime.load_param_dict(library.with_name(entry.file).read_bytes())
     return [values[name].copyto(dev) for name in entry.params]
