@@ -8,11 +8,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 
 from . import frontend
 from ._tvm import relax, tvm
-from .build import Built, build, resolve_target
+from .build import Built, build
 from .console import progress, table
 from .errors import FusionError
 from .export import compile_cuda_source, cuda_source
@@ -21,7 +20,8 @@ from .io import (INPUTS_SYNTAX, as_arrays, available_memory, check_inputs, check
 from .pipeline import MODES
 from .rules import RuleSet
 from .numerics import ErrorStats, error_stats
-from .precision import check_precision, convert, half_baseline, verdict_dtype
+from .precision import check_precision, half_baseline, verdict_dtype
+from .prepared import prepare
 from .reference import Reference
 
 __all__ = ["CompareReport", "compare", "random_inputs", "load_inputs", "check_inputs", "check_modes", "run_onnxruntime",
@@ -190,7 +190,8 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
             repeat: int = 10, seed: int = 0, arch: str = "sm_90", modes=MODES, inputs=None,
             precision: str | None = None, simplify: bool = True) -> CompareReport:
     """Build `model` in `modes`, run them and onnxruntime on the same inputs, return the report.
-    `simplify=False`: import the model as given (no ONNX simplifier; frontend.import_onnx).
+    `model`: a path, a ModelProto, or a prepared.PreparedModel (then its target, shapes, inputs, precision
+    and simplifier choice are used). `simplify=False`: import the model as given (no ONNX simplifier).
 
     `precision` "fp16" / "bf16": convert the float32 model first (tvm_fusion.precision); onnxruntime runs the
     float32 model and every output is judged with the half dtype's tolerance.
@@ -201,14 +202,10 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     precision = precision if check_precision(precision) else None
     if repeat < 0:
         raise FusionError(f"repeat {repeat} is negative; use 0 (no timing) or more")
-    name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
-    proto = frontend.load_onnx(model)
-    if not proto.graph.output:
-        raise FusionError(f"{name}: the graph has no outputs; nothing to compare")
-    given = load_inputs(inputs)
-    shapes = check_inputs(proto, given, shapes)
-    mod = convert(frontend.import_onnx(proto, shapes, simplify=simplify), precision)
-    tgt = resolve_target(target, arch)
+    prepared = prepare(model, target, arch=arch, shapes=shapes, inputs=inputs, precision=precision, simplify=simplify)
+    name, proto, mod, tgt, shapes, given = (prepared.name, prepared.proto, prepared.mod, prepared.target,
+                                            prepared.shapes, prepared.given)
+    precision, arch = prepared.precision, prepared.arch
     if tgt.kind.name != "cuda" or gpu_available()[0]:  # before building: refuse what cannot run
         check_memory(mod, len(modes) + 1, name)
     builds: dict[str, Built] = {}
@@ -247,8 +244,7 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
         if "fused" in builds:
             from .differential import check_groups
 
-            groups = check_groups(model, tgt, shapes=shapes, rules=rules, seed=seed, arch=arch, inputs=given,
-                                  precision=precision, simplify=simplify)
+            groups = check_groups(prepared, rules=rules, seed=seed)
     ort_lat = []
     for _ in progress(range(repeat), "timing"):  # interleaved: one run of each per round
         for m, vm in vms.items():

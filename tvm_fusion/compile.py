@@ -20,10 +20,10 @@ from .console import progress
 from .errors import FusionError
 from .export import export_library
 from .fuse import ELEMENTS_PER_BATCH_ATTR
-from .io import check_inputs, load_inputs
 from .manifest import CudaBinary, DimLimit, Manifest, TensorSpec, WeightsFile, manifest_path_of
 from .hardware import cuda_facts
-from .precision import PRECISIONS, check_precision, convert
+from .precision import PRECISIONS, check_precision
+from .prepared import PreparedModel, prepare
 from .rules import RuleSet, dim_name
 from .simplify import record_of as simplify_record
 from .tune import TuneOptions
@@ -266,15 +266,16 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     judges it against the float32 model with the half dtype's tolerance.
     `tune` (tune.TuneOptions: trials per kernel, database folder, RPC tracker) tunes the fused kernels with
     MetaSchedule first; the manifest's `tuning` and the result's `tuning` say what each kernel gained.
-    `simplify=False` imports the model as given, without the ONNX simplifier (the verify step's checks too)."""
+    `simplify=False` imports the model as given, without the ONNX simplifier (the verify step's checks too).
+    `model`: a path, a ModelProto, or a prepared.PreparedModel (its target, shapes, inputs, precision and
+    simplifier choice are used)."""
     start = time.perf_counter()
     check_precision(precision)
     if tune is not None:
         check_tune_options(tune)
     output = Path(output)
-    check_output(output, model)
-    name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
-    tgt = resolve_target(target, arch)
+    check_output(output, None if isinstance(model, PreparedModel) else model)
+    tgt = model.target if isinstance(model, PreparedModel) else resolve_target(target, arch)
     linker = cpu_linker(tgt, cc)
     steps = ["import", "fuse + tune + build" if tune is not None else "fuse + build", "verify" if verify else "(not verified)",
              "compile GPU code + export" if tgt.kind.name == "cuda" else "export"]
@@ -282,10 +283,10 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         steps.append("count unfused / tvm kernels")
     partial = output.with_name(f".partial-{os.getpid()}-{output.name}")  # renamed only once verified
     with progress(steps) as bar:
-        proto = frontend.load_onnx(model)
-        given = load_inputs(inputs)
-        shapes = check_inputs(proto, given, shapes)  # given arrays bind symbolic dims, as in compare
-        mod = convert(frontend.import_onnx(proto, shapes, simplify=simplify), precision)
+        # given arrays bind symbolic dims, as in compare
+        prepared = prepare(model, tgt, arch=arch, shapes=shapes, inputs=inputs, precision=precision, simplify=simplify)
+        name, proto, mod, shapes, given = prepared.name, prepared.proto, prepared.mod, prepared.shapes, prepared.given
+        precision, simplify = prepared.precision, prepared.simplify
         bar.update()
         built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights, cuda_graph=cuda_graph,
                       tune=tune)
