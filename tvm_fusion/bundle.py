@@ -9,9 +9,9 @@
     deploy/site/tvm/lib/libcudart.so.13     for a CUDA library: the CUDA runtime TVM links (the GPU server
                                             needs only the driver), when this host has it
     deploy/site/typing_extensions.py        tvm-ffi's one pure-Python dependency
+    deploy/site/tvm_fusion_manifest.py      tvm_fusion/manifest.py, through which run.py reads the manifest
     deploy/run.py                           loads and runs the library with TVM_USE_RUNTIME_LIB=1
 
-    deploy/site/tvm_fusion_manifest.py      tvm_fusion/manifest.py, through which run.py reads the manifest
     --numpy            deploy/wheels/numpy-*.whl for the target Python, unpacked by run.py where the
                        target has no numpy
 
