@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .errors import FusionError
+
 __all__ = ["WEIGHTS_SUFFIX", "lift_weights", "save_weights", "load_weights"]
 
 WEIGHTS_SUFFIX = ".weights"
@@ -77,5 +79,10 @@ def load_weights(library, dev, manifest=None) -> list:
     entry = (manifest or Manifest.load(manifest_path_of(library))).weights
     if entry is None:
         return []
-    values = tvm.runtime.load_param_dict(library.with_name(entry.file).read_bytes())
+    path = library.with_name(entry.file)
+    if not path.exists():
+        how = " (its manifest names a weights recipe: run the bundle's run.py)" if entry.extra.get("recipe") else ""
+        raise FusionError(f"{library}: its weights file {entry.file} is missing beside it{how}; copy it there, "
+                          "or compile the model again")
+    values = tvm.runtime.load_param_dict(path.read_bytes())
     return [values[name].copyto(dev) for name in entry.params]
