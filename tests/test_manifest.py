@@ -38,7 +38,8 @@ def test_an_unversioned_manifest_loads_and_round_trips(tmp_path):
     assert m.weights == WeightsFile("m.so.weights", 100, ["w0", "w1"])
     assert (m.target_kind, m.cuda_binary, m.extra) == ("llvm", None, {})
     m.save(tmp_path / "again.json")
-    assert json.loads((tmp_path / "again.json").read_text()) == {"schema_version": 1, **UNVERSIONED}
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again == {"schema_version": 1, **UNVERSIONED} and list(again) == ["schema_version", *UNVERSIONED]
     assert Manifest.load(tmp_path / "again.json") == m
     assert m["groups"] == UNVERSIONED["groups"] and m.get("cuda_graph") is None and "weights" in m
 
@@ -102,3 +103,11 @@ def test_compile_writes_and_the_runtime_reads_the_same_class(tmp_path):
     result.manifest_path.write_text(json.dumps(on_disk))
     with pytest.raises(FusionError, match=rf"^{result.manifest_path}: manifest schema_version {SCHEMA_VERSION + 1}"):
         load(result.library)
+
+
+def test_every_field_is_written_in_the_json_order():
+    """The JSON keeps compile's key order; a field added to the class but not to that order would not be written."""
+    from dataclasses import fields
+
+    for cls in (Manifest, CudaBinary):
+        assert sorted(cls._order) == sorted(f.name for f in fields(cls) if f.name != "schema_version"), cls

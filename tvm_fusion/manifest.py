@@ -56,14 +56,16 @@ def _known(cls, data: dict, where: str) -> tuple[dict, dict]:
 
 
 def _dict(obj, always=()) -> dict:
-    """The JSON object of a record: its fields in order, a None left out unless in `always`, then `extra`."""
+    """The JSON object of a record: its fields in `_order` (else field) order, a None left out unless in
+    `always`, then `extra`."""
     out = {}
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if f.name == "extra":
+    names = getattr(obj, "_order", None) or [f.name for f in fields(obj)]
+    for name in names:
+        value = getattr(obj, name)
+        if name == "extra":
             out.update(value)
-        elif value is not None or f.name in always:
-            out[f.name] = value.to_dict() if hasattr(value, "to_dict") else value
+        elif value is not None or name in always:
+            out[name] = value.to_dict() if hasattr(value, "to_dict") else value
     return out
 
 
@@ -123,6 +125,8 @@ class CudaBinary(_Record):
     compiler: str | None = None
     compiled_at: str | None = None  # "export" (nvcc) or "build" (TVM, with a CUDA driver)
     compile_seconds: float | None = None
+
+    _order = ("format", "bytes", "compiler", "compiled_at", "compile_seconds", "kernels")
 
     def to_dict(self) -> dict:
         return _dict(self, always=("compile_seconds",) if self.compiler else ())
@@ -194,6 +198,12 @@ class Manifest:
         except (TypeError, AttributeError) as err:
             raise FusionError(f"{where}: a field of the wrong type ({err}); compile the model again") from None
         return cls(**{**known, "schema_version": SCHEMA_VERSION}, extra=extra)
+
+    # the JSON's key order (the dataclass needs its required fields first)
+    _order = ("model", "library", "target", "cpu_triple", "cpu_features", "arch", "tvm_version", "inputs", "outputs",
+              "symbolic_dims", "precision", "rule_counts", "groups", "tensor_core_groups", "builds", "declined",
+              "unscheduled", "verification", "simplify", "cuda_facts", "cuda_binary", "cuda_graph", "tuning",
+              "weights", "extra")
 
     def to_dict(self) -> dict:
         out = {"schema_version": self.schema_version, **_dict(self, always=("arch",))}
