@@ -29,7 +29,7 @@ share of what is left is spent (at least MIN_ROUNDS rounds).
 
 With --bundle B it also writes a runtime-only bundle for a GPU machine that has Python, a CUDA driver and
 no TVM (tvm_fusion.deploy.bundle, at most 64 MiB): the 16 CUDA libraries with their weights as recipes over the
-example's seed (weights_recipe.py: ResNet-50's 102 MB of weights regenerated there with numpy, float16 ones
+example's seed (gpu_bundle/weights_recipe.py: ResNet-50's 102 MB of weights regenerated there with numpy, float16 ones
 as casts of them, each checked by sha256; libraries whose weights are identical share one recipe), the TVM
 runtime, numpy's wheel, the CPU and onnxruntime outputs (references.npz; the inputs are regenerated there
 from their seed and checked by sha256), this report so far, and benchmarks/gpu_check_device.py, which runs
@@ -396,16 +396,17 @@ def _export_other(built, path: Path, model_path: str, arch: str) -> Path:
     from tvm_fusion.deploy.compile import _inputs
     from tvm_fusion.deploy.export import export_library
     from tvm_fusion.frontend.importer import onnx_input_names
-    from tvm_fusion.weights import WEIGHTS_SUFFIX, save_weights
+    from tvm_fusion.runtime.manifest import CudaBinary, Manifest, WeightsFile, manifest_path_of
+    from tvm_fusion.runtime.weights import WEIGHTS_SUFFIX, save_weights
 
     binary = export_library(built.executable, path, arch)
     weights = path.with_name(path.name + WEIGHTS_SUFFIX)
     size = save_weights(weights, built.weights)
-    manifest = {"model": model_path, "target": str(built.target), "arch": arch, "mode": built.mode,
-                "inputs": _inputs(built, onnx_input_names(built.module)),  # the model's own input names
-                "weights": {"file": weights.name, "bytes": size, "params": list(built.weights)},
-                "cuda_binary": {"format": binary.fmt, "bytes": binary.size, "kernels": binary.kernels}}
-    path.with_name(path.name + ".json").write_text(json.dumps(manifest, indent=2))
+    Manifest(model=model_path, library=str(path), target=str(built.target), arch=arch, extra={"mode": built.mode},
+             inputs=_inputs(built, onnx_input_names(built.module)),  # the model's own input names
+             weights=WeightsFile(file=weights.name, bytes=size, params=list(built.weights)),
+             cuda_binary=CudaBinary(format=binary.fmt, bytes=binary.size, kernels=binary.kernels),
+             ).save(manifest_path_of(path))
     return path
 
 
@@ -505,11 +506,16 @@ def write_bundle(rep: Report, dest: Path, done: dict, python: str | None) -> Non
     from tvm_fusion.deploy.bundle import MAX_BYTES, bundle
     from tvm_fusion.examples import example_of
 
+    here = Path(__file__).parent
+    if str(here) not in sys.path:  # loaded by path (tests) rather than run from benchmarks/
+        sys.path.insert(0, str(here))
+    from gpu_bundle import bundle_with_recipes
+
     t0 = time.perf_counter()
     libs = [p for r in done.values() for p in r["libs"].values()]
-    recipe = example_of(rep.data["model"]) is not None  # an example's weights travel as a recipe, others as files
-    result = bundle(libs[0], dest, python, recipe=recipe, numpy_wheel=True, others=libs[1:])
-    here = Path(__file__).parent
+    # an example's weights travel as a recipe over its seed, others as files
+    write = bundle_with_recipes if example_of(rep.data["model"]) is not None else bundle
+    result = write(libs[0], dest, python, numpy_wheel=True, others=libs[1:])
     for f in (here / "gpu_check.py", here / "gpu_check_device.py"):
         shutil.copy2(f, dest / f.name)
     shutil.copy2(numerics.__file__, dest / "site" / "numerics.py")
@@ -569,7 +575,7 @@ def main(argv=None) -> int:
 
     from tvm_fusion._tvm import relax
     from tvm_fusion.examples import example_path
-    from tvm_fusion.weights import load_weights
+    from tvm_fusion.runtime.weights import load_weights
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -62,8 +62,8 @@ def main(argv=None) -> int:
         rep.data["weights_seconds"] = {}
 
         def tensors(manifest):
-            entry = manifest.get("weights") or {}
-            source = entry.get("recipe") or entry.get("file")
+            entry = manifest.weights
+            source = entry and (entry.extra.get("recipe") or entry.file)
             if source not in weights:
                 t0 = time.perf_counter()
                 weights[source] = run.weights(manifest, dev)
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
 
             def load(mode):
                 lib = os.path.join(HERE, cfg["libraries"][mode])
-                manifest = json.load(open(lib + ".json"))
+                manifest = run.Manifest.load(lib + ".json")
                 return tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(lib), dev), inputs + tensors(manifest)
 
             run_gpu_steps(rep, key, load, dev, outputs, cpu_out, ort, args.rounds, budget_s)

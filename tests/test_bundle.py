@@ -14,7 +14,7 @@ import pytest
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.cli import main
 from tvm_fusion.testing import residual_block
-from tvm_fusion.weights import load_weights
+from tvm_fusion.runtime.weights import load_weights
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,20 @@ def test_bundle_runs_in_a_fresh_venv_without_the_compiler(tmp_path, fresh_python
     np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["arr_0"], here)
 
 
+def test_the_library_does_not_carry_the_gpu_checks_weights_recipes(capsys):
+    """The example-weight recipes serve the GPU check's bundle (benchmarks/gpu_bundle): no module of the
+    library is one or imports one, and `bundle` has no recipe option."""
+    package = Path(__file__).parents[1] / "tvm_fusion"
+    assert not [p for p in package.rglob("*.py") if p.stem in ("weights_recipe", "recipe_replay")]
+    code = ("import sys, tvm_fusion, tvm_fusion.cli, tvm_fusion.compile, tvm_fusion.bundle, tvm_fusion.runtime, "
+            "tvm_fusion.runtime.weights; print(sorted(m for m in sys.modules if 'recipe' in m or 'gpu_bundle' in m))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert main(["bundle", "m.so", "-o", "d", "--weights-recipe"]) == 2
+    assert "unrecognized arguments: --weights-recipe" in capsys.readouterr().err
+
+
 def test_bundle_of_a_missing_library_is_one_line(tmp_path, capsys):
     assert main(["bundle", str(tmp_path / "nope.so"), "-o", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err
@@ -73,8 +87,7 @@ def test_libraries_with_the_same_weights_share_one_recipe(tmp_path):
     weights: the bundle writes one recipe, both manifests name it, and it regenerates the weights of each
     library bit for bit. (A library bound to batch 2 may pack its conv weights for another tile: its own
     recipe.)"""
-    from tvm_fusion.deploy import recipe_replay
-    from tvm_fusion.deploy.bundle import bundle
+    from benchmarks.gpu_bundle import bundle_with_recipes, recipe_replay
     from tvm_fusion.deploy.compile import compile_model
     from tvm_fusion.examples import example_path
     from tvm_fusion.frontend.importer import parse_shape
@@ -84,7 +97,7 @@ def test_libraries_with_the_same_weights_share_one_recipe(tmp_path):
                   external_weights=True)
     compile_model(example_path("squeezenet", 0, dynamic_batch=True), libs[1], "llvm", verify=False,
                   counts_of_other_builds=False, external_weights=True, shapes=dict([parse_shape("data_0=Nx3x224x224")]))
-    result = bundle(libs[0], tmp_path / "deploy", recipe=True, others=[libs[1]])
+    result = bundle_with_recipes(libs[0], tmp_path / "deploy", others=[libs[1]])
     deploy = result.path
     assert sorted(p.name for p in deploy.glob("*.recipe.json")) == ["sq_b1.so.recipe.json"]
     assert not list(deploy.glob("*.weights"))

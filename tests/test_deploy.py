@@ -22,6 +22,7 @@ from tvm_fusion.errors import FusionError
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion import runtime
+from tvm_fusion.runtime.manifest import Manifest
 from tvm_fusion.runtime import check_host, load
 from tvm_fusion.testing import GraphBuilder, assert_close, residual_block
 
@@ -103,16 +104,22 @@ def test_load_names_the_features_this_host_lacks(tmp_path, monkeypatch):
         load(lib)
 
 
+def _manifest(triple, features) -> Manifest:
+    return Manifest(model="m.onnx", library="lib.so", target="llvm", inputs=[], cpu_triple=triple,
+                    cpu_features=features)
+
+
 def test_check_host_against_a_host_with_avx512_hidden(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma f16c\n")
-    avx512 = {"cpu_triple": "x86_64-linux-gnu", "cpu_features": ["avx2", "avx512f", "avx512bw", "sse2"]}
+    avx512 = _manifest("x86_64-linux-gnu", ["avx2", "avx512f", "avx512bw", "sse2"])
     with pytest.raises(FusionError, match=r"lib.so uses CPU features .* avx512bw, avx512f \(not in"):
         check_host(avx512, "lib.so", cpuinfo=cpuinfo)
-    check_host({"cpu_triple": "x86_64-linux-gnu", "cpu_features": ["avx", "avx2", "fma"]}, cpuinfo=cpuinfo)
+    check_host(_manifest("x86_64-linux-gnu", ["avx", "avx2", "fma"]), cpuinfo=cpuinfo)
+    check_host(_manifest(None, None), cpuinfo=cpuinfo)  # a manifest that says nothing about the CPU
     if os.uname().machine == "x86_64":
         with pytest.raises(FusionError, match="was built for aarch64-linux-gnu"):
-            check_host({"cpu_triple": "aarch64-linux-gnu", "cpu_features": ["neon"]}, cpuinfo=cpuinfo)
+            check_host(_manifest("aarch64-linux-gnu", ["neon"]), cpuinfo=cpuinfo)
 
 
 RUNTIME_ONLY = textwrap.dedent("""
@@ -214,10 +221,10 @@ def test_runtime_load_passes_a_weights_file(tmp_path):
 
 def test_runtime_imports_no_compiler_module_of_tvm_fusion():
     """Even where `import tvm` loads TVM's compiler (no TVM_USE_RUNTIME_LIB), tvm_fusion.runtime adds
-    nothing of ours: no _tvm, build, fuse, frontend, onnx or onnxruntime."""
+    nothing of ours but the manifest's class: no _tvm, build, fuse, frontend, onnx or onnxruntime."""
     code = ("import sys, tvm_fusion.runtime; print(sorted(m for m in sys.modules if m.startswith("
             "('tvm_fusion.', 'onnx')) and m not in ('tvm_fusion.runtime', 'tvm_fusion.errors', "
-            "'tvm_fusion.cpu_features', 'tvm_fusion.quiet')))")
+            "'tvm_fusion.cpu_features', 'tvm_fusion.quiet', 'tvm_fusion.runtime.manifest')))")
     env = {k: v for k, v in os.environ.items() if k != "TVM_USE_RUNTIME_LIB"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -21,7 +21,7 @@ PLACES = {
     # what every stage stands on: TVM's API, errors, console, hardware facts, dtypes, the rule API and the
     # compute / schedule registry, and the runtime a deployed library runs on
     **{f"tvm_fusion.{m}": "base" for m in ("_tvm", "errors", "console", "quiet", "cpu_features", "hardware",
-                                           "precision", "rules", "registry", "runtime", "weights")},
+                                           "precision", "rules", "registry", "runtime")},
     "tvm_fusion.schedules": "kernels",  # TE computes and their schedules (the frontend's recurrence uses them)
     "tvm_fusion.frontend": "frontend",
     "tvm_fusion.fusion": "fusion",
@@ -38,10 +38,7 @@ PLACES = {
 }
 
 #: (importer, imported) -> why this upward import is allowed
-ALLOWED = {
-    ("tvm_fusion.weights", "tvm_fusion.deploy.recipe_replay"):
-        "a bundle's weights regenerated from their recipe (numpy only); goes with the example-weight recipes",
-}
+ALLOWED: dict = {}
 
 #: modules whose function-local imports are their design, not a workaround
 LAZY = {

@@ -5,11 +5,13 @@ import json
 
 import numpy as np
 import onnx
+import pytest
 
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.cli import main
+from tvm_fusion.errors import FusionError
 from tvm_fusion.testing import residual_block
-from tvm_fusion.weights import load_weights, save_weights
+from tvm_fusion.runtime.weights import load_weights, save_weights
 
 
 def _run(lib, x, weights=None):
@@ -43,3 +45,6 @@ def test_external_weights_match_embedded(tmp_path, capsys):
     save_weights(tmp_path / "external.so.weights", dict(zip(manifest["weights"]["params"], zeros)))
     # zero weights and biases: both convs give 0, so the block is relu(0 + x)
     np.testing.assert_array_equal(_run(external, x), np.maximum(x, 0))
+    (tmp_path / "external.so.weights").unlink()
+    with pytest.raises(FusionError, match=r"external.so: its weights file external.so.weights is missing beside it; "):
+        load_weights(external, tvm.cpu(0))

@@ -1,6 +1,6 @@
-"""Weights as a recipe over the example's seed (weights_recipe.py, recipe_replay.py): the regenerated weights
-equal the ones TVM lifted out of the library, element by element, and a recipe that does not reproduce them
-fails naming the weight instead of running wrong weights."""
+"""Weights as a recipe over the example's seed (benchmarks/gpu_bundle: weights_recipe.py, recipe_replay.py, for
+the GPU check's bundle): the regenerated weights equal the ones TVM lifted out of the library, element by
+element, and a recipe that does not reproduce them fails naming the weight instead of running wrong weights."""
 
 import json
 import subprocess
@@ -11,10 +11,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from tvm_fusion.deploy import recipe_replay
+from benchmarks.gpu_bundle import recipe_replay
+from benchmarks.gpu_bundle.weights_recipe import make_recipe, step_counts, write_recipe
 from tvm_fusion.errors import FusionError
 from tvm_fusion.examples import draw_plan, example_of
-from tvm_fusion.deploy.weights_recipe import make_recipe, step_counts, write_recipe
 
 
 def test_the_draw_plan_replays_the_example_initializers(resnet50_path):
@@ -96,7 +96,7 @@ def test_fp16_weights_are_casts_of_the_float32_recipe(tmp_path):
     from tvm_fusion.frontend.importer import import_onnx
     from tvm_fusion.fusion.fuse import fuse
     from tvm_fusion.build.mixed_precision import convert
-    from tvm_fusion.weights import lift_weights
+    from tvm_fusion.runtime.weights import lift_weights
 
     path = example_path("shufflenet", 0)
     target = resolve_target("cuda", "sm_90")  # scheduled, not compiled: the weights are those of the library

@@ -11,6 +11,7 @@
     print(tf.bisect("model.onnx", rules=my_rules))           # which rule broke what
     tf.profile("model.onnx").write_html("report.html")       # per-kernel time, traffic, what to fuse next
     model = tf.load("model.so"); outputs = model(x)          # the TVM runtime alone (tvm_fusion.runtime)
+    m = tf.prepare("model.onnx", "llvm"); tf.compare(m); tf.profile(m)   # loaded and imported once, for several
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ _LAZY = {
     "register_compute": "registry", "register_schedule": "registry",
     "Decline": "rules", "Lowering": "rules", "Match": "rules", "Rule": "rules", "RuleSet": "rules",
     "Spec": "rules", "commutative": "rules", "decline": "rules", "rule": "rules",
-    "load": "runtime",
+    "load": "runtime", "Manifest": "runtime.manifest", "PreparedModel": "check.prepared", "prepare": "check.prepared",
     "TuneOptions": "build.tune", "TuneReport": "build.tune",
 }
 

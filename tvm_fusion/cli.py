@@ -138,10 +138,6 @@ def _parser() -> argparse.ArgumentParser:
     bnd.add_argument("library", help="a library written by tvm-fusion compile (with its .json manifest)")
     bnd.add_argument("-o", "--output", required=True, help="folder to write")
     bnd.add_argument("--python", default=None, help="Python version of the target machine (default: this one's)")
-    bnd.add_argument("--weights-recipe", action="store_true",
-                     help="for a library compiled from --example with --external-weights: carry how each weight is "
-                          "made from the seed (regenerated with numpy on the target, checked by sha256) instead "
-                          "of the weights file")
     bnd.add_argument("--numpy", action="store_true", help="carry numpy's wheel for the target Python (unpacked "
                      "by run.py where the target has no numpy)")
     m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report",
@@ -239,11 +235,11 @@ def _run(args) -> int:
     if args.command == "bundle":
         from tvm_fusion.deploy.bundle import bundle
 
-        print(bundle(args.library, args.output, args.python, recipe=args.weights_recipe, numpy_wheel=args.numpy))
+        print(bundle(args.library, args.output, args.python, numpy_wheel=args.numpy))
         return 0
     from tvm_fusion.build.builder import resolve_target
 
-    resolve_target(args.target, args.arch)  # a bad --target fails here, before any work
+    target = resolve_target(args.target, args.arch)  # a bad --target fails here, before any work; resolved once
     rules = _rules(args)
     shapes = _shapes(args)
     model = _model(args, shapes)
@@ -254,7 +250,7 @@ def _run(args) -> int:
         print(explain(model, args.target, shapes=shapes, rules=rules, simplify=simplify))
         return 0
     if args.command == "profile":
-        return _profile(args, model, shapes, rules)
+        return _profile(args, model, target, shapes, rules)
     if args.command == "compile":
         from tvm_fusion.deploy.compile import compile_model
 
@@ -262,12 +258,12 @@ def _run(args) -> int:
         from tvm_fusion.check.verify import DEFAULT_SEARCH_TIMEOUT
 
         timeout = DEFAULT_SEARCH_TIMEOUT if args.search_timeout is None else args.search_timeout
-        result = compile_model(model, args.output, args.target, arch=args.arch, shapes=shapes, rules=rules,
+        result = compile_model(model, args.output, target, arch=args.arch, shapes=shapes, rules=rules,
                                counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
                                seed=args.seed, external_weights=args.external_weights, inputs=args.inputs,
                                cuda_graph=args.cuda_graph, precision=args.precision, tune=tune,
                                strict=args.strict, search_timeout=timeout, simplify=simplify)
-        warning = result.manifest["verification"].get("warning")
+        warning = (result.manifest.verification or {}).get("warning")
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
         print(result)
@@ -277,10 +273,10 @@ def _run(args) -> int:
 
     modes = check_modes(args.modes)
     if args.per_group or args.bisect:
-        return _differential(args, model, shapes, rules)
+        return _differential(args, model, target, shapes, rules)
     from tvm_fusion.check.compare import compare
 
-    report = compare(model, args.target, shapes=shapes, rules=rules, repeat=args.repeat, seed=args.seed,
+    report = compare(model, target, shapes=shapes, rules=rules, repeat=args.repeat, seed=args.seed,
                      arch=args.arch, modes=modes, inputs=args.inputs, precision=args.precision, simplify=simplify)
     print(report)
     print(_profile_hint(args))
@@ -298,10 +294,10 @@ def _profile_hint(args) -> str:
     return "per-kernel time, memory traffic and what to fuse next: " + shlex.join(cmd)
 
 
-def _profile(args, model, shapes, rules) -> int:
+def _profile(args, model, target, shapes, rules) -> int:
     from tvm_fusion.profile.measure import profile
 
-    report = profile(model, args.target, shapes=shapes, rules=rules, modes=[m for m in args.modes.split(",") if m],
+    report = profile(model, target, shapes=shapes, rules=rules, modes=[m for m in args.modes.split(",") if m],
                      repeat=args.repeat, seed=args.seed, arch=args.arch, simplify=not args.no_simplify)
     print(report)
     for path, write in ((args.json, report.write_json), (args.html, report.write_html)):
@@ -311,18 +307,18 @@ def _profile(args, model, shapes, rules) -> int:
     return 0
 
 
-def _differential(args, model, shapes, rules) -> int:
+def _differential(args, model, target, shapes, rules) -> int:
     from tvm_fusion.check.differential import bisect, check_groups
 
     kw = {"shapes": shapes, "rules": rules, "seed": args.seed, "arch": args.arch, "inputs": args.inputs,
           "precision": args.precision, "simplify": not args.no_simplify}
     if args.bisect:
-        report = bisect(model, args.target, **kw)
+        report = bisect(model, target, **kw)
         print(report)
         if not report.first.ok:
             raise ToleranceExceeded(report.first.first_failure() + "; " + report.verdict)
         return 0
-    report = check_groups(model, args.target, **kw)
+    report = check_groups(model, target, **kw)
     print(report)
     if not report.ok:
         raise ToleranceExceeded(report.first_failure() + "; run with --bisect to find the rule to blame")

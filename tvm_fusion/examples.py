@@ -155,7 +155,8 @@ def draw_plan(name: str, seed: int) -> list[dict]:
     """The seeded draws behind `example_path(name, seed)`'s weights, in order, one per weight drawn:
     {"name": initializer, "call": "normal" | "uniform", "args": [loc, scale] | [low, high], "shape"}.
     Replaying them on `numpy.random.default_rng(seed)` and casting to float32 gives those initializers
-    (the BatchNorm statistics and LSUV scales are then calibrated, so those differ: recipe_replay)."""
+    (the BatchNorm statistics and LSUV scales are then calibrated, so those differ; the GPU check's
+    weights recipes, benchmarks/gpu_bundle, store them)."""
     log: list[dict] = []
     _random_weights(onnx.load(str(light_model_path(LIGHT_FILES[name]))), np.random.default_rng(seed), log)
     return log

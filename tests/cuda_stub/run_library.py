@@ -14,7 +14,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_fusion.weights import load_weights
+from tvm_fusion.runtime.weights import load_weights
 
 
 def main(library: str, shapes: dict, runs: int = 1) -> None:

@@ -159,12 +159,16 @@ def _resnet50_bundle_with_a_weights_recipe(stub, lib, tmp_path):
     and issues the 57 launches."""
     from . import read_log
 
+    from benchmarks.gpu_bundle import bundle_with_recipes
+    from tvm_fusion.errors import FusionError
+
     deploy = tmp_path / "deploy"
-    proc = subprocess.run([sys.executable, "-m", "tvm_fusion", "bundle", str(lib), "-o", str(deploy),
-                           "--weights-recipe", "--numpy"], capture_output=True, text=True)
-    if "could not download numpy" in proc.stderr:
-        pytest.skip("numpy's wheel could not be fetched (no package index)")
-    assert proc.returncode == 0, proc.stderr
+    try:
+        bundle_with_recipes(lib, deploy, numpy_wheel=True)
+    except FusionError as err:
+        if "could not download numpy" in str(err):
+            pytest.skip("numpy's wheel could not be fetched (no package index)")
+        raise
     size = sum(p.stat().st_size for p in deploy.rglob("*") if p.is_file())
     assert size <= 64 << 20 and not list(deploy.glob("*.weights")), size
     base = getattr(sys, "_base_executable", sys.executable)

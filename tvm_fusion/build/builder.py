@@ -25,7 +25,7 @@ from tvm_fusion.build.unscheduled import Unscheduled, find_unscheduled, kernel_o
 from tvm_fusion.fusion.loader import load_rules_for
 from tvm_fusion.build.cuda_compiler import build_time_compiler
 from tvm_fusion.hardware import cuda_sm_version
-from tvm_fusion.weights import lift_weights
+from tvm_fusion.runtime.weights import lift_weights
 from tvm_fusion.build.tune import tune_fused
 
 __all__ = ["Built", "build", "legalize", "legalize_traced", "resolve_target", "parse_target", "default_cpu_target",
@@ -173,7 +173,7 @@ def legalize_traced(mod, target, mode: str):
     """(the `legalize` stage of `mode`, {kernel: (the legalized ops, the ONNX nodes) it computes}): the same
     passes, run in three parts around TVM's FuseOps to read which bindings each fused kernel took
     (unscheduled.py)."""
-    target = resolve_target(target)
+    target = target if isinstance(target, tvm.target.Target) else resolve_target(target)
     recurrent_kernel.check_target(mod, target)
     passes = pipeline.legalize_passes(mode, target)
     names = [p.info.name for p in passes]
@@ -196,7 +196,7 @@ def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None,
     cuda_graph=True, pass the same weight tensors to every call.
     `tune` (a tune.TuneOptions, fused mode only) tunes the fused kernels with MetaSchedule and keeps each
     tuned schedule that measured faster than the hand schedule; `Built.tuning` reports it per kernel."""
-    target = resolve_target(target)
+    target = target if isinstance(target, tvm.target.Target) else resolve_target(target)
     if mode not in pipeline.MODES:
         raise FusionError(f"unknown build mode {mode!r}; use one of {', '.join(pipeline.MODES)}")
     if tune is not None and mode != "fused":

@@ -8,11 +8,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 
 from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.build.builder import Built, build, resolve_target
+from tvm_fusion.build.builder import Built, build
 from tvm_fusion.console import progress, table
 from tvm_fusion.errors import FusionError
 from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_source
@@ -20,9 +19,9 @@ from tvm_fusion.check.io import (INPUTS_SYNTAX, as_arrays, available_memory, che
                                  check_memory, device, gpu_available, graph_inputs, input_tensors, load_inputs,
                                  random_inputs, run_onnxruntime)
 from tvm_fusion.build.pipeline import MODES
+from tvm_fusion.check.prepared import prepare
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.check.numerics import ErrorStats, error_stats
-from tvm_fusion.build.mixed_precision import convert
 from tvm_fusion.check.half_reference import half_baseline
 from tvm_fusion.precision import check_precision, verdict_dtype
 from tvm_fusion.check.reference import Reference
@@ -194,7 +193,8 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
             repeat: int = 10, seed: int = 0, arch: str = "sm_90", modes=MODES, inputs=None,
             precision: str | None = None, simplify: bool = True) -> CompareReport:
     """Build `model` in `modes`, run them and onnxruntime on the same inputs, return the report.
-    `simplify=False`: import the model as given (no ONNX simplifier; frontend.import_onnx).
+    `model`: a path, a ModelProto, or a prepared.PreparedModel (then its target, shapes, inputs, precision
+    and simplifier choice are used). `simplify=False`: import the model as given (no ONNX simplifier).
 
     `precision` "fp16" / "bf16": convert the float32 model first (tvm_fusion.precision); onnxruntime runs the
     float32 model and every output is judged with the half dtype's tolerance.
@@ -205,14 +205,10 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     precision = precision if check_precision(precision) else None
     if repeat < 0:
         raise FusionError(f"repeat {repeat} is negative; use 0 (no timing) or more")
-    name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
-    proto = frontend.load_onnx(model)
-    if not proto.graph.output:
-        raise FusionError(f"{name}: the graph has no outputs; nothing to compare")
-    given = load_inputs(inputs)
-    shapes = check_inputs(proto, given, shapes)
-    mod = convert(frontend.import_onnx(proto, shapes, simplify=simplify), precision)
-    tgt = resolve_target(target, arch)
+    prepared = prepare(model, target, arch=arch, shapes=shapes, inputs=inputs, precision=precision, simplify=simplify)
+    name, proto, mod, tgt, shapes, given = (prepared.name, prepared.proto, prepared.mod, prepared.target,
+                                            prepared.shapes, prepared.given)
+    precision, arch = prepared.precision, prepared.arch
     if tgt.kind.name != "cuda" or gpu_available()[0]:  # before building: refuse what cannot run
         check_memory(mod, len(modes) + 1, name)
     builds: dict[str, Built] = {}
@@ -249,8 +245,7 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     if any(not s.ok for pair in baseline for s in errors[pair]):  # ill-conditioned: judge fusion per group
         reported = list(errors)
         if "fused" in builds:
-            groups = check_groups(model, tgt, shapes=shapes, rules=rules, seed=seed, arch=arch, inputs=given,
-                                  precision=precision, simplify=simplify)
+            groups = check_groups(prepared, rules=rules, seed=seed)
     ort_lat = []
     for _ in progress(range(repeat), "timing"):  # interleaved: one run of each per round
         for m, vm in vms.items():

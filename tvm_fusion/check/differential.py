@@ -20,21 +20,18 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 
 
 from tvm_fusion import _tvm
-from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.build.builder import build, default_rules, resolve_target
+from tvm_fusion.build.builder import build, default_rules
+from tvm_fusion.check.prepared import prepare
 from tvm_fusion.console import status, table
 from tvm_fusion.errors import FusionError
-from tvm_fusion.check.io import (as_arrays, check_inputs, check_memory, device, gpu_available, input_tensors,
-                                 load_inputs, run_onnxruntime, run_vm)
+from tvm_fusion.check.io import as_arrays, check_memory, device, gpu_available, input_tensors, run_onnxruntime, run_vm
 from tvm_fusion.fusion.fuse import Matched, lower, match
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.check.numerics import ErrorStats, error_stats
-from tvm_fusion.build.mixed_precision import convert
 from tvm_fusion.check.half_reference import half_baseline
 from tvm_fusion.precision import check_precision, verdict_dtype
 
@@ -189,15 +186,14 @@ def check_groups(model, target="llvm", *, shapes: dict | None = None, rules: Rul
     the whole model's outputs only where the model is well-conditioned for the dtype (half_reference.half_baseline).
     `deadline` (time.monotonic()): SearchTimedOut between two stages past it. `noise`: per output, onnxruntime's
     own on these inputs (reference.Reference.noise), allowed in the whole model's fused-vs-unfused verdict.
-    `simplify=False`: import the model as given (no ONNX simplifier)."""
-    name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
-    proto = frontend.load_onnx(model)
-    given = load_inputs(inputs)
-    shapes = check_inputs(proto, given, shapes)
+    `simplify=False`: import the model as given (no ONNX simplifier). `model`: a path, a ModelProto, or a
+    prepared.PreparedModel (then its target, shapes, inputs, precision and simplifier choice are used)."""
     # a symbolic dim is checked bound to one size (an --inputs array's, else the larger one compare runs)
-    shapes = frontend.concrete_shapes(shapes, frontend.check_sizes(shapes, given)[-1])
-    mod = convert(frontend.import_onnx(proto, shapes, simplify=simplify), precision)
-    tgt = resolve_target(target, arch)
+    prepared = prepare(model, target, arch=arch, shapes=shapes, inputs=inputs, precision=precision,
+                       simplify=simplify, bound=True)
+    name, proto, mod, tgt, shapes, given = (prepared.name, prepared.proto, prepared.mod, prepared.target,
+                                            prepared.shapes, prepared.given)
+    precision = prepared.precision
     dev = _device(tgt)
     rules = rules if rules is not None else default_rules()
     matched = match(mod, tgt, rules)
@@ -270,14 +266,16 @@ def bisect(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet |
     first stage past it, with `timed_out` set and the verdict saying what was found by then."""
     rules = rules if rules is not None else default_rules()
     deadline = time.monotonic() + timeout if timeout is not None else None
-    kw = {"shapes": shapes, "seed": seed, "arch": arch, "inputs": load_inputs(inputs), "precision": precision,
-          "deadline": deadline, "noise": noise, "simplify": simplify}
+    # loaded and imported once, bound as the per-group check needs it, for every round
+    prepared = prepare(model, target, arch=arch, shapes=shapes, inputs=inputs, precision=precision,
+                       simplify=simplify, bound=True)
+    kw = {"seed": seed, "deadline": deadline, "noise": noise}
     report = BisectReport(None, [])
     with status("culprit search", timeout) as line:
         try:
             line.step("per-group check")
-            report.first = check_groups(model, target, rules=rules, **kw)
-            return _search(report, model, target, rules, kw, line)
+            report.first = check_groups(prepared, rules=rules, **kw)
+            return _search(report, prepared, rules, kw, line)
         except SearchTimedOut:
             return _timed_out(report, timeout)
 
@@ -291,7 +289,7 @@ def _timed_out(report: BisectReport, timeout: float) -> BisectReport:
     return report
 
 
-def _search(report: BisectReport, model, target, rules: RuleSet, kw: dict, line: status) -> BisectReport:
+def _search(report: BisectReport, model, rules: RuleSet, kw: dict, line: status) -> BisectReport:
     """bisect's rounds after the per-group check (`report.first`)."""
     first = report.first
     if first.ok:
@@ -309,22 +307,22 @@ def _search(report: BisectReport, model, target, rules: RuleSet, kw: dict, line:
         disabled += blamed
         failing += current.failing
         line.step("disable " + ", ".join(disabled))
-        current = _bisect_step(report, model, target, rules, disabled, kw)
+        current = _bisect_step(report, model, rules, disabled, kw)
         if current.ok:
             return _culprits(report, disabled, failing)
     for extra in [[r] for r in fired if r not in disabled] + [[r for r in fired if r not in disabled]]:
         if not extra:
             continue
         line.step("disable " + ", ".join(disabled + extra))
-        if _bisect_step(report, model, target, rules, disabled + extra, kw).ok:
+        if _bisect_step(report, model, rules, disabled + extra, kw).ok:
             return _culprits(report, disabled + extra, failing)
     report.verdict = ("no culprit among the rules: the model is over tolerance even with every fired rule "
                       "disabled, so the difference is not made by fusion")
     return report
 
 
-def _bisect_step(report: BisectReport, model, target, rules: RuleSet, disabled: list[str], kw) -> GroupReport:
-    again = check_groups(model, target, rules=rules.select(disable=disabled), **kw)
+def _bisect_step(report: BisectReport, model, rules: RuleSet, disabled: list[str], kw) -> GroupReport:
+    again = check_groups(model, rules=rules.select(disable=disabled), **kw)
     worst = max((s.max_rel for s in again.outputs), default=0.0)
     off = sum(s.n_bad for s in again.outputs)
     bad = [g.rule for g in again.failing]

@@ -36,7 +36,7 @@ from tvm_fusion.frontend.importer import check_sizes, concrete_shapes, sizes_tex
 from tvm_fusion.fusion.fuse import lower
 from tvm_fusion.check.reference import Reference
 from tvm_fusion.rules import RuleSet
-from tvm_fusion.runtime import check_host
+from tvm_fusion.runtime import check_cpu
 from tvm_fusion.check.numerics import ErrorStats, error_stats
 from tvm_fusion.check.half_reference import half_baseline
 from tvm_fusion.precision import verdict_dtype
@@ -255,7 +255,7 @@ def _runs_here(target) -> bool:
     if target.kind.name != "llvm":
         return False
     try:
-        check_host({"cpu_triple": _tvm.llvm_triple(target), "cpu_features": _tvm.target_cpu_features(target)})
+        check_cpu(_tvm.llvm_triple(target), _tvm.target_cpu_features(target))
     except FusionError:
         return False
     return True

@@ -9,21 +9,21 @@
     deploy/site/tvm/lib/libcudart.so.13     for a CUDA library: the CUDA runtime TVM links (the GPU server
                                             needs only the driver), when this host has it
     deploy/site/typing_extensions.py        tvm-ffi's one pure-Python dependency
+    deploy/site/tvm_fusion_manifest.py      tvm_fusion/runtime/manifest.py, through which run.py reads the manifest
     deploy/run.py                           loads and runs the library with TVM_USE_RUNTIME_LIB=1
 
-    --weights-recipe   for a library compiled from an example model, instead of the weights file:
-                       deploy/model.so.recipe.json + .npz (the seeded draws and the fold of each weight,
-                       weights_recipe.py; ResNet-50: 0.3 MB for 102 MB) and site/recipe_replay.py, which
-                       regenerates them with numpy and checks each against its sha256
     --numpy            deploy/wheels/numpy-*.whl for the target Python, unpacked by run.py where the
                        target has no numpy
+
+`carry_weights` (Python API) carries a library's weights another way than its file: the GPU check's
+bundle (benchmarks/gpu_bundle) writes them as a recipe over an example model's seed, which run.py
+regenerates with the site/recipe_replay.py that bundle adds.
 
 On the target machine (Python, no TVM): `python deploy/run.py`. It needs nothing of tvm_fusion.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tvm_fusion.errors import FusionError
-from tvm_fusion.deploy.recipe_replay import digest
-from tvm_fusion.deploy.weights_recipe import make_recipe, step_counts, write_recipe
+from tvm_fusion.runtime import manifest as manifest_module
+from tvm_fusion.runtime.manifest import Manifest, manifest_path_of
 
 __all__ = ["BundleResult", "MAX_BYTES", "bundle"]
 
@@ -45,7 +45,7 @@ MAX_BYTES = 64 << 20  # what the lent GPU machine takes per call
 _NOT_RUNTIME = ("libtvm_compiler.so", "__pycache__", "include", "src", "3rdparty", "web", "cmake")
 _CUDART = "libcudart.so.13"  # what libtvm_runtime_cuda.so links (`ldd`)
 _RUN = Path(__file__).with_name("bundle_run.py")
-_REPLAY = Path(__file__).with_name("recipe_replay.py")
+_MANIFEST = Path(manifest_module.__file__)  # run.py reads the manifest through it: site/tvm_fusion_manifest.py
 
 
 @dataclass
@@ -113,66 +113,51 @@ def _cudart() -> Path | None:
     return Path(m.group(1)) if m and Path(m.group(1)).exists() else None
 
 
-def _add_library(library: Path, out: Path, recipe: bool, recipes: dict) -> dict:
-    """Copy `library`, its manifest and its weights (the file, or a recipe of them) into `out`. `recipes`:
-    the recipes written so far, by the sha256 of every weight in order; a library whose weights are the same
-    as an earlier one's (a dynamic-batch build of the same model, a build without its CUDA graph) names that
-    recipe."""
-    manifest_path = library.with_name(library.name + ".json")
+def _copy_weights(library: Path, manifest: Manifest, out: Path) -> None:
+    shutil.copy2(library.with_name(manifest.weights.file), out / manifest.weights.file)
+
+
+def _add_library(library: Path, out: Path, carry_weights) -> Manifest:
+    """Copy `library`, its manifest and its weights (`carry_weights(library, manifest, out)`, which may
+    add to the manifest's weights entry) into `out`."""
+    manifest_path = manifest_path_of(library)
     if not library.exists() or not manifest_path.exists():
         raise FusionError(f"{library}: library or its manifest {manifest_path.name} missing; "
                           "run tvm-fusion compile first")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = Manifest.load(manifest_path)
     shutil.copy2(library, out / library.name)
-    entry = manifest.get("weights")
-    if entry and recipe:
-        import tvm.runtime
-
-
-        values = tvm.runtime.load_param_dict(library.with_name(entry["file"]).read_bytes())
-        lifted = {n: values[n].numpy() for n in entry["params"]}
-        key = tuple((n, digest(v)) for n, v in lifted.items())
-        if key not in recipes:
-            made, stored = make_recipe(manifest["model"], lifted)
-            name = library.name + ".recipe.json"
-            recipes[key] = dict(recipe=name, recipe_bytes=write_recipe(out / name, made, stored),
-                                recipe_steps=step_counts(made))
-        entry.update(recipes[key])
-    elif entry:
-        shutil.copy2(library.with_name(entry["file"]), out / entry["file"])
-    elif recipe:
-        raise FusionError(f"{library}: --weights-recipe needs a library compiled with --external-weights")
-    (out / manifest_path.name).write_text(json.dumps(manifest, indent=2))
+    if manifest.weights is not None:
+        carry_weights(library, manifest, out)
+    manifest.save(out / manifest_path.name)
     return manifest
 
 
-def bundle(library, out_dir, python: str | None = None, *, recipe: bool = False, numpy_wheel: bool = False,
-           others=()) -> BundleResult:
+def bundle(library, out_dir, python: str | None = None, *, numpy_wheel: bool = False, others=(),
+           carry_weights=_copy_weights) -> BundleResult:
     """Write a runtime-only bundle of an exported `library` (with its `<library>.json`) to `out_dir`;
-    `others`: more libraries to carry beside it (the GPU check's unfused and tvm builds); libraries with the
-    same weights share one recipe."""
+    `others`: more libraries to carry beside it (the GPU check's unfused and tvm builds); `carry_weights`:
+    how the weights of a library that has them outside go into the bundle (default: their file)."""
     library, out = Path(library), Path(out_dir)
     python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
     if out.exists():
         shutil.rmtree(out)
     site = out / "site"
     site.mkdir(parents=True)
-    recipes: dict = {}
-    manifest = _add_library(library, out, recipe, recipes)
+    manifest = _add_library(library, out, carry_weights)
     for other in others:
-        _add_library(Path(other), out, recipe, recipes)
+        _add_library(Path(other), out, carry_weights)
     _copy_tvm(site)
     _tvm_ffi(site, python)
     import typing_extensions  # tvm-ffi's one pure-Python dependency; numpy is the target's own or the wheel
 
     shutil.copy2(typing_extensions.__file__, site / "typing_extensions.py")
-    shutil.copy2(_REPLAY, site / _REPLAY.name)
+    shutil.copy2(_MANIFEST, site / "tvm_fusion_manifest.py")
     if numpy_wheel:
         import numpy
 
         _pip_download(f"numpy=={numpy.__version__}", python, out / "wheels")
     notes = []
-    if manifest.get("cuda_binary"):
+    if manifest.cuda_binary is not None:
         cudart = _cudart()
         if cudart:
             shutil.copy2(cudart, site / "tvm" / "lib" / _CUDART)
@@ -183,6 +168,5 @@ def bundle(library, out_dir, python: str | None = None, *, recipe: bool = False,
     (out / "run.py").write_text(run)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     if size > MAX_BYTES:
-        notes.append(f"{size / 2**20:.1f} MiB: more than the {MAX_BYTES >> 20} MiB a lent GPU machine takes per call"
-                     + ("" if recipe else "; for an example model, --weights-recipe carries the weights as a recipe"))
+        notes.append(f"{size / 2**20:.1f} MiB: more than the {MAX_BYTES >> 20} MiB a lent GPU machine takes per call")
     return BundleResult(out, size, python, notes)

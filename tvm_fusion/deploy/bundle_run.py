@@ -2,11 +2,11 @@
 
     python run.py [--device cpu|cuda] [--seed 0] [--save outputs.npz]
 
-Seeded standard-normal inputs of the shapes in the manifest; prints one JSON line: the device, the output
-shapes, the threads of TVM's CPU pool, and whether TVM's compiler library is loaded in this process (it must
-not be). The weights come from the weights file, or are regenerated from the bundle's recipe with numpy
-(recipe_replay, each checked against its sha256). Without numpy here, a bundled numpy wheel is unpacked
-beside this file. TVM's pool gets the cores this process may run on unless TVM_NUM_THREADS is set.
+Seeded standard-normal inputs of the shapes in the manifest (read by site/tvm_fusion_manifest.py); prints
+one JSON line: the device, the output shapes, the threads of TVM's CPU pool, and whether TVM's compiler
+library is loaded in this process (it must not be). The weights come from the weights file, or, in a bundle
+that carries them as a recipe (the GPU check's: benchmarks/gpu_bundle), are regenerated with numpy by the
+site/recipe_replay.py it added. Without numpy here, a bundled numpy wheel is unpacked beside this file. TVM's pool gets the cores this process may run on unless TVM_NUM_THREADS is set.
 """
 
 import argparse
@@ -44,27 +44,31 @@ _numpy_from_wheel()
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 import tvm.runtime.vm  # noqa: E402
+try:
+    from tvm_fusion_manifest import Manifest  # noqa: E402  (the bundle's copy of tvm_fusion/runtime/manifest.py)
+except ImportError:  # this file read in the package, not in a bundle
+    from tvm_fusion.runtime.manifest import Manifest  # noqa: E402
 
 
-def weights(manifest: dict, dev) -> list:
+def weights(manifest: Manifest, dev) -> list:
     """The library's weights on `dev` in main's parameter order: regenerated from the recipe, or read."""
-    entry = manifest.get("weights")
-    if not entry:
+    entry = manifest.weights
+    if entry is None:
         return []
-    if entry.get("recipe"):
+    if entry.extra.get("recipe"):  # a bundle with recipes carries site/recipe_replay.py (benchmarks/gpu_bundle)
         from recipe_replay import regenerate
 
-        values = regenerate(os.path.join(HERE, entry["recipe"]))
-        return [tvm.runtime.tensor(values[name], dev) for name in entry["params"]]
-    values = tvm.runtime.load_param_dict(open(os.path.join(HERE, entry["file"]), "rb").read())
-    return [values[name].copyto(dev) for name in entry["params"]]
+        values = regenerate(os.path.join(HERE, entry.extra["recipe"]))
+        return [tvm.runtime.tensor(values[name], dev) for name in entry.params]
+    values = tvm.runtime.load_param_dict(open(os.path.join(HERE, entry.file), "rb").read())
+    return [values[name].copyto(dev) for name in entry.params]
 
 
 def main() -> None:
     path = os.path.join(HERE, LIBRARY)
-    manifest = json.load(open(path + ".json"))
+    manifest = Manifest.load(path + ".json")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if manifest.get("cuda_binary") else "cpu")
+    ap.add_argument("--device", default="cuda" if manifest.cuda_binary is not None else "cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save", help="write the outputs to this .npz")
     args = ap.parse_args()
@@ -73,7 +77,7 @@ def main() -> None:
     dev = tvm.cuda(0) if args.device == "cuda" else tvm.cpu(0)
     vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(path), dev)
     rng = np.random.default_rng(args.seed)
-    inputs = [tvm.runtime.tensor(rng.standard_normal(i["shape"]).astype(i["dtype"]), dev) for i in manifest["inputs"]]
+    inputs = [tvm.runtime.tensor(rng.standard_normal(i.shape).astype(i.dtype), dev) for i in manifest.inputs]
     params = weights(manifest, dev)
     out = vm["main"](*inputs, *params)
     outs = [o.numpy() for o in ([out] if hasattr(out, "numpy") else out)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -18,50 +17,49 @@ from tvm_fusion.frontend import importer as frontend
 from tvm_fusion.build import cuda_graph as graphs
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import build, count_kernel_calls, legalize, resolve_target
+from tvm_fusion.check.prepared import PreparedModel, prepare
 from tvm_fusion.console import progress
 from tvm_fusion.errors import FusionError
 from tvm_fusion.deploy.export import export_library
 from tvm_fusion.fusion.fuse import ELEMENTS_PER_BATCH_ATTR
-from tvm_fusion.check.io import check_inputs, load_inputs
 from tvm_fusion.hardware import cuda_facts
-from tvm_fusion.build.mixed_precision import convert
+from tvm_fusion.runtime.manifest import CudaBinary, DimLimit, Manifest, TensorSpec, WeightsFile, manifest_path_of
 from tvm_fusion.precision import PRECISIONS, check_precision
 from tvm_fusion.rules import RuleSet, dim_name
 from tvm_fusion.frontend.simplify import record_of as simplify_record
 from tvm_fusion.build.tune import TuneOptions
 from tvm_fusion.build.tune import check_options as check_tune_options
 from tvm_fusion.check.verify import DEFAULT_SEARCH_TIMEOUT, skipped, verify_fused
-from tvm_fusion.weights import WEIGHTS_SUFFIX, save_weights
+from tvm_fusion.runtime.weights import WEIGHTS_SUFFIX, save_weights
 
-__all__ = ["CompileResult", "compile_model", "cpu_linker", "kernel_counts", "kernel_launches"]
+__all__ = ["CompileResult", "build_manifest", "compile_model", "cpu_linker", "kernel_counts", "kernel_launches"]
 
 
 @dataclass
 class CompileResult:
     library: Path
     manifest_path: Path
-    manifest: dict
+    manifest: Manifest
     seconds: float
     tuning: object = None  # tune.TuneReport with tune=TuneOptions(...)
 
     def __str__(self) -> str:
         m = self.manifest
-        fired = ", ".join(f"{k} {v}" for k, v in m["rule_counts"].items() if v) or "none"
-        b = m["builds"]
+        fired = ", ".join(f"{k} {v}" for k, v in m.rule_counts.items() if v) or "none"
+        w = m.weights
         return "\n".join([
-            f"wrote {self.library} ({m['target']}) in {self.seconds:.1f}s",
+            f"wrote {self.library} ({m.target}) in {self.seconds:.1f}s",
             f"      {self.manifest_path}",
-            *([f"      {m['weights']['file']} ({m['weights']['bytes']} bytes, {len(m['weights']['params'])} "
-                "weights outside the library)"] if m.get("weights") else []),
-            f"fused groups: {len(m['groups'])} ({fired})",
-            *([f"tensor cores: {m['tensor_core_groups']} of {len(m['groups'])} groups (groups[].engine says why "
-               "not for the others; `explain` too)"] if m.get("tensor_core_groups") else []),
-            _verified(m["verification"]),
-            *_unscheduled_lines(m.get("unscheduled", [])),
-            "kernel calls per inference: " + ", ".join(f"{k} {v['kernel_calls']}" for k, v in b.items()),
-            *([_binary_line(m)] if m.get("cuda_binary") else []),
-            *([_graph_line(m["cuda_graph"])] if m.get("cuda_graph") else []),
-            *([f"note: {m['cuda_facts']['note']}"] if m.get("cuda_facts", {}).get("note") else []),
+            *([f"      {w.file} ({w.bytes} bytes, {len(w.params)} weights outside the library)"] if w else []),
+            f"fused groups: {len(m.groups)} ({fired})",
+            *([f"tensor cores: {m.tensor_core_groups} of {len(m.groups)} groups (groups[].engine says why "
+               "not for the others; `explain` too)"] if m.tensor_core_groups else []),
+            _verified(m.verification),
+            *_unscheduled_lines(m.unscheduled),
+            "kernel calls per inference: " + ", ".join(f"{k} {v['kernel_calls']}" for k, v in m.builds.items()),
+            *([_binary_line(m.cuda_binary, m.arch)] if m.cuda_binary else []),
+            *([_graph_line(m.cuda_graph)] if m.cuda_graph else []),
+            *([f"note: {m.cuda_facts['note']}"] if (m.cuda_facts or {}).get("note") else []),
             *([str(self.tuning)] if self.tuning is not None else []),
         ])
 
@@ -92,11 +90,10 @@ def _verified(v: dict) -> str:
     return f"verified: {v['method']}{at}; worst max rel error {worst:.2g} ({v['seconds']:.1f}s)"
 
 
-def _binary_line(m: dict) -> str:
-    b = m["cuda_binary"]
-    how = (f"{b['compiler']} {b['compile_seconds']:.1f}s at export" if b["compiled_at"] == "export"
-           else f"{b['compiler']}, compiled by TVM during the build (CUDA driver present)")
-    return f"GPU code: {b['format']} for {m['arch']}, {b['bytes']} bytes, {len(b['kernels'])} kernels ({how})"
+def _binary_line(b: CudaBinary, arch: str | None) -> str:
+    how = (f"{b.compiler} {b.compile_seconds:.1f}s at export" if b.compiled_at == "export"
+           else f"{b.compiler}, compiled by TVM during the build (CUDA driver present)")
+    return f"GPU code: {b.format} for {arch}, {b.bytes} bytes, {len(b.kernels)} kernels ({how})"
 
 
 def _graph_line(g: dict) -> str:
@@ -107,12 +104,12 @@ def _graph_line(g: dict) -> str:
             f"replayed by {g['graphs']} graph launch), {n['without_graph']} without (--no-cuda-graph)")
 
 
-def _tensor_record(name: str, ty) -> dict:
+def _tensor_record(name: str, ty) -> TensorSpec:
     shape = [int(d) if isinstance(d, _tvm.tirx.IntImm) else dim_name(d) for d in ty.shape]  # "N": symbolic
-    return {"name": name, "shape": shape, "dtype": str(ty.dtype)}
+    return TensorSpec(name, shape, str(ty.dtype))
 
 
-def _inputs(built, onnx_names: dict[str, str]) -> list[dict]:
+def _inputs(built, onnx_names: dict[str, str]) -> list[TensorSpec]:
     """Name (the model's, `onnx_names` undoing import's sanitizing), shape and dtype of each input of `main`
     (the weights, when lifted, come after them)."""
     params = list(built.module["main"].params)
@@ -120,13 +117,13 @@ def _inputs(built, onnx_names: dict[str, str]) -> list[dict]:
     return [_tensor_record(onnx_names.get(_tvm.var_name(p), _tvm.var_name(p)), _tvm.expr_type(p)) for p in params]
 
 
-def _outputs(built, proto: onnx.ModelProto) -> list[dict]:
+def _outputs(built, proto: onnx.ModelProto) -> list[TensorSpec]:
     """Name (the model's), shape and dtype of each output of `main`, in the order the library returns them."""
     ret = built.module["main"].ret_ty
     types = list(ret.fields) if isinstance(ret, _tvm.relax.TupleType) else [ret]
     names = [o.name for o in proto.graph.output]
     if len(names) != len(types) or not all(isinstance(t, _tvm.relax.TensorType) for t in types):
-        return [{"name": n} for n in names]
+        return [TensorSpec(n) for n in names]
     return [_tensor_record(n, t) for n, t in zip(names, types)]
 
 
@@ -172,10 +169,6 @@ def kernel_launches(legal, kernels: list[str]) -> int:
 
     relax.analysis.post_order_visit(legal["main"], visit)
     return launches
-
-
-def manifest_path_of(output: Path) -> Path:
-    return output.with_name(output.name + ".json")
 
 
 def check_output(output: Path, model=None) -> None:
@@ -261,9 +254,10 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
                   search_timeout: float = DEFAULT_SEARCH_TIMEOUT, simplify: bool = True) -> CompileResult:
     """Fuse and build `model` for `target`, verify it against onnxruntime on inputs seeded with `seed`
     and the `inputs` given (a dict or an .npz path, as for compare), export the library to `output`, write
-    `<output>.json` (verify.py: nothing is written when fusion changed the result; a difference from
-    onnxruntime that the unfused build shares is written with a warning, `manifest["verification"]["warning"]`,
-    or refused with `strict`; the culprit search stops after `search_timeout` seconds).
+    `<output>.json` (manifest.Manifest; verify.py: nothing is written when fusion changed the result; a
+    difference from onnxruntime that the unfused build shares is written with a warning,
+    `manifest.verification["warning"]`, or refused with `strict`; the culprit search stops after
+    `search_timeout` seconds).
     `cc` links a CPU library (default: the system compiler, or `<mtriple>-gcc` for another architecture);
     with `external_weights` the weights go to `<output>.weights` instead of into the library (weights.py);
     `cuda_graph=False` keeps every kernel a launch of its own (default for CUDA with the weights inside the
@@ -273,15 +267,16 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     judges it against the float32 model with the half dtype's tolerance.
     `tune` (tune.TuneOptions: trials per kernel, database folder, RPC tracker) tunes the fused kernels with
     MetaSchedule first; the manifest's `tuning` and the result's `tuning` say what each kernel gained.
-    `simplify=False` imports the model as given, without the ONNX simplifier (the verify step's checks too)."""
+    `simplify=False` imports the model as given, without the ONNX simplifier (the verify step's checks too).
+    `model`: a path, a ModelProto, or a prepared.PreparedModel (its target, shapes, inputs, precision and
+    simplifier choice are used)."""
     start = time.perf_counter()
     check_precision(precision)
     if tune is not None:
         check_tune_options(tune)
     output = Path(output)
-    check_output(output, model)
-    name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
-    tgt = resolve_target(target, arch)
+    check_output(output, None if isinstance(model, PreparedModel) else model)
+    tgt = model.target if isinstance(model, PreparedModel) else resolve_target(target, arch)
     linker = cpu_linker(tgt, cc)
     steps = ["import", "fuse + tune + build" if tune is not None else "fuse + build", "verify" if verify else "(not verified)",
              "compile GPU code + export" if tgt.kind.name == "cuda" else "export"]
@@ -289,10 +284,10 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         steps.append("count unfused / tvm kernels")
     partial = output.with_name(f".partial-{os.getpid()}-{output.name}")  # renamed only once verified
     with progress(steps) as bar:
-        proto = frontend.load_onnx(model)
-        given = load_inputs(inputs)
-        shapes = check_inputs(proto, given, shapes)  # given arrays bind symbolic dims, as in compare
-        mod = convert(frontend.import_onnx(proto, shapes, simplify=simplify), precision)
+        # given arrays bind symbolic dims, as in compare
+        prepared = prepare(model, tgt, arch=arch, shapes=shapes, inputs=inputs, precision=precision, simplify=simplify)
+        name, proto, mod, shapes, given = prepared.name, prepared.proto, prepared.mod, prepared.shapes, prepared.given
+        precision, simplify = prepared.precision, prepared.simplify
         bar.update()
         built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights, cuda_graph=cuda_graph,
                       tune=tune)
@@ -300,8 +295,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         bar.update()
         verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given,
                                      precision=precision, strict=strict, search_timeout=search_timeout,
-                                     simplify=simplify,
-                                     name=str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>"))
+                                     simplify=simplify, name=name)
                         if verify else skipped())
         bar.update()
         try:
@@ -309,15 +303,21 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
             os.replace(partial, output)
         finally:
             partial.unlink(missing_ok=True)
-        kernels = binary.kernels if binary is not None else []
         bar.update()
-        builds = {}
+        others = {}
         if counts_of_other_builds:
-            builds = {m: kernel_counts(mod, tgt, m) for m in ("unfused", "tvm")}
+            others = {m: kernel_counts(mod, tgt, m) for m in ("unfused", "tvm")}
             bar.update()
-    builds["fused"] = {"primfuncs": built.primfuncs, "kernel_calls": built.kernel_calls}
-    if kernels:
-        builds["fused"]["kernel_launches"] = kernel_launches(built.module, kernels)
+    manifest = build_manifest(name, output, arch, proto, mod, built, binary, symbolic=symbolic,
+                              precision=precision, verification=verification.manifest(), other_builds=others,
+                              weights=_save_weights(output, built.weights))
+    manifest.save(manifest_path_of(output))
+    return CompileResult(output, manifest_path_of(output), manifest, time.perf_counter() - start, built.tuning)
+
+
+def _groups_record(built, kernels: list[str]) -> list[dict]:
+    """The manifest's groups: rule, function, ONNX nodes and attrs of each fused group (its CUDA kernels,
+    and the engine its kernel runs on, when known)."""
     groups = []
     for g in built.fused.groups:
         entry = {"rule": g.rule, "function": g.function, "onnx_nodes": g.onnx_nodes,
@@ -327,39 +327,51 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         if g.kernel:
             entry["engine"] = g.kernel
         groups.append(entry)
-    manifest = {
-        "model": name,
-        "library": str(output),
-        **_target_record(tgt),
-        "arch": arch if tgt.kind.name == "cuda" else None,
-        "tvm_version": _tvm.TVM_VERSION,
-        "inputs": _inputs(built, frontend.onnx_input_names(mod)),
-        "outputs": _outputs(built, proto),
-        "symbolic_dims": symbolic,
-        "precision": _precision_record(precision),
-        "rule_counts": built.counts,
-        "groups": groups,
-        "tensor_core_groups": sum(g.kernel.startswith("tensor cores") for g in built.fused.groups),
-        "builds": builds,
-        "declined": [asdict(d) for d in built.fused.decisions if d.reason],
-        "unscheduled": [u.record() for u in built.unscheduled],
-        "verification": verification.manifest(),
-        "simplify": simplify_record(mod),
-    }
-    if tgt.kind.name == "cuda":
-        manifest["cuda_facts"] = asdict(cuda_facts(tgt))  # the limits and SM count the schedules sized for
+    return groups
+
+
+def _cuda_records(built, binary, kernels: list[str], launches: int | None) -> dict:
+    """The manifest's CUDA entries: the limits the schedules sized for, the GPU code, the CUDA graph."""
+    records = {}
+    if built.target.kind.name == "cuda":
+        records["cuda_facts"] = asdict(cuda_facts(built.target))
     if binary is not None:
-        manifest["cuda_binary"] = {"format": binary.fmt, "bytes": binary.size, "compiler": binary.compiler,
-                                   "compiled_at": binary.compiled_at, "compile_seconds": binary.compile_seconds,
-                                   "kernels": binary.kernels}
+        records["cuda_binary"] = CudaBinary(format=binary.fmt, bytes=binary.size, kernels=binary.kernels,
+                                            compiler=binary.compiler, compiled_at=binary.compiled_at,
+                                            compile_seconds=binary.compile_seconds)
     if built.cuda_graph is not None:
-        manifest["cuda_graph"] = _graph_record(built, kernels, builds["fused"].get("kernel_launches"))
-    if built.tuning is not None:
-        manifest["tuning"] = built.tuning.manifest()
-    if built.weights is not None:
-        weights_path = output.with_name(output.name + WEIGHTS_SUFFIX)
-        size = save_weights(weights_path, built.weights)
-        manifest["weights"] = {"file": weights_path.name, "bytes": size, "params": list(built.weights)}
-    manifest_path = manifest_path_of(output)
-    manifest_path.write_text(json.dumps(manifest, indent=2))
-    return CompileResult(output, manifest_path, manifest, time.perf_counter() - start, built.tuning)
+        records["cuda_graph"] = _graph_record(built, kernels, launches)
+    return records
+
+
+def build_manifest(name: str, output: Path, arch: str, proto: onnx.ModelProto, mod, built, binary, *,
+                   symbolic: dict, precision: str | None, verification: dict, other_builds: dict,
+                   weights: WeightsFile | None = None) -> Manifest:
+    """The manifest of the library `built` exported to `output` (its GPU code `binary`, None for a CPU
+    library; `weights` the file its weights went to when outside). `mod`: the imported module (before
+    fusion), `other_builds`: kernel counts of the unfused / tvm builds, `verification` the verify step's record."""
+    tgt = built.target
+    kernels = binary.kernels if binary is not None else []
+    builds = {**other_builds, "fused": {"primfuncs": built.primfuncs, "kernel_calls": built.kernel_calls}}
+    if kernels:
+        builds["fused"]["kernel_launches"] = kernel_launches(built.module, kernels)
+    target = _target_record(tgt)
+    return Manifest(
+        model=name, library=str(output), **target, arch=arch if tgt.kind.name == "cuda" else None,
+        tvm_version=_tvm.TVM_VERSION, inputs=_inputs(built, frontend.onnx_input_names(mod)),
+        outputs=_outputs(built, proto), symbolic_dims={k: DimLimit(**v) for k, v in symbolic.items()},
+        precision=_precision_record(precision), rule_counts=built.counts, groups=_groups_record(built, kernels),
+        tensor_core_groups=sum(g.kernel.startswith("tensor cores") for g in built.fused.groups),
+        builds=builds, declined=[asdict(d) for d in built.fused.decisions if d.reason],
+        unscheduled=[u.record() for u in built.unscheduled], verification=verification,
+        simplify=simplify_record(mod), **_cuda_records(built, binary, kernels, builds["fused"].get("kernel_launches")),
+        tuning=built.tuning.manifest() if built.tuning is not None else None,
+        weights=weights)
+
+
+def _save_weights(output: Path, weights: dict | None) -> WeightsFile | None:
+    """`<output>.weights` for a build with its weights outside the library."""
+    if weights is None:
+        return None
+    path = output.with_name(output.name + WEIGHTS_SUFFIX)
+    return WeightsFile(file=path.name, bytes=save_weights(path, weights), params=list(weights))

@@ -24,7 +24,8 @@ import onnx
 from tvm_fusion import _tvm
 from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import relax, tvm
-from tvm_fusion.build.builder import legalize_traced, resolve_target
+from tvm_fusion.build.builder import legalize_traced
+from tvm_fusion.check.prepared import prepare
 from tvm_fusion.console import table
 from tvm_fusion.errors import FusionError
 from tvm_fusion.fusion.fuse import FuseResult, fuse
@@ -573,7 +574,8 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
             simplify: bool = True) -> ProfileReport:
     """Build `model` in `modes`, time every kernel over `repeat` inferences on the same seeded inputs, and
     model the memory traffic and what is left to fuse. Needs the unfused and fused builds for before/after.
-    `simplify=False`: import the model as given (no ONNX simplifier)."""
+    `simplify=False`: import the model as given (no ONNX simplifier). `model`: a path, a ModelProto, or a
+    prepared.PreparedModel (its target, shapes and simplifier choice are used; symbolic dims bound)."""
     modes = list(dict.fromkeys(modes))
     for m in modes:
         if m not in MODES:
@@ -582,14 +584,11 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
         raise FusionError(f"profile needs the unfused and fused builds for before/after; got --modes {','.join(modes)}")
     if repeat < 1:
         raise FusionError(f"--repeat must be at least 1, got {repeat}")
-    name = str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "<ModelProto>")
-    proto = frontend.load_onnx(model)
     # a symbolic dim is profiled bound to the larger size compare checks (3, or its upper bound up to 8):
     # the traffic model and the FLOP counts need static shapes
-    shapes = frontend.concrete_shapes(shapes, frontend.check_sizes(shapes or {})[-1])
-    mod = frontend.import_onnx(proto, shapes, simplify=simplify)
+    prepared = prepare(model, target, arch=arch, shapes=shapes, simplify=simplify, bound=True)
+    name, proto, mod, tgt, shapes = prepared.name, prepared.proto, prepared.mod, prepared.target, prepared.shapes
     names = frontend.onnx_node_names(mod)
-    tgt = resolve_target(target, arch)
     dev, device, peaks = _device(tgt.kind.name)
     rules = rules if rules is not None else load_rules_for()
     _, tensors = input_tensors(proto, shapes, seed, dev)

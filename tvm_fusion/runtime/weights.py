@@ -12,8 +12,10 @@ parameter order. Loading needs only `tvm.runtime` (no compiler).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from tvm_fusion.errors import FusionError
+from tvm_fusion.runtime.manifest import Manifest, manifest_path_of
 
 __all__ = ["WEIGHTS_SUFFIX", "lift_weights", "save_weights", "load_weights"]
 
@@ -23,8 +25,8 @@ WEIGHTS_SUFFIX = ".weights"
 def lift_weights(mod):
     """`mod` whose `main` takes each constant argument of its kernel calls as a parameter (w0, w1, ...),
     and the values, in parameter order."""
-    from . import _tvm  # local: the runtime imports this module, and must not load TVM's compiler
-    from ._tvm import relax, tvm  # local: as above
+    from tvm_fusion import _tvm  # local: the runtime imports this module, and must not load TVM's compiler
+    from tvm_fusion._tvm import relax, tvm  # local: as above
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
 
@@ -58,28 +60,28 @@ def lift_weights(mod):
 
 def save_weights(path, weights: dict) -> int:
     """Write `weights` ({name: tensor}) in TVM's param-dict format; returns the bytes written."""
-    from ._tvm import tvm  # local: the runtime imports this module, and must not load TVM's compiler
+    from tvm_fusion._tvm import tvm  # local: the runtime imports this module, and must not load TVM's compiler
 
     data = tvm.runtime.save_param_dict(weights)
     Path(path).write_bytes(data)
     return len(data)
 
 
-def load_weights(library, dev) -> list:
-    """The weights of an exported library (its `<library>.json` manifest names the file and the order),
-    as tensors on `dev`, in `main`'s parameter order; [] for a library with embedded weights. A bundle's
-    manifest may name a weights recipe instead of the file: the weights are then regenerated with numpy."""
+def load_weights(library, dev, manifest=None) -> list:
+    """The weights of an exported library (its manifest, `<library>.json` unless given, names the file and
+    the order), as tensors on `dev`, in `main`'s parameter order; [] for a library with embedded weights.
+    (A bundle whose weights travel another way than their file, e.g. the GPU check's recipes, is run by its
+    own run.py.)"""
     import tvm.runtime  # the runtime alone
 
     library = Path(library)
-    manifest = json.loads(library.with_name(library.name + ".json").read_text())
-    entry = manifest.get("weights")
-    if not entry:
+    entry = (manifest or Manifest.load(manifest_path_of(library))).weights
+    if entry is None:
         return []
-    if entry.get("recipe"):  # a bundle's: regenerated with numpy from the seed (recipe_replay)
-        from tvm_fusion.deploy.recipe_replay import regenerate  # local: numpy only, for a bundle's recipe
-
-        values = regenerate(library.with_name(entry["recipe"]))
-        return [tvm.runtime.tensor(values[name], dev) for name in entry["params"]]
-    values = tvm.runtime.load_param_dict(library.with_name(entry["file"]).read_bytes())
-    return [values[name].copyto(dev) for name in entry["params"]]
+    path = library.with_name(entry.file)
+    if not path.exists():
+        how = " (its manifest names a weights recipe: run the bundle's run.py)" if entry.extra.get("recipe") else ""
+        raise FusionError(f"{library}: its weights file {entry.file} is missing beside it{how}; copy it there, "
+                          "or compile the model again")
+    values = tvm.runtime.load_param_dict(path.read_bytes())
+    return [values[name].copyto(dev) for name in entry.params]

@@ -11,21 +11,21 @@ tensors every call, as a CUDA graph needs).
 Nothing here imports the compiler side of tvm_fusion or TVM's Relax compiler modules. `import tvm` itself
 loads TVM's compiler library unless `TVM_USE_RUNTIME_LIB=1` is set (then only libtvm_runtime, ~8 MB).
 
-Before running anything, `load` compares the CPU the library was built for (triple and features, from the
+The manifest is read through manifest.Manifest (standard library only). Before running anything, `load` compares the CPU the library was built for (triple and features, from the
 manifest) with this host's `/proc/cpuinfo`, and raises a FusionError naming what is missing: a library
 with AVX-512 code on a host without it would otherwise die with SIGILL.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 from pathlib import Path
 
-from .cpu_features import arch_of, host_features, missing_features
-from .errors import FusionError
-from .quiet import SCOPE_LINES, tvm_output
+from tvm_fusion.cpu_features import arch_of, host_features, missing_features
+from tvm_fusion.errors import FusionError
+from tvm_fusion.runtime.manifest import Manifest
+from tvm_fusion.quiet import SCOPE_LINES, tvm_output
 
 # TVM's pool reads TVM_NUM_THREADS when it starts (first parallel kernel); without it, it halves the
 # cores on x86 (one thread on a 2-vCPU machine). Use every core this process may run on.
@@ -36,29 +36,33 @@ import tvm  # noqa: E402
 import tvm.runtime  # noqa: E402,F401
 from tvm.runtime.vm import VirtualMachine  # noqa: E402
 
-__all__ = ["LoadedModel", "as_arrays", "check_host", "check_sizes", "load", "read_manifest"]
+__all__ = ["LoadedModel", "as_arrays", "check_cpu", "check_host", "check_sizes", "load", "read_manifest"]
 
 
-def read_manifest(library) -> dict | None:
-    """`<library>.json` beside the library, or None."""
-    path = Path(str(library) + ".json")
-    return json.loads(path.read_text()) if path.exists() else None
+def read_manifest(library) -> Manifest | None:
+    """`<library>.json` beside the library, or None; FusionError naming the file when it is not a manifest
+    this version reads."""
+    return Manifest.of_library(library)
 
 
-def check_host(manifest: dict | None, library="the library", cpuinfo: str | None = None) -> None:
+def check_host(manifest: Manifest | None, library="the library", cpuinfo: str | None = None) -> None:
     """FusionError when this host cannot run CPU code built for the manifest's triple and features.
-    Silent when the manifest says nothing about the CPU or the host's features cannot be read.
-    `cpuinfo` (a /proc/cpuinfo path) stands for another machine in tests."""
-    if not manifest or "cpu_features" not in manifest:
-        return
-    built_for, here = arch_of(manifest.get("cpu_triple")), arch_of()
+    Silent when the manifest says nothing about the CPU (see check_cpu)."""
+    if manifest is not None and manifest.cpu_features is not None:
+        check_cpu(manifest.cpu_triple, manifest.cpu_features, library, cpuinfo)
+
+
+def check_cpu(triple: str | None, features, library="the library", cpuinfo: str | None = None) -> None:
+    """FusionError when this host cannot run CPU code built for `triple` with `features`. Silent when the
+    host's features cannot be read. `cpuinfo` (a /proc/cpuinfo path) stands for another machine in tests."""
+    built_for, here = arch_of(triple), arch_of()
     if built_for != here:
-        raise FusionError(f"{library} was built for {manifest.get('cpu_triple')} ({built_for}); this machine "
+        raise FusionError(f"{library} was built for {triple} ({built_for}); this machine "
                           f"is {platform.machine()}: rebuild it with a target for this machine")
     available = host_features(cpuinfo) if cpuinfo else host_features()
     if available is None:
         return
-    missing = missing_features(manifest["cpu_features"], available)
+    missing = missing_features(features, available)
     if missing:
         raise FusionError(
             f"{library} uses CPU features this machine does not expose: {', '.join(missing)} (not in "
@@ -66,10 +70,10 @@ def check_host(manifest: dict | None, library="the library", cpuinfo: str | None
             f"baseline the machine has, e.g. --target '{{\"kind\":\"llvm\",\"mcpu\":\"x86-64-v3\"}}'")
 
 
-def _device(manifest: dict | None, device):
+def _device(manifest: Manifest | None, device):
     if device is not None:
         return device
-    kind = json.loads(manifest["target"]).get("kind") if manifest and manifest.get("target") else "llvm"
+    kind = manifest.target_kind if manifest is not None else "llvm"
     return tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
 
 
@@ -83,28 +87,29 @@ def as_arrays(out) -> list[np.ndarray]:
 class LoadedModel:
     """An exported model ready to run: `model(*arrays)` -> list of numpy outputs."""
 
-    def __init__(self, library: Path, module, device, manifest: dict | None):
+    def __init__(self, library: Path, module, device, manifest: Manifest | None):
         self.library = library
         self.device = device
         self.manifest = manifest
         self.vm = VirtualMachine(module, device)
         self.main = self.vm["main"]
         self.weights = []  # main's parameters after the inputs, for a library with its weights outside
-        if manifest and manifest.get("weights"):
-            from .weights import load_weights  # local: loaded for external weights only (tvm.runtime and numpy)
+        if manifest is not None and manifest.weights is not None:
+            from tvm_fusion.runtime.weights import load_weights  # local: loaded for external weights only (tvm.runtime and numpy)
 
-            self.weights = load_weights(library, device)
+            self.weights = load_weights(library, device, manifest)
 
     @property
     def input_names(self) -> list[str] | None:
         """The model's input names, in the order `model(*arrays)` takes them (None without a manifest)."""
-        return [i["name"] for i in self.manifest["inputs"]] if self.manifest and "inputs" in self.manifest else None
+        return [i.name for i in self.manifest.inputs] if self.manifest is not None else None
 
     @property
     def output_names(self) -> list[str] | None:
         """The model's output names, in the order `model(*arrays)` returns them (None without a manifest, or
         one written before the manifest listed them)."""
-        return [o["name"] for o in self.manifest["outputs"]] if self.manifest and "outputs" in self.manifest else None
+        outputs = self.manifest.outputs if self.manifest is not None else None
+        return [o.name for o in outputs] if outputs is not None else None
 
     @property
     def threads(self) -> int:
@@ -117,19 +122,19 @@ class LoadedModel:
         return as_arrays(self.main(*inputs, *self.weights))
 
 
-def check_sizes(manifest: dict | None, arrays, library="the library") -> None:
+def check_sizes(manifest: Manifest | None, arrays, library="the library") -> None:
     """FusionError when an input's symbolic dim (manifest `inputs` shape "N") is larger than the library
     allows (`symbolic_dims`: its upper bound, which sized the memory plan, or the int32 indexing limit):
     the kernels would write past their buffers."""
-    if not manifest or not manifest.get("symbolic_dims"):
+    if manifest is None or not manifest.symbolic_dims:
         return
-    for spec, array in zip(manifest.get("inputs", []), arrays):
-        for axis, dim in enumerate(spec["shape"]):
-            limit = manifest["symbolic_dims"].get(dim) if isinstance(dim, str) else None
+    for spec, array in zip(manifest.inputs, arrays):
+        for axis, dim in enumerate(spec.shape or []):
+            limit = manifest.symbolic_dims.get(dim) if isinstance(dim, str) else None
             size = np.shape(array)[axis] if axis < np.ndim(array) else None
-            if limit and size is not None and size > limit["max_size"]:
-                raise FusionError(f"{library}: input {spec['name']!r} has {dim} = {size}, more than the library "
-                                  f"allows ({dim} <= {limit['max_size']}); rebuild it with {dim}<={size} or more in its --shape")
+            if limit and size is not None and size > limit.max_size:
+                raise FusionError(f"{library}: input {spec.name!r} has {dim} = {size}, more than the library "
+                                  f"allows ({dim} <= {limit.max_size}); rebuild it with {dim}<={size} or more in its --shape")
 
 
 def load(path, device=None) -> LoadedModel:

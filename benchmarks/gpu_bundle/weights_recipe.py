@@ -3,7 +3,7 @@
     recipe, stored = make_recipe(model_path, lifted)          # lifted: {param: array} (the .weights file)
     write_recipe(library_with_recipe, recipe, stored)         # <library>.recipe.json + .recipe.npz
 
-For a library compiled from an example model (`--example resnet50`: seeded numpy draws, examples.py), each
+For a library compiled from an example model (`--example resnet50`: seeded numpy draws, tvm_fusion/examples.py), each
 lifted weight is matched, bit for bit, with a candidate derivation from the model's initializers:
     draw(X)                          an initializer exactly as drawn (unfused / tvm conv weights)
     transpose(draw(X))               a Gemm weight after TVM's folded permute_dims
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tvm_fusion.deploy import recipe_replay
 from tvm_fusion.errors import FusionError
-from tvm_fusion.examples import draw_plan, example_of
+
+from . import recipe_replay
 
 __all__ = ["make_recipe", "step_counts", "write_recipe"]
 
@@ -88,6 +88,8 @@ def make_recipe(model_path, lifted: dict) -> tuple[dict, dict]:
     """The recipe of `lifted` ({param: array}, main's parameter order) for a library compiled from the example
     model at `model_path`, and the tensors it stores. FusionError when the model is no example."""
     import onnx
+
+    from tvm_fusion.examples import draw_plan, example_of
 
     example = example_of(model_path)
     if example is None or not Path(model_path).exists():

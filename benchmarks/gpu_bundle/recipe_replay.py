@@ -2,7 +2,7 @@
 
     weights = regenerate("model.so.recipe.json")   # {param: array}, each checked against its sha256
 
-A recipe (written at bundle time by tvm_fusion.deploy.weights_recipe) is JSON beside an .npz of stored tensors:
+A recipe (written at bundle time by weights_recipe.py beside this file) is JSON beside an .npz of stored tensors:
     {"format": FORMAT, "seed": 0, "draws": [{"name", "call", "args", "shape"}, ...],   # examples.draw_plan
      "stored": "model.so.recipe.npz",
      "params": {"w0": {"op": "scale_rows", "of": {"op": "draw", "name": "conv1_w"},
