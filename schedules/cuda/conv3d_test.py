@@ -9,6 +9,7 @@ import pytest
 
 from tvm_fusion._tvm import te, tvm
 from tvm_fusion.schedules.conv3d import conv3d_affine
+from tvm_fusion.schedules.cuda.conv2d_test import _Serial  # bind() a no-op: the loop nest run serially
 from tvm_fusion.schedules.cuda.conv3d import oc_per_thread, schedule_conv3d_cuda, supports
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
 from tvm_fusion.testing import assert_close
@@ -31,19 +32,6 @@ def _func(case):
     x, w, b = (te.placeholder(s, "float32", name=n) for s, n in ((x_shape, "x"), (w_shape, "w"), ((w_shape[0],), "b")))
     out = conv3d_affine(x, w, b, **attrs)
     return te.create_prim_func([x, w, b, out]).without_attr("global_symbol"), attrs, [x_shape, w_shape, (w_shape[0],)]
-
-
-class _Serial:
-    """A schedule whose bind() is a no-op: the same loop nest, run as serial loops on the CPU."""
-
-    def __init__(self, sch):
-        self._sch = sch
-
-    def bind(self, loop, thread):
-        pass
-
-    def __getattr__(self, name):
-        return getattr(self._sch, name)
 
 
 def _schedule(func, attrs, wrap=lambda s: s):
