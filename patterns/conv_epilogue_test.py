@@ -646,11 +646,18 @@ def test_conv3d_with_a_symbolic_batch(rules):
 
 
 def test_conv3d_builds_for_cuda(rules):
-    """sm_90, no GPU: every kernel within the launch limits, nvcc compiles the source; a symbolic batch too."""
-    from tvm_fusion.frontend import SymDim
+    """sm_90, no GPU: every kernel within the launch limits, nvcc compiles the source."""
     from tvm_fusion.testing import check_cuda_build
 
     check_cuda_build(_video_block(), rules, expect=VIDEO_COUNTS)
+
+
+@pytest.mark.slow
+def test_conv3d_builds_for_cuda_in_float16_and_with_a_symbolic_batch(rules):
+    from tvm_fusion.frontend import SymDim
+    from tvm_fusion.testing import as_float16, check_cuda_build
+
+    check_cuda_build(as_float16(_video_block()), rules, expect=VIDEO_COUNTS)
     check_cuda_build(_video_block(batch="N"), rules, expect=VIDEO_COUNTS, shapes={"x": (SymDim("N", 4), 8, 5, 9, 9)})
 
 
