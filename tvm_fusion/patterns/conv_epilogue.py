@@ -15,6 +15,10 @@ A conv1d (audio, FSMN memory blocks) is the same family at height 1: `conv1d(x[N
 to the conv2d kernel of x viewed as [N, C, 1, W] and W as [O, I, 1, K] (strides, padding and dilation along
 the width), its output (and a residual) viewed back as [N, O, W'] (reshapes, no copies), so every member
 of the table, and each target's conv plans, take it.
+A conv3d (video, volumes: NCDHW / OIDHW) is the same family one dimension up: the same patterns, checks and
+folds (per output channel, axis 1), lowered to the conv3d compute (`schedules/conv3d.py`, the conv2d compute
+with a depth axis and the same epilogue; its llvm and CUDA schedules beside conv2d's). The rules keep their
+conv2d names.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from tvm_fusion.precision import accumulator_dtype, dtype_reason, numpy_dtype
 from tvm_fusion.rules import (Lowering, Match, Spec, axis_vector, axis_vector_shapes, batch_shape, commutative,
                               decline, shape_text, static_shape, symbolic_reason)
 from tvm_fusion.schedules.conv2d import CONV_FAMILY  # the family compute: rules without their own lower to it
+from tvm_fusion.schedules.conv3d import CONV3D_FAMILY  # a conv3d's compute
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -73,7 +78,7 @@ def _activation_then_add(*, bn: bool, residual: str, bias: bool | None, activati
 
 def _conv_epilogue(*, bn: bool, residual: str | None, bias: bool | None, activation) -> Spec:
     x, w = dpl.wildcard(), dpl.is_const()
-    conv = dpl.is_op("relax.nn.conv2d")(x, w) | dpl.is_op("relax.nn.conv1d")(x, w)
+    conv = dpl.is_op("relax.nn.conv2d")(x, w) | dpl.is_op("relax.nn.conv1d")(x, w) | dpl.is_op("relax.nn.conv3d")(x, w)
     ann = {"conv": conv}
     bias_add = dpl.is_op("relax.add")(conv, dpl.is_const())
     y = {None: conv | bias_add, True: bias_add, False: conv}[bias]
@@ -108,19 +113,20 @@ def _per_channel(expr, out_shape) -> np.ndarray | None:
 def conv_checks(m: Match):
     """Declines with the actual and expected values when the compute cannot take the match."""
     attrs = m.attrs("conv")
-    op, data, kernel = ("conv1d", "NCW", "OIW") if _is_conv1d(m) else ("conv2d", "NCHW", "OIHW")
+    op = _conv_op(m)
+    data, kernel = LAYOUTS[op]
     if str(attrs.data_layout) != data or str(attrs.kernel_layout) != kernel:
         return decline(f"{op} layout is {attrs.data_layout}/{attrs.kernel_layout}; the compute takes {data}/{kernel}")
     if str(attrs.out_layout) not in (data, ""):
         return decline(f"{op} out_layout is {attrs.out_layout}; expected {data}")
     dtype = m.dtype("conv")
-    why = dtype_reason(m, dtype, "conv2d", SUPPORTED_DTYPES)
+    why = dtype_reason(m, dtype, op, SUPPORTED_DTYPES)
     if why:
         return decline(why)
     out_shape = m.shape("conv")
     x = m.value("conv").args[0]
     if out_shape is None or batch_shape(x) is None:
-        return decline(symbolic_reason("conv2d input", x))
+        return decline(symbolic_reason(f"{op} input", x))
     for name in ("bias_add", "bn_scale", "bn_shift", "post_scale", "post_shift"):
         if name in m:
             const_arg = m.const_operand(name)
@@ -157,8 +163,17 @@ def conv_checks(m: Match):
     return None
 
 
+#: op -> (data layout, kernel layout) the computes take
+LAYOUTS = {"conv1d": ("NCW", "OIW"), "conv2d": ("NCHW", "OIHW"), "conv3d": ("NCDHW", "OIDHW")}
+
+
+def _conv_op(m: Match) -> str:
+    """"conv1d", "conv2d" or "conv3d"."""
+    return m.value("conv").op.name.rsplit(".", 1)[-1]
+
+
 def _is_conv1d(m: Match) -> bool:
-    return m.value("conv").op.name == "relax.nn.conv1d"
+    return _conv_op(m) == "conv1d"
 
 
 def _height_one(attrs: dict, inputs: list) -> tuple[dict, dict]:
@@ -176,6 +191,7 @@ def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
     if _is_conv1d(m):
         w = w[:, :, None, :]  # O, I, 1, K: the folds below scale along O
     channels = w.shape[0]
+    along_o = (slice(None),) + (None,) * (w.ndim - 1)  # a per-channel vector against W's O axis
     out_shape = m.shape("conv")
     b = np.zeros(channels)
     if "bias_add" in m:
@@ -183,16 +199,16 @@ def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
     if "bn_scale" in m:
         s = _vector(m.const_operand("bn_scale"), out_shape)
         t = _vector(m.const_operand("bn_shift"), out_shape)
-        w, b = w * s[:, None, None, None], b * s + t
+        w, b = w * s[along_o], b * s + t
     elif "batch_norm" in m:  # the op's statistics are 1-D over its axis (1, checked) by definition
         bn = m.value("batch_norm")
         gamma, beta, mean, var = (_tvm.constant_value(a).reshape(channels).astype(np.float64) for a in bn.args[1:5])
         s = gamma / np.sqrt(var + float(bn.attrs.epsilon))
-        w, b = w * s[:, None, None, None], (b - mean) * s + beta
+        w, b = w * s[along_o], (b - mean) * s + beta
     if "post_scale" in m:
         s2 = _vector(m.const_operand("post_scale"), out_shape)
         t2 = _vector(m.const_operand("post_shift"), out_shape)
-        w, b = w * s2[:, None, None, None], b * s2 + t2
+        w, b = w * s2[along_o], b * s2 + t2
     dtype = m.dtype("conv")
     inputs = [conv.args[0]]
     if "residual" in m:
@@ -202,8 +218,11 @@ def lower_conv(m: Match, activation, activation_params=None) -> Lowering:
     views, out_shape = {}, None
     if _is_conv1d(m):  # the conv2d of height 1, see the module docstring
         (conv_attrs, views), out_shape = _height_one(conv_attrs, inputs), m.shape("root")
+    compute = m.rule if registry.has_compute(m.rule) else CONV_FAMILY
+    if _conv_op(m) == "conv3d":
+        compute = CONV3D_FAMILY
     return Lowering(
-        compute=m.rule if registry.has_compute(m.rule) else CONV_FAMILY,
+        compute=compute,
         inputs=inputs,
         constants=[w.astype(numpy_dtype(dtype)), b.astype(accumulator_dtype(dtype))],
         attrs=dict(**conv_attrs, activation=activation, activation_params=dict(activation_params or {})),

@@ -36,13 +36,17 @@ def pack_channel_blocks(w: np.ndarray, groups: int, group_channels: int, block: 
     """W [O, C/G, KH, KW]  ==>  Wp [G * group_channels / block, C/G, KH, KW, block]: each group's output
     channels padded with zeros to `group_channels` (a multiple of `block`), then blocks of `block` channels
     innermost, so one tile's weights for a reduction step are one contiguous vector load. `taps_first`:
-    Wp [..., KH, KW, C/G, block], the order of a reduction that runs the input channels innermost."""
-    cout, cpg, kh, kw = w.shape
+    Wp [..., KH, KW, C/G, block], the order of a reduction that runs the input channels innermost. Any number
+    of taps (a conv3d's W [O, C/G, KD, KH, KW] likewise: [..., C/G, KD, KH, KW, block] or [..., KD, KH, KW, C/G,
+    block])."""
+    cout, cpg, *taps = w.shape
     opg = cout // groups
-    padded = np.zeros((groups, group_channels, cpg, kh, kw), w.dtype)
-    padded[:, :opg] = w.reshape(groups, opg, cpg, kh, kw)
-    blocks = padded.reshape(groups * group_channels // block, block, cpg, kh, kw)
-    return np.ascontiguousarray(blocks.transpose((0, 3, 4, 2, 1) if taps_first else (0, 2, 3, 4, 1)))
+    padded = np.zeros((groups, group_channels, cpg, *taps), w.dtype)
+    padded[:, :opg] = w.reshape(groups, opg, cpg, *taps)
+    blocks = padded.reshape(groups * group_channels // block, block, cpg, *taps)
+    tap_axes = tuple(range(3, 3 + len(taps)))
+    order = (0, *tap_axes, 2, 1) if taps_first else (0, 2, *tap_axes, 1)
+    return np.ascontiguousarray(blocks.transpose(order))
 
 
 def packed_taps(w_shape, taps_first: bool = False) -> tuple[int, int, int]:
@@ -191,20 +195,23 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
 
 def affine_epilogue(shape, conv_value, b, residual, out_dtype, *, activation, activation_params,
                     residual_after_activation, fast_math, target=None):
-    """The `epilogue` stage: out[i, o, h, w] = act(conv_value(i, o, h, w) + b[o] (+ residual)), in the
+    """The `epilogue` stage: out[i, o, h, w] = act(conv_value(i, o, h, w) + b[o] (+ residual)) (a conv3d's
+    out[i, o, d, h, w] likewise), in the
     accumulator dtype, rounded once to `out_dtype`; `fast_math` and `target` as `apply_activation` takes them."""
     acc = accumulator_dtype(out_dtype)
 
-    def epilogue(i, o, h, ww):
-        v = conv_value(i, o, h, ww) + cast_to(b[o], acc)
+    def value(i, o, *pixel):  # (h, w); a conv3d's (d, h, w)
+        v = conv_value(i, o, *pixel) + cast_to(b[o], acc)
         if residual is not None and not residual_after_activation:
-            v = v + cast_to(residual[i, o, h, ww], acc)
+            v = v + cast_to(residual[(i, o, *pixel)], acc)
         v = apply_activation(v, activation, activation_params, fast_math=fast_math, target=target)
         if residual is not None and residual_after_activation:  # YOLO's bottleneck: act(conv) + skip
-            v = v + cast_to(residual[i, o, h, ww], acc)
+            v = v + cast_to(residual[(i, o, *pixel)], acc)
         return cast_to(v, out_dtype)
 
-    return te.compute(shape, epilogue, name="epilogue")
+    if len(shape) == 5:
+        return te.compute(shape, lambda i, o, d, h, ww: value(i, o, d, h, ww), name="epilogue")
+    return te.compute(shape, lambda i, o, h, ww: value(i, o, h, ww), name="epilogue")
 
 
 @dataclass(frozen=True)

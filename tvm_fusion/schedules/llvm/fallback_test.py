@@ -87,8 +87,15 @@ def _arg_min(g):
 
 
 def _conv3d(g):
+    """A dense conv3d: the conv rules take it (`patterns/conv_epilogue.py`); `test_plans` schedules TVM's own."""
     w = g.const(g.rng.normal(0, 0.2, (8, 4, 3, 3, 3)).astype(np.float32))
     return g.op("Conv", [g.input("x", [1, 4, 6, 16, 16]), w], kernel_shape=[3, 3, 3], pads=[1] * 6)
+
+
+def _conv3d_depthwise(g):
+    """A depthwise conv3d, which the conv rules decline on the CPU: TVM's kernel on the fallback schedule."""
+    w = g.const(g.rng.normal(0, 0.2, (8, 1, 3, 3, 3)).astype(np.float32))
+    return g.op("Conv", [g.input("x", [1, 8, 6, 16, 16]), w], kernel_shape=[3, 3, 3], pads=[1] * 6, group=8)
 
 
 def _lrn(g):
@@ -106,7 +113,7 @@ def _hardmax(g):
 
 OPS = {f.__name__[1:]: f for f in (_gather, _gather_elements, _scatter_elements, _scatter_nd, _where, _cumsum,
                                    _resize, _top_k, _einsum, _quantize, _instance_norm, _reduce_l2, _log_sum_exp,
-                                   _arg_min, _conv3d, _lrn, _pad_tile_trilu, _hardmax)}
+                                   _arg_min, _conv3d, _conv3d_depthwise, _lrn, _pad_tile_trilu, _hardmax)}
 
 
 def _model(make, seed=0):
