@@ -626,7 +626,7 @@ def test_depthwise_conv3d_declines_with_reason_and_runs_on_the_fallback(rules):
 
 def test_conv3d_float16_and_avx2(rules):
     from tvm_fusion.build import build
-    from tvm_fusion.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.check.compare import random_inputs, run_onnxruntime
     from tvm_fusion.testing import as_float16, assert_close, run_build
 
     check_fused(as_float16(_video_block()), rules, expect=VIDEO_COUNTS)
@@ -667,7 +667,7 @@ def test_conv3d_bfloat16_matches_the_float32_model(rules):
     sums to bfloat16 before the BatchNorm's shift cancels most of them, 0.12 off the float32 model where the
     fused kernel, folded, is 0.023 off.)"""
     from tvm_fusion.build import build
-    from tvm_fusion.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.check.compare import random_inputs, run_onnxruntime
     from tvm_fusion.precision import numpy_dtype
     from tvm_fusion.testing import as_float16, assert_close, run_build
 
