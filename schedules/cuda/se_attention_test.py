@@ -74,3 +74,45 @@ ATTENTION = [((2, 3, 5, 8), (2, 3, 8, 5), (2, 3, 5, 8), (2, 1, 1, 5)),  # paddin
 def test_attention_schedule_keeps_the_numerics(shapes):
     shapes = [s for s in shapes if s is not None]
     _check(schedule_attention_cuda, attention, shapes, dict(scale=2.0, scale_op="divide"))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("family", ["squeeze_excite", "attention"])
+def test_half_schedule_sums_in_float32(family, dtype):
+    """The CUDA schedule of a half SE / attention kernel, thread bindings left out, run on the CPU: within the
+    half dtype's tolerance of float64 NumPy on the same half inputs (an attention row of 40 keys, an SE block of
+    48 channels: more than one warp; the context's `store` stage rounds a float32 register)."""
+    from tvm_fusion.precision import numpy_dtype
+
+    half, rng = numpy_dtype(dtype), np.random.default_rng(1)
+    if family == "attention":
+        shapes, attrs = [(1, 2, 3, 8), (1, 2, 8, 40), (1, 2, 40, 16)], dict(scale=2.0, scale_op="divide")
+        args = [rng.standard_normal(s).astype(half) for s in shapes]
+        tensors = [te.placeholder(s, dtype, name=f"in{i}") for i, s in enumerate(shapes)]
+        q, kt, v = (a.astype(np.float64) for a in args)
+        scores = q @ kt / 2.0
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        want, schedule, compute = (p / p.sum(-1, keepdims=True)) @ v, schedule_attention_cuda, attention
+    else:
+        (n, c, h, w), r = (2, 48, 3, 5), 12
+        shapes, attrs = [(n, c, h, w), (r, c), (r,), (c, r), (c,)], dict(activation="relu", gate="sigmoid")
+        args = [rng.standard_normal(shapes[0]).astype(half)] + [rng.standard_normal(s).astype(np.float32) * 0.3
+                                                                 for s in shapes[1:]]
+        tensors = [te.placeholder(s, dtype if i == 0 else "float32", name=f"in{i}") for i, s in enumerate(shapes)]
+        x, w1, b1, w2, b2 = (a.astype(np.float64) for a in args)
+        hidden = np.maximum(x.mean((2, 3)) @ w1.T + b1, 0)
+        want, schedule, compute = x / (1 + np.exp(-(hidden @ w2.T + b2)))[:, :, None, None], \
+            schedule_squeeze_excite_cuda, squeeze_excite
+    out = compute(*tensors, **attrs)
+    func = te.create_prim_func([*tensors, out]).without_attr("global_symbol")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    with TARGET:
+        schedule(sch, attrs, TARGET)
+    assert check_gpu_limits(sch.mod["main"], TARGET).ok
+    serial = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    with TARGET:
+        schedule(_Serial(serial), attrs, TARGET)
+    got = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], half))
+    tvm.compile(tvm.IRModule({"main": serial.mod["main"].with_attr("global_symbol", "main")}), "llvm")["main"](
+        *map(tvm.runtime.tensor, args), got)
+    assert_close(got.numpy(), want, f"{family} {dtype}", dtype=dtype)
