@@ -16,7 +16,8 @@ Three kinds, each a Plan that `build_kernel(plan)` replays:
 - dense: [1-4 or a symbolic batch, K] x [K, N] (MatMul or Gemm, K and N up to 2048, odd ones too), or
   [B, S, K] x [K, N] (MatMul, S up to 64), a bias, an activation;
 
-each in float32, or one time in six in float16 (a last plan layer ("half", {})).
+each in float32, or one time in six in float16 and one in six in bfloat16 (`Plan.dtype`: the float32 graph
+converted by `testing.as_float16`; a bfloat16 kernel is judged against onnxruntime's float32 run, oracle.py).
 
 The work of a kernel is bounded (MAX_MACS multiply-adds: a few seconds to build and check on one core); a
 drawn shape over the bound loses spatial size first, then output channels, then input channels. A symbolic
@@ -27,6 +28,8 @@ kernel and its options; dense: the packed column tile), computed from the shapes
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import strategies as st
 
@@ -130,8 +133,9 @@ KERNEL_LAYERS = {**LAYER_KINDS, "conv": LayerKind(_no_draw, emit_conv_hw, domain
 
 
 def build_kernel(plan: Plan) -> RandomGraph:
-    """The model of a kernel plan (as strategies.build, with KERNEL_LAYERS); a last layer ("half", {}) turns
-    it into a float16 model (`testing.as_float16`: its weights rounded, its inputs and outputs float16)."""
+    """The model of a kernel plan (as strategies.build, with KERNEL_LAYERS), in `plan.dtype` (net.finish); a last
+    layer ("half", {}), as older saved plans have, turns it into a float16 model (`testing.as_float16`: its
+    weights rounded, its inputs and outputs float16)."""
     net = Net.start(plan.domain, plan.input_shape, plan.seed)
     half = plan.layers[-1][0] == "half"
     for name, params in plan.layers[:-1] if half else plan.layers:
@@ -282,15 +286,14 @@ KINDS = {"conv": conv_kernels, "pool": pool_kernels, "dense": dense_kernels}
 
 
 def _maybe_half(plan: Plan):
-    """The plan, or one time in six its float16 model (the half kernels sum in float32: precision's
-    half_sums_in_float32, which this strategy found lacking for means and average pools)."""
-    return st.sampled_from([plan, plan, plan, Plan(plan.domain, plan.input_shape, plan.seed,
-                                                   (*plan.layers, ("half", {}))), plan, plan])
+    """The plan, or one time in six its float16 model and one in six its bfloat16 one (the half kernels sum in
+    float32: precision's half_sums_in_float32, which this strategy found lacking for means and average pools)."""
+    return st.sampled_from([plan, plan, replace(plan, dtype="float16"), plan, plan, replace(plan, dtype="bfloat16")])
 
 
 def kernels(kinds=("conv", "conv", "conv", "pool", "dense")):
     """RandomGraph of one kernel plan: a conv (three times in five by default) + epilogue, a pool or a dense,
-    one time in six in float16."""
+    one time in six in float16, one in six in bfloat16."""
     return st.sampled_from(kinds).flatmap(lambda kind: KINDS[kind]()).flatmap(_maybe_half).map(build_kernel)
 
 
@@ -309,7 +312,7 @@ def plan_family(plan: Plan, target=None) -> str:
     """The schedule plan the kernel of `plan` takes for `target` (default: the CPU target of the build, so
     TVM_FUSION_CPU), from the shapes alone: 'conv tiled flat_taps tap_rows padded_channels', 'conv pointwise',
     'conv depthwise_channels', 'dense cols=32 padded', 'pool MaxPool'..."""
-    half = " float16" if plan.layers[-1][0] == "half" else ""
+    half = " float16" if plan.layers[-1][0] == "half" else f" {plan.dtype}" if plan.dtype != "float32" else ""
     return _plan_family(plan, target) + half
 
 
