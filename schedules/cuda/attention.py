@@ -25,7 +25,11 @@ def _threads(n: int) -> int:
 
 
 def _supports(attrs, shapes, target):
-    keys = AttentionOperands(*shapes).kt[-1]
+    ops = AttentionOperands(*shapes)
+    keys = ops.kt[-1]
+    if keys == 1:
+        return ("the CUDA attention kernel splits the row's keys over the threads; a row of one key has no loop "
+                "left to split")
     shared = cuda_facts(target).shared_static_bytes
     most = shared // ROW_BYTES_PER_KEY
     if keys > most:

@@ -67,10 +67,11 @@ def test_squeeze_excite_kernel_compiles_for_cuda(x, r):
 
 ATTENTION = [((2, 3, 5, 8), (2, 3, 8, 5), (2, 3, 5, 8), (2, 1, 1, 5)),  # padding mask
              ((1, 2, 300, 16), (1, 2, 16, 300), (1, 2, 300, 24), (1, 1, 300, 300)),  # more keys than threads
-             ((1, 1, 3, 8), (1, 1, 8, 9), (1, 1, 9, 8), None)]
+             ((1, 1, 3, 8), (1, 1, 8, 9), (1, 1, 9, 8), None),
+             ((2, 1, 3, 4), (2, 1, 4, 2), (2, 1, 2, 1), None)]  # one output feature
 
 
-@pytest.mark.parametrize("shapes", ATTENTION, ids=["mask", "long", "cross_no_mask"])
+@pytest.mark.parametrize("shapes", ATTENTION, ids=["mask", "long", "cross_no_mask", "one_feature"])
 def test_attention_schedule_keeps_the_numerics(shapes):
     shapes = [s for s in shapes if s is not None]
     _check(schedule_attention_cuda, attention, shapes, dict(scale=2.0, scale_op="divide"))
@@ -116,3 +117,25 @@ def test_half_schedule_sums_in_float32(family, dtype):
     tvm.compile(tvm.IRModule({"main": serial.mod["main"].with_attr("global_symbol", "main")}), "llvm")["main"](
         *map(tvm.runtime.tensor, args), got)
     assert_close(got.numpy(), want, f"{family} {dtype}", dtype=dtype)
+
+
+def test_one_channel_squeeze_excite_and_one_key_attention_decline_on_cuda_with_reasons(rules):
+    """An SE block of one channel (or one hidden unit) and an attention row of one key: the CUDA schedules split
+    that axis over the threads, and compute_at drops a loop of extent 1 (the build stopped with an IndexError,
+    found by the random graphs' CUDA builds). They decline saying so; the other rules' kernels build (nvcc): the
+    SE block's 1x1 convs of one channel, whose CUDA conv schedule lost the loop of its one-element shared
+    fetch the same way ("'fuse' requires at least 1 loop(s)") until the fetch kept its unit loops."""
+    from tvm_fusion.explain import explain
+    from tvm_fusion.patterns.attention_test import attention_block
+    from tvm_fusion.patterns.se_test import se_block
+    from tvm_fusion.testing import GraphBuilder, check_cuda_build
+
+    g = GraphBuilder(0)
+    se = g.model([se_block(g, g.input("x", [1, 1, 3, 3]), 1, 1, gate="Sigmoid")], opset=18)
+    g = GraphBuilder(1)
+    att = g.model([attention_block(g, shape=(2, 3, 4, 8), keys=1, mask=None)], opset=17)
+    for model, rule, why in ((se, "squeeze_excite_relu_sigmoid", "a stage of one channel (C = 1, hidden = 1)"),
+                             (att, "attention", "a row of one key has no loop left to split")):
+        assert not check_cuda_build(model, rules).counts[rule]
+        shown = [d.reason for d in explain(model, "cuda", rules=rules).declined() if d.rule == rule]
+        assert any(why in r for r in shown), shown
