@@ -21,7 +21,8 @@ converted by `testing.as_float16`; a bfloat16 kernel is judged against onnxrunti
 
 The work of a kernel is bounded (MAX_MACS multiply-adds: a few seconds to build and check on one core); a
 drawn shape over the bound loses spatial size first, then output channels, then input channels. A symbolic
-batch ("N", the input's dim_param) stays symbolic in the builds and is SIZES["N"] in the inputs
+batch ("N", the input's dim_param; half the time with the upper bound KERNEL_BOUND, `Plan.bound`) stays
+symbolic in the builds and is SIZES["N"] in the inputs
 (`oracle.check_against_onnxruntime(sizes=SIZES)`).
 `plan_family(plan)` names the schedule plan a kernel takes on the current CPU target (conv: `conv_plan`'s
 kernel and its options; dense: the packed column tile), computed from the shapes without building.
@@ -46,7 +47,7 @@ from .strategies import (
     emit_conv,
 )
 
-__all__ = ["KERNEL_LAYERS", "MAX_MACS", "SIZES", "build_kernel", "hand_schedule_used", "kernels", "plan_family"]
+__all__ = ["KERNEL_BOUND", "KERNEL_LAYERS", "MAX_MACS", "SIZES", "build_kernel", "hand_schedule_used", "kernels", "plan_family"]
 
 MAX_MACS = 30_000_000
 MAX_CHANNELS = 300
@@ -60,6 +61,8 @@ CLASSES = (1000, 1001, 1008)
 SPATIAL = (7, 8, 13, 14, 15, 16, 19, 20, 27, 28, 32, 35, 40, 48, 55, 56, 57, 64)
 #: the size of a symbolic batch ("N": the input's dim_param, kept symbolic by the builds) in the inputs
 SIZES = {"N": 3}
+#: the upper bound of a symbolic batch, half the time (`--shape x=N<=64x...`: memory planning sizes by it)
+KERNEL_BOUND = 64
 KERNEL_SIZES = (1, 1, 3, 3, 3, 5, 7, (1, 7), (7, 1))  # int: square
 SEQUENCE = (1, 7, 16, 49, 50, 64)  # tokens of a [B, S, K] dense input
 FEATURES = (1, 3, 8, 17, 64, 127, 128, 255, 256, 384, 500, 512, 768, 1000, 1023, 1024, 1280, 2047, 2048)
@@ -288,7 +291,10 @@ KINDS = {"conv": conv_kernels, "pool": pool_kernels, "dense": dense_kernels}
 def _maybe_half(plan: Plan):
     """The plan, or one time in six its float16 model and one in six its bfloat16 one (the half kernels sum in
     float32: precision's half_sums_in_float32, which this strategy found lacking for means and average pools)."""
-    return st.sampled_from([plan, plan, replace(plan, dtype="float16"), plan, plan, replace(plan, dtype="bfloat16")])
+    plans = st.sampled_from([plan, plan, replace(plan, dtype="float16"), plan, plan, replace(plan, dtype="bfloat16")])
+    if not plan.symbolic:
+        return plans
+    return plans.flatmap(lambda p: st.sampled_from([p, replace(p, bound=KERNEL_BOUND)]))
 
 
 def kernels(kinds=("conv", "conv", "conv", "pool", "dense")):
@@ -379,7 +385,7 @@ def pool_match(plan: Plan, target):
     from tvm_fusion.build import legalize
     from tvm_fusion.frontend import import_onnx
 
-    alone = Plan(plan.domain, plan.input_shape, plan.seed, plan.layers[:1])  # without its activation
+    alone = replace(plan, layers=plan.layers[:1])  # without its activation (in its dtype: a bfloat16 plan differs)
     legal = legalize(import_onnx(build_kernel(alone).model), target, "unfused")
     (func,) = [f for f in legal.functions.values() if isinstance(f, tirx.PrimFunc)]
     return pool_plan(func, target)
