@@ -90,13 +90,11 @@ HALF = {"bert": dict(shape=(2, 3, 5, 16), mask=(2, 1, 1, None)),
 def test_half_attention_is_one_kernel_computed_in_float32(case, dtype, rules):
     """float16 / bfloat16 q, k, v and mask (the rule declined them: "the compute supports float32"): one kernel
     whose scores, softmax and context run in float32 (a `store` stage rounds the context once); within the
-    dtype's tolerance of the unfused build and of the float32 model on the same rounded inputs; float16 also
-    of onnxruntime's float16 run. 16 features: whole vectors on AVX2 and AVX-512 (the vectorized row)."""
+    dtype's tolerance of the unfused build and of the float32 model on the same rounded inputs (slow: also of
+    onnxruntime's float16 run). 16 features: whole vectors on AVX2 and AVX-512 (the vectorized row)."""
     g = GraphBuilder(10)
     model = g.model([attention_block(g, **HALF[case])], opset=OPSET)
     check_half(model, dtype, rules, expect={"attention": 1})
-    if dtype == "float16":
-        check_fused(as_float16(model), rules, expect={"attention": 1})
 
 
 @pytest.mark.slow
@@ -107,6 +105,8 @@ def test_half_attention_with_a_bounded_batch_builds_for_llvm_and_cuda(dtype, rul
     shapes = symbolic_shapes(model, 8)
     check_half(model, dtype, rules, expect={"attention": 1}, shapes=shapes, batches=(1, 3))
     check_cuda_build(as_float16(model, dtype), rules, expect={"attention": 1}, shapes=shapes)
+    if dtype == "float16":
+        check_symbolic_batch(as_float16(model), shapes, rules, expect={"attention": 1})
 
 
 def test_symbolic_sequence_declines_with_reason_and_builds(rules):

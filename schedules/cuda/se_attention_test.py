@@ -119,6 +119,20 @@ def test_half_schedule_sums_in_float32(family, dtype):
     assert_close(got.numpy(), want, f"{family} {dtype}", dtype=dtype)
 
 
+def test_one_channel_and_one_key_are_declined_by_the_cuda_schedules():
+    """The schedules' `supports` (what the slow test below sees through explain): one channel, one hidden unit,
+    one key."""
+    from tvm_fusion.schedules.cuda.attention import _supports as attention_supports
+    from tvm_fusion.schedules.cuda.squeeze_excite import _supports as se_supports
+
+    assert "a stage of one channel (C = 1, hidden = 1)" in se_supports({}, [(1, 1, 3, 3), (1, 1), (1,), (1, 1), (1,)],
+                                                                       TARGET)
+    assert "one hidden unit (C = 8, hidden = 1)" in se_supports({}, [(1, 8, 3, 3), (1, 8), (1,), (8, 1), (8,)], TARGET)
+    assert "a row of one key" in attention_supports({}, [(2, 3, 4, 8), (2, 3, 8, 1), (2, 3, 1, 8)], TARGET)
+    assert se_supports({}, [(1, 8, 3, 3), (2, 8), (2,), (8, 2), (8,)], TARGET) is None
+
+
+@pytest.mark.slow
 def test_one_channel_squeeze_excite_and_one_key_attention_decline_on_cuda_with_reasons(rules):
     """An SE block of one channel (or one hidden unit) and an attention row of one key: the CUDA schedules split
     that axis over the threads, and compute_at drops a loop of extent 1 (the build stopped with an IndexError,
