@@ -26,7 +26,7 @@ from tvm_fusion.registry import compute_options, get_compute
 from tvm_fusion.schedules import load
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
-           "check_fused", "check_symbolic_batch", "symbolic_shapes", "check_cuda_build", "check_rule_property", "check_family_property",
+           "check_fused", "check_half", "check_symbolic_batch", "symbolic_shapes", "check_cuda_build", "check_rule_property", "check_family_property",
            "conv_bn_relu", "residual_block", "encoder", "qdq_conv", "run_build", "ACTIVATION_FORMS",
            "GELU_OPSET", "apply_activation_onnx", "RESNET50_CONVS", "conv_primfunc", "as_float16"]
 
@@ -215,6 +215,38 @@ def check_fused(model, rules=None, seed: int = 0, expect: dict | None = None):
         assert_close(f, u, f"output {i}: fused vs unfused", dtype=r.dtype)  # the model's dtype decides
         assert_close(f, r, f"output {i}: fused vs onnxruntime")
     _assert_fired(fused, expect)
+    return fused
+
+
+def check_half(model, dtype: str, rules=None, expect: dict | None = None, shapes: dict | None = None,
+               batches=(1,), seed: int = 0):
+    """The float32 `model` as `dtype` (float16 or bfloat16: `as_float16`) built fused and unfused on llvm
+    (`shapes`: its symbolic dims kept symbolic, the one build run at each of `batches`): every output in `dtype`,
+    fused within `dtype`'s tolerance of unfused and of onnxruntime's float32 run of `model` on the same rounded
+    inputs (onnxruntime has no bfloat16 CPU kernels for most ops), element by element. Returns the fused build;
+    `expect`: its exact rule counts."""
+    from .build import build
+    from .frontend import import_onnx
+    from .io import graph_inputs, random_inputs, run_onnxruntime
+    from .precision import numpy_dtype
+
+    half = numpy_dtype(dtype)
+    mod = import_onnx(as_float16(model, dtype), shapes)
+    fused, unfused = build(mod, "llvm", "fused", rules=rules), build(mod, "llvm", "unfused", rules=rules)
+    _assert_fired(fused, expect)
+    sess, _ = run_onnxruntime(model, {}, optimize=False)
+    for n in batches if shapes else (None,):
+        concrete = {k: [d if isinstance(d, int) else n for d in shape] for k, shape in (shapes or {}).items()}
+        inputs = {k: v.astype(half).astype(np.float32) if v.dtype == np.float32 else v
+                  for k, v in random_inputs(model, concrete or None, seed=seed).items()}
+        args = [inputs[i.name].astype(half) if inputs[i.name].dtype == np.float32 else inputs[i.name]
+                for i in graph_inputs(model)]
+        at = f" at batch {n}" if n is not None else ""
+        for i, (f, u, r) in enumerate(zip(run_build(fused, args), run_build(unfused, args), sess.run(None, inputs),
+                                          strict=True)):
+            assert f.dtype == half and f.shape == r.shape, f"output {i}{at}: {f.dtype} {f.shape}, want {dtype} {r.shape}"
+            assert_close(f, u, f"output {i}{at}: fused vs unfused {dtype}", dtype=dtype)
+            assert_close(f, r, f"output {i}{at}: fused {dtype} vs the float32 model", dtype=dtype)
     return fused
 
 

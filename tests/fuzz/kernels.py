@@ -16,17 +16,21 @@ Three kinds, each a Plan that `build_kernel(plan)` replays:
 - dense: [1-4 or a symbolic batch, K] x [K, N] (MatMul or Gemm, K and N up to 2048, odd ones too), or
   [B, S, K] x [K, N] (MatMul, S up to 64), a bias, an activation;
 
-each in float32, or one time in six in float16 (a last plan layer ("half", {})).
+each in float32, or one time in six in float16 and one in six in bfloat16 (`Plan.dtype`: the float32 graph
+converted by `testing.as_float16`; a bfloat16 kernel is judged against onnxruntime's float32 run, oracle.py).
 
 The work of a kernel is bounded (MAX_MACS multiply-adds: a few seconds to build and check on one core); a
 drawn shape over the bound loses spatial size first, then output channels, then input channels. A symbolic
-batch ("N", the input's dim_param) stays symbolic in the builds and is SIZES["N"] in the inputs
+batch ("N", the input's dim_param; half the time with the upper bound KERNEL_BOUND, `Plan.bound`) stays
+symbolic in the builds and is SIZES["N"] in the inputs
 (`oracle.check_against_onnxruntime(sizes=SIZES)`).
 `plan_family(plan)` names the schedule plan a kernel takes on the current CPU target (conv: `conv_plan`'s
 kernel and its options; dense: the packed column tile), computed from the shapes without building.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import strategies as st
 
@@ -43,7 +47,7 @@ from .strategies import (
     emit_conv,
 )
 
-__all__ = ["KERNEL_LAYERS", "MAX_MACS", "SIZES", "build_kernel", "hand_schedule_used", "kernels", "plan_family"]
+__all__ = ["KERNEL_BOUND", "KERNEL_LAYERS", "MAX_MACS", "SIZES", "build_kernel", "hand_schedule_used", "kernels", "plan_family"]
 
 MAX_MACS = 30_000_000
 MAX_CHANNELS = 300
@@ -57,6 +61,8 @@ CLASSES = (1000, 1001, 1008)
 SPATIAL = (7, 8, 13, 14, 15, 16, 19, 20, 27, 28, 32, 35, 40, 48, 55, 56, 57, 64)
 #: the size of a symbolic batch ("N": the input's dim_param, kept symbolic by the builds) in the inputs
 SIZES = {"N": 3}
+#: the upper bound of a symbolic batch, half the time (`--shape x=N<=64x...`: memory planning sizes by it)
+KERNEL_BOUND = 64
 KERNEL_SIZES = (1, 1, 3, 3, 3, 5, 7, (1, 7), (7, 1))  # int: square
 SEQUENCE = (1, 7, 16, 49, 50, 64)  # tokens of a [B, S, K] dense input
 FEATURES = (1, 3, 8, 17, 64, 127, 128, 255, 256, 384, 500, 512, 768, 1000, 1023, 1024, 1280, 2047, 2048)
@@ -130,8 +136,9 @@ KERNEL_LAYERS = {**LAYER_KINDS, "conv": LayerKind(_no_draw, emit_conv_hw, domain
 
 
 def build_kernel(plan: Plan) -> RandomGraph:
-    """The model of a kernel plan (as strategies.build, with KERNEL_LAYERS); a last layer ("half", {}) turns
-    it into a float16 model (`testing.as_float16`: its weights rounded, its inputs and outputs float16)."""
+    """The model of a kernel plan (as strategies.build, with KERNEL_LAYERS), in `plan.dtype` (net.finish); a last
+    layer ("half", {}), as older saved plans have, turns it into a float16 model (`testing.as_float16`: its
+    weights rounded, its inputs and outputs float16)."""
     net = Net.start(plan.domain, plan.input_shape, plan.seed)
     half = plan.layers[-1][0] == "half"
     for name, params in plan.layers[:-1] if half else plan.layers:
@@ -282,15 +289,17 @@ KINDS = {"conv": conv_kernels, "pool": pool_kernels, "dense": dense_kernels}
 
 
 def _maybe_half(plan: Plan):
-    """The plan, or one time in six its float16 model (the half kernels sum in float32: precision's
-    half_sums_in_float32, which this strategy found lacking for means and average pools)."""
-    return st.sampled_from([plan, plan, plan, Plan(plan.domain, plan.input_shape, plan.seed,
-                                                   (*plan.layers, ("half", {}))), plan, plan])
+    """The plan, or one time in six its float16 model and one in six its bfloat16 one (the half kernels sum in
+    float32: precision's half_sums_in_float32, which this strategy found lacking for means and average pools)."""
+    plans = st.sampled_from([plan, plan, replace(plan, dtype="float16"), plan, plan, replace(plan, dtype="bfloat16")])
+    if not plan.symbolic:
+        return plans
+    return plans.flatmap(lambda p: st.sampled_from([p, replace(p, bound=KERNEL_BOUND)]))
 
 
 def kernels(kinds=("conv", "conv", "conv", "pool", "dense")):
     """RandomGraph of one kernel plan: a conv (three times in five by default) + epilogue, a pool or a dense,
-    one time in six in float16."""
+    one time in six in float16, one in six in bfloat16."""
     return st.sampled_from(kinds).flatmap(lambda kind: KINDS[kind]()).flatmap(_maybe_half).map(build_kernel)
 
 
@@ -309,7 +318,7 @@ def plan_family(plan: Plan, target=None) -> str:
     """The schedule plan the kernel of `plan` takes for `target` (default: the CPU target of the build, so
     TVM_FUSION_CPU), from the shapes alone: 'conv tiled flat_taps tap_rows padded_channels', 'conv pointwise',
     'conv depthwise_channels', 'dense cols=32 padded', 'pool MaxPool'..."""
-    half = " float16" if plan.layers[-1][0] == "half" else ""
+    half = " float16" if plan.layers[-1][0] == "half" else f" {plan.dtype}" if plan.dtype != "float32" else ""
     return _plan_family(plan, target) + half
 
 
@@ -376,9 +385,10 @@ def pool_match(plan: Plan, target):
     from tvm_fusion.build.builder import legalize
     from tvm_fusion.frontend.importer import import_onnx
 
-    alone = Plan(plan.domain, plan.input_shape, plan.seed, plan.layers[:1])  # without its activation
+    alone = replace(plan, layers=plan.layers[:1])  # without its activation (in its dtype: a bfloat16 plan differs)
     legal = legalize(import_onnx(build_kernel(alone).model), target, "unfused")
-    (func,) = [f for f in legal.functions.values() if isinstance(f, tirx.PrimFunc)]
+    # a half average pool is summed in float32 between casts (precision.WIDENED_INPUTS): the pool's function
+    (func,) = [f for gv, f in legal.functions.items() if isinstance(f, tirx.PrimFunc) and "cast" not in gv.name_hint]
     return pool_plan(func, target)
 
 

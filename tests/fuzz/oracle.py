@@ -170,19 +170,20 @@ def _onnxruntime(model, inputs: dict) -> list[np.ndarray]:
         raise InvalidGraph(f"onnxruntime refused the graph: {type(err).__name__}: {err}") from err
 
 
-def symbolic_shapes(model, sizes: dict) -> tuple[dict, dict]:
-    """(shapes for import_onnx: the graph inputs' dim_params as SymDims, the concrete input shapes: each
-    dim_param at its size in `sizes`, else 1)."""
-    symbolic, concrete = {}, {}
+def symbolic_shapes(model, sizes: dict, bounds: dict | None = None) -> tuple[dict, dict]:
+    """(shapes for import_onnx: the graph inputs' dim_params as SymDims, with their upper bound in `bounds`
+    where it names one, the concrete input shapes: each dim_param at its size in `sizes`, else 1)."""
+    symbolic, concrete, bounds = {}, {}, bounds or {}
     for inp in model.graph.input:
         dims = inp.type.tensor_type.shape.dim
         if any(d.dim_param for d in dims):
-            symbolic[inp.name] = tuple(SymDim(d.dim_param) if d.dim_param else d.dim_value for d in dims)
+            symbolic[inp.name] = tuple(SymDim(d.dim_param, bounds.get(d.dim_param)) if d.dim_param else d.dim_value
+                                       for d in dims)
             concrete[inp.name] = [sizes.get(d.dim_param, 1) if d.dim_param else d.dim_value for d in dims]
     return symbolic, concrete
 
 
-def check_against_onnxruntime(model, rules=None, seed: int = 0, unfused: bool = True, sizes=None):
+def check_against_onnxruntime(model, rules=None, seed: int = 0, unfused: bool = True, sizes=None, bounds=None):
     """Build fused and unfused on llvm; each output must equal onnxruntime's (shape, dtype, every element).
     `unfused=False`: the fused build only (kernels.py's single kernels at real sizes): the unfused build runs
     TVM's unscheduled kernels, which doubles a kernel's check (288 -> 288 3x3 conv + ReLU on 32 x 32, one
@@ -190,9 +191,10 @@ def check_against_onnxruntime(model, rules=None, seed: int = 0, unfused: bool = 
     onnxruntime is the oracle either way.
     `sizes` ({dim_param: size}, or a list of them: one run each; default BATCHES): the inputs' symbolic dims
     (a dynamic batch) stay symbolic in the builds (import_onnx with SymDims) and take these sizes in the
-    inputs (a dim_param not named: 1). A model without symbolic dims runs once."""
+    inputs (a dim_param not named: 1). A model without symbolic dims runs once. `bounds` ({dim_param: upper
+    bound}): those dims are built with that bound (`--shape x=N<=16x...`: memory planning sizes by it)."""
     runs = list(BATCHES if sizes is None else sizes if isinstance(sizes, (list, tuple)) else [sizes])
-    symbolic, _ = symbolic_shapes(model, runs[0])
+    symbolic, _ = symbolic_shapes(model, runs[0], bounds)
     runs = runs if symbolic else runs[:1]
     checks = []  # (what, the inputs in graph order, reference, judged dtype): onnxruntime first, before building
     for size in runs:

@@ -14,10 +14,12 @@ What found earlier bugs is drawn on purpose: constants whose broadcast axis is n
 the rank or stretch a size-1 axis, constants whose elements are all equal, either operand order), activation
 constants near but not equal to the canonical ones (`near_act`), ranks 2 to 5 (token inputs of rank 4 and 5,
 batched MatMul weights), LayerNorm scales of another broadcast shape ((S, 1) with S == F), `If` nodes with a
-constant condition, and node / value names that collide with C, Python or TVM names (`Plan.names`).
+constant condition, any shape-keeping layer (a conv block, attention, SE, LayerNorm ...) inside an If branch or
+a Loop body (`nested`), and node / value names that collide with C, Python or TVM names (`Plan.names`).
 
 Every graph is drawn along two more axes (`Plan`): its batch is static or symbolic (the input's first dim is
-the dim_param BATCH, "N"; constants never take that axis: a symbolic batch broadcasts as 1 in them, `fixed`),
+the dim_param BATCH, "N", with an upper bound half the time, `Plan.bound`; constants never take that axis: a
+symbolic batch broadcasts as 1 in them, `fixed`),
 and its dtype is float32, float16 or bfloat16 (`testing.as_float16` of the float32 graph, If branches
 included). oracle.py builds a symbolic batch once and runs it at batch 1 and 3.
 
@@ -38,7 +40,7 @@ from hypothesis import strategies as st
 
 from tvm_fusion.testing import ACTIVATION_FORMS, GELU_OPSET, OPSET, GraphBuilder, apply_activation_onnx, as_float16
 
-__all__ = ["BATCH", "DTYPES", "LAYER_KINDS", "Plan", "RandomGraph", "build", "onnx_graphs"]
+__all__ = ["BATCH", "BOUNDS", "DTYPES", "LAYER_KINDS", "Plan", "RandomGraph", "build", "onnx_graphs"]
 
 MAX_CHANNELS = 16  # image channels and token features
 MAX_SPATIAL = 12
@@ -49,6 +51,8 @@ DOMAINS = ("image", "tokens")
 BATCH = "N"
 #: the model's float dtype: float32, or the float32 graph converted (testing.as_float16: weights rounded)
 DTYPES = ("float32", "float16", "bfloat16")
+#: a symbolic batch's upper bound (Plan.bound): none, the largest batch the oracle runs (3: oracle.BATCHES), more
+BOUNDS = (None, None, 3, 16)
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class Plan:
     layers: tuple  # ((layer kind, params), ...)
     names: tuple = ()  # (("node" | "value" | "input", index, new name), ...): see ODD_NAMES and rename()
     dtype: str = "float32"  # one of DTYPES
+    bound: int | None = None  # a symbolic batch's upper bound (`--shape x=N<=16x...`), None: unbounded
 
     @property
     def symbolic(self) -> bool:
@@ -132,13 +137,28 @@ class Net:
 
     def finish(self, plan: Plan) -> RandomGraph:
         outputs = self.outputs + ([self.cur] if self.cur not in self.outputs else [])
+        shapes = [self.shapes[o] for o in outputs]
         outputs, renamed = rename(self.g, outputs, plan.names)
-        model = self.g.model(outputs, opset=self.opset)
+        model = self.g.model(outputs, opset=self.opset) if not any(n.op_type == "Loop" for n in self.g.nodes) else \
+            self._typed_model(outputs, shapes)
         head = f"{plan.domain} x{list(plan.input_shape)}, weights seed {plan.seed}, opset {self.opset}"
+        head += f", {BATCH}<={plan.bound}" if plan.bound else ""
         if plan.dtype != "float32":
             model, head = as_float16(model, plan.dtype), f"{head}, {plan.dtype}"
         tail = f"outputs: {', '.join(outputs)}" + (f"\nrenamed: {'; '.join(renamed)}" if renamed else "")
         return RandomGraph(model, "\n".join([head, *self.log, tail]), plan)
+
+
+    def _typed_model(self, outputs: list, shapes: list) -> onnx.ModelProto:
+        """GraphBuilder.model with the outputs' shapes declared: onnx's checker refuses an output without one in
+        a graph with a Loop."""
+        from onnx import TensorProto, helper
+
+        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, list(s)) for o, s in zip(outputs, shapes)]
+        graph = helper.make_graph(self.g.nodes, "test", self.g.inputs, outs, self.g.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        onnx.checker.check_model(model)
+        return model
 
 
 #: node and value names that exporters write or that collide with names of TVM's IR, C or Python: the module's
@@ -157,6 +177,15 @@ def _rename_values(nodes, old: str, new: str) -> None:
                     out.name = new if out.name == old else out.name
 
 
+def _all_nodes(nodes):
+    """The nodes and, after each, those of its subgraphs (If branches, Loop bodies), depth first."""
+    for node in nodes:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(attr.g.node)
+
+
 def _unique(name: str, taken: set) -> str:
     while name in taken:
         name += "_"
@@ -165,13 +194,15 @@ def _unique(name: str, taken: set) -> str:
 
 
 def rename(g: GraphBuilder, outputs: list, names: tuple) -> tuple[list, list]:
-    """Apply a plan's `names` to the built graph: ("node", i, name) names node i; ("value", i, name) renames the
-    first output of node i everywhere, ("input", i, name) graph input i (both kept unique: "_" appended while
+    """Apply a plan's `names` to the built graph: ("node", i, name) names node i (of every node, those inside If
+    branches and Loop bodies included, depth first); ("value", i, name) renames the first output of node i
+    everywhere, ("input", i, name) graph input i (both kept unique: "_" appended while
     taken). Returns the outputs, a log."""
     log = []
-    taken = {v for n in g.nodes for v in n.output} | {i.name for i in g.inputs} | {t.name for t in g.inits}
+    nodes = list(_all_nodes(g.nodes))  # the If branches' and Loop bodies' nodes too
+    taken = {v for n in nodes for v in [*n.output, *n.input]} | {i.name for i in g.inputs} | {t.name for t in g.inits}
     for kind, index, name in names:
-        node = g.nodes[index % len(g.nodes)]
+        node = nodes[index % len(nodes)]
         if kind == "input":  # a graph input: it becomes a parameter of the entry function and of kernels
             value = g.inputs[index % len(g.inputs)]
             old, value.name = value.name, _unique(name or "_", taken)
@@ -421,6 +452,58 @@ def emit_if(net: Net, cond, then, orelse) -> None:
 
     c = g.const(np.array(cond))
     net.set(g.op("If", [c], then_branch=branch(then, g.name("then")), else_branch=branch(orelse, g.name("else"))))
+
+
+def draw_nested(draw, net: Net, keep_shape: bool = False) -> dict:
+    """A shape-keeping layer of any kind (a conv block, attention, SE, LayerNorm, ...) inside an If branch (the
+    other branch the same kind with its own weights; a constant condition) or a Loop body (a constant trip
+    count of 1 or 2, the layer applied to the carried value)."""
+    names = [n for n, kind in LAYER_KINDS.items() if kind.branch and kind.applies(net) and n != "nested"]
+    name = draw(st.sampled_from(names))
+    how = draw(st.sampled_from(["if", "loop"]))
+    extra = dict(cond=draw(st.booleans())) if how == "if" else dict(trips=draw(st.integers(1, 2)))
+    return dict(how=how, layer=(name, LAYER_KINDS[name].draw(draw, net, keep_shape=True)), **extra)
+
+
+def _subgraph(net: Net, name: str, params: dict, start: str, tag: str) -> tuple:
+    """Emit layer `name` from value `start` and take its nodes out of the graph (for a subgraph). The values it made are forgotten
+    (net.shapes): no later layer may read them outside the subgraph. Returns (nodes, output, its shape)."""
+    known, k = set(net.shapes), len(net.g.nodes)
+    net.cur = start
+    LAYER_KINDS[name].emit(net, **params)
+    nodes, out, shape = net.g.nodes[k:], net.cur, net.shape
+    del net.g.nodes[k:]
+    for v in set(net.shapes) - known:
+        del net.shapes[v]
+    return nodes, out, shape
+
+
+def emit_nested(net: Net, how, layer, cond=True, trips=1) -> None:
+    from onnx import TensorProto, helper
+
+    g, x, shape = net.g, net.cur, net.shape
+    f, (name, params) = TensorProto.FLOAT, layer
+    if how == "if":
+        branches = []
+        for tag in ("then", "else"):
+            nodes, out, shape = _subgraph(net, name, params, x, tag)
+            branches.append(helper.make_graph(nodes, g.name(tag), [], [helper.make_tensor_value_info(out, f, None)]))
+        net.cur = x
+        net.set(g.op("If", [g.const(np.array(cond))], then_branch=branches[0], else_branch=branches[1]), shape)
+        return
+    v, c = g.name("carried"), g.name("cond")
+    net.shapes[v] = shape
+    nodes, out, after = _subgraph(net, name, params, v, "body")
+    del net.shapes[v]  # the body's input: no value outside the body
+    assert after == shape, f"a Loop body's {name} changed the carried shape {shape} to {after}"
+    c_out = g.name("cond_out")
+    nodes.append(helper.make_node("Identity", [c], [c_out], name=g.name("Identity")))
+    body = helper.make_graph(nodes, g.name("body"), [
+        helper.make_tensor_value_info(g.name("i"), TensorProto.INT64, []),
+        helper.make_tensor_value_info(c, TensorProto.BOOL, []), helper.make_tensor_value_info(v, f, list(shape))],
+        [helper.make_tensor_value_info(c_out, TensorProto.BOOL, []), helper.make_tensor_value_info(out, f, list(shape))])
+    net.cur = x
+    net.set(g.op("Loop", [g.const(np.array(trips, np.int64)), "", x], body=body), shape)
 
 
 UNARY_OPS = ("Relu", "Sigmoid", "Tanh", "Neg", "Erf", "Abs")  # Abs is not in our chains: it splits them
@@ -685,6 +768,7 @@ LAYER_KINDS = {
     "near_act": LayerKind(draw_near_act, emit_near_act, weight=2, branch=True),
     "pair": LayerKind(draw_pair, emit_pair, weight=2, branch=True),
     "if": LayerKind(draw_if, emit_if, branch=True),
+    "nested": LayerKind(draw_nested, emit_nested, weight=2, branch=True),
     "escape": LayerKind(draw_nothing, emit_escape,
                         when=lambda net: net.cur not in net.inputs and net.cur not in net.outputs),
     "to_tokens": LayerKind(draw_to_tokens, emit_to_tokens, domains=("image",)),
@@ -731,26 +815,30 @@ def _input_shapes(domain: str):
 
 
 @st.composite
-def onnx_graphs(draw, domains=DOMAINS, max_layers: int = MAX_LAYERS, dtypes=DTYPES) -> RandomGraph:
+def onnx_graphs(draw, domains=DOMAINS, max_layers: int = MAX_LAYERS, dtypes=DTYPES, without=()) -> RandomGraph:
     """Draws a small random ONNX graph: an image or token input, then 1 to `max_layers` layers from LAYER_KINDS
     (conv, BatchNorm, activations in every ONNX form and with nudged constants, broadcast constants, Max/Min/
     Sum/Mean pairs, elementwise ops, MatMul/Gemm, LayerNorm, conv/dense blocks, squeeze-excite, attention, If,
     forks and escaped intermediates), then up to 4 odd node / value names, as a
     RandomGraph(model, description, plan). Half the graphs have a symbolic batch (BATCH); a third each are
-    float32, float16 and bfloat16 (the float32 graph converted: `Plan.dtype`), or one of `dtypes`."""
+    float32, float16 and bfloat16 (the float32 graph converted: `Plan.dtype`), or one of `dtypes`; a symbolic
+    batch has an upper bound half the time (`Plan.bound`). `without`: layer kinds not drawn."""
     domain = draw(st.sampled_from(domains))
     shape = draw(_input_shapes(domain))
+    bound = None
     if draw(st.booleans()):
         shape = (BATCH, *shape[1:])
+        bound = draw(st.sampled_from(BOUNDS))
     seed = draw(st.integers(0, 2**16 - 1))
     net = Net.start(domain, shape, seed)
     layers = []
     for _ in range(draw(st.integers(1, max_layers))):
-        choices = [name for name, kind in LAYER_KINDS.items() if kind.applies(net) for _ in range(kind.weight)]
+        choices = [name for name, kind in LAYER_KINDS.items() if kind.applies(net) and name not in without
+                   for _ in range(kind.weight)]
         name = draw(st.sampled_from(choices))
         params = LAYER_KINDS[name].draw(draw, net, keep_shape=False)
         _add(net, name, params)
         layers.append((name, params))
     names = draw_names(draw, len(net.g.nodes))
     dtype = draw(st.sampled_from(dtypes))
-    return net.finish(Plan(domain, shape, seed, tuple(layers), names, dtype))
+    return net.finish(Plan(domain, shape, seed, tuple(layers), names, dtype, bound))

@@ -94,7 +94,8 @@ def check_kernel(graph, rules) -> str:
     """The fused build of one kernel matches onnxruntime and, for a conv / dense with a bias, our rule took it
     (so its hand llvm schedule); returns its plan (`plan_family`)."""
     family = plan_family(graph.plan)
-    fused = check_against_onnxruntime(graph.model, rules, unfused=False, sizes=SIZES)
+    bounds = {"N": graph.plan.bound} if graph.plan.bound else None
+    fused = check_against_onnxruntime(graph.model, rules, unfused=False, sizes=SIZES, bounds=bounds)
     assert hand_schedule_used(graph.plan, fused.counts) is not False, \
         f"no conv / dense rule fired on {family}: {fused.counts}"
     return family

@@ -1,7 +1,10 @@
 """Random ONNX graphs (strategies.py): fused and unfused match onnxruntime element by element, with its shapes
 and dtypes (oracle.py), on every drawn graph, and the strategy is not vacuous (every rule family fires, escaped
 values stop fusions). The graphs are drawn with a static or a symbolic batch (one build, run at batch 1 and 3:
-oracle.BATCHES) and in float32, float16 or bfloat16 (against the float32 graph: see oracle.py).
+oracle.BATCHES; half of them with an upper bound, 3 or 16), in float32, float16 or bfloat16 (against the float32
+graph: see oracle.py), with odd node and value names (inside If branches and Loop bodies too) and with any
+layer nested in an If branch or a Loop body. A few are built for CUDA as well (sm_90, nvcc; nothing runs): the
+groups are the llvm build's, or a CUDA schedule declined one with a reason.
 
 A failing graph is saved to tests/fuzz/regressions/<hash>.onnx (+ .txt), which test_regressions.py runs
 from then on; see regressions/README.md.
@@ -22,11 +25,11 @@ from tvm_fusion.build.builder import resolve_target
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.fusion.fuse import fuse
 from tvm_fusion.precision import numpy_dtype
-from tvm_fusion.testing import check_fused
+from tvm_fusion.testing import check_cuda_build, check_fused
 
 from .oracle import (InvalidGraph, check_against_onnxruntime, elementwise_mismatch, model_inputs, reference_outputs,
                      symbolic_shapes)
-from .strategies import Plan, build, onnx_graphs
+from .strategies import BATCH, Plan, build, onnx_graphs
 
 ROOT = Path(__file__).resolve().parents[2]
 REGRESSIONS = Path(__file__).resolve().parent / "regressions"
@@ -34,6 +37,9 @@ REGRESSIONS = Path(__file__).resolve().parent / "regressions"
 #: the default run, 240 others under the slow marker (CI runs both); explore: 300 + 1200 fresh ones
 EXAMPLES = 3 * settings.default.max_examples
 SLOW_EXAMPLES = 20 * settings.default.max_examples
+#: CUDA builds (fuse for llvm and CUDA, build, nvcc; ~2 s each): a few in the default run, more under slow
+CUDA_EXAMPLES = 4
+SLOW_CUDA_EXAMPLES = 5 * settings.default.max_examples
 COVERAGE_EXAMPLES = 200  # at most; fuse only, no builds, and none once every family has fired
 FAMILIES = {"conv": ("conv2d",), "dense": ("dense_",), "layer_norm": ("layer_norm", "add_layer_norm"),
             "elementwise": ("elementwise_chain_", "add_relu"), "squeeze_excite": ("squeeze_excite_",),
@@ -76,20 +82,30 @@ def test_property_more_random_graphs_fused_match_onnxruntime(graph, rules):
     check_random_graph(graph, rules)
 
 
-def check_random_graph(graph, rules) -> None:
-    """Fused and unfused builds of `graph` match onnxruntime; a failure's smallest graph is saved as a regression."""
+def saving_regression(graph, what: str, check):
+    """`check()`, whose failure on the final (shrunk) example is saved as a regression (not an InvalidGraph: the
+    strategy's own bug)."""
     try:
-        fused = check_against_onnxruntime(graph.model, rules)
+        return check()
     except InvalidGraph:
-        raise  # the strategy's own bug: nothing to save
+        raise
     except Exception as err:
         if not current_build_context().is_final:  # shrinking: only the final, smallest example is saved
             raise
         path = save_regression(graph, err).relative_to(ROOT)
-        raise AssertionError(f"fused build failed on this graph:\n{graph.description}\n{type(err).__name__}: {err}\n"
+        raise AssertionError(f"{what} failed on this graph:\n{graph.description}\n{type(err).__name__}: {err}\n"
                              f"saved as {path} (+ .txt); tests/fuzz/test_regressions.py now runs it") from err
+
+
+def check_random_graph(graph, rules) -> None:
+    """Fused and unfused builds of `graph` match onnxruntime; a failure's smallest graph is saved as a regression."""
+    fused = saving_regression(graph, "fused build", lambda: check_against_onnxruntime(graph.model, rules,
+                                                                                     bounds=_bounds(graph)))
     event(f"domain {graph.plan.domain}")
-    event(f"batch {'symbolic' if graph.plan.symbolic else 'static'}, {graph.plan.dtype}")
+    batch = f"symbolic <= {graph.plan.bound}" if graph.plan.bound else "symbolic" if graph.plan.symbolic else "static"
+    event(f"batch {batch}, {graph.plan.dtype}")
+    if any(n.op_type in ("If", "Loop") for n in graph.model.graph.node):
+        event("nested: If / Loop")
     for rule, n in fused.counts.items():
         if n:
             event(f"family {family(rule)}")
@@ -98,19 +114,80 @@ def check_random_graph(graph, rules) -> None:
         event(f"declined: an intermediate {ESCAPE}")
 
 
+def _bounds(graph) -> dict | None:
+    """The symbolic batch's upper bound as oracle.check_against_onnxruntime takes it."""
+    return {BATCH: graph.plan.bound} if graph.plan.bound else None
+
+
+def check_cuda_groups(graph, rules) -> dict:
+    """`graph` fused and built for CUDA (sm_90, compiled by nvcc: testing.check_cuda_build; nothing runs), with
+    its symbolic batch and bound: the rules that fire are the llvm fusion's, or where one fires less often on
+    CUDA, the CUDA fusion declined it with a reason (a schedule's `supports`). Returns the CUDA counts."""
+    shapes = symbolic_shapes(graph.model, {}, _bounds(graph))[0] or None
+    llvm = fuse(import_onnx(graph.model, shapes), resolve_target("llvm"), rules)
+    cuda = check_cuda_build(graph.model, rules, shapes=shapes)
+    fewer = {r for r, n in llvm.counts.items() if n > cuda.counts.get(r, 0)}
+    declined = {d.rule for d in cuda.fused.decisions if d.reason}
+    assert fewer <= declined, (f"rules that fire on llvm and less on CUDA without a reason: {sorted(fewer - declined)}; "
+                               f"llvm {_fired(llvm.counts)}, CUDA {_fired(cuda.counts)}")
+    if not fewer:
+        assert _fired(cuda.counts) == _fired(llvm.counts), (_fired(llvm.counts), _fired(cuda.counts))
+    return cuda.counts
+
+
+def _fired(counts: dict) -> dict:
+    return {r: n for r, n in counts.items() if n}
+
+
+@settings(max_examples=CUDA_EXAMPLES)
+@given(graph=onnx_graphs())
+def test_property_random_graph_builds_for_cuda(graph, rules):
+    """Drawn graphs (every axis: symbolic batch and bound, half dtypes, odd names, If / Loop nesting) build for
+    CUDA with the llvm build's groups, or a reason where a CUDA schedule declines one."""
+    check_random_graph_for_cuda(graph, rules)
+
+
+@pytest.mark.slow
+@settings(max_examples=SLOW_CUDA_EXAMPLES)
+@given(graph=onnx_graphs())
+def test_property_more_random_graphs_build_for_cuda(graph, rules):
+    check_random_graph_for_cuda(graph, rules)
+
+
+def check_random_graph_for_cuda(graph, rules) -> None:
+    """`check_cuda_groups` in a property: a failure's final (shrunk) example is saved as a regression."""
+    counts = saving_regression(graph, "CUDA build", lambda: check_cuda_groups(graph, rules))
+    for rule, n in counts.items():
+        if n:
+            event(f"family {family(rule)}")
+
+
+#: families that only their own layer kind makes (the others come from several kinds and from blocks)
+ONLY_FROM = {"squeeze_excite": "squeeze_excite", "attention": "attention", "layer_norm": "layer_norm"}
+
+
+def _kinds(plan) -> set[str]:
+    """The families of ONLY_FROM whose layer kind the plan has (at the top, as a fork's branch or nested)."""
+    names = {name for name, _ in plan.layers}
+    names |= {params[k][0] for name, params in plan.layers if name == "fork" for k in ("a", "b")}
+    names |= {params["layer"][0] for name, params in plan.layers if name == "nested"}
+    return {f for f, kind in ONLY_FROM.items() if kind in names}
+
+
 def test_strategy_is_not_vacuous(rules):
-    """Within a fixed (derandomized) sequence of drawn float32 graphs (static or symbolic batch), every family
-    fires and some match is declined because an intermediate has another consumer: the property above
-    exercises real fusions. float32 only: SE and attention decline in float16 and bfloat16 (with a reason),
-    which took 4x the graphs to see them fire. The graphs are fused only until all have been seen."""
+    """Within a fixed (derandomized) sequence of drawn graphs (every axis: batch, bound, dtype, names, nesting),
+    every family fires and some match is declined because an intermediate has another consumer: the property
+    above exercises real fusions. The graphs are fused only until all have been seen, and once only SE,
+    attention or LayerNorm is missing, only graphs with that layer kind (10 s on one core)."""
     target = resolve_target("llvm")
     fired, domains, blocked = Counter(), Counter(), []
 
     @settings(max_examples=COVERAGE_EXAMPLES, derandomize=True, database=None)
-    @given(graph=onnx_graphs(dtypes=("float32",)))
+    @given(graph=onnx_graphs())
     def collect(graph):
-        if len(domains) == 2 and blocked and all(fired[f] for f in FAMILIES):
-            return
+        missing = {f for f in FAMILIES if not fired[f]}
+        if len(domains) == 2 and blocked and not (missing - set(ONLY_FROM)) and not missing & _kinds(graph.plan):
+            return  # nothing left to see, or none of the layers whose family is still missing: not fused
         result = fuse(import_onnx(graph.model, symbolic_shapes(graph.model, {})[0] or None), target, rules)
         domains[graph.plan.domain] += 1
         fired.update(family(r) for r, n in result.counts.items() if n)

@@ -9,7 +9,8 @@ to the scores without changing their shape ((B, 1, 1, T) padding masks, (1, 1, S
 with NumPy broadcasting in the kernel. The scale is a scalar constant, carried as matched (divide or
 multiply). Declines with the actual values: a mask that would broadcast the scores to another shape or
 whose shape is not static, a softmax over another axis, matmuls whose batch dims differ (broadcast
-batches), a scale that is not a scalar constant, other dtypes.
+batches), a scale that is not a scalar constant, other dtypes. Half q, kT, v (float16, bfloat16): the
+scores, softmax and context are computed in float32 and the output rounded once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tvm_fusion.patterns.priority import priority
 from tvm_fusion.rules import Lowering, Match, Spec, commutative, decline, rule, symbolic_reason
 from tvm_fusion.schedules.attention import ATTENTION_FAMILY
 
-SUPPORTED_DTYPES = ("float32",)
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")  # half: computed in float32, rounded once
 
 
 def attention_pattern() -> Spec:

@@ -9,7 +9,8 @@ from tvm_fusion import _tvm
 from tvm_fusion.build.builder import resolve_target
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.fusion.fuse import fuse
-from tvm_fusion.testing import GraphBuilder, check_cuda_build, check_fused, check_symbolic_batch, symbolic_shapes
+from tvm_fusion.testing import (GraphBuilder, as_float16, check_cuda_build, check_fused, check_half,
+                                check_symbolic_batch, symbolic_shapes)
 
 OPSET = 17
 
@@ -78,6 +79,34 @@ def test_symbolic_batch_is_one_kernel_that_matches_at_every_batch(case, bound, r
     shapes = symbolic_shapes(model, bound)
     check_symbolic_batch(model, shapes, rules, expect={"attention": 1})
     check_cuda_build(model, rules, expect={"attention": 1}, shapes=shapes)
+
+
+HALF = {"bert": dict(shape=(2, 3, 5, 16), mask=(2, 1, 1, None)),
+        "causal_const_mask": dict(shape=(1, 2, 6, 8), mask=(6, 6), mask_const=True)}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c != "bert" else c for c in HALF])
+def test_half_attention_is_one_kernel_computed_in_float32(case, dtype, rules):
+    """float16 / bfloat16 q, k, v and mask (the rule declined them: "the compute supports float32"): one kernel
+    whose scores, softmax and context run in float32 (a `store` stage rounds the context once); within the
+    dtype's tolerance of the unfused build and of the float32 model on the same rounded inputs (slow: also of
+    onnxruntime's float16 run). 16 features: whole vectors on AVX2 and AVX-512 (the vectorized row)."""
+    g = GraphBuilder(10)
+    model = g.model([attention_block(g, **HALF[case])], opset=OPSET)
+    check_half(model, dtype, rules, expect={"attention": 1})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_attention_with_a_bounded_batch_builds_for_llvm_and_cuda(dtype, rules):
+    g = GraphBuilder(11)
+    model = g.model([attention_block(g, **SYMBOLIC["bert"])], opset=OPSET)
+    shapes = symbolic_shapes(model, 8)
+    check_half(model, dtype, rules, expect={"attention": 1}, shapes=shapes, batches=(1, 3))
+    check_cuda_build(as_float16(model, dtype), rules, expect={"attention": 1}, shapes=shapes)
+    if dtype == "float16":
+        check_symbolic_batch(as_float16(model), shapes, rules, expect={"attention": 1})
 
 
 def test_symbolic_sequence_declines_with_reason_and_builds(rules):

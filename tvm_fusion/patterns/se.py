@@ -8,6 +8,8 @@ and the multiply alone). The gated map then feeds the block's projection conv as
 relu6, silu or hardswish; `gate` is hardsigmoid (MobileNetV3) or sigmoid (SENet, EfficientNet), with their
 constants carried as matched. The convs must be 1x1 with no padding and no groups (a Linear on the pooled
 vector), and the gate one value per (sample, channel): anything else declines with the actual shape.
+Half maps (float16, bfloat16) are computed in float32 (the weights and biases as float32 constants) and
+rounded once at the gated output.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from tvm_fusion import _tvm
 from tvm_fusion._tvm import dpl
 from tvm_fusion.patterns.activations import activation_pattern
 from tvm_fusion.patterns.priority import priority
+from tvm_fusion.precision import accumulator_dtype
 from tvm_fusion.rules import (Decline, Lowering, Match, Spec, axis_vector, axis_vector_shapes, commutative, decline,
                               rule, static_shape, symbolic_reason)
 from tvm_fusion.schedules.squeeze_excite import SE_FAMILY
 
-SUPPORTED_DTYPES = ("float32",)
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")  # half: computed in float32, rounded once
 ACTS = ("hardswish", "silu", "relu6", "relu")  # containing forms first (hardswish contains hardsigmoid)
 GATES = ("hardsigmoid", "sigmoid")
 
@@ -111,15 +114,15 @@ def _bias(m: Match, name: str, channels: int) -> np.ndarray:
 
 
 def lower_squeeze_excite(m: Match, act: str, act_params: dict, gate: str, gate_params: dict) -> Lowering:
-    dtype = m.dtype("root")
+    acc = accumulator_dtype(m.dtype("root"))
     w1 = _tvm.constant_value(m.value("fc1").args[1])
     w2 = _tvm.constant_value(m.value("fc2").args[1])
     b1, b2 = _bias(m, "fc1_bias", w1.shape[0]), _bias(m, "fc2_bias", w2.shape[0])
     return Lowering(
         compute=SE_FAMILY,
         inputs=[m["x"]],
-        constants=[w1.reshape(w1.shape[:2]).astype(dtype), b1.astype(dtype), w2.reshape(w2.shape[:2]).astype(dtype),
-                   b2.astype(dtype)],
+        constants=[w1.reshape(w1.shape[:2]).astype(acc), b1.astype(acc), w2.reshape(w2.shape[:2]).astype(acc),
+                   b2.astype(acc)],
         attrs=dict(activation=act, activation_params=dict(act_params), gate=gate, gate_params=dict(gate_params)),
     )
 

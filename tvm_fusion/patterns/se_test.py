@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx.numpy_helper import to_array
 
@@ -11,7 +12,8 @@ from tvm_fusion.build.builder import resolve_target
 from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.fusion.fuse import fuse
 from tvm_fusion.frontend.importer import SymDim
-from tvm_fusion.testing import GraphBuilder, apply_activation_onnx, check_cuda_build, check_fused, check_symbolic_batch
+from tvm_fusion.testing import (GraphBuilder, apply_activation_onnx, as_float16, check_cuda_build, check_fused,
+                                check_half, check_symbolic_batch, symbolic_shapes)
 
 
 def se_block(g: GraphBuilder, x: str, c: int, r: int, act="Relu", gate="HardSigmoid", gate_first=False,
@@ -59,6 +61,50 @@ def test_symbolic_batch_is_one_kernel_that_matches_at_every_batch(act, gate, rul
     expect = {f"squeeze_excite_{rule}": 1}
     check_symbolic_batch(model, shapes, rules, expect=expect)
     check_cuda_build(model, rules, expect=expect, shapes=shapes)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("act,gate,rule", [CASES[0], pytest.param(*CASES[1], marks=pytest.mark.slow)],
+                         ids=[CASES[0][2], CASES[1][2]])
+def test_half_squeeze_excite_is_one_kernel_computed_in_float32(act, gate, rule, dtype, rules):
+    """A float16 / bfloat16 SE block (the rule declined it: "the compute supports float32"): one kernel whose
+    pool, convs and gate run in float32, its output rounded once; within the dtype's tolerance of the unfused
+    build and of the float32 model on the same rounded inputs (the bounded-batch test below: also of
+    onnxruntime's float16 run)."""
+    g = GraphBuilder(13)
+    x = g.input("x", [2, 24, 5, 7])
+    model = g.model([se_block(g, g.op("Relu", [x]), 24, 6, act=act, gate=gate)], opset=18)
+    expect = {f"squeeze_excite_{rule}": 1}
+    check_half(model, dtype, rules, expect=expect)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_squeeze_excite_with_a_bounded_batch_builds_for_llvm_and_cuda(dtype, rules):
+    g = GraphBuilder(14)
+    x = g.input("x", ["N", 16, 5, 7])
+    model = g.model([se_block(g, g.op("Relu", [x]), 16, 4, act="HardSwish")], opset=18)
+    shapes, expect = symbolic_shapes(model, 8), {"squeeze_excite_hardswish_hardsigmoid": 1}
+    check_half(model, dtype, rules, expect=expect, shapes=shapes, batches=(1, 3))
+    check_cuda_build(as_float16(model, dtype), rules, expect=expect, shapes=shapes)
+    if dtype == "float16":  # and onnxruntime's own float16 run
+        check_symbolic_batch(as_float16(model), shapes, rules, expect=expect)
+
+
+def test_float64_squeeze_excite_declines_with_reason(rules):
+    """A dtype the compute has no accumulator for: the rule declines naming it (explain shows it)."""
+    from tvm_fusion.check.explain import explain
+
+    g = GraphBuilder(15)
+    x = g.input("x", [1, 8, 4, 4])
+    model = g.model([se_block(g, x, 8, 2)], opset=18)
+    for t in model.graph.initializer:
+        t.CopyFrom(onnx.numpy_helper.from_array(to_array(t).astype(np.float64), t.name))
+    for v in [*model.graph.input, *model.graph.output]:
+        v.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    shown = {(d.rule, d.reason) for d in explain(model, "llvm", rules=rules).declined()}
+    assert ("squeeze_excite_relu_hardsigmoid", "squeeze-excite dtype is float64; the compute supports float32, "
+            "float16, bfloat16") in shown, shown
 
 
 def test_symbolic_dim_other_than_the_batch_declines_with_reason_and_builds(rules):

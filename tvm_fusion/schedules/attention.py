@@ -7,7 +7,9 @@
     out[b, h, i, e]   = sum_j probs[b, h, i, j] * v[b, h, j, e]
 
 The mask is indexed with NumPy broadcasting: a size-1 dim reads index 0. Stages, named for the schedules:
-`qk`, `row_max`, `exp`, `row_sum`, `probs`, `out`.
+`qk`, `row_max`, `exp`, `row_sum`, `probs`, `out`. Half q, kT, v (float16, bfloat16): every stage runs in
+float32 (the products widened, the scale and the mask too), and one more stage, `store`, rounds `out` once
+(a float32 kernel has none: `out` is its output).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from tvm_fusion._tvm import te, tirx
+from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.registry import register_compute
 
 from . import dims
@@ -32,13 +35,20 @@ class AttentionOperands(NamedTuple):
     mask: object = None  # broadcast to [b, h, s, t]
 
 
+def has_store(sch) -> bool:
+    """Whether the scheduled kernel is a half one: its last block is `store`, which rounds `out`."""
+    return any(sch.get(b).name_hint == "store" for b in sch.get_child_blocks(sch.get_sblock("root")))
+
+
 @register_compute(ATTENTION_FAMILY)
 def attention(q, kt, v, mask=None, *, scale=None, scale_op=None, **_):
     b, h, s, d = dims(q.shape)  # b (or h, for a rank-3 q viewed as rank 4) may be a symbolic batch
     t, e = int(kt.shape[3]), int(v.shape[3])
+    acc = accumulator_dtype(q.dtype)
     rd = te.reduce_axis((0, d), name="rd")
-    qk = te.compute((b, h, s, t), lambda n, m, i, j: te.sum(q[n, m, i, rd] * kt[n, m, rd, j], axis=rd), name="qk")
-    c = tirx.const(scale, q.dtype) if scale is not None else None
+    qk = te.compute((b, h, s, t), lambda n, m, i, j: te.sum(
+        cast_to(q[n, m, i, rd], acc) * cast_to(kt[n, m, rd, j], acc), axis=rd), name="qk")
+    c = tirx.const(scale, acc) if scale is not None else None
     mdims = dims(mask.shape) if mask is not None else []
 
     def logit(n, m, i, j):
@@ -48,8 +58,8 @@ def attention(q, kt, v, mask=None, *, scale=None, scale_op=None, **_):
         elif scale_op == "multiply":
             x = x * c
         if mask is not None:
-            x = x + mask[tuple(0 if isinstance(size, int) and size == 1 else idx
-                               for size, idx in zip(mdims, (n, m, i, j)))]
+            x = x + cast_to(mask[tuple(0 if isinstance(size, int) and size == 1 else idx
+                                       for size, idx in zip(mdims, (n, m, i, j)))], acc)
         return x
 
     rj = te.reduce_axis((0, t), name="rj")
@@ -59,5 +69,8 @@ def attention(q, kt, v, mask=None, *, scale=None, scale_op=None, **_):
     row_sum = te.compute((b, h, s), lambda n, m, i: te.sum(ex[n, m, i, rk], axis=rk), name="row_sum")
     probs = te.compute((b, h, s, t), lambda n, m, i, j: ex[n, m, i, j] / row_sum[n, m, i], name="probs")
     rv = te.reduce_axis((0, t), name="rv")
-    return te.compute((b, h, s, e), lambda n, m, i, f: te.sum(probs[n, m, i, rv] * v[n, m, rv, f], axis=rv),
-                      name="out")
+    out = te.compute((b, h, s, e), lambda n, m, i, f: te.sum(probs[n, m, i, rv] * cast_to(v[n, m, rv, f], acc),
+                                                             axis=rv), name="out")
+    if out.dtype == q.dtype:
+        return out
+    return te.compute((b, h, s, e), lambda *i: out[i].astype(q.dtype), name="store")

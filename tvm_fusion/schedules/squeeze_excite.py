@@ -7,7 +7,9 @@
     gate[n, c]   = gate_act(fc2[n, c] + b2[c])                (HardSigmoid or Sigmoid)
     out[n, c, h, w] = x[n, c, h, w] * gate[n, c]
 
-The stages are named for the schedules: `pool`, `fc1`, `hidden`, `fc2`, `gate`, `out`.
+The stages are named for the schedules: `pool`, `fc1`, `hidden`, `fc2`, `gate`, `out`. Half x (float16,
+bfloat16): every stage before `out` runs in float32 (the pool sums x widened; W1, b1, W2, b2 are float32
+constants), and `out` multiplies in float32 and rounds once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from tvm_fusion._tvm import te, tirx
+from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.registry import register_compute
 
 from . import dims
@@ -40,10 +43,10 @@ class SEOperands(NamedTuple):
 def squeeze_excite(x, w1, b1, w2, b2, *, activation, activation_params=None, gate, gate_params=None,
                    fast_math=True, target=None, **_):
     n, c, h, w = dims(x.shape)  # n may be a symbolic batch
-    r = int(w1.shape[0])
+    r, acc = int(w1.shape[0]), accumulator_dtype(x.dtype)
     kh, kw = te.reduce_axis((0, h), name="kh"), te.reduce_axis((0, w), name="kw")
-    pool = te.compute((n, c), lambda i, j: te.sum(x[i, j, kh, kw], axis=[kh, kw]), name="pool")
-    count = tirx.const(float(h * w), x.dtype)
+    pool = te.compute((n, c), lambda i, j: te.sum(cast_to(x[i, j, kh, kw], acc), axis=[kh, kw]), name="pool")
+    count = tirx.const(float(h * w), acc)
     rc = te.reduce_axis((0, c), name="rc")
     fc1 = te.compute((n, r), lambda i, q: te.sum(w1[q, rc] * (pool[i, rc] / count), axis=rc), name="fc1")
     hidden = te.compute((n, r), lambda i, q: apply_activation(fc1[i, q] + b1[q], activation, activation_params,
@@ -52,4 +55,5 @@ def squeeze_excite(x, w1, b1, w2, b2, *, activation, activation_params=None, gat
     fc2 = te.compute((n, c), lambda i, j: te.sum(w2[j, rr] * hidden[i, rr], axis=rr), name="fc2")
     g = te.compute((n, c), lambda i, j: apply_activation(fc2[i, j] + b2[j], gate, gate_params, fast_math=fast_math,
                                                          target=target), name="gate")
-    return te.compute((n, c, h, w), lambda i, j, y, z: x[i, j, y, z] * g[i, j], name="out")
+    return te.compute((n, c, h, w), lambda i, j, y, z: cast_to(cast_to(x[i, j, y, z], acc) * g[i, j], x.dtype),
+                      name="out")

@@ -1,12 +1,13 @@
 """CUDA schedule for attention: one thread block per (batch, head, query) row. The threads compute the
 row's scores (one key each, serial over the head dim), the row max and sum as cross-thread reductions, the
-probabilities, all in shared memory, then one output feature each (serial over the keys)."""
+probabilities, all in shared memory, then one output feature each (serial over the keys; a half kernel's
+`store` rounds it, the float32 feature in a register)."""
 
 from __future__ import annotations
 
 from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.attention import ATTENTION_FAMILY, AttentionOperands
+from tvm_fusion.schedules.attention import ATTENTION_FAMILY, AttentionOperands, has_store
 
 MAX_THREADS = 256
 #: the row's scores, exponentials and probabilities live in shared memory: 3 x keys x 4 bytes, within the
@@ -24,7 +25,11 @@ def _threads(n: int) -> int:
 
 
 def _supports(attrs, shapes, target):
-    keys = AttentionOperands(*shapes).kt[-1]
+    ops = AttentionOperands(*shapes)
+    keys = ops.kt[-1]
+    if keys == 1:
+        return ("the CUDA attention kernel splits the row's keys over the threads; a row of one key has no loop "
+                "left to split")
     shared = cuda_facts(target).shared_static_bytes
     most = shared // ROW_BYTES_PER_KEY
     if keys > most:
@@ -35,13 +40,17 @@ def _supports(attrs, shapes, target):
 @register_schedule(ATTENTION_FAMILY, target="cuda", supports=_supports)
 def schedule_attention_cuda(sch, attrs, target):
     out = sch.get_sblock("out")
-    n, m, i, f, _ = sch.get_loops(out)
+    half = has_store(sch)
+    n, m, i, f = sch.get_loops(sch.get_sblock("store") if half else out)[:4]
     row = sch.fuse(n, m, i)
     keys = int(sch.get(sch.get_loops(sch.get_sblock("probs"))[-1]).extent)
     threads = _threads(max(keys, int(sch.get(f).extent)))
     sch.bind(row, "blockIdx.x")
     _, tx = sch.split(f, [None, threads])
     sch.bind(tx, "threadIdx.x")
+    if half:  # the float32 feature of this thread, in a register, then rounded
+        sch.compute_at(out, tx)
+        sch.set_scope(out, 0, "local")
     for name in ("probs", "row_sum", "exp", "row_max", "qk"):
         block = sch.get_sblock(name)
         sch.compute_at(block, row)

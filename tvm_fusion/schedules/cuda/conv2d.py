@@ -304,8 +304,8 @@ def _schedule_direct(sch, s: ConvShape, t: ConvTiles) -> None:
     fetch_depth = 1 + _loop_index(sch, conv, rco)
     data_shared = sch.cache_read(conv, 0, "shared")
     weight_shared = sch.cache_read(conv, 1, "shared")
-    for block in (data_shared, weight_shared):
-        sch.compute_at(block, rco)
+    for block in (data_shared, weight_shared):  # unit loops kept: a one-element fetch still has a loop to split
+        sch.compute_at(block, rco, preserve_unit_loops=True)
     if pad is not None:
         sch.compute_inline(pad)
     for block in (data_shared, weight_shared):

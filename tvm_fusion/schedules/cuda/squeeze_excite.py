@@ -30,6 +30,9 @@ def _supports(attrs, shapes, target):
     ops = SEOperands(*shapes)
     (_, c, h, w), (hidden, _) = ops.x, ops.w1  # fc1's weight is (hidden, C)
     max_threads = cuda_facts(target).max_threads_per_block
+    if min(c, hidden) == 1:
+        return (f"the CUDA squeeze-excite kernel splits each channel stage over the threads; a stage of one "
+                f"{'channel' if c == 1 else 'hidden unit'} (C = {c}, hidden = {hidden}) has no loop left to split")
     if max(c, hidden) > max_threads:
         return (f"the CUDA squeeze-excite kernel gives each of the {max(c, hidden)} channels a thread of one block; "
                 f"a block has at most {max_threads}")

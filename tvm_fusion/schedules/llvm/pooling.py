@@ -159,6 +159,9 @@ def pool_plan(func, target) -> PoolMatch:
     match = match_pool(func)
     if match.declined:
         return match
+    if match.stride == 1 and _dtype(func, match) == "bfloat16":
+        return match._replace(declined="a bfloat16 max pool of stride 1 would run as bfloat16 vectors, which TVM's "
+                                       "bfloat16 legalization cannot store (BufferStore dtype mismatch): TVM's loop")
     run = _run(match.width, match.stride, cpu_facts(target).float32_lanes)
     if run == 1 and not match.pad:
         if _taps(func, match) >= PARALLEL_TAPS:
@@ -167,6 +170,12 @@ def pool_plan(func, target) -> PoolMatch:
                                        "pixel, there is no padding copy to move and too few taps for threads: "
                                        "TVM's loop measured as fast")
     return match._replace(run=run)
+
+
+def _dtype(func, match: PoolMatch) -> str:
+    """The dtype the pool's window reduction writes."""
+    (reduce,) = [b for b in _blocks(func) if b.name_hint == match.reduce]
+    return str(reduce.writes[0].source.dtype)
 
 
 def _taps(func, match: PoolMatch) -> int:

@@ -227,3 +227,30 @@ def test_parallel_planes_are_bit_identical_on_two_threads():
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("stride", [(2, 1), (2, 2)], ids=["rows_stride_1", "stride_2"])
+def test_bfloat16_max_pool_builds_and_matches_the_float32_model(stride):
+    """A bfloat16 MaxPool (found by the kernel fuzzer): its stride-1 rows ran as bfloat16 vectors, which TVM's
+    bfloat16 legalization cannot store (`TypeError: dtype mismatch on BufferStore`, an internal error); that
+    plan now declines naming why and TVM's loop runs; stride-2 rows (unrolled, no vector) keep the schedule.
+    Exact against the float32 pool of the same bfloat16 values (a max rounds nothing)."""
+    import ml_dtypes
+
+    from tvm_fusion.testing import as_float16
+
+    g = GraphBuilder(0)
+    x = g.input("x", [1, 3, 7, 19])
+    model = g.model([g.op("MaxPool", [x], kernel_shape=[2, 2], strides=list(stride), pads=[0, 1, 0, 1])])
+    half = as_float16(model, "bfloat16")
+    mod = frontend.import_onnx(half)
+    with AVX2, tvm.transform.PassContext(opt_level=3):
+        legal = pipeline.sequential(pipeline.legalize_passes("fused", AVX2)[:-1], "unscheduled")(mod)
+    (func,) = [f for gv, f in legal.functions.items() if isinstance(f, tirx.PrimFunc) and "pool" in gv.name_hint]
+    declined = pool_plan(func, AVX2).declined
+    assert ("bfloat16 vectors" in declined) == (stride[1] == 1), declined
+    values = np.random.default_rng(0).normal(size=(1, 3, 7, 19)).astype(ml_dtypes.bfloat16)
+    (ref,) = run_onnxruntime(model, {"x": values.astype(np.float32)})[0].run(None, {"x": values.astype(np.float32)})
+    got = run_build(build(mod, "llvm", "fused"), [values])[0]
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got.astype(np.float32), ref)
