@@ -65,7 +65,7 @@ def test_the_library_does_not_carry_the_gpu_checks_weights_recipes(capsys):
     library is one or imports one, and `bundle` has no recipe option."""
     package = Path(__file__).parents[1] / "tvm_fusion"
     assert not [p for p in package.rglob("*.py") if p.stem in ("weights_recipe", "recipe_replay")]
-    code = ("import sys, tvm_fusion, tvm_fusion.cli, tvm_fusion.compile, tvm_fusion.bundle, tvm_fusion.runtime, "
+    code = ("import sys, tvm_fusion, tvm_fusion.cli, tvm_fusion.deploy.compile, tvm_fusion.deploy.bundle, tvm_fusion.runtime, "
             "tvm_fusion.runtime.weights; print(sorted(m for m in sys.modules if 'recipe' in m or 'gpu_bundle' in m))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

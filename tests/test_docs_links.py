@@ -100,9 +100,12 @@ def _resolves(dotted: str) -> bool:
     """`dotted` is a module, or the longest importable prefix of it has the rest as attributes."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
+        tried = ".".join(parts[:cut])
         try:
-            value = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
+            value = importlib.import_module(tried)
+        except ModuleNotFoundError as err:
+            if tried != err.name and not tried.startswith(f"{err.name}."):
+                raise  # a dependency is missing, not the name
             continue
         try:
             for name in parts[cut:]:

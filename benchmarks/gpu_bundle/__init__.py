@@ -3,7 +3,7 @@
     from gpu_bundle import bundle_with_recipes        # benchmarks/ on sys.path (gpu_check.py runs from there)
     result = bundle_with_recipes(lib, "deploy/", others=[lib_unfused, ...], numpy_wheel=True)
 
-tvm_fusion.bundle copies each library with its weights file; here each library's lifted weights become a
+tvm_fusion.deploy.bundle copies each library with its weights file; here each library's lifted weights become a
 recipe instead (weights_recipe.py: the seeded draws and the fold of each weight; ResNet-50: 0.3 MB for
 102 MB), libraries with the same weights share one, and site/recipe_replay.py goes with them: the bundle's
 run.py regenerates the weights there with numpy and checks each against its sha256. Only a library
@@ -51,7 +51,7 @@ class RecipeWeights:
 
 def bundle_with_recipes(library, out_dir, python: str | None = None, *, numpy_wheel: bool = False,
                         others=()) -> BundleResult:
-    """tvm_fusion.bundle.bundle with every library's weights as a recipe (RecipeWeights) and
+    """tvm_fusion.deploy.bundle.bundle with every library's weights as a recipe (RecipeWeights) and
     site/recipe_replay.py, which regenerates them; FusionError for a library with its weights inside."""
     for lib in (library, *others):
         manifest = Manifest.of_library(lib)
