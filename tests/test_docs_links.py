@@ -126,11 +126,23 @@ def test_path_finder_skips_globs_and_foreign_paths():
     text = ("`tests/test_*.py`, `~/.cache/tvm_fusion/tune`, `out/gpu_bundle/x.py`, `patterns/<name>.py`, "
             "`tvm_fusion/`, see `tvm_fusion/check/compare.py`.")
     assert _paths_in(text) == {"tvm_fusion/check/compare.py"}
+    assert _missing_paths("`patterns/qdq.py`\n```bash\npytest tvm_fusion/patterns/qdq_test.py\n```\n") == []
+    assert _missing_paths("```bash\npytest patterns/qdq_test.py\n```\n") == ["patterns/qdq_test.py (in a code block)"]
+
+
+def _missing_paths(text: str) -> list[str]:
+    """The paths `text` names that do not exist; in a code block (a command) a path is from the repository
+    root, where `patterns/` alone is not one."""
+    fence = re.compile(r"^```.*?^```", flags=re.S | re.M)
+    missing = {p for p in _paths_in(fence.sub("", text)) if not _exists(p)}
+    missing |= {f"{p} (in a code block)" for p in _paths_in("\n".join(fence.findall(text)))
+                if not (ROOT / p).exists()}
+    return sorted(missing)
 
 
 @pytest.mark.parametrize("doc", NAMING, ids=lambda p: str(p.relative_to(ROOT)))
 def test_written_paths_exist(doc):
-    missing = sorted(p for p in _paths_in(doc.read_text()) if not _exists(p))
+    missing = _missing_paths(doc.read_text())
     assert not missing, f"{doc.relative_to(ROOT)} names paths that do not exist: {missing}"
 
 
