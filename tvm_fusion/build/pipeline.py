@@ -5,7 +5,7 @@
     fused   : our fuse stage (fuse.py) first, then TVM's default pipeline for whatever is left (plus the
               target's schedule for leftover copies and elementwise maps, LEFTOVER_SCHEDULES)
 
-The `legalize` stage is run by build.py before counting kernels; `lower` is handed to tvm.compile.
+The `legalize` stage is run by builder.py (build.legalize) before counting kernels; `lower` is handed to tvm.compile.
 """
 
 from __future__ import annotations

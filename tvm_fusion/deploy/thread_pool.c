@@ -1,4 +1,4 @@
-/* Linked into every library tvm_fusion exports (tvm_fusion/export.py): when the library is loaded
+/* Linked into every library tvm_fusion exports (tvm_fusion/deploy/export.py): when the library is loaded
  * (dlopen, also by a plain tvm.runtime.load_module without tvm_fusion), size TVM's CPU thread pool to the
  * cores this process may run on. TVM's pool reads TVM_NUM_THREADS, then OMP_NUM_THREADS, once, when it
  * starts (the first parallel kernel); with neither it takes the machine's core count, halved on x86

@@ -4,9 +4,9 @@
     manifest.inputs[0].shape                    # [1, 3, 224, 224], or ["N", 3, 224, 224] for a symbolic batch
     manifest.save("model.so.json")              # JSON, `schema_version` first
 
-Compile builds it (compile.build_manifest), the runtime (runtime.py, weights.py, a bundle's run.py) reads it
-through this class. The fields the runtime acts on are typed (target, CPU triple and features, inputs,
-outputs, symbolic dims, weights, GPU binary); the reports of the compiler's stages (groups, builds,
+Compile builds it (compile.build_manifest), the runtime (runtime/__init__.py, runtime/weights.py, a
+bundle's run.py) reads it through this class. The fields the runtime acts on are typed (target, CPU triple
+and features, inputs, outputs, symbolic dims, weights, GPU binary); the reports of the compiler's stages (groups, builds,
 verification, tuning, ...) are the records those stages write, kept as JSON objects. Keys this schema does
 not know are kept (`extra`) and written back, so a bundle may add its own (a weights recipe).
 A file without `schema_version` is one written before the schema was versioned: read as version 1.
