@@ -67,7 +67,7 @@ def test_rules_not_a_python_file(capsys, tmp_path, kind):
     path = tmp_path / ("rules_dir" if kind == "directory" else "rules.txt")
     path.mkdir() if kind == "directory" else path.write_text("x = 1\n")
     err = _bad(capsys, "rules", "--rules", str(path))
-    assert ("is a directory" if kind == "directory" else "not a Python file") in err
+    assert ("a directory whose modules define no rules" if kind == "directory" else "not a Python file") in err
 
 
 def test_output_onto_a_directory(capsys, model, tmp_path):

@@ -16,12 +16,38 @@ ENTRY_POINT_GROUP = "tvm_fusion.rules"
 
 
 def load_rules(path) -> RuleSet:
-    """The rules defined in a Python file (its Rule objects, in definition order)."""
+    """The rules defined in a Python file (its Rule objects, in definition order), or in every module of a
+    folder (`rule_modules`: a family with its kernel and its test, as the built-in families are found)."""
     path = Path(path)
     if not path.exists():
         raise FusionError(f"{path}: no such rules file")
     if path.is_dir():
-        raise FusionError(f"--rules {path}: is a directory; give a Python file of rules (e.g. my_rules.py)")
+        return _load_folder(path)
+    return _load_file(path)
+
+
+def rule_modules(folder: Path) -> list[Path]:
+    """The modules of a folder that may hold rules, by name: every .py but tests (test_*.py, *_test.py,
+    conftest.py) and private modules (_*.py)."""
+    return sorted(p for p in folder.glob("*.py")
+                  if not p.name.startswith(("test_", "_")) and not p.stem.endswith("_test") and p.name != "conftest.py")
+
+
+def _load_folder(folder: Path) -> RuleSet:
+    rules = RuleSet()
+    for path in rule_modules(folder):
+        try:
+            rules = rules + _load_file(path)
+        except FusionError as err:
+            if "defines no rules" not in str(err):  # a helper module beside the rules
+                raise
+    if not len(rules):
+        raise FusionError(f"--rules {folder}: a directory whose modules define no rules (give a Python file of "
+                          f"rules, e.g. my_rules.py, or a folder of them)")
+    return rules
+
+
+def _load_file(path: Path) -> RuleSet:
     if path.suffix != ".py":
         raise FusionError(f"--rules {path}: not a Python file (expected a .py file defining @tvm_fusion.rule)")
     name = f"tvm_fusion_user_rules_{abs(hash(str(path.resolve())))}"

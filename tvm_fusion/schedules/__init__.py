@@ -1,39 +1,21 @@
 """Built-in TE computes (this package) and their schedules per target (`cuda/`, `llvm/`).
 
-`load()` imports them in a fixed order; registration happens in those imports, once.
+`load()` imports every module of the package (its own first, then `cuda/` and `llvm/`, each in name order;
+`*_test` modules aside): registration happens in those imports, once. A new compute or schedule is a new
+module here; nothing lists it.
 """
 
 import importlib
+import pkgutil
 
 from tvm_fusion._tvm import tirx
 
-MODULES = (
-    "tvm_fusion.schedules.llvm.fast_math",
-    "tvm_fusion.schedules.conv2d",
-    "tvm_fusion.schedules.conv3d",
-    "tvm_fusion.schedules.dense",
-    "tvm_fusion.schedules.elementwise",
-    "tvm_fusion.schedules.layer_norm",
-    "tvm_fusion.schedules.llvm.conv2d",
-    "tvm_fusion.schedules.llvm.dense",
-    "tvm_fusion.schedules.cuda.conv2d",
-    "tvm_fusion.schedules.llvm.conv3d",
-    "tvm_fusion.schedules.cuda.conv3d",
-    "tvm_fusion.schedules.cuda.dense",
-    "tvm_fusion.schedules.llvm.elementwise",
-    "tvm_fusion.schedules.cuda.elementwise",
-    "tvm_fusion.schedules.llvm.layer_norm",
-    "tvm_fusion.schedules.cuda.layer_norm",
-    "tvm_fusion.schedules.squeeze_excite",
-    "tvm_fusion.schedules.llvm.squeeze_excite",
-    "tvm_fusion.schedules.cuda.squeeze_excite",
-    "tvm_fusion.schedules.attention",
-    "tvm_fusion.schedules.batch_matmul",
-    "tvm_fusion.schedules.llvm.batch_matmul",
-    "tvm_fusion.schedules.cuda.batch_matmul",
-    "tvm_fusion.schedules.llvm.attention",
-    "tvm_fusion.schedules.cuda.attention",
-)
+
+def modules() -> list[str]:
+    """The package's modules in load order: this package's own, then each subpackage's, by name."""
+    found = [m.name for m in pkgutil.walk_packages(__path__, f"{__name__}.")
+             if not m.ispkg and not m.name.rsplit(".", 1)[-1].startswith("_") and not m.name.endswith("_test")]
+    return sorted(found, key=lambda name: (name.count("."), name))
 
 
 def dims(shape) -> list:
@@ -42,5 +24,5 @@ def dims(shape) -> list:
 
 
 def load() -> None:
-    for name in MODULES:
+    for name in modules():
         importlib.import_module(name)
