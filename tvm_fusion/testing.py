@@ -225,11 +225,6 @@ def check_half(model, dtype: str, rules=None, expect: dict | None = None, shapes
     fused within `dtype`'s tolerance of unfused and of onnxruntime's float32 run of `model` on the same rounded
     inputs (onnxruntime has no bfloat16 CPU kernels for most ops), element by element. Returns the fused build;
     `expect`: its exact rule counts."""
-    from .build import build
-    from .frontend import import_onnx
-    from .io import graph_inputs, random_inputs, run_onnxruntime
-    from .precision import numpy_dtype
-
     half = numpy_dtype(dtype)
     mod = import_onnx(as_float16(model, dtype), shapes)
     fused, unfused = build(mod, "llvm", "fused", rules=rules), build(mod, "llvm", "unfused", rules=rules)
