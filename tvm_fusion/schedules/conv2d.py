@@ -93,104 +93,163 @@ def conv2d_padded(x, w, b, residual=None, *, strides, padding, dilation, groups,
     padded copy as they are and computes conv[n, o, 0, p] over the output pixels p = h * wout + w as one row:
     pixel p reads pad[.., p // wout * sh + r, p % wout * sw + s] (the pixels `out_padding` adds past
     hout * wout read the last one's: their outputs are dropped)."""
-    n, cin, hin, win = dims(x.shape)  # n may be a symbolic batch
-    packed = len(w.shape) == 5  # channel blocks (pack_channel_blocks)
-    cout = int(b.shape[0]) if packed else int(w.shape[0])
+    g = _geometry(x, w, b, strides=strides, padding=padding, dilation=dilation, groups=groups,
+                  out_padding=out_padding, taps_first=taps_first, flat=flat)
+    if flat and in_place and g.flat_taps:
+        raise ValueError("conv2d: `in_place` reads the pixels of a flat 1x1 unpadded conv where they are; this "
+                         f"one has a {g.kh}x{g.kw} kernel and padding {padding}")
+    pad = None if flat and in_place else _pad_stage(x, g, flat)
+    conv = _conv_stage(x, pad, _weight_reader(w, groups, g, taps_first), groups, g, weight_first)
+    gp, opg = g.p.group_channels, g.opg
+
+    def conv_value(i, o, h, ww):
+        at = o if gp == opg or groups == 1 else o // opg * gp + o % opg  # the padded channel of real channel o
+        return conv[i, at, 0, h * g.out_w + ww] if flat else conv[i, at, h, ww]
+
+    return affine_epilogue((g.n, g.cout, g.out_h, g.out_w), conv_value, b, residual, x.dtype, activation=activation,
+                           activation_params=activation_params,
+                           residual_after_activation=residual_after_activation, fast_math=fast_math,
+                           target=target)
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """The sizes `conv2d_padded` computes with. `hin`, `win`: the input as read (1 x H*W for a flat 1x1 conv,
+    `one_row`); `hout`, `wout`: the conv's output over it; `out_h`, `out_w`: the epilogue's (the image's for a
+    flat 1x1 conv, else `hout`, `wout`); `hpad`, `wpad`: the padded input the padded output `p` reads."""
+    n: object  # may be a symbolic batch
+    cin: int
+    hin: int
+    win: int
+    cout: int
+    opg: int  # real output channels per group
+    cpg: int
+    kh: int
+    kw: int
+    strides: tuple
+    padding: tuple
+    dilation: tuple
+    hout: int
+    wout: int
+    out_h: int
+    out_w: int
+    hpad: int
+    wpad: int
+    p: ConvPadding
+    one_row: bool  # a flat 1x1 unpadded conv: x read as [n, C, 1, H*W]
+    flat_taps: bool  # a flat conv with a larger kernel or padding: the output pixels as one row
+
+
+def _geometry(x, w, b, *, strides, padding, dilation, groups, out_padding, taps_first, flat) -> _Geometry:
+    n, cin, hin, win = dims(x.shape)
+    cout = int(b.shape[0]) if len(w.shape) == 5 else int(w.shape[0])  # 5-D: channel blocks (pack_channel_blocks)
     cpg, kh, kw = packed_taps(w.shape, taps_first)
     flat_taps = flat and ((kh, kw) != (1, 1) or any(int(v) for v in padding))
-    if flat and not flat_taps:  # a 1x1 unpadded conv: its pixels read as one row need stride 1
+    one_row = flat and not flat_taps
+    out_h, out_w = None, None
+    if one_row:  # a 1x1 unpadded conv: its pixels read as one row need stride 1
         if any(int(v) != 1 for v in strides):
             raise ValueError(f"conv2d: flat pixels of a 1x1 unpadded conv need stride 1 (got strides {strides}; "
                              "a strided one is subsampled first)")
         out_h, out_w, hin, win = hin, win, 1, hin * win
-
-        def src(i, c, h, ww):  # x as [n, C, 1, H*W]
-            return x[i, c, ww // out_w, ww % out_w]
     sh, sw = strides
     pt, pl, pb, pr = padding
     dh, dw = dilation
     hout = conv2d_out_size(hin, kh, sh, pt, pb, dh)
     wout = conv2d_out_size(win, kw, sw, pl, pr, dw)
-    opg = cout // groups
-    p = out_padding or ConvPadding(opg, hout, wout)
+    p = out_padding or ConvPadding(cout // groups, hout, wout)
     # input rows / columns the padded output reads (the real ones, the padding, then zeros)
     hpad = max(hin + pt + pb, (p.rows - 1) * sh + (kh - 1) * dh + 1)
     wpad = max(win + pl + pr, (p.cols - 1) * sw + (kw - 1) * dw + 1)
     if flat_taps:  # the pixels past hout * wout read the last output pixel's inputs (their outputs dropped)
-        out_h, out_w = hout, wout
         hpad, wpad = hin + pt + pb, win + pl + pr
-    acc = accumulator_dtype(x.dtype)
+    if not one_row:
+        out_h, out_w = hout, wout
+    return _Geometry(n, cin, hin, win, cout, cout // groups, cpg, kh, kw, strides, padding, dilation, hout, wout,
+                     out_h, out_w, hpad, wpad, p, one_row, flat_taps)
 
-    def wide(v):
-        return cast_to(v, acc)
 
-    if flat and in_place:
-        pad = None
-    elif (hpad, wpad) != (hin, win) or flat:
-        read = src if flat and not flat_taps else (lambda i, c, h, ww: x[i, c, h, ww])
-        pad = te.compute(
-            (n, cin, hpad, wpad),
-            lambda i, c, h, ww: tirx.if_then_else(
-                tirx.all(h >= pt, h < hin + pt, ww >= pl, ww < win + pl),
-                read(i, c, h - pt, ww - pl), tirx.const(0, x.dtype)),
-            name="pad",
-        )
-    else:
-        pad = x
-    gp = p.group_channels  # padded output channels per group
-    if packed:
+def _read_input(x, g: _Geometry):
+    """x[i, c, h, w] as the conv reads it: [n, C, 1, H*W] for a flat 1x1 conv."""
+    if g.one_row:
+        return lambda i, c, h, ww: x[i, c, ww // g.out_w, ww % g.out_w]
+    return lambda i, c, h, ww: x[i, c, h, ww]
+
+
+def _pad_stage(x, g: _Geometry, flat: bool):
+    """The `pad` stage: x with its padding (and the rows / columns the padded output reads past it) zero, or x
+    itself where the padded output reads none (a `flat` conv's input is always copied)."""
+    if (g.hpad, g.wpad) == (g.hin, g.win) and not flat:
+        return x
+    read = _read_input(x, g)
+    pt, pl = g.padding[0], g.padding[1]
+    return te.compute(
+        (g.n, g.cin, g.hpad, g.wpad),
+        lambda i, c, h, ww: tirx.if_then_else(
+            tirx.all(h >= pt, h < g.hin + pt, ww >= pl, ww < g.win + pl),
+            read(i, c, h - pt, ww - pl), tirx.const(0, x.dtype)),
+        name="pad",
+    )
+
+
+def _weight_reader(w, groups: int, g: _Geometry, taps_first: bool):
+    """W[o, c, r, s] over the padded output channels: read from a packed W, or from the `weight` stage (each
+    group's channels padded with zero weights), or W itself."""
+    gp = g.p.group_channels  # padded output channels per group
+    if len(w.shape) == 5:  # channel blocks (pack_channel_blocks)
         wblk = int(w.shape[4])
-        if (wblk, int(w.shape[0]) * wblk) != (p.channel_block, groups * gp):
+        if (wblk, int(w.shape[0]) * wblk) != (g.p.channel_block, groups * gp):
             raise ValueError(f"conv2d: W packed in blocks of {wblk} channels ({tuple(w.shape)}) does not match "
-                             f"the output tile: {groups} groups x {gp} channels in blocks of {p.channel_block}")
+                             f"the output tile: {groups} groups x {gp} channels in blocks of {g.p.channel_block}")
         if taps_first:
-            weight_at = lambda o, c, r, s: w[o // wblk, r, s, c, o % wblk]  # noqa: E731
-        else:
-            weight_at = lambda o, c, r, s: w[o // wblk, c, r, s, o % wblk]  # noqa: E731
-    elif gp != opg:
+            return lambda o, c, r, s: w[o // wblk, r, s, c, o % wblk]
+        return lambda o, c, r, s: w[o // wblk, c, r, s, o % wblk]
+    if gp != g.opg:
         weight = te.compute(
-            (groups * gp, cpg, kh, kw),
-            lambda o, c, r, s: tirx.if_then_else(o % gp < opg, w[o // gp * opg + o % gp, c, r, s],
+            (groups * gp, g.cpg, g.kh, g.kw),
+            lambda o, c, r, s: tirx.if_then_else(o % gp < g.opg, w[o // gp * g.opg + o % gp, c, r, s],
                                                  tirx.const(0, w.dtype)),
             name="weight",
         )
-        weight_at = lambda o, c, r, s: weight[o, c, r, s]  # noqa: E731
-    else:
-        weight_at = lambda o, c, r, s: w[o, c, r, s]  # noqa: E731
-    rc = te.reduce_axis((0, cpg), name="rc")
-    rh = te.reduce_axis((0, kh), name="rh")
-    rw = te.reduce_axis((0, kw), name="rw")
+        return lambda o, c, r, s: weight[o, c, r, s]
+    return lambda o, c, r, s: w[o, c, r, s]
+
+
+def _input_channel(groups: int, g: _Geometry, rc):
+    """The input channel output channel o reads at reduction step rc (its group's first channel + rc)."""
+    gp, blk = g.p.group_channels, g.p.channel_block
     if groups == 1:
-        channel = lambda o: rc  # noqa: E731
-    elif p.channel_block == 1:
-        channel = lambda o: (o // gp) * cpg + rc  # noqa: E731
-    else:
-        blk = p.channel_block  # o // gp == (o // blk * blk) // gp: constant over a block of blk channels
-        channel = lambda o: (o // blk * blk) // gp * cpg + rc  # noqa: E731
+        return lambda o: rc
+    if blk == 1:
+        return lambda o: (o // gp) * g.cpg + rc
+    return lambda o: (o // blk * blk) // gp * g.cpg + rc  # o // gp == (o // blk * blk) // gp: one per block
+
+
+def _conv_stage(x, pad, weight_at, groups: int, g: _Geometry, weight_first: bool):
+    """The `conv` stage over the padded output: sum_{c, r, s} x * W, each factor widened to the accumulator
+    dtype (`weight_first`: written W * x); `pad` None: x read where it is (a flat in-place conv)."""
+    rc = te.reduce_axis((0, g.cpg), name="rc")
+    rh = te.reduce_axis((0, g.kh), name="rh")
+    rw = te.reduce_axis((0, g.kw), name="rw")
+    channel = _input_channel(groups, g, rc)
+    read = _read_input(x, g)
+    acc = accumulator_dtype(x.dtype)
+    (sh, sw), (dh, dw), p = g.strides, g.dilation, g.p
+
     def product(i, o, h, ww):
-        if flat_taps:  # ww: the output pixel h * wout + w
-            pixel = tirx.min(ww, hout * wout - 1) if p.cols > hout * wout else ww
-            h, ww = pixel // wout, pixel % wout
+        if g.flat_taps:  # ww: the output pixel h * wout + w
+            pixel = tirx.min(ww, g.hout * g.wout - 1) if p.cols > g.hout * g.wout else ww
+            h, ww = pixel // g.wout, pixel % g.wout
         at = (i, channel(o), h * sh + rh * dh, ww * sw + rw * dw)
-        xv = wide(src(*at[:3], tirx.min(at[3], win - 1) if p.cols > win else at[3]) if pad is None else pad[at])
-        wv = wide(weight_at(o, rc, rh, rw))
+        if pad is None:
+            xv = cast_to(read(*at[:3], tirx.min(at[3], g.win - 1) if p.cols > g.win else at[3]), acc)
+        else:
+            xv = cast_to(pad[at], acc)
+        wv = cast_to(weight_at(o, rc, rh, rw), acc)
         return wv * xv if weight_first else xv * wv
 
-    conv = te.compute((n, groups * gp, p.rows, p.cols),
+    return te.compute((g.n, groups * p.group_channels, p.rows, p.cols),
                       lambda i, o, h, ww: te.sum(product(i, o, h, ww), axis=[rc, rh, rw]), name="conv")
-
-    def conv_at(o):  # the padded channel of real channel o
-        return o if gp == opg or groups == 1 else o // opg * gp + o % opg
-
-    def conv_value(i, o, h, ww):
-        return conv[i, conv_at(o), 0, h * out_w + ww] if flat else conv[i, conv_at(o), h, ww]
-
-    if flat:
-        hout, wout = out_h, out_w
-    return affine_epilogue((n, cout, hout, wout), conv_value, b, residual, x.dtype, activation=activation,
-                           activation_params=activation_params,
-                           residual_after_activation=residual_after_activation, fast_math=fast_math,
-                           target=target)
 
 
 def affine_epilogue(shape, conv_value, b, residual, out_dtype, *, activation, activation_params,

@@ -20,6 +20,7 @@ analysis normalises to C[S, I, J] += A[S, I, K] * B[S, J, K]: a dense, a 1x1 con
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from tvm_fusion import _tvm
 from tvm_fusion.hardware import cuda_facts, cuda_sm_version
@@ -129,18 +130,51 @@ def plan(m, n, k, dtype: str, target, *, b_kn: bool = True, a_rows: str = "x's r
                           b_kn=b_kn, b_vector=b_vector)
 
 
+class _Loops(NamedTuple):
+    """The tiled matmul's blocks and loops `schedule_tensor_core` stages the copies at."""
+
+    inner: object  # the 16 x 16 x 16 fragment block (the wmma mma)
+    outer: object  # the block over fragments (blockize of the fragment loops)
+    k0: object  # K steps of fk fragments (the copies to shared memory, the software pipeline)
+    k1: object  # the fragments of one K step (the loads to wmma fragments)
+    warp: object  # the block's warps (threadIdx.y)
+
+
 def schedule_tensor_core(sch, tc: TensorCorePlan) -> bool:
     """Schedule the one reduction block of `sch`'s function on tensor cores as `tc` says; False (and `sch`
     left half-scheduled: use a fresh copy) when a tensor intrinsic does not match the block."""
     get_root_block, get_reduction_blocks, get_index_map, inline_producers, inline_consumers = \
         _tvm.dlight_matmul_helpers()
     intrin = _tvm.wmma_intrinsics(tc.dtype, trans_b=not tc.b_kn)
-    wm, fm, wn, fn, fk = tc.tile
+    m, n, k = block_tile(tc.tile)
     reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
     if not reductions or len(reductions) != 1:
         return False
     block = reductions[0]
-    # normalise to C[S, I, J] += A[S, I, K] * B[S, J, K]
+    if not _normalise_matmul(sch, block, tc.b_kn, get_index_map):
+        return False
+    sch.pad_einsum(block, [1, m, n, k])
+    loops = _tile_blocks_and_warps(sch, block, tc.tile)
+    a_frag, b_frag, init, store, acc_shared = _stage_through_memory(sch, loops, tc, inline_producers)
+    try:
+        _tensorize(sch, intrin, a_frag, b_frag, init, store, loops.inner)
+    except Exception:  # noqa: BLE001  (TVM raises TVMError / ScheduleError: the block is not a matmul it takes)
+        return False
+    inline_consumers(sch, acc_shared)  # the epilogue reads the accumulator tile: applied before the store
+    fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
+    _, tx, vec = sch.split(fused, [None, WARP_SIZE, VECTOR])
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(vec)
+    if tc.pipelined:  # k0 runs [A copy, B copy, k1 loop]: copies of step k0 + 1 overlap the MMAs of step k0
+        sch.annotate(loops.k0, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(loops.k0, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(loops.k0, "software_pipeline_async_stages", [0])
+    return True
+
+
+def _normalise_matmul(sch, block, b_kn: bool, get_index_map) -> bool:
+    """Rewrite `block` as C[S, I, J] += A[S, I, K] * B[S, J, K] (B[S, K, J] with `b_kn`) over reindexed
+    operands; False where dlight's index analysis does not read it as a matmul."""
     a_re, b_re = sch.reindex(block, ("read", 0)), sch.reindex(block, ("read", 1))
     c_re = sch.reindex(block, ("write", 0))
     maps = get_index_map(sch.get(block))
@@ -149,18 +183,22 @@ def schedule_tensor_core(sch, tc: TensorCorePlan) -> bool:
     mm_map, a_map, b_map, c_map = maps
     sch.transform_layout(a_re, ("write", 0), a_map)
     sch.transform_layout(b_re, ("write", 0), b_map)
-    if tc.b_kn:  # B[S, J, K] -> B[S, K, J]
+    if b_kn:  # B[S, J, K] -> B[S, K, J]
         sch.transform_layout(b_re, ("write", 0), lambda s, j, k: (s, k, j))
     sch.transform_layout(c_re, ("read", 0), c_map)
     sch.transform_block_layout(block, mm_map)
-    sch.pad_einsum(block, [1, FRAGMENT * wm * fm, FRAGMENT * wn * fn, FRAGMENT * fk])
+    return True
 
+
+def _tile_blocks_and_warps(sch, block, tile: tuple) -> _Loops:
+    """Split the padded matmul into 16 x 16 x 16 fragments, blocks of wm x wn warps (blockIdx.z over S,
+    blockIdx.x over the block tiles, threadIdx.y over the warps), each warp fm x fn fragments, K steps of fk."""
+    wm, fm, wn, fn, fk = tile
     batch, i, j, k = sch.get_loops(block)
     i, i_in = sch.split(i, [None, FRAGMENT])
     j, j_in = sch.split(j, [None, FRAGMENT])
     k, k_in = sch.split(k, [None, FRAGMENT])
     sch.reorder(i, j, k, i_in, j_in, k_in)
-    inner = block
     outer = sch.blockize(i_in)
     i0, i1, i2 = sch.split(i, [None, wm, fm])
     j0, j1, j2 = sch.split(j, [None, wn, fn])
@@ -170,59 +208,63 @@ def schedule_tensor_core(sch, tc: TensorCorePlan) -> bool:
     sch.bind(sch.fuse(i0, j0), "blockIdx.x")
     warp = sch.fuse(i1, j1)
     sch.bind(warp, "threadIdx.y")
+    return _Loops(block, outer, k0, k1, warp)
 
-    def to_shared(index, vector):
-        copy = sch.cache_read(outer, index, "shared.dyn")
-        sch.compute_at(copy, k0)
-        fused = sch.fuse(*sch.get_loops(copy)[-2:])
-        _, ty, tx, vec = sch.split(fused, [None, wm * wn, WARP_SIZE, vector])
-        sch.bind(tx, "threadIdx.x")
-        sch.bind(ty, "threadIdx.y")
-        sch.vectorize(vec)
-        sch.storage_align(copy, 0, axis=-2, factor=16, offset=A_PAD)
-        return copy
 
-    a_s, b_s = to_shared(0, VECTOR), to_shared(1, tc.b_vector)
+def _copy_to_shared(sch, loops: _Loops, index: int, vector: int, warps: int):
+    """Operand `index`'s tile copied to shared memory at each K step, `vector` elements per thread per copy
+    over the block's `warps`, rows padded against bank conflicts."""
+    copy = sch.cache_read(loops.outer, index, "shared.dyn")
+    sch.compute_at(copy, loops.k0)
+    fused = sch.fuse(*sch.get_loops(copy)[-2:])
+    _, ty, tx, vec = sch.split(fused, [None, warps, WARP_SIZE, vector])
+    sch.bind(tx, "threadIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.vectorize(vec)
+    sch.storage_align(copy, 0, axis=-2, factor=16, offset=A_PAD)
+    return copy
+
+
+def _stage_through_memory(sch, loops: _Loops, tc: TensorCorePlan, inline_producers):
+    """A and B through shared memory into wmma fragments; the accumulators through a wmma store into a shared
+    float32 tile per warp; the reduction's init split off. Returns (A fragment, B fragment, init, store,
+    the shared accumulator tile)."""
+    wm, _, wn, _, _ = tc.tile
+    a_s = _copy_to_shared(sch, loops, 0, VECTOR, wm * wn)
+    b_s = _copy_to_shared(sch, loops, 1, tc.b_vector, wm * wn)
     inline_producers(sch, a_s)
     inline_producers(sch, b_s)
-    a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
-    b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
-    sch.compute_at(a_frag, k1)
-    sch.compute_at(b_frag, k1)
-    acc_shared = sch.cache_write(outer, 0, "shared.dyn")
+    a_frag = sch.cache_read(loops.outer, 0, "wmma.matrix_a")
+    b_frag = sch.cache_read(loops.outer, 1, "wmma.matrix_b")
+    sch.compute_at(a_frag, loops.k1)
+    sch.compute_at(b_frag, loops.k1)
+    acc_shared = sch.cache_write(loops.outer, 0, "shared.dyn")
     sch.storage_align(acc_shared, 0, -2, 16, C_PAD)
-    store = sch.cache_write(outer, 0, "wmma.accumulator")
-    sch.reverse_compute_at(store, warp)
-    sch.reverse_compute_at(acc_shared, warp)
+    store = sch.cache_write(loops.outer, 0, "wmma.accumulator")
+    sch.reverse_compute_at(store, loops.warp)
+    sch.reverse_compute_at(acc_shared, loops.warp)
     si, sj = sch.get_loops(store)[-2:]
     si0, si1 = sch.split(si, [None, FRAGMENT])
     sj0, sj1 = sch.split(sj, [None, FRAGMENT])
     sch.reorder(si0, sj0, si1, sj1)
-    init = sch.get_child_blocks(sch.decompose_reduction(outer, k0))[0]
-    try:
-        for frag, name in ((a_frag, "load_a"), (b_frag, "load_b")):
-            fi, fj = sch.get_loops(frag)[-2:]
-            fi0, fi1 = sch.split(fi, [None, FRAGMENT])
-            fj0, fj1 = sch.split(fj, [None, FRAGMENT])
-            sch.reorder(fi0, fj0, fi1, fj1)
-            sch.unroll(fi0)
-            sch.unroll(fj0)
-            sch.tensorize(fi1, intrin[name])
-        sch.tensorize(sch.get_loops(init)[-2], intrin["init"])
-        sch.tensorize(sch.get_loops(store)[-2], intrin["store"])
-        sch.tensorize(sch.get_loops(inner)[-3], intrin["compute"])
-    except Exception:  # noqa: BLE001  (TVM raises TVMError / ScheduleError: the block is not a matmul it takes)
-        return False
-    inline_consumers(sch, acc_shared)  # the epilogue reads the accumulator tile: applied before the store
-    fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
-    _, tx, vec = sch.split(fused, [None, WARP_SIZE, VECTOR])
-    sch.bind(tx, "threadIdx.x")
-    sch.vectorize(vec)
-    if tc.pipelined:  # k0 runs [A copy, B copy, k1 loop]: copies of step k0 + 1 overlap the MMAs of step k0
-        sch.annotate(k0, "software_pipeline_stage", [0, 0, 1])
-        sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
-        sch.annotate(k0, "software_pipeline_async_stages", [0])
-    return True
+    init = sch.get_child_blocks(sch.decompose_reduction(loops.outer, loops.k0))[0]
+    return a_frag, b_frag, init, store, acc_shared
+
+
+def _tensorize(sch, intrin: dict, a_frag, b_frag, init, store, inner) -> None:
+    """The fragment loads, the accumulators' init and store and the multiply as wmma intrinsics (TVM raises
+    where one does not match)."""
+    for frag, name in ((a_frag, "load_a"), (b_frag, "load_b")):
+        fi, fj = sch.get_loops(frag)[-2:]
+        fi0, fi1 = sch.split(fi, [None, FRAGMENT])
+        fj0, fj1 = sch.split(fj, [None, FRAGMENT])
+        sch.reorder(fi0, fj0, fi1, fj1)
+        sch.unroll(fi0)
+        sch.unroll(fj0)
+        sch.tensorize(fi1, intrin[name])
+    sch.tensorize(sch.get_loops(init)[-2], intrin["init"])
+    sch.tensorize(sch.get_loops(store)[-2], intrin["store"])
+    sch.tensorize(sch.get_loops(inner)[-3], intrin["compute"])
 
 
 def try_tensor_cores(sch, tc: TensorCorePlan, what: str, target) -> TensorCorePlan:

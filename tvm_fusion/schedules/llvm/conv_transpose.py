@@ -123,40 +123,77 @@ def phase_sum(func) -> PhaseSum:
     root = func.body
     if not isinstance(root, SBlockRealize) or not isinstance(root.block.body, tirx.SeqStmt):
         return PhaseSum(None, declined="the function body is not a root block over a sequence of loop nests")
-    nests = {}
-    for i, stmt in enumerate(root.block.body.seq):
-        loops, realize = _nest(stmt)
-        if realize is not None:
-            nests[realize.block.name_hint] = (i, loops, realize)
+    nests = _loop_nests(root.block.body)
     if any(name not in nests for name in _BLOCKS):
         return PhaseSum(None, declined=f"not TVM's conv2d_transpose lowering: blocks {sorted(nests)}")
     analyzer = Analyzer()
     dilate, pad, compute = (nests[n][2].block for n in ("data_dilate", "data_pad", "compute"))
     x = dilate.reads[0].source
-    strides = [_stride(iv.var, r.min) for iv, r in zip(dilate.iter_vars, dilate.reads[0].region)]
-    pads = [_offset(analyzer, iv.var, r.min) for iv, r in zip(pad.iter_vars, pad.reads[0].region)]
-    if (len(strides) != 4 or strides[:2] != [1, 1] or pads[:2] != [0, 0] or None in strides[2:] + pads[2:]
-            or any(p < 0 for p in pads[2:])):
-        return PhaseSum(None, declined="dilation / padding not read as `x[b, c, y // s, ..]` / "
-                                       f"`dilated[b, c, y - p, ..]` (p >= 0): {dilate.reads[0]}, {pad.reads[0]}")
-    strides, pads = strides[2:], pads[2:]
+    strides, pads, declined = _strides_and_pads(analyzer, dilate, pad)
+    if declined:
+        return PhaseSum(None, declined=declined)
     if not all(isinstance(n, tirx.IntImm) for n in x.shape):
         return PhaseSum(None, declined=f"symbolic input shape {list(x.shape)}")
     if strides == [1, 1]:
         return PhaseSum(None, declined="stride 1: no dilation zeros to skip")
+    declined = _sum_declined(analyzer, compute, pad)
+    if declined:
+        return PhaseSum(None, declined=declined)
+    block = _phase_block(analyzer, compute, x, strides, pads)
+    i, loops, realize = nests["compute"]
+    dropped = {nests[n][0] for n in ("data_dilate", "data_pad")}
+    seq = [_phase_nest(loops, realize, block) if j == i else s
+           for j, s in enumerate(root.block.body.seq) if j not in dropped]
+    gone = (dilate.writes[0].source, pad.writes[0].source)
+    return PhaseSum(func.with_body(_root_over(root, seq, gone)), tuple(strides))
+
+
+def _loop_nests(seq) -> dict:
+    """{block name: (position in `seq`, loops, block realize)} of the perfect loop nests in `seq`."""
+    nests = {}
+    for i, stmt in enumerate(seq.seq):
+        loops, realize = _nest(stmt)
+        if realize is not None:
+            nests[realize.block.name_hint] = (i, loops, realize)
+    return nests
+
+
+def _strides_and_pads(analyzer, dilate, pad) -> tuple[list, list, str]:
+    """The spatial strides and leading paddings the `data_dilate` and `data_pad` blocks read the input with,
+    and "" (or why they are not read as `x[b, c, y // s, ..]` / `dilated[b, c, y - p, ..]`, p >= 0)."""
+    strides = [_stride(iv.var, r.min) for iv, r in zip(dilate.iter_vars, dilate.reads[0].region)]
+    pads = [_offset(analyzer, iv.var, r.min) for iv, r in zip(pad.iter_vars, pad.reads[0].region)]
+    if (len(strides) != 4 or strides[:2] != [1, 1] or pads[:2] != [0, 0] or None in strides[2:] + pads[2:]
+            or any(p < 0 for p in pads[2:])):
+        return [], [], ("dilation / padding not read as `x[b, c, y // s, ..]` / "
+                        f"`dilated[b, c, y - p, ..]` (p >= 0): {dilate.reads[0]}, {pad.reads[0]}")
+    return strides[2:], pads[2:], ""
+
+
+def _sum_declined(analyzer, compute, pad) -> str:
+    """Why the `compute` block is not `out += data_pad[.., y + dh, x + dw] * kernel[.., dh, dw]`, or ""."""
     store = compute.body
     ok = (isinstance(store, tirx.BufferStore) and isinstance(store.value, tirx.Add)
           and isinstance(store.value.b, tirx.Mul) and isinstance(store.value.b.a, TensorLoad)
           and isinstance(store.value.b.b, TensorLoad) and store.value.b.a.source.same_as(pad.writes[0].source))
     if not ok:
-        return PhaseSum(None, declined=f"the compute block is not `out += data_pad[...] * kernel[...]`: {store}")
-    v_b, v_c, v_h, v_w, v_dc, v_dh, v_dw = compute.iter_vars
+        return f"the compute block is not `out += data_pad[...] * kernel[...]`: {store}"
+    _, _, v_h, v_w, _, v_dh, v_dw = compute.iter_vars
     data, kernel = store.value.b.a, store.value.b.b
     taps_read = all(analyzer.can_prove_equal(data.indices[2 + a] - v.var - t.var, 0)
                     for a, (v, t) in enumerate(((v_h, v_dh), (v_w, v_dw))))
     if not (taps_read and kernel.indices[2].same_as(v_dh.var) and kernel.indices[3].same_as(v_dw.var)):
-        return PhaseSum(None, declined="the sum does not read data_pad[.., y + dh, x + dw] * kernel[.., dh, dw]: "
-                                       f"{store.value}")
+        return f"the sum does not read data_pad[.., y + dh, x + dw] * kernel[.., dh, dw]: {store.value}"
+    return ""
+
+
+def _phase_block(analyzer, compute, x, strides, pads):
+    """The `compute` block over (b, c, y, x, input channel, tap row phase, tap column phase): each output
+    sums kernel[.., tap_h, tap_w] * x[.., row, col] over the taps that land on input pixels (guarded where
+    some phases have fewer taps or reach past the input)."""
+    store = compute.body
+    v_b, v_c, v_h, v_w, v_dc, v_dh, v_dw = compute.iter_vars
+    data, kernel = store.value.b.a, store.value.b.b
     axes = [_axis(analyzer, v.var, t, int(v.dom.extent), int(x.shape[2 + a]), int(t.dom.extent), s, p)
             for a, (v, t, s, p) in enumerate(zip((v_h, v_w), (v_dh, v_dw), strides, pads))]
     (v_th, tap_h, row, guards_h), (v_tw, tap_w, col, guards_w) = axes
@@ -167,23 +204,29 @@ def phase_sum(func) -> PhaseSum:
     if guards:  # a skipped term is a product with zero (the multiply-add stays one, as LLVM contracts it)
         body = tirx.IfThenElse(tirx.all(*guards), body, None)
     whole = [tirx.BufferRegion(b, [_range(n) for n in b.shape]) for b in (x, kernel.source)]
-    block = SBlock([v_b, v_c, v_h, v_w, v_dc, v_th, v_tw], whole, compute.writes, "compute", body,
-                   compute.init, annotations=compute.annotations)
-    i, loops, realize = nests["compute"]
+    return SBlock([v_b, v_c, v_h, v_w, v_dc, v_th, v_tw], whole, compute.writes, "compute", body,
+                  compute.init, annotations=compute.annotations)
+
+
+def _phase_nest(loops, realize, block):
+    """The loop nest of the phase block: the compute's five outer loops, then the two tap phase loops."""
     new_loops = [tirx.Var(name, "int64") for name in ("dh_phase", "dw_phase")]
     stmt = SBlockRealize([lp.loop_var for lp in loops[:5]] + new_loops, realize.predicate, block)
+    v_th, v_tw = block.iter_vars[5], block.iter_vars[6]
     for var, iv in zip(reversed(new_loops), (v_tw, v_th)):
         stmt = tirx.For(var, iv.dom.min, iv.dom.extent, tirx.ForKind.SERIAL, stmt)
     for lp in reversed(loops[:5]):
         stmt = tirx.For(lp.loop_var, lp.min, lp.extent, lp.kind, stmt)
-    dropped = {nests[n][0] for n in ("data_dilate", "data_pad")}
-    seq = [stmt if j == i else s for j, s in enumerate(root.block.body.seq) if j not in dropped]
-    gone = (dilate.writes[0].source, pad.writes[0].source)
-    allocs = [b for b in root.block.alloc_buffers if not any(b.same_as(g) for g in gone)]
+    return stmt
+
+
+def _root_over(root, seq, gone):
+    """The root block realize over the statements `seq`, without the buffers `gone` (the dropped blocks')."""
     old = root.block
+    allocs = [b for b in old.alloc_buffers if not any(b.same_as(g) for g in gone)]
     new_root = SBlock(old.iter_vars, old.reads, old.writes, old.name_hint, tirx.SeqStmt(seq), old.init,
                       allocs, old.match_buffers, old.annotations)
-    return PhaseSum(func.with_body(SBlockRealize(root.iter_values, root.predicate, new_root)), tuple(strides))
+    return SBlockRealize(root.iter_values, root.predicate, new_root)
 
 
 def _run(target, width: int) -> int | None:
