@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 
 from tvm_fusion._tvm import te, tirx, tvm
 from tvm_fusion.errors import FusionError
+from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.schedules.activations import KernelMath
 from tvm_fusion.schedules.llvm import fast_math  # noqa: F401  (registers the llvm float32 forms)
 
@@ -36,7 +37,6 @@ SCAN_DOMAIN, SCAN_OP = "tvm_fusion.recurrent", "RecurrentScan"
 ATTR = "tvm_fusion.recurrent_scan"  # the PrimFunc attribute: the Cell as JSON
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}  # the gates of each op, in its weights' order
 _OPTIONAL = ("h0", "c0", "P", "lens")  # inputs after xw, rt, rb, in this order
-_SHARED_BYTES = 48 * 1024  # static shared memory a CUDA block may declare
 
 
 @dataclass(frozen=True)
@@ -411,12 +411,14 @@ def check_target(mod, target) -> None:
     build's passes run (an error raised inside a pass reaches the caller as TVM's RuntimeError)."""
     if "gpu" not in target.keys:
         return
+    limit = (cuda_facts(target).shared_static_bytes if target.kind.name == "cuda"  # static shared memory per block
+             else int(target.attrs.get("max_shared_memory_per_block", 48 * 1024)))
     for gv, func in _kernels(mod):
         cell = Cell.from_json(str(func.attrs[ATTR]))
-        if _shared_bytes(cell) > _SHARED_BYTES:
+        if _shared_bytes(cell) > limit:
             raise FusionError(f"recurrence kernel {gv.name_hint!r}: a {cell.op} of hidden size {cell.hidden} needs "
                               f"{_shared_bytes(cell)} bytes of shared memory per batch entry on a GPU, which holds "
-                              f"at most {_SHARED_BYTES}; build it for the CPU (--target llvm)")
+                              f"at most {limit}; build it for the CPU (--target llvm)")
 
 
 def _gpu_form(func: tirx.PrimFunc) -> tirx.PrimFunc:
