@@ -112,6 +112,18 @@ def test_compare_cuda_without_gpu_builds_and_says_why(capsys, tmp_path):
     assert "conv2d_bn_add_relu 1" in out
 
 
+def test_explain_builds_for_the_given_arch(capsys, tmp_path, monkeypatch):
+    """explain fuses for the target the flags give, --arch included (the CUDA schedules size by the arch)."""
+    from tvm_fusion.check import explain as explain_module
+
+    seen = []
+    monkeypatch.setattr(explain_module, "explain", lambda model, target, **kw: seen.append(target) or "")
+    path = str(tmp_path / "m.onnx")
+    onnx.save(conv_bn_relu(), path)
+    assert main(["explain", path, "--target", "cuda", "--arch", "sm_80"]) == 0, capsys.readouterr().err
+    assert [str(t.attrs["arch"]) for t in seen] == ["sm_80"]
+
+
 def test_no_simplify_reaches_every_command(capsys, tmp_path, monkeypatch):
     """--no-simplify is an argument of each command's import (no process-wide switch): recorded here on the
     import, which then stops the command (exit 2)."""

@@ -247,7 +247,7 @@ def _run(args) -> int:
     if args.command == "explain":
         from tvm_fusion.check.explain import explain
 
-        print(explain(model, args.target, shapes=shapes, rules=rules, simplify=simplify))
+        print(explain(model, target, shapes=shapes, rules=rules, simplify=simplify))  # --arch included
         return 0
     if args.command == "profile":
         return _profile(args, model, target, shapes, rules)
