@@ -256,3 +256,11 @@ def test_page_outlines_the_candidate_chain_and_the_declined_match(chain):
     assert html.count(f'stroke="{CANDIDATE_COLOR}"') == 3  # abs, sin, cos
     assert html.count(f'stroke="{DECLINED_COLOR}"') == len({d["onnx_node"] for d in data["declined"]}) >= 1
     assert "no rule&#x27;s pattern covers" in html or "no rule's pattern covers" in html
+
+
+def test_a_kernel_tvms_fuseops_made_names_the_nodes_of_all_its_ops(chain):
+    """Abs -> Sin -> Cos, which no rule takes, is one kernel of TVM's FuseOps in the fused build: it names the
+    three nodes (traced through the legalized module), not only its last consumer's."""
+    _, data, _ = chain
+    merged = [s for s in data["builds"]["fused"]["sites"] if s["group"] is None and "sin" in s["kernel"]]
+    assert [s["onnx_nodes"] for s in merged] == [["abs", "sin", "cos"]], merged

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass
 from tvm_fusion._tvm import SCHEDULED_ATTR, relax, tvm
 from tvm_fusion.frontend.importer import onnx_node_names
 
-__all__ = ["Origins", "Unscheduled", "find_unscheduled", "kernel_origins", "legalized_calls"]
+__all__ = ["Origins", "Unscheduled", "find_unscheduled", "kernel_origins", "legalized_calls", "node_of_vars",
+           "users_of"]
 
 
 @dataclass(frozen=True)
@@ -66,15 +67,50 @@ def _bindings(func):
     return found
 
 
+def users_of(bindings) -> dict:
+    """relax Var -> the binding vars that read it."""
+    users: dict = {}
+    for b in bindings:
+        seen = []
+
+        def visit(e, seen=seen):
+            if isinstance(e, relax.Var):
+                seen.append(e)
+
+        relax.analysis.post_order_visit(b.value, visit)
+        for v in seen:
+            users.setdefault(v, []).append(b.var)
+    return users
+
+
+def node_of_vars(bindings, users, names: dict[str, str]) -> dict:
+    """relax Var -> ONNX node; an unnamed var (e.g. a conv before its bias add) takes its first consumer's."""
+    nodes: dict = {}
+    for b in reversed(bindings):
+        name = b.var.name if hasattr(b.var, "name") else b.var.name_hint
+        if name in names:
+            nodes[b.var] = names[name]
+        else:
+            for u in users.get(b.var, []):
+                if u in nodes:
+                    nodes[b.var] = nodes[u]
+                    break
+    return nodes
+
+
 def legalized_calls(mod) -> dict:
-    """{(callee, argument names): the variable names bound to that call} over `main` of a module whose ops
-    are legalized but not fused yet."""
+    """{(callee, argument names): the ONNX nodes of the variables bound to that call (an unnamed variable:
+    its first consumer's node; else its own name)} over `main` of a module whose ops are legalized but not
+    fused yet."""
+    bindings = _bindings(mod["main"])
+    flat = [b for blk in mod["main"].body.blocks for b in blk.bindings]
+    node_of = node_of_vars(flat, users_of(flat), onnx_node_names(mod))
     keys: dict = {}
-    for var, value in _bindings(mod["main"]):
+    for var, value in bindings:
         call = _call_tir_of(value)
         if call is not None:
             callee, args = call
-            keys.setdefault((callee, tuple(map(_arg_key, args))), []).append(var.name)
+            keys.setdefault((callee, tuple(map(_arg_key, args))), []).append(node_of.get(var, var.name))
     return keys
 
 

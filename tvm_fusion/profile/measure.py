@@ -4,7 +4,8 @@
                 same scheduled kernel as in the fused build and before/after isolates fusion), fused, tvm
     timing      VirtualMachine.set_instrument around every kernel call; medians over `repeat` inferences
     mapping     call site -> ONNX nodes: fused groups from FuseResult.groups (in binding order), other
-                kernels from the module attribute `tvm_fusion.onnx_nodes` (an unnamed var: its consumer's node)
+                kernels from the module attribute `tvm_fusion.onnx_nodes` (an unnamed var: its consumer's node);
+                a kernel TVM's FuseOps made of several ops: the nodes of each (unscheduled.kernel_origins)
     traffic     a kernel reads its input buffers and writes its outputs once (shape x dtype); a group saves
                 one write and one read of each intermediate that no longer goes to memory
     roofline    roofline.Peaks: measured on the host, or a datasheet for known GPUs
@@ -33,7 +34,7 @@ from tvm_fusion.check.io import gpu_available, input_tensors, nbytes
 from tvm_fusion.build.pipeline import MODES, lower_passes, sequential
 from tvm_fusion.profile.roofline import KNOWN_GPUS, Peaks, gpu_peaks, host_peaks
 from tvm_fusion.rules import RuleSet
-from tvm_fusion.build.unscheduled import find_unscheduled
+from tvm_fusion.build.unscheduled import find_unscheduled, node_of_vars, users_of
 from tvm_fusion.fusion.loader import load_rules_for
 from tvm_fusion.profile.html import render
 
@@ -160,37 +161,6 @@ def _flops(func, out_elements: int) -> float:
     return max(counted, float(out_elements))  # it skips intrinsics (sin, abs): at least one per element
 
 
-def _users(bindings) -> dict:
-    """relax Var -> the binding vars that read it."""
-    users: dict = {}
-    for b in bindings:
-        seen = []
-
-        def visit(e, seen=seen):
-            if isinstance(e, relax.Var):
-                seen.append(e)
-
-        relax.analysis.post_order_visit(b.value, visit)
-        for v in seen:
-            users.setdefault(v, []).append(b.var)
-    return users
-
-
-def _node_of_vars(bindings, users, names: dict[str, str]) -> dict:
-    """relax Var -> ONNX node; an unnamed var (e.g. a conv before its bias add) takes its first consumer's."""
-    nodes: dict = {}
-    for b in reversed(bindings):
-        name = b.var.name if hasattr(b.var, "name") else b.var.name_hint
-        if name in names:
-            nodes[b.var] = names[name]
-        else:
-            for u in users.get(b.var, []):
-                if u in nodes:
-                    nodes[b.var] = nodes[u]
-                    break
-    return nodes
-
-
 def _origin(kernel: str) -> str:
     return re.sub(r"\d+$", "", kernel)
 
@@ -203,14 +173,17 @@ def _output_vars(func, bindings) -> list:
     return [f for f in fields if isinstance(f, relax.Var)]
 
 
-def call_sites(legal: tvm.IRModule, fused: FuseResult | None, names: dict[str, str], outputs=()):
+def call_sites(legal: tvm.IRModule, fused: FuseResult | None, names: dict[str, str], outputs=(),
+               origins: dict | None = None):
     """The kernel calls of `main` in order, each mapped to its rule/op and ONNX nodes (`outputs`: the ONNX
-    nodes producing the graph outputs, for the vars main returns, which the importer does not name).
+    nodes producing the graph outputs, for the vars main returns, which the importer does not name;
+    `origins`: unscheduled.kernel_origins, the ONNX nodes of each kernel TVM's FuseOps made of several ops).
 
     Returns (sites, users, var of each site); groups are matched to their call_tir in binding order."""
     bindings = [b for blk in legal["main"].body.blocks for b in blk.bindings]
-    users = _users(bindings)
-    node_of = _node_of_vars(bindings, users, names)
+    users = users_of(bindings)
+    node_of = node_of_vars(bindings, users, names)
+    labels = set(names.values())
     for var, node in zip(_output_vars(legal["main"], bindings), outputs):
         node_of.setdefault(var, node)
     groups = list(fused.groups) if fused else []
@@ -239,7 +212,10 @@ def call_sites(legal: tvm.IRModule, fused: FuseResult | None, names: dict[str, s
         if group is not None:  # a one-op group may not know its node (an unnamed conv): its consumer's
             origin, nodes = groups[group].rule, list(groups[group].onnx_nodes) or own
         else:
-            origin, nodes = _origin(kernel), own
+            ops, traced = (origins or {}).get(kernel, ((), ()))
+            # a kernel FuseOps made of several ops: the nodes of all of them, not only its last consumer's
+            nodes = [n for n in traced if n in labels] if len(ops) > 1 else []
+            origin, nodes = _origin(kernel), nodes or own
         sites.append(Site(len(sites), kernel, origin, nodes, group, reads, writes, _flops(func, out_elems),
                           pattern, var=b.var.name))
         site_vars.append(b.var)
@@ -556,8 +532,8 @@ def _raised(peaks: Peaks, sites: list[Site]) -> Peaks:
 
 
 def _build(mod, target, mode: str, rules: RuleSet):
-    """(legalized module, FuseResult or None, executable, seconds, the kernels without a schedule) for one
-    profile mode."""
+    """(legalized module, FuseResult or None, executable, seconds, kernel origins: unscheduled.kernel_origins)
+    for one profile mode."""
     t0 = time.perf_counter()
     fused = None
     if mode == "fused":
@@ -566,7 +542,7 @@ def _build(mod, target, mode: str, rules: RuleSet):
         fused = fuse(mod, target, load_rules_for(only=[BASELINE_RULE], plugins=False))
     legal, origins = legalize_traced(fused.mod if fused else mod, target, "unfused" if mode == "unfused" else mode)
     ex = tvm.compile(legal, target, relax_pipeline=sequential(lower_passes(target), "lower"))
-    return legal, fused, ex, time.perf_counter() - t0, find_unscheduled(legal, origins)
+    return legal, fused, ex, time.perf_counter() - t0, origins
 
 
 def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
@@ -595,8 +571,9 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     builds, structure, results = {}, {}, {}
     timers, seconds, unscheduled = {}, {}, {}
     for mode in modes:
-        legal, fused, ex, seconds[mode], unscheduled[mode] = _build(mod, tgt, mode, rules)
-        sites, users, site_vars = call_sites(legal, fused, names, _output_nodes(proto))
+        legal, fused, ex, seconds[mode], origins = _build(mod, tgt, mode, rules)
+        unscheduled[mode] = find_unscheduled(legal, origins)
+        sites, users, site_vars = call_sites(legal, fused, names, _output_nodes(proto), origins)
         timers[mode] = _Timer(ex, dev, tensors, sites, tgt.kind.name == "cuda")
         structure[mode], results[mode] = (users, site_vars), fused
     for i in range(repeat):  # interleaved: one run of each build per round, so load changes hit them alike
