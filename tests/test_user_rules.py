@@ -59,6 +59,23 @@ def test_rule_file_errors_name_the_file(tmp_path):
         load_rules(broken)
 
 
+def test_a_rules_folder_loads_its_rule_modules_and_passes_over_helpers_and_tests(tmp_path):
+    """A folder: its rule modules load; a helper module that defines no rule and a test beside them do not
+    count; a module that fails to load still names itself; a folder with no rule at all is refused."""
+    (tmp_path / "my_rules.py").write_text(USER_RULE)
+    (tmp_path / "shapes_helper.py").write_text("x = 1\n")
+    (tmp_path / "test_my_rules.py").write_text("raise RuntimeError('a test is not loaded as rules')\n")
+    assert [r.name for r in load_rules(tmp_path)] == ["conv2d_bn_clip"]
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(FusionError, match=f"{tmp_path / 'broken.py'}: failed to load rules: RuntimeError: boom"):
+        load_rules(tmp_path)
+    helpers = tmp_path / "helpers"
+    helpers.mkdir()
+    (helpers / "shapes_helper.py").write_text("x = 1\n")
+    with pytest.raises(FusionError, match="a directory whose modules define no rules"):
+        load_rules(helpers)
+
+
 def test_duplicate_of_builtin_refused(tmp_path):
     path = tmp_path / "dup.py"
     path.write_text(USER_RULE.replace('"conv2d_bn_clip"', '"conv2d_bn_relu"'))

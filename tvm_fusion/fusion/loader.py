@@ -36,11 +36,7 @@ def rule_modules(folder: Path) -> list[Path]:
 def _load_folder(folder: Path) -> RuleSet:
     rules = RuleSet()
     for path in rule_modules(folder):
-        try:
-            rules = rules + _load_file(path)
-        except FusionError as err:
-            if "defines no rules" not in str(err):  # a helper module beside the rules
-                raise
+        rules = rules + _module_rules(path)  # a helper module beside the rules adds none
     if not len(rules):
         raise FusionError(f"--rules {folder}: a directory whose modules define no rules (give a Python file of "
                           f"rules, e.g. my_rules.py, or a folder of them)")
@@ -48,6 +44,14 @@ def _load_folder(folder: Path) -> RuleSet:
 
 
 def _load_file(path: Path) -> RuleSet:
+    rules = _module_rules(path)
+    if not len(rules):
+        raise FusionError(f"{path}: defines no rules (declare them with @tvm_fusion.rule(...))")
+    return rules
+
+
+def _module_rules(path: Path) -> RuleSet:
+    """The rules a Python file defines (none: an empty set), each built now so a broken one names its file."""
     if path.suffix != ".py":
         raise FusionError(f"--rules {path}: not a Python file (expected a .py file defining @tvm_fusion.rule)")
     name = f"tvm_fusion_user_rules_{abs(hash(str(path.resolve())))}"
@@ -67,8 +71,6 @@ def _load_file(path: Path) -> RuleSet:
         r.source = str(path)
         rules.add(r)
         _ = r.spec  # build the pattern now, so a broken rule fails here, naming file and rule
-    if not len(rules):
-        raise FusionError(f"{path}: defines no rules (declare them with @tvm_fusion.rule(...))")
     return rules
 
 
