@@ -28,7 +28,7 @@ from .errors import FusionError
 __all__ = [
     "Decline", "Lowering", "Match", "Rule", "RuleSet", "Spec", "axis_vector", "axis_vector_shapes", "batch_shape",
     "clip_bounds", "commutative", "decline", "declared_batch_dims", "is_symbolic", "rule", "scalar_constant", "shape_text",
-    "static_shape", "symbolic_reason", "undeclared_dims",
+    "static_shape", "symbolic_reason", "undeclared_dims", "may_hold_rules",
 ]
 
 DEFAULT_TARGETS = ("cuda", "llvm")
@@ -328,6 +328,12 @@ def rule(name: str, *, priority: int = 0, check=None, targets: Iterable[str] = D
                     targets=tuple(targets), doc=doc.splitlines()[0] if doc else "", source=source)
 
     return wrap
+
+
+def may_hold_rules(stem: str) -> bool:
+    """Whether a module (by its file stem) is one the rule and kernel scans load: not a test (test_*, *_test,
+    conftest) and not private (_*). The built-in package scans and a --rules folder use the same test."""
+    return not stem.startswith(("_", "test_")) and not stem.endswith("_test") and stem != "conftest"
 
 
 def close_names(name: str, names: Iterable[str]) -> str:

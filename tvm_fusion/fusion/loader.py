@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tvm_fusion.errors import FusionError
-from tvm_fusion.rules import RuleSet, rules_in_module
+from tvm_fusion.rules import RuleSet, may_hold_rules, rules_in_module
 from tvm_fusion.patterns import builtin_rules
 
 __all__ = ["load_rules", "load_rules_for"]
@@ -29,8 +29,7 @@ def load_rules(path) -> RuleSet:
 def rule_modules(folder: Path) -> list[Path]:
     """The modules of a folder that may hold rules, by name: every .py but tests (test_*.py, *_test.py,
     conftest.py) and private modules (_*.py)."""
-    return sorted(p for p in folder.glob("*.py")
-                  if not p.name.startswith(("test_", "_")) and not p.stem.endswith("_test") and p.name != "conftest.py")
+    return sorted(p for p in folder.glob("*.py") if may_hold_rules(p.stem))
 
 
 def _load_folder(folder: Path) -> RuleSet:

@@ -11,13 +11,13 @@ import importlib
 import pkgutil
 
 from tvm_fusion import schedules
-from tvm_fusion.rules import RuleSet, rules_in_module
+from tvm_fusion.rules import RuleSet, may_hold_rules, rules_in_module
 
 
 def families() -> list[str]:
     """The modules of this package that may hold rules, by name."""
     return sorted(m.name for m in pkgutil.iter_modules(__path__, f"{__name__}.")
-                  if not m.ispkg and not m.name.rsplit(".", 1)[-1].startswith("_") and not m.name.endswith("_test"))
+                  if not m.ispkg and may_hold_rules(m.name.rsplit(".", 1)[-1]))
 
 
 def builtin_rules() -> RuleSet:

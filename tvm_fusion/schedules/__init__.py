@@ -9,12 +9,13 @@ import importlib
 import pkgutil
 
 from tvm_fusion._tvm import tirx
+from tvm_fusion.rules import may_hold_rules
 
 
 def modules() -> list[str]:
     """The package's modules in load order: this package's own, then each subpackage's, by name."""
     found = [m.name for m in pkgutil.walk_packages(__path__, f"{__name__}.")
-             if not m.ispkg and not m.name.rsplit(".", 1)[-1].startswith("_") and not m.name.endswith("_test")]
+             if not m.ispkg and may_hold_rules(m.name.rsplit(".", 1)[-1])]
     return sorted(found, key=lambda name: (name.count("."), name))
 
 
