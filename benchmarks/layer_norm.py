@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 
@@ -24,6 +23,7 @@ from tvm_fusion._tvm import tvm  # noqa: E402
 from tvm_fusion.build.builder import build, resolve_target  # noqa: E402
 from tvm_fusion.frontend.importer import import_onnx  # noqa: E402
 from tvm_fusion.testing import GraphBuilder  # noqa: E402
+from cpu_speed import _block  # noqa: E402
 
 
 def _model(rows: int, c: int, residual: bool):
@@ -36,13 +36,9 @@ def _model(rows: int, c: int, residual: bool):
 
 
 def _times_us(fn, rounds: int, number: int) -> tuple[float, float]:
+    """Median and best CPU microseconds per call over `rounds` blocks of `number` calls."""
     fn()
-    means = []
-    for _ in range(rounds):
-        start = time.process_time()
-        for _ in range(number):
-            fn()
-        means.append((time.process_time() - start) / number)
+    means = [_block(fn, number)["cpu"] for _ in range(rounds)]
     return 1e6 * statistics.median(means), 1e6 * min(means)
 
 

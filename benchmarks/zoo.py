@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ if THREADS:  # before TVM's thread pool starts
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "zoo"))
 from corpus import ENTRIES, model_path  # noqa: E402
+from cpu_speed import _block  # noqa: E402
 from corpus import make_inputs  # noqa: E402
 from test_zoo import imported, reference, run_llvm  # noqa: E402
 
@@ -64,23 +64,12 @@ def latency_ms(name: str, built, repeat: int = 5, number: int = 20) -> tuple[flo
         run()  # warm up
     if not THREADS:
         fused = vm.time_evaluator("main", dev, number=number, repeat=repeat)(*args).median
-        return 1e3 * fused, 1e3 * statistics.median(_rounds(runs["onnxruntime"], repeat, number))
+        return 1e3 * fused, 1e3 * statistics.median(_block(runs["onnxruntime"], number)["wall"] for _ in range(repeat))
     times = {k: [] for k in runs}
     for _ in range(repeat):
         for key, run in runs.items():
-            times[key] += _rounds(run, 1, number)
+            times[key].append(_block(run, number)["wall"])
     return 1e3 * statistics.median(times["fused"]), 1e3 * statistics.median(times["onnxruntime"])
-
-
-def _rounds(run, repeat: int, number: int) -> list[float]:
-    """Seconds per call: `repeat` means over `number` calls."""
-    out = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(number):
-            run()
-        out.append((time.perf_counter() - start) / number)
-    return out
 
 
 def main(names: list[str]) -> None:

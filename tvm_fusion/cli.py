@@ -104,6 +104,17 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-fusion", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_compile_parser, _bundle_parser, _compare_parser, _profile_parser):
+        add(sub)
+    e = sub.add_parser("explain", help="which rule took each chain, why others declined, what is left to TVM")
+    _common(e)
+    r = sub.add_parser("rules", help="list the rules in priority order")
+    _rule_selection(r, documented=False)
+    _debug(r)
+    return parser
+
+
+def _compile_parser(sub) -> None:
     c = sub.add_parser("compile", help="fuse and build a model into a loadable library + JSON manifest",
                        description="Fuse and build a model into a loadable library + JSON manifest. Before writing "
                                    "it, the fused build is checked against onnxruntime element by element; an output "
@@ -133,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--external-weights", action="store_true",
                    help="write the weights to <output>.weights instead of into the library")
     _tune_flags(c)
+
+
+def _bundle_parser(sub) -> None:
     bnd = sub.add_parser("bundle", help="copy a compiled library, its weights and the TVM runtime alone (no "
                          "compiler) into a folder that runs with plain Python: python DIR/run.py")
     bnd.add_argument("library", help="a library written by tvm-fusion compile (with its .json manifest)")
@@ -140,6 +154,9 @@ def _parser() -> argparse.ArgumentParser:
     bnd.add_argument("--python", default=None, help="Python version of the target machine (default: this one's)")
     bnd.add_argument("--numpy", action="store_true", help="carry numpy's wheel for the target Python (unpacked "
                      "by run.py where the target has no numpy)")
+
+
+def _compare_parser(sub) -> None:
     m = sub.add_parser("compare", help="build unfused / tvm / fused, run them and onnxruntime, report",
                        description="Build unfused / tvm / fused, run them and onnxruntime on the same inputs, and "
                                    "judge every element: |a - r| <= atol * max(rms(r), max|r|/10) + rtol * |r| + "
@@ -156,6 +173,9 @@ def _parser() -> argparse.ArgumentParser:
                         "and name the first group over tolerance")
     m.add_argument("--bisect", action="store_true",
                    help="--per-group, then disable the rules to blame, rebuild, and report which rule broke what")
+
+
+def _profile_parser(sub) -> None:
     pr = sub.add_parser("profile", help="time every kernel unfused and fused; memory traffic, roofline, "
                                         "what to fuse next; --html report")
     _common(pr)
@@ -163,12 +183,6 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--repeat", type=int, default=5, help="timed inferences per build (medians)")
     pr.add_argument("--json", metavar="OUT.json", help="write the profile's data as JSON")
     pr.add_argument("--html", metavar="REPORT.html", help="write a self-contained HTML report")
-    e = sub.add_parser("explain", help="which rule took each chain, why others declined, what is left to TVM")
-    _common(e)
-    r = sub.add_parser("rules", help="list the rules in priority order")
-    _rule_selection(r, documented=False)
-    _debug(r)
-    return parser
 
 
 def _rules(args):
@@ -226,12 +240,7 @@ def _check_args(args) -> None:
 def _run(args) -> int:
     _check_args(args)
     if args.command == "rules":
-        for r in _rules(args):
-            print(f"{r.priority:5d}  {r.name:24s} {','.join(r.targets):10s} {r.doc}")
-        from .patterns.priority import convention
-
-        print("\n" + convention())
-        return 0
+        return _list_rules(args)
     if args.command == "bundle":
         from tvm_fusion.deploy.bundle import bundle
 
@@ -243,32 +252,19 @@ def _run(args) -> int:
     rules = _rules(args)
     shapes = _shapes(args)
     model = _model(args, shapes)
-    simplify = not args.no_simplify
     if args.command == "explain":
         from tvm_fusion.check.explain import explain
 
-        print(explain(model, target, shapes=shapes, rules=rules, simplify=simplify))  # --arch included
+        print(explain(model, target, shapes=shapes, rules=rules, simplify=not args.no_simplify))  # --arch included
         return 0
     if args.command == "profile":
         return _profile(args, model, target, shapes, rules)
     if args.command == "compile":
-        from tvm_fusion.deploy.compile import compile_model
+        return _compile(args, model, target, shapes, rules)
+    return _compare(args, model, target, shapes, rules)
 
-        tune = _tune_options(args)
-        from tvm_fusion.check.verify import DEFAULT_SEARCH_TIMEOUT
 
-        timeout = DEFAULT_SEARCH_TIMEOUT if args.search_timeout is None else args.search_timeout
-        result = compile_model(model, args.output, target, arch=args.arch, shapes=shapes, rules=rules,
-                               counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
-                               seed=args.seed, external_weights=args.external_weights, inputs=args.inputs,
-                               cuda_graph=args.cuda_graph, precision=args.precision, tune=tune,
-                               strict=args.strict, search_timeout=timeout, simplify=simplify)
-        warning = (result.manifest.verification or {}).get("warning")
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-        print(result)
-        print(_profile_hint(args))
-        return 0
+def _compare(args, model, target, shapes, rules) -> int:
     from tvm_fusion.check.compare import check_modes
 
     modes = check_modes(args.modes)
@@ -277,12 +273,42 @@ def _run(args) -> int:
     from tvm_fusion.check.compare import compare
 
     report = compare(model, target, shapes=shapes, rules=rules, repeat=args.repeat, seed=args.seed,
-                     arch=args.arch, modes=modes, inputs=args.inputs, precision=args.precision, simplify=simplify)
+                     arch=args.arch, modes=modes, inputs=args.inputs, precision=args.precision,
+                     simplify=not args.no_simplify)
     print(report)
     print(_profile_hint(args))
     if report.executed and not report.ok:
         raise ToleranceExceeded(f"{' and '.join(report.failing_builds())} build exceeds the tolerance: "
                                 + "; ".join(report.failures()))
+    return 0
+
+
+def _list_rules(args) -> int:
+    from .patterns.priority import convention
+
+    for r in _rules(args):
+        print(f"{r.priority:5d}  {r.name:24s} {','.join(r.targets):10s} {r.doc}")
+    print("\n" + convention())
+    return 0
+
+
+def _compile(args, model, target, shapes, rules) -> int:
+    from tvm_fusion.deploy.compile import compile_model
+
+    tune = _tune_options(args)
+    from tvm_fusion.check.verify import DEFAULT_SEARCH_TIMEOUT
+
+    timeout = DEFAULT_SEARCH_TIMEOUT if args.search_timeout is None else args.search_timeout
+    result = compile_model(model, args.output, target, arch=args.arch, shapes=shapes, rules=rules,
+                           counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
+                           seed=args.seed, external_weights=args.external_weights, inputs=args.inputs,
+                           cuda_graph=args.cuda_graph, precision=args.precision, tune=tune,
+                           strict=args.strict, search_timeout=timeout, simplify=not args.no_simplify)
+    warning = (result.manifest.verification or {}).get("warning")
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(result)
+    print(_profile_hint(args))
     return 0
 
 

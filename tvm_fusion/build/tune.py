@@ -85,10 +85,6 @@ class TuneReport:
     def new_trials(self) -> int:
         return sum(k.new_trials for k in self.kernels)
 
-    @property
-    def measured(self) -> int:
-        return sum(k.measured for k in self.kernels)
-
     def table(self) -> str:
         rows = [[k.kernel, f"{k.hand_ms:.4f}", "-" if k.tuned_ms is None else f"{k.tuned_ms:.4f}",
                  "-" if k.gain is None else f"{k.gain:.2f}x", k.chosen, k.trials, k.measured,
@@ -103,7 +99,8 @@ class TuneReport:
 
     def manifest(self) -> dict:
         return {"db": self.db, "runner": self.runner, "seconds": round(self.seconds, 2),
-                "new_trials": self.new_trials, "measured": self.measured, "skipped": self.skipped,
+                "new_trials": self.new_trials, "measured": sum(k.measured for k in self.kernels),
+                "skipped": self.skipped,
                 "kernels": [{**asdict(k), "gain": k.gain} for k in self.kernels]}
 
 

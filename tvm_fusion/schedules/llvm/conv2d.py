@@ -57,8 +57,8 @@ from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvOperands, ConvPadding, conv2d_out_size, conv2d_padded,
                                          pack_channel_blocks, packed_taps)
 from tvm_fusion.schedules.llvm import conv2d_pointwise as pointwise
-from tvm_fusion.schedules.llvm.conv2d_pointwise import (PixelTile, padded_channels, padded_pixels, pixel_tiles,
-                                                        schedule_pointwise)
+from tvm_fusion.schedules.llvm.conv2d_pointwise import (PixelTile, VectorRows, padded_channels, padded_pixels,
+                                                        pixel_tiles, schedule_pointwise)
 
 __all__ = ["ConvTile", "RowTile", "ConvPlan", "choose_tile", "choose_row_tile", "choose_channel_tile",
            "channel_depthwise", "conv_plan", "flat_pixels",
@@ -223,19 +223,8 @@ class ConvTile:
 
 
 @dataclass(frozen=True)
-class RowTile:
+class RowTile(VectorRows):
     """Depthwise kernel: `rows` output rows x `vectors` vectors of output columns of one channel."""
-    rows: int
-    vectors: int
-    lanes: int
-
-    @property
-    def cols(self) -> int:
-        return self.lanes * self.vectors
-
-    @property
-    def accumulators(self) -> int:
-        return self.rows * self.vectors
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import ConvPadding, affine_epilogue
 
-__all__ = ["PixelTile", "channel_chunks", "choose_group_tile", "conv2d_grouped_pointwise", "grouped_pointwise",
+__all__ = ["PixelTile", "VectorRows", "channel_chunks", "choose_group_tile", "conv2d_grouped_pointwise", "grouped_pointwise",
            "padded_channels", "pixel_tiles", "schedule_grouped_pointwise", "schedule_pointwise"]
 
 # a chunk of output channels' weights (rows x C_in floats) re-read by every pixel tile: kept to about the
@@ -101,16 +101,12 @@ GROUP_IMBALANCE = 0.1
 
 
 @dataclass(frozen=True)
-class PixelTile:
-    """`rows` output channels x `vectors` vectors of `lanes` pixels: rows * vectors accumulators (grouped:
-    the rows may span two groups)."""
+class VectorRows:
+    """`rows` x `vectors` vectors of `lanes` fp32 values held in registers: rows * vectors accumulators, each
+    row `cols` values long (the depthwise kernel's `RowTile`, the pointwise kernel's `PixelTile`)."""
     rows: int
     vectors: int
     lanes: int
-
-    @property
-    def channels(self) -> int:  # the block W is packed in (conv2d.pack_conv)
-        return self.rows
 
     @property
     def cols(self) -> int:
@@ -119,6 +115,15 @@ class PixelTile:
     @property
     def accumulators(self) -> int:
         return self.rows * self.vectors
+
+
+@dataclass(frozen=True)
+class PixelTile(VectorRows):
+    """`rows` output channels x `vectors` vectors of `lanes` pixels (grouped: the rows may span two groups)."""
+
+    @property
+    def channels(self) -> int:  # the block W is packed in (conv2d.pack_conv)
+        return self.rows
 
     @property
     def loads_per_step(self) -> int:

@@ -36,11 +36,11 @@ from tvm_fusion._tvm import (
     SBlockRealize,
     Schedule,
     TensorLoad,
-    dlight,
     tirx,
     tvm,
 )
 from tvm_fusion.hardware import cpu_facts
+from tvm_fusion.schedules.llvm.loop_nest import CpuRule
 
 __all__ = ["LeftoverConvTranspose", "PhaseSum", "phase_sum"]
 
@@ -277,13 +277,11 @@ def _schedule_phases(sch, target, compute, stride: int):
         sch.decompose_reduction(compute, dc)
 
 
-class LeftoverConvTranspose(dlight.ScheduleRule):
+class LeftoverConvTranspose(CpuRule):
     """Sum only the non-zero taps (stride > 1), reorder the sum outside a run of output pixels, parallel
     output rows."""
 
-    def apply(self, func, target, tunable):
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
+    def schedule(self, func, target):
         sch = Schedule(func)
         if any(_block(sch, name) is None for name in _BLOCKS):
             return None

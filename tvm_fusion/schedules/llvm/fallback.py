@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import math
 
-from tvm_fusion._tvm import SBlockRealize, Schedule, called_ops, dlight, tirx
+from tvm_fusion._tvm import SBlockRealize, Schedule, called_ops
 from tvm_fusion.hardware import cpu_facts
 
 from .injective import PARALLEL_ELEMENTS, schedule_loop_nest, wraps
-from .loop_nest import Nest, elementwise
+from .loop_nest import Nest, CpuRule, elementwise
 from .reduction import apply_plan, parallel_outer, reduction_plans
 
 __all__ = ["LeftoverFallback", "nest_plans", "schedule_function"]
@@ -106,12 +106,10 @@ def _inline_producers(sch) -> None:
             break
 
 
-class LeftoverFallback(dlight.ScheduleRule):
+class LeftoverFallback(CpuRule):
     """Every nest: parallel outer spatial loops, vectors of elements or outputs, reductions as planned."""
 
-    def apply(self, func, target, tunable):
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
+    def schedule(self, func, target):
         return schedule_function(func, target)[0]
 
 

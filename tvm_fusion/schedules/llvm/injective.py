@@ -26,7 +26,7 @@ import math
 from tvm_fusion._tvm import Schedule, called_ops, dlight, tirx
 from tvm_fusion.hardware import cpu_facts
 
-from .loop_nest import branches, periods
+from .loop_nest import branches, CpuRule, periods
 
 __all__ = ["LeftoverInjective", "PARALLEL_ELEMENTS", "VECTOR_CALLS", "in_vectors", "schedule_loop_nest", "wraps"]
 
@@ -70,13 +70,11 @@ def _long_row_ok(sch, block) -> bool:
     return called_ops(sch.get(block).body) <= VECTOR_CALLS
 
 
-class LeftoverInjective(dlight.ScheduleRule):
+class LeftoverInjective(CpuRule):
     """Inline, fuse the trailing loops to a multiple of `lanes` elements, vectorize by `lanes`, parallel
     outer loop."""
 
-    def apply(self, func, target, tunable):
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
+    def schedule(self, func, target):
         sch = Schedule(func)
         blocks = dlight.normalize_prim_func(sch)
         if blocks is None or any(not b.is_injective() or _reduces(sch, b.block_rv) for b in blocks):

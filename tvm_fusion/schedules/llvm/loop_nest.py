@@ -5,11 +5,25 @@ from __future__ import annotations
 
 import math
 
-from tvm_fusion._tvm import Analyzer, TensorLoad, called_ops, detect_linear_equation, tirx, tvm, tvm_ffi
+from tvm_fusion._tvm import Analyzer, TensorLoad, called_ops, detect_linear_equation, dlight, tirx, tvm, tvm_ffi
 
-__all__ = ["Nest", "branches", "contiguous", "elementwise", "loads", "periods"]
+__all__ = ["Nest", "branches", "contiguous", "CpuRule", "elementwise", "loads", "periods"]
 
 _SPATIAL, _REDUCE = tirx.IterVar.DataPar, tirx.IterVar.CommReduce
+
+
+class CpuRule(dlight.ScheduleRule):
+    """A leftover rule for CPU targets. dlight offers every function to every rule (Relax functions, other
+    targets' kernels): `apply` passes over all but an llvm target's PrimFunc, which `schedule` gets (and
+    returns its Schedule, or None where the rule does not apply)."""
+
+    def apply(self, func, target, tunable):
+        if isinstance(func, tirx.PrimFunc) and target.kind.name == "llvm":
+            return self.schedule(func, target)
+        return None
+
+    def schedule(self, func, target):
+        raise NotImplementedError
 
 
 class Nest:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from tvm_fusion._tvm import Schedule, dlight, tirx
+from tvm_fusion._tvm import Schedule, tirx
+from tvm_fusion.schedules.llvm.loop_nest import CpuRule
 from tvm_fusion.schedules.llvm.pooling import PARALLEL_TAPS, _blocks
 
 __all__ = ["CHAINS", "LeftoverPlaneSum", "PlaneSumMatch", "group_size", "match_plane_sum"]
@@ -115,12 +116,10 @@ def group_size(extents: list[int]) -> int:
     return max(d for d in range(1, CHAINS + 1) if boxed(d))
 
 
-class LeftoverPlaneSum(dlight.ScheduleRule):
+class LeftoverPlaneSum(CpuRule):
     """CHAINS outputs' sums interleaved (each in TVM's order), groups in parallel, the map after each group."""
 
-    def apply(self, func, target, tunable):
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
+    def schedule(self, func, target):
         match = match_plane_sum(func)
         if match.declined:
             return None

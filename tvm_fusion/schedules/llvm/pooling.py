@@ -35,10 +35,10 @@ from tvm_fusion._tvm import (
     SBlockRealize,
     Schedule,
     detect_linear_equation,
-    dlight,
     tirx,
 )
 from tvm_fusion.hardware import cpu_facts
+from tvm_fusion.schedules.llvm.loop_nest import CpuRule
 
 __all__ = ["PARALLEL_TAPS", "LeftoverPool", "PoolMatch", "match_pool", "pool_plan"]
 
@@ -184,12 +184,10 @@ def _taps(func, match: PoolMatch) -> int:
     return math.prod(int(iv.dom.extent) for iv in reduce.iter_vars)
 
 
-class LeftoverPool(dlight.ScheduleRule):
+class LeftoverPool(CpuRule):
     """Padding per plane, planes in parallel, taps outside a run of output pixels (vectorized for stride 1)."""
 
-    def apply(self, func, target, tunable):
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
+    def schedule(self, func, target):
         match = pool_plan(func, target)
         if match.declined:
             return None

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import math
 
-from tvm_fusion._tvm import called_ops, dlight, tirx
+from tvm_fusion._tvm import called_ops
 
 from .injective import PARALLEL_ELEMENTS, VECTOR_CALLS
-from .loop_nest import Nest, contiguous
+from .loop_nest import Nest, contiguous, CpuRule
 
 __all__ = ["CHAINS", "LeftoverReduction", "MIN_VECTOR", "SHORT_REDUCTION", "apply_plan", "parallel_outer", "reduction_plans",
            "vector_width"]
@@ -164,16 +164,14 @@ def _lanes_innermost(sch, partial, width: int) -> None:
     sch.decompose_reduction(partial, reduced[0])
 
 
-class LeftoverReduction(dlight.ScheduleRule):
+class LeftoverReduction(CpuRule):
     """A kernel whose reductions run in vectors (`outputs:` or `rows:` plans), scheduled as the fallback
     schedules it; placed before the plane-sum rule, whose chains of outputs keep TVM's order but leave a mean
     over long rows (768 features: 0.78 ms against onnxruntime's 0.10 ms) in scalars. Other kernels: None."""
 
-    def apply(self, func, target, tunable):
+    def schedule(self, func, target):
         from .fallback import schedule_function  # local: a cycle (fallback.py plans reductions with this module)
 
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
         sch, plans = schedule_function(func, target)
         vector = any(p.startswith(("outputs:", "rows:")) for p in plans.values())
         return sch if vector else None

@@ -38,12 +38,13 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from tvm_fusion._tvm import Schedule, TensorLoad, dlight, te, tirx, tvm
+from tvm_fusion._tvm import Schedule, TensorLoad, te, tirx, tvm
 from tvm_fusion.hardware import cpu_facts
 
 from ..activations import MATH, KernelMath, fast_math_allowed
 from . import fast_math  # registers llvm's float32 exp too, which KernelMath looks up
 from .injective import PARALLEL_ELEMENTS
+from .loop_nest import CpuRule
 
 __all__ = ["LeftoverSoftmax", "Softmax", "recognise", "rewrite"]
 
@@ -284,16 +285,14 @@ def _schedule_other_axis(sch, kind: str, axis: int, width: int, elements: int):
         sch.parallel(task)
 
 
-class LeftoverSoftmax(dlight.ScheduleRule):
+class LeftoverSoftmax(CpuRule):
     """softmax / log_softmax: rows in parallel, each row's max, exp, sum and normalize in vectors."""
 
-    def apply(self, func, target, tunable):
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
+    def schedule(self, func, target):
         found = recognise(func)
         if found.kind is None:
             return None
-        return self.schedule(func, found, target)
+        return self.schedule_rows(func, found, target)
 
     @staticmethod
     def declined(func, target) -> str:
@@ -302,7 +301,7 @@ class LeftoverSoftmax(dlight.ScheduleRule):
         return found.declined or _unfit(func, found, target)
 
     @staticmethod
-    def schedule(func, found: Softmax, target):
+    def schedule_rows(func, found: Softmax, target):
         if _unfit(func, found, target):
             return None
         shape = [int(d) for d in func.params[0].shape]
