@@ -127,3 +127,22 @@ def test_compare_prints_one_line_per_build(target):
     assert "  unfused  0.098 MB (2 storages 0.066 MB for 3 tensors + outputs 0.033 MB)" in text.splitlines()
     assert report.builds["fused"].memory.peak == T  # one kernel (TVM's FuseOps): no intermediate left
     assert "  fused    0.033 MB (0 storages 0.000 MB for 0 tensors + outputs 0.033 MB)" in text.splitlines()
+
+
+def test_an_if_counts_what_its_branches_read(target):
+    """TVM's importer computes both branches of an If before it (the If only picks a value), so both branch
+    values are live at once; the planner leaves a tensor an If reads to the runtime (counted, not planned)."""
+    from onnx import TensorProto, helper
+
+    def value(name):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(SHAPE))
+
+    then = helper.make_graph([helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Sin", ["a"], ["s"]),
+                              helper.make_node("Cos", ["s"], ["t"])], "then", [], [value("t")])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [value("e")])
+    graph = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+                              [value("x"), helper.make_tensor_value_info("c", TensorProto.BOOL, [])], [value("y")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # unfused: abs and sin on two storages, cos (then's value) and neg (else's value) left to the runtime
+    _, plan = _plan(model, target, shapes={"x": SHAPE, "c": ()})
+    assert (plan.storages, plan.unplanned, plan.peak) == ((T, T), 2 * T, 4 * T)

@@ -24,7 +24,7 @@ from tvm_fusion import _tvm
 from tvm_fusion._tvm import Analyzer, detect_linear_equation, relax, tirx, tvm
 from tvm_fusion.build import pipeline
 
-__all__ = ["MemoryPlan", "plan_memory", "plan_groups", "PLAN_PASS", "format_bytes"]
+__all__ = ["MemoryPlan", "plan_memory", "plan_groups", "PLAN_PASS", "format_bytes", "report_lines"]
 
 PLAN_PASS = "StaticPlanBlockMemory"
 _ALLOC_STORAGE = "relax.memory.alloc_storage"
@@ -58,15 +58,7 @@ class MemoryPlan:
 
     def per_sample(self) -> tuple[str, int, int] | None:
         """(dim, bytes per unit of it, constant bytes) when the peak is linear in one symbolic dim."""
-        if self.static:
-            return None
-        free = sorted({v.name: v for v in _tir_vars(self.peak)}.items())
-        if len(free) != 1:
-            return None
-        coeffs = detect_linear_equation(self.peak, [free[0][1]])
-        if len(coeffs) != 2 or not all(isinstance(_int(c), int) for c in coeffs):
-            return None
-        return free[0][0], _int(coeffs[0]), _int(coeffs[1])
+        return _linear(self.peak)
 
     def describe(self) -> str:
         """`1.57 MB (3 storages 1.05 MB for 9 tensors + outputs 0.52 MB)`; with a bound, `at N<=64`; a symbolic
@@ -88,15 +80,35 @@ class MemoryPlan:
 
 def format_bytes(value) -> str:
     """Bytes as MB (1e6) with three decimals; a symbolic size linear in one dim per sample, else TVM's formula."""
-    value = _int(value)
+    value, linear = _int(value), _linear(value)
     if isinstance(value, int):
         return f"{value / 1e6:.3f} MB"
+    if linear is None:
+        return f"{value} bytes"
+    dim, per, const = linear
+    return f"{dim} x {per / 1e6:.3f} MB per sample" + (f" + {const / 1e6:.3f} MB" if const else "")
+
+
+def _linear(value) -> tuple[str, int, int] | None:
+    """(dim, coefficient, constant) of a size linear in one symbolic dim with constant coefficients."""
+    value = _int(value)
+    if isinstance(value, int):
+        return None
     free = sorted({v.name: v for v in _tir_vars(value)}.items())
-    coeffs = detect_linear_equation(value, [free[0][1]]) if len(free) == 1 else []
-    if len(coeffs) == 2 and all(isinstance(_int(c), int) for c in coeffs):
-        per, const = _int(coeffs[0]), _int(coeffs[1])
-        return f"{free[0][0]} x {per / 1e6:.3f} MB per sample" + (f" + {const / 1e6:.3f} MB" if const else "")
-    return f"{value} bytes"
+    if len(free) != 1:
+        return None
+    coeffs = [_int(c) for c in detect_linear_equation(value, [free[0][1]])]
+    return (free[0][0], *coeffs) if len(coeffs) == 2 and all(isinstance(c, int) for c in coeffs) else None
+
+
+def report_lines(plans) -> list[str]:
+    """A heading and one line per build, for (mode, MemoryPlan) pairs: what compare and profile print."""
+    plans = [(m, p) for m, p in plans if p is not None]
+    if not plans:
+        return []
+    width = max(len(m) for m, _ in plans)
+    return (["", "peak activation memory (TVM's static memory plan: reused storages + outputs; inputs and weights "
+             "not counted):"] + [f"  {m:<{width}}  {p.describe()}" for m, p in plans])
 
 
 def planned_module(legal, target, before=()):
@@ -228,11 +240,18 @@ def _int(value):
 
 
 def _sum(values):
+    """The sum of sizes: an int while all are constants, else the simplified TIR expression."""
     total = 0
-    for v in values:
-        total = total + _int(v) if isinstance(total, int) and isinstance(_int(v), int) else \
-            _int(tirx.IntImm("int64", total) + v if isinstance(total, int) else total + v)
+    for v in map(_int, values):
+        if isinstance(total, int) and isinstance(v, int):
+            total += v
+        else:
+            total = _int(_prim(total) + _prim(v))
     return total
+
+
+def _prim(value):
+    return tirx.IntImm("int64", value) if isinstance(value, int) else value
 
 
 def _larger(a, b) -> bool:

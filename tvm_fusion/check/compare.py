@@ -12,7 +12,7 @@ import numpy as np
 from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import Built, build
-from tvm_fusion.build.memory import MemoryPlan, plan_memory
+from tvm_fusion.build.memory import MemoryPlan, plan_memory, report_lines
 from tvm_fusion.console import progress, table
 from tvm_fusion.errors import FusionError
 from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_source
@@ -126,7 +126,7 @@ class CompareReport:
                             [[b.mode, b.primfuncs, b.kernel_calls, f"{b.build_seconds:.1f}", *_lat(b.latencies)]
                              for b in self.builds.values()]
                             + ([["onnxruntime", "-", "-", "-", *_lat(self.ort_latencies)]] if self.ort_latencies else [])))
-        lines += self._memory_lines()
+        lines += report_lines((m, b.memory) for m, b in self.builds.items())
         if not self.executed:
             lines += ["", f"execution skipped: {self.skipped_reason}"]
             nv = [f"{b.mode} {b.nvcc_seconds:.1f}s" for b in self.builds.values() if b.nvcc_seconds is not None]
@@ -157,15 +157,6 @@ class CompareReport:
                   "(rtol, atol) by the reference's dtype (tvm_fusion.check.numerics); noise(r): |onnxruntime optimized - "
                   "as written|", self.verdict()]
         return "\n".join(lines)
-
-    def _memory_lines(self) -> list[str]:
-        """One line per build: its peak activation memory from TVM's memory plan (build/memory.py)."""
-        plans = [(m, b.memory) for m, b in self.builds.items() if b.memory is not None]
-        if not plans:
-            return []
-        width = max(len(m) for m, _ in plans)
-        return (["", "peak activation memory (TVM's static memory plan: reused storages + outputs; inputs and "
-                 "weights not counted):"] + [f"  {m:<{width}}  {p.describe()}" for m, p in plans])
 
     def _noise_lines(self) -> list[str]:
         """Where onnxruntime's optimized and as-written runs differ, and how many elements needed that allowance."""

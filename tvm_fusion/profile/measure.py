@@ -28,7 +28,7 @@ from tvm_fusion import _tvm
 from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import legalize_traced
-from tvm_fusion.build.memory import MemoryPlan, format_bytes, plan_groups, plan_memory
+from tvm_fusion.build.memory import MemoryPlan, format_bytes, plan_groups, plan_memory, report_lines
 from tvm_fusion.check.prepared import prepare
 from tvm_fusion.console import table
 from tvm_fusion.errors import FusionError
@@ -663,7 +663,7 @@ def render_text(r: ProfileReport, top: int = 12) -> str:
                         [[m, len([s for s in b.sites if s.times]), _ms(b.latency), _ms(b.kernel_time),
                           f"{sum(s.nbytes for s in b.sites if s.times) / MB:.1f}", f"{b.build_seconds:.1f}"]
                          for m, b in r.builds.items()]))
-    lines += _memory_lines(r)
+    lines += report_lines((m, b.memory) for m, b in r.builds.items())
     for m, b in r.builds.items():
         rows = b.kernels()
         lines += ["", f"{m}: kernels by time (top {min(top, len(rows))} of {len(rows)})"]
@@ -697,13 +697,3 @@ def render_text(r: ProfileReport, top: int = 12) -> str:
 
 def _saved(g: GroupProfile) -> str:
     return "-" if g.storage_saved is None else f"{g.storage_saved / MB:.2f}"
-
-
-def _memory_lines(r: ProfileReport) -> list[str]:
-    """One line per build: its peak activation memory from TVM's memory plan."""
-    plans = [(m, b.memory) for m, b in r.builds.items() if b.memory is not None]
-    if not plans:
-        return []
-    width = max(len(m) for m, _ in plans)
-    return (["", "peak activation memory (TVM's static memory plan: reused storages + outputs; inputs and weights "
-             "not counted):"] + [f"  {m:<{width}}  {p.describe()}" for m, p in plans])
