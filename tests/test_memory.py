@@ -146,3 +146,15 @@ def test_an_if_counts_what_its_branches_read(target):
     # unfused: abs and sin on two storages, cos (then's value) and neg (else's value) left to the runtime
     _, plan = _plan(model, target, shapes={"x": SHAPE, "c": ()})
     assert (plan.storages, plan.unplanned, plan.peak) == ((T, T), 2 * T, 4 * T)
+
+
+def test_profile_says_the_size_a_symbolic_batch_was_built_at():
+    """profile binds a symbolic batch (to 3 without an upper bound) before building: its plan is that size's,
+    and the report says so."""
+    from tvm_fusion.profile.measure import profile
+
+    report = profile(_symbolic(elementwise_chain()), shapes={"x": (SymDim("N"), *SHAPE[1:])}, repeat=1)
+    assert report.bound_at == "N=3" and report.builds["unfused"].memory.peak == 3 * 3 * T
+    assert ("peak activation memory (TVM's static memory plan: reused storages + outputs; inputs and weights not "
+            "counted) at N=3, the size built:") in str(report).splitlines()
+    assert report.memory_summary().startswith("peak activation memory (TVM's memory plan, at N=3): unfused 0.295 MB")

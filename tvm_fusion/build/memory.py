@@ -101,14 +101,16 @@ def _linear(value) -> tuple[str, int, int] | None:
     return (free[0][0], *coeffs) if len(coeffs) == 2 and all(isinstance(c, int) for c in coeffs) else None
 
 
-def report_lines(plans) -> list[str]:
-    """A heading and one line per build, for (mode, MemoryPlan) pairs: what compare and profile print."""
+def report_lines(plans, bound_at: str = "") -> list[str]:
+    """A heading and one line per build, for (mode, MemoryPlan) pairs: what compare and profile print.
+    `bound_at`: the sizes the symbolic dims were bound to before building ("N=3"), said in the heading."""
     plans = [(m, p) for m, p in plans if p is not None]
     if not plans:
         return []
     width = max(len(m) for m, _ in plans)
-    return (["", "peak activation memory (TVM's static memory plan: reused storages + outputs; inputs and weights "
-             "not counted):"] + [f"  {m:<{width}}  {p.describe()}" for m, p in plans])
+    at = f" at {bound_at}, the size built" if bound_at else ""
+    return (["", f"peak activation memory (TVM's static memory plan: reused storages + outputs; inputs and weights "
+             f"not counted){at}:"] + [f"  {m:<{width}}  {p.describe()}" for m, p in plans])
 
 
 def planned_module(legal, target, before=()):

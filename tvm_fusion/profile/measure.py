@@ -29,7 +29,7 @@ from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import legalize_traced
 from tvm_fusion.build.memory import MemoryPlan, format_bytes, plan_groups, plan_memory, report_lines
-from tvm_fusion.check.prepared import prepare
+from tvm_fusion.check.prepared import PreparedModel, prepare
 from tvm_fusion.console import table
 from tvm_fusion.errors import FusionError
 from tvm_fusion.fusion.fuse import FuseResult, fuse
@@ -463,6 +463,8 @@ class ProfileReport:
     onnx_graph: dict = field(default_factory=dict, repr=False)  # nodes and edges, for the picture
     #: the fused build's kernels without a schedule: {"function", "ops", "onnx_nodes"} (unscheduled.py)
     unscheduled: list[dict] = field(default_factory=list)
+    #: the sizes symbolic dims were bound to for profiling ("N=3"); "" when the model's shapes are static
+    bound_at: str = ""
 
     @property
     def bytes_saved(self) -> int:
@@ -482,7 +484,8 @@ class ProfileReport:
         plans = {m: b.memory for m, b in self.builds.items() if b.memory is not None}
         if not plans:
             return ""
-        text = "peak activation memory (TVM's memory plan): " + ", ".join(
+        at = f", at {self.bound_at}" if self.bound_at else ""
+        text = f"peak activation memory (TVM's memory plan{at}): " + ", ".join(
             f"{m} {format_bytes(p.peak)}" for m, p in plans.items())
         if {"unfused", "fused"} <= set(plans) and plans["unfused"].static and plans["fused"].static:
             text += f"; fused saves {format_bytes(plans['unfused'].peak - plans['fused'].peak)} against unfused"
@@ -508,6 +511,7 @@ class ProfileReport:
             "candidates": [asdict(c) for c in self.candidates],
             "declined": self.declined,
             "unscheduled": self.unscheduled,
+            "bound_at": self.bound_at,
             "totals": {"bytes_saved": self.bytes_saved, "launches_removed": self.launches_removed,
                        "groups": len(self.groups), "summary": self.summary(),
                        "memory_summary": self.memory_summary()},
@@ -604,6 +608,8 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
         raise FusionError(f"--repeat must be at least 1, got {repeat}")
     # a symbolic dim is profiled bound to the larger size compare checks (3, or its upper bound up to 8):
     # the traffic model and the FLOP counts need static shapes
+    declared = (model.shapes, model.given) if isinstance(model, PreparedModel) else (shapes or {}, {})
+    bound_at = frontend.sizes_text(frontend.check_sizes(*declared)[-1])
     prepared = prepare(model, target, arch=arch, shapes=shapes, simplify=simplify, bound=True)
     name, proto, mod, tgt, shapes = prepared.name, prepared.proto, prepared.mod, prepared.target, prepared.shapes
     names = frontend.onnx_node_names(mod)
@@ -640,7 +646,7 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     candidates = _candidates(builds["unfused"], builds["fused"], result, site_vars, users, peaks, reasons)
     declined = [{"rule": d.rule, "onnx_node": d.onnx_node, "reason": d.reason} for d in result.decisions if d.reason]
     return ProfileReport(name, str(tgt), device, repeat, peaks, builds, groups, candidates, dict(result.counts),
-                         declined, _graph(proto), [u.record() for u in unscheduled["fused"]])
+                         declined, _graph(proto), [u.record() for u in unscheduled["fused"]], bound_at)
 
 
 # ---------------------------------------------------------------- text
@@ -663,7 +669,7 @@ def render_text(r: ProfileReport, top: int = 12) -> str:
                         [[m, len([s for s in b.sites if s.times]), _ms(b.latency), _ms(b.kernel_time),
                           f"{sum(s.nbytes for s in b.sites if s.times) / MB:.1f}", f"{b.build_seconds:.1f}"]
                          for m, b in r.builds.items()]))
-    lines += report_lines((m, b.memory) for m, b in r.builds.items())
+    lines += report_lines(((m, b.memory) for m, b in r.builds.items()), r.bound_at)
     for m, b in r.builds.items():
         rows = b.kernels()
         lines += ["", f"{m}: kernels by time (top {min(top, len(rows))} of {len(rows)})"]
