@@ -488,7 +488,9 @@ class ProfileReport:
         text = f"peak activation memory (TVM's memory plan{at}): " + ", ".join(
             f"{m} {format_bytes(p.peak)}" for m, p in plans.items())
         if {"unfused", "fused"} <= set(plans) and plans["unfused"].static and plans["fused"].static:
-            text += f"; fused saves {format_bytes(plans['unfused'].peak - plans['fused'].peak)} against unfused"
+            saved = plans["unfused"].peak - plans["fused"].peak
+            text += (f"; fused saves {format_bytes(saved)} against unfused" if saved >= 0 else
+                     f"; fused needs {format_bytes(-saved)} more than unfused")
         return text
 
     def to_json(self) -> dict:
