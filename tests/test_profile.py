@@ -264,3 +264,28 @@ def test_a_kernel_tvms_fuseops_made_names_the_nodes_of_all_its_ops(chain):
     _, data, _ = chain
     merged = [s for s in data["builds"]["fused"]["sites"] if s["group"] is None and "sin" in s["kernel"]]
     assert [s["onnx_nodes"] for s in merged] == [["abs", "sin", "cos"]], merged
+
+
+def test_chain_peak_activation_memory_from_tvms_plan(chain):
+    """Each build's peak activation memory is TVM's memory plan (tests/test_memory.py works the plans out): the
+    chain's intermediates reuse two storages unfused and fused alike, TVM's FuseOps makes one kernel; each
+    group's conv / bias-add (mul / add) outputs would take two storages of the plan if unfused."""
+    out, data, page = chain
+    peaks = {m: b["memory"]["peak_bytes"] for m, b in data["builds"].items()}
+    assert peaks == {"unfused": 3 * TENSOR_BYTES, "fused": 3 * TENSOR_BYTES, "tvm": TENSOR_BYTES}
+    assert data["builds"]["unfused"]["memory"]["storages"] == [TENSOR_BYTES, TENSOR_BYTES]
+    assert {g["rule"]: (g["storage_before"], g["storage_after"], g["storage_saved"]) for g in data["groups"]} == {
+        "conv2d_bias_relu": (2 * TENSOR_BYTES, 0, 2 * TENSOR_BYTES),
+        "elementwise_chain_3": (2 * TENSOR_BYTES, 0, 2 * TENSOR_BYTES)}
+    lines = out.splitlines()
+    start = lines.index("peak activation memory (TVM's static memory plan: reused storages + outputs; inputs and "
+                        "weights not counted):")
+    assert lines[start + 1:start + 4] == [
+        "  unfused  0.098 MB (2 storages 0.066 MB for 8 tensors + outputs 0.033 MB)",
+        "  fused    0.098 MB (2 storages 0.066 MB for 2 tensors + outputs 0.033 MB)",
+        "  tvm      0.033 MB (0 storages 0.000 MB for 0 tensors + outputs 0.033 MB)"]
+    assert ("peak activation memory (TVM's memory plan): unfused 0.098 MB, fused 0.098 MB, tvm 0.033 MB; fused saves "
+            "0.000 MB against unfused") in lines
+    html = page.read_text()
+    assert 'id="memory"' in html and "<td>unfused</td><td>0.098</td><td>2</td><td>0.066</td><td>8</td>" in html
+    assert "peak saved MB" in html and html.count("<td>0.07</td></tr>") >= 2  # each group's last column

@@ -12,6 +12,7 @@ import numpy as np
 from tvm_fusion.frontend import importer as frontend
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import Built, build
+from tvm_fusion.build.memory import MemoryPlan, plan_memory, report_lines
 from tvm_fusion.console import progress, table
 from tvm_fusion.errors import FusionError
 from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_source
@@ -53,6 +54,7 @@ class BuildStats:
     build_seconds: float
     latencies: list[float] = field(default_factory=list)  # seconds
     nvcc_seconds: float | None = None
+    memory: MemoryPlan | None = None  # TVM's memory plan of the build: its peak activation memory
 
 
 @dataclass
@@ -124,6 +126,7 @@ class CompareReport:
                             [[b.mode, b.primfuncs, b.kernel_calls, f"{b.build_seconds:.1f}", *_lat(b.latencies)]
                              for b in self.builds.values()]
                             + ([["onnxruntime", "-", "-", "-", *_lat(self.ort_latencies)]] if self.ort_latencies else [])))
+        lines += report_lines((m, b.memory) for m, b in self.builds.items())
         if not self.executed:
             lines += ["", f"execution skipped: {self.skipped_reason}"]
             nv = [f"{b.mode} {b.nvcc_seconds:.1f}s" for b in self.builds.values() if b.nvcc_seconds is not None]
@@ -214,7 +217,8 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     builds: dict[str, Built] = {}
     for mode in progress(modes, "building"):
         builds[mode] = build(mod, tgt, mode, rules=rules)
-    stats = {m: BuildStats(m, b.primfuncs, b.kernel_calls, b.build_seconds) for m, b in builds.items()}
+    stats = {m: BuildStats(m, b.primfuncs, b.kernel_calls, b.build_seconds, memory=plan_memory(b.module, tgt))
+             for m, b in builds.items()}
     counts = builds["fused"].counts if "fused" in builds else {}
     outputs = [o.name for o in proto.graph.output]
     kind = tgt.kind.name

@@ -10,6 +10,8 @@ import html
 import math
 import re
 
+from tvm_fusion.build.memory import format_bytes
+
 __all__ = ["render", "graph_svg", "time_chart_svg", "roofline_svg"]
 
 PALETTE = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5", "#ffffb3", "#bc80bd",
@@ -177,20 +179,37 @@ def _nodes(nodes, limit=6) -> str:
     return ", ".join(nodes[:limit]) + (f" +{len(nodes) - limit}" if len(nodes) > limit else "")
 
 
+def _memory(report) -> list[str]:
+    """Each build's peak activation memory from TVM's memory plan (build/memory.py)."""
+    plans = [(m, b.memory) for m, b in report.builds.items() if b.memory is not None]
+    if not plans:
+        return []
+    return ['<h2 id="memory">Peak activation memory (TVM\'s static memory plan)</h2>',
+            "<p>The storages TVM's StaticPlanBlockMemory allocates for the intermediates (each reused by the "
+            "tensors whose lifetimes do not overlap) plus the outputs; inputs and weights are not counted. A fused "
+            "group's <i>peak saved</i> is the storage the plan gives its intermediates when its ops run unfused.</p>",
+            _table(["build", "peak activation MB", "storages", "storage MB", "tensors on them", "outputs MB"],
+                   [[m, format_bytes(p.peak).removesuffix(" MB"), len(p.storages),
+                     format_bytes(p.planned).removesuffix(" MB"), p.tensors,
+                     format_bytes(p.unplanned).removesuffix(" MB")] for m, p in plans], "memory")]
+
+
 def _tables(report) -> str:
     parts = ["<h2>Builds</h2>", _table(
         ["build", "kernel calls", "latency", "sum of kernels", "instrument + dispatch / call", "traffic MB"],
         [[m, len([s for s in b.sites if s.times]), _ms(b.latency), _ms(b.kernel_time),
           f"{b.overhead_per_call * 1e6:.1f} us", f"{sum(s.nbytes for s in b.sites if s.times) / 1e6:.1f}"]
          for m, b in report.builds.items()])]
+    parts += _memory(report)
     parts += ["<h2>Fused groups: before / after</h2>", _table(
         ["#", "rule", "kernel", "ONNX nodes", "before", "after", "launches", "saved MB", "intermediates",
-         "still reads MB", "still writes MB", "GFLOP", "FLOP/B", "of roofline"],
+         "still reads MB", "still writes MB", "GFLOP", "FLOP/B", "of roofline", "peak saved MB"],
         [[g.index, g.rule, g.kernel, _nodes(g.onnx_nodes), _ms(g.before_s), _ms(g.after_s),
           f"{g.before_launches} -> {g.after_launches}", f"{g.bytes_saved / 1e6:.2f}",
           "; ".join(f"{i['name']} {'x'.join(map(str, i['shape']))} {i['dtype']}" for i in g.intermediates),
           f"{g.reads / 1e6:.2f}", f"{g.writes / 1e6:.2f}", f"{g.flops / 1e9:.3f}",
-          f"{g.flops / max(1, g.reads + g.writes):.1f}", f"{g.roofline_fraction:.0%}"] for g in report.groups],
+          f"{g.flops / max(1, g.reads + g.writes):.1f}", f"{g.roofline_fraction:.0%}",
+          "-" if g.storage_saved is None else f"{g.storage_saved / 1e6:.2f}"] for g in report.groups],
         "groups")]
     parts += ["<h2>What to fuse next</h2>", _table(
         ["#", "kind", "ops", "ONNX nodes", "saves MB", "launches", "est. saving", "measured", "why it is unfused"],
@@ -228,6 +247,7 @@ def render(report) -> str:
 <style>{STYLE}</style></head><body>
 <h1>tvm-fusion profile: {E(re.sub(r'^.*/', '', report.model))}</h1>
 <p id="summary"><b>{E(report.summary())}</b></p>
+<p id="memory-summary"><b>{E(report.memory_summary())}</b></p>
 <p>{E(report.device)}; target {E(report.target)}; medians of {report.repeat} inferences.
 Roofs: {p.bandwidth / 1e9:.1f} GB/s, {p.flops / 1e9:.1f} GFLOP/s ({E(p.source)}).</p>
 <h2>Graph: each fused group is one box, coloured by rule</h2>
