@@ -250,17 +250,24 @@ def compare(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
         reported = list(errors)
         if "fused" in builds:
             groups = check_groups(prepared, rules=rules, seed=seed)
+    ort_lat = _time_interleaved(vms, dev, tensors, stats, reference.optimized_session(), inputs, repeat)
+    threads = int(tvm.get_global_func("runtime.NumThreads")()) if kind == "llvm" and repeat else 0
+    return CompareReport(name, str(tgt), outputs, stats, errors, counts, True, "", ort_lat, precision, reported, groups,
+                         threads, noisy)
+
+
+def _time_interleaved(vms: dict, dev, tensors, stats: dict, session, inputs: dict, repeat: int) -> list[float]:
+    """`repeat` rounds of one run of each build (appended to `stats[mode].latencies`) and one of onnxruntime's
+    `session` (returned), interleaved so that a host's changing load falls on all of them alike."""
     ort_lat = []
-    for _ in progress(range(repeat), "timing"):  # interleaved: one run of each per round
+    for _ in progress(range(repeat), "timing"):
         for m, vm in vms.items():
             t = vm.time_evaluator("main", dev, number=1, repeat=1)(*tensors)
             stats[m].latencies.append(t.median)
         t0 = time.perf_counter()
-        reference.optimized_session().run(None, inputs)
+        session.run(None, inputs)
         ort_lat.append(time.perf_counter() - t0)
-    threads = int(tvm.get_global_func("runtime.NumThreads")()) if kind == "llvm" and repeat else 0
-    return CompareReport(name, str(tgt), outputs, stats, errors, counts, True, "", ort_lat, precision, reported, groups,
-                         threads, noisy)
+    return ort_lat
 
 
 def _noise_summary(noise: np.ndarray) -> tuple[int, float]:
