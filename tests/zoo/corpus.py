@@ -30,6 +30,10 @@ _YOLO = {"images": {"kind": "normal", "shape": [1, 3, 32, 32]}}
 _AUDIO = {"audio": {"kind": "normal", "shape": [1, 1, 4000]}}
 _FEATS = {"feats": {"kind": "normal", "shape": [1, 100, 80]}}
 _YOLOX = {"images": {"kind": "normal", "shape": [1, 3, 64, 64]}}
+_IMAGE224 = {"pixels": {"kind": "normal", "shape": [1, 3, 224, 224]}}
+#: reduced widths (the files stay small; the blocks, kernels, strides and depth are the published ones)
+_MOBILENETV2 = {"arch_args": {"width": 0.25}}
+_RESNET_STEM = {"arch_args": {"width": 32}}
 _TOKENS = {"input_ids": {"kind": "ids", "shape": [1, 16], "low": 0, "high": 100},
            "attention_mask": {"kind": "mask", "shape": [1, 16]}}
 
@@ -90,6 +94,13 @@ ENTRIES = {
     "mobilenetv3_ts13": _entry("mobilenetv3", "torchscript", 13, _IMAGE, ["logits"]),
     "mobilenetv3_dynamo18": _entry("mobilenetv3", "dynamo", 18, _IMAGE, ["logits"]),
     "efficientnet_ts15": _entry("efficientnet", "torchscript", 15, _IMAGE, ["logits"]),
+    "efficientnet_dynamo18": _entry("efficientnet", "dynamo", 18, _IMAGE, ["logits"]),
+    # ImageNet-sized inputs for the cross-layer pairs: MobileNetV2's depthwise -> pointwise blocks and the ResNet
+    # stem's 112x112 conv output read back by its max pool
+    "mobilenetv2_ts13": _entry("mobilenetv2", "torchscript", 13, _IMAGE224, ["logits"], **_MOBILENETV2),
+    "mobilenetv2_dynamo18": _entry("mobilenetv2", "dynamo", 18, _IMAGE224, ["logits"], **_MOBILENETV2),
+    "resnet_stem_ts17": _entry("resnet_stem", "torchscript", 17, _IMAGE224, ["features"], **_RESNET_STEM),
+    "resnet_stem_dynamo18": _entry("resnet_stem", "dynamo", 18, _IMAGE224, ["features"], **_RESNET_STEM),
     "convnext_ts17": _entry("convnext", "torchscript", 17, _IMAGE, ["logits"]),
     "convnext_dynamo18": _entry("convnext", "dynamo", 18, _IMAGE, ["logits"]),
     "bert_ts14": _entry("bert", "torchscript", 14, _TOKENS, ["last_hidden_state", "pooled"]),

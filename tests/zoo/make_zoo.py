@@ -123,6 +123,68 @@ class EfficientNet(nn.Module):
         return self.fc(torch.flatten(self.pool(self.head(self.blocks(self.stem(x)))), 1))
 
 
+def _divisible(v: float, d: int = 8) -> int:
+    """torchvision's _make_divisible: `v` rounded to a multiple of `d`, never more than 10% below `v`."""
+    n = max(d, int(v + d / 2) // d * d)
+    return n + d if n < 0.9 * v else n
+
+
+class MobileNetV2(nn.Module):
+    """MobileNetV2 (Sandler et al. 2018; torchvision's layout) at width multiplier `width`: conv 3x3/2 -> BN ->
+    ReLU6, the seventeen inverted-residual blocks of the paper's table 2 (t, c, n, s; expand 1x1 -> BN -> ReLU6 ->
+    depthwise 3x3 -> BN -> ReLU6 -> project 1x1 -> BN, the residual where stride 1 and widths match), conv 1x1 ->
+    BN -> ReLU6, global average pool, Linear. Unlike torchvision the last conv's 1280 channels scale with
+    `width` too (the file stays small)."""
+
+    BLOCKS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+
+    def __init__(self, width=1.0, classes=10):
+        super().__init__()
+        relu6 = nn.ReLU6()
+        cin = _divisible(32 * width)
+        layers = [conv_bn_act(3, cin, 3, 2, act=relu6)]
+        for t, c, n, s in self.BLOCKS:
+            cout = _divisible(c * width)
+            for i in range(n):
+                layers.append(InvertedResidual(cin, cin * t, cout, 3, s if i == 0 else 1, relu6, None, None))
+                cin = cout
+        last = _divisible(1280 * width)
+        self.features = nn.Sequential(*layers, conv_bn_act(cin, last, 1, act=relu6))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(last, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.features(x)), 1))
+
+
+class Bottleneck(nn.Module):
+    """ResNet v1.5 bottleneck: 1x1 -> BN -> ReLU -> 3x3 (the stride) -> BN -> ReLU -> 1x1 (4x wide) -> BN,
+    + the input (through a 1x1 conv -> BN where the shape changes) -> ReLU."""
+
+    def __init__(self, cin, width, stride=1):
+        super().__init__()
+        cout = 4 * width
+        self.body = nn.Sequential(conv_bn_act(cin, width, 1, act=nn.ReLU()),
+                                  conv_bn_act(width, width, 3, stride, act=nn.ReLU()), conv_bn_act(width, cout, 1))
+        self.down = conv_bn_act(cin, cout, 1, stride) if stride != 1 or cin != cout else nn.Identity()
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.down(x))
+
+
+class ResNetStem(nn.Module):
+    """A ResNet-50 stem and its first stage: conv 7x7/2 (64) -> BN -> ReLU -> MaxPool 3x3/2 pad 1, then three
+    bottlenecks of `width` (ResNet-50's is 64; 4x `width` out)."""
+
+    def __init__(self, width=64):
+        super().__init__()
+        self.stem = nn.Sequential(conv_bn_act(3, 64, 7, 2, act=nn.ReLU()), nn.MaxPool2d(3, 2, 1))
+        self.layer1 = nn.Sequential(Bottleneck(64, width), Bottleneck(4 * width, width), Bottleneck(4 * width, width))
+
+    def forward(self, x):
+        return self.layer1(self.stem(x))
+
+
 class ConvNeXtBlock(nn.Module):
     """dwconv 7x7 -> permute NHWC -> LayerNorm -> Linear 4x -> GELU -> Linear -> gamma * -> permute -> + x."""
 
@@ -435,7 +497,8 @@ class VoiceActivity(nn.Module):
         return torch.sigmoid(self.fc(y)).squeeze(-1)  # [N, T]
 
 
-MODELS = {"mobilenetv3": MobileNetV3, "efficientnet": EfficientNet, "convnext": ConvNeXt, "bert": Bert,
+MODELS = {"mobilenetv3": MobileNetV3, "efficientnet": EfficientNet, "mobilenetv2": MobileNetV2,
+          "resnet_stem": ResNetStem, "convnext": ConvNeXt, "bert": Bert,
           "yolo": YoloBlock, "audio1d": Audio1d, "fsmn": Fsmn, "vit_seg": VitSeg, "yolox": YoloxHead,
           "crnn_lstm": lambda: CRNN("lstm"), "crnn_gru": lambda: CRNN("gru"), "vad_lstm": VoiceActivity}
 
@@ -488,7 +551,7 @@ def _strip_provenance(model: onnx.ModelProto) -> None:
 
 def export(name: str, entry: dict) -> bytes:
     torch.manual_seed(entry["seed"])
-    module = _randomize_norms(MODELS[entry["arch"]]()).eval()
+    module = _randomize_norms(MODELS[entry["arch"]](**entry.get("arch_args", {}))).eval()
     args = _example_inputs(entry)
     names = list(entry["inputs"])
     outputs = entry["outputs"]
