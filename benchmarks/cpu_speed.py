@@ -1,5 +1,7 @@
-"""CPU speed against onnxruntime, model by model: the nine light architectures, the zoo corpus and QDQ int8
-models at realistic sizes (`--models qdq`: qdq_models.py, made on the fly and cached).
+"""CPU speed against onnxruntime, model by model: the nine light architectures, the zoo corpus, its cross-layer
+models at their published widths (`--models full`: corpus.FULL_SIZE, exported on first use by make_zoo.py --full,
+which needs torch, and cached) and QDQ int8 models at realistic sizes (`--models qdq`: qdq_models.py, made on
+the fly and cached).
 
     python benchmarks/cpu_speed.py                                       # this CPU's own target
     python benchmarks/cpu_speed.py --target '{"kind":"llvm","mcpu":"x86-64-v3"}'   # forced AVX2
@@ -71,17 +73,28 @@ def _qdq(name: str):
     return frontend.import_onnx(proto), proto, inputs(proto)
 
 
-LOADERS = {"light": _light, "zoo": _zoo, "qdq": _qdq}
+def _full(name: str):
+    """A corpus model at its published width (corpus.FULL_SIZE), on its checked-in entry's inputs."""
+    from corpus import FULL_SIZE, full_size_path, make_inputs, shapes
+
+    import tvm_fusion as tf
+
+    base, path = FULL_SIZE[name][0], full_size_path(name)
+    return tf.import_onnx(path, shapes(base)), onnx.load(str(path)), make_inputs(base)
+
+
+LOADERS = {"light": _light, "zoo": _zoo, "qdq": _qdq, "full": _full}
 
 
 def model_names() -> dict[str, str]:
-    """model name -> 'light', 'zoo' or 'qdq', in table order."""
-    from corpus import ENTRIES
+    """model name -> 'light', 'zoo', 'full' or 'qdq', in table order."""
+    from corpus import ENTRIES, FULL_SIZE
     from qdq_models import QDQ_MODELS
 
     from tvm_fusion.examples import EXAMPLES
 
-    return {**{n: "light" for n in EXAMPLES}, **{n: "zoo" for n in ENTRIES}, **{n: "qdq" for n in QDQ_MODELS}}
+    return {**{n: "light" for n in EXAMPLES}, **{n: "zoo" for n in ENTRIES}, **{n: "full" for n in FULL_SIZE},
+            **{n: "qdq" for n in QDQ_MODELS}}
 
 
 def _within_reference_noise(proto, feeds, out, stats) -> str | None:
@@ -247,7 +260,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="llvm",
                     help="'llvm' (this CPU, or TVM_FUSION_CPU) or a JSON llvm target, e.g. "
                          "'{\"kind\":\"llvm\",\"mcpu\":\"x86-64-v3\"}' for AVX2")
-    ap.add_argument("--models", default="all", help=f"comma separated, or 'all', 'light', 'zoo', 'qdq'; of: {', '.join(names)}")
+    ap.add_argument("--models", default="all",
+                    help=f"comma separated, or 'all' (but full), 'light', 'zoo', 'full', 'qdq'; of: {', '.join(names)}")
     ap.add_argument("--threads", default="1,2", help="thread counts to time at, comma separated")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (a block of each runtime per round)")
     ap.add_argument("--block-ms", type=float, default=150.0, help="about how long one block of runs takes")
@@ -260,8 +274,8 @@ def main(argv=None) -> int:
     ap.add_argument("--busy", type=int, default=0,
                     help="other processes spinning on the cores while timing (a shared host)")
     args = ap.parse_args(argv)
-    groups = {"all": list(names), "light": [n for n, k in names.items() if k == "light"],
-              "zoo": [n for n, k in names.items() if k == "zoo"], "qdq": [n for n, k in names.items() if k == "qdq"]}
+    groups = {"all": [n for n, k in names.items() if k != "full"],  # the full-size exports need torch
+              **{kind: [n for n, k in names.items() if k == kind] for kind in ("light", "zoo", "full", "qdq")}}
     models = groups.get(args.models) or [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in names]
     if unknown:

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CHECKED_IN", "ENTRIES", "QUANTIZED", "WHEEL_ENTRIES", "ZOO_DIR", "make_inputs", "model_path"]
+__all__ = ["CHECKED_IN", "ENTRIES", "FULL_SIZE", "QUANTIZED", "WHEEL_ENTRIES", "ZOO_DIR", "full_size_path", "make_inputs",
+           "model_path"]
 
 ZOO_DIR = Path(__file__).resolve().parent
 
@@ -162,6 +163,10 @@ ENTRIES = {
                           "sr": {"kind": "value", "shape": [], "value": 16000, "dtype": "int64"}},
                          ["output", "stateN"], wheel=True),
 }
+#: the cross-layer models at their published widths, for benchmarks (not checked in: MobileNetV2 1.0 is 14 MB):
+#: name -> (the checked-in entry they widen, its arch_args); `make_zoo.py --full DIR` writes them
+FULL_SIZE = {"mobilenetv2_full_ts13": ("mobilenetv2_ts13", {"width": 1.0}),
+             "resnet_stem_full_ts17": ("resnet_stem_ts17", {"width": 64})}
 WHEEL_ENTRIES = tuple(n for n, e in ENTRIES.items() if e.get("wheel"))
 CHECKED_IN = tuple(n for n in ENTRIES if n not in WHEEL_ENTRIES)
 QUANTIZED = tuple(n for n, e in ENTRIES.items() if e.get("quantized"))  # made by make_qdq.py, not make_zoo.py
@@ -174,6 +179,29 @@ def model_path(name: str) -> Path:
 
         return fetch(name)
     return ZOO_DIR / f"{name}.onnx"
+
+
+def full_size_path(name: str) -> Path:
+    """A FULL_SIZE model, exported on first use by `make_zoo.py --full` (torch needed then) and cached under
+    ~/.cache/tvm_fusion/zoo_full (TVM_FUSION_CACHE moves it)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    folder = Path(os.environ.get("TVM_FUSION_CACHE", Path.home() / ".cache" / "tvm_fusion")) / "zoo_full"
+    if not (folder / f"{name}.onnx").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            done = subprocess.run([sys.executable, str(ZOO_DIR / "make_zoo.py"), "--full", tmp], capture_output=True,
+                                  text=True)
+            if done.returncode:
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise RuntimeError(f"make_zoo.py --full failed ({last}); it needs torch (pip install torch==2.13.0), "
+                                   f"or run it with a Python that has torch: make_zoo.py --full {folder}")
+            for made in Path(tmp).glob("*.onnx"):
+                made.replace(folder / made.name)
+    return folder / f"{name}.onnx"
 
 
 def _file_bytes(spec) -> np.ndarray:

@@ -2,11 +2,15 @@
 
 Small architectures written in plain torch.nn (torchvision does not import beside the CPU torch wheel),
 seeded weights at realistic scales (torch's default init; BatchNorm statistics and BatchNorm / LayerNorm
-affine parameters random, so folding them is not a no-op), batch 1 and small spatial sizes. Each is exported by
+affine parameters random, so folding them is not a no-op), batch 1 and small spatial sizes (224x224 for
+MobileNetV2 and the ResNet stem: their cross-layer pairs want ImageNet-sized maps). Each is exported by
 `torch.onnx.export` as users do: the TorchScript exporter (`dynamo=False`) with a dynamic batch axis
 (so the graph keeps the exporter's Shape/Gather/Concat arithmetic), and for some the dynamo exporter.
 One entry re-encodes its weights as `Constant` nodes and routes a shape through `Identity`, as
 paddle2onnx and tf2onnx write them.
+
+`python tests/zoo/make_zoo.py --full DIR` writes the cross-layer models at their published widths instead
+(`corpus.FULL_SIZE`, for benchmarks/cpu_speed.py; not checked in).
 
 Writes `<name>.onnx` for every checked-in entry of the corpus (`corpus.CHECKED_IN`; the wheels' pretrained
 models are fetched, not made; the quantized ones, `corpus.QUANTIZED`, are made from these by make_qdq.py); the files are checked in (see test_zoo.py's
@@ -27,7 +31,7 @@ from torch import nn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import CHECKED_IN, ENTRIES, QUANTIZED  # noqa: E402
+from corpus import CHECKED_IN, ENTRIES, FULL_SIZE, QUANTIZED  # noqa: E402
 
 # ----------------------------------------------------------------------------------- building blocks
 
@@ -576,12 +580,18 @@ def export(name: str, entry: dict) -> bytes:
     return model.SerializeToString(deterministic=True) if hasattr(model, "SerializeToString") else b""
 
 
-def main(out_dir: Path = HERE) -> None:
-    for name in (n for n in CHECKED_IN if n not in QUANTIZED):
-        data = export(name, ENTRIES[name])
+def main(out_dir: Path = HERE, full: bool = False) -> None:
+    """Every checked-in entry into `out_dir`; with `full`, the FULL_SIZE models instead."""
+    made = {n: ENTRIES[n] for n in CHECKED_IN if n not in QUANTIZED}
+    if full:
+        made = {n: {**ENTRIES[base], "arch_args": arch_args} for n, (base, arch_args) in FULL_SIZE.items()}
+    for name, entry in made.items():
+        data = export(name, entry)
         (Path(out_dir) / f"{name}.onnx").write_bytes(data)
         print(f"{name}.onnx: {len(data) / 1024:.0f} KiB")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
+    full = "--full" in sys.argv[1:]
+    paths = [a for a in sys.argv[1:] if a != "--full"]
+    main(Path(paths[0]) if paths else HERE, full)

@@ -342,6 +342,23 @@ def test_fetch_without_the_index_says_unreachable(tmp_path, monkeypatch):
         wheels.fetch("magika_v3_3")
 
 
+def test_full_size_models_come_from_the_cache_or_say_what_they_need(tmp_path, monkeypatch):
+    """corpus.full_size_path: a cached export is used as it is; without one and without torch, the error names
+    torch and the command that makes the files."""
+    from corpus import FULL_SIZE, full_size_path
+
+    monkeypatch.setenv("TVM_FUSION_CACHE", str(tmp_path))
+    assert set(FULL_SIZE) == {"mobilenetv2_full_ts13", "resnet_stem_full_ts17"}
+    assert all(base in CHECKED_IN for base, _ in FULL_SIZE.values())
+    (tmp_path / "zoo_full").mkdir()
+    (tmp_path / "zoo_full" / "resnet_stem_full_ts17.onnx").write_bytes(b"cached")
+    assert full_size_path("resnet_stem_full_ts17").read_bytes() == b"cached"
+    if importlib.util.find_spec("torch") is None:
+        with pytest.raises(RuntimeError, match=r"needs torch \(pip install torch==2\.13\.0\).*make_zoo\.py --full "):
+            full_size_path("mobilenetv2_full_ts13")
+        assert [p.name for p in (tmp_path / "zoo_full").iterdir()] == ["resnet_stem_full_ts17.onnx"]
+
+
 def test_without_simplifier_a_failure_is_one_line_naming_the_node():
     with pytest.raises(tf.FusionError) as err:
         tf.import_onnx(model_path("bert_ts14"), shapes("bert_ts14"), simplify=False)
