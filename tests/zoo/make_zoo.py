@@ -76,11 +76,12 @@ class SqueezeExcite(nn.Module):
 class InvertedResidual(nn.Module):
     """MobileNetV3 / EfficientNet MBConv: expand 1x1 -> depthwise kxk -> SE -> project 1x1 (+ residual)."""
 
-    def __init__(self, cin, cexp, cout, k, stride, act, se_act, se_gate):
+    def __init__(self, cin, cexp, cout, k, stride, act, se_act, se_gate, squeeze=None):
         super().__init__()
         self.expand = conv_bn_act(cin, cexp, 1, act=act) if cexp != cin else nn.Identity()
         self.dw = conv_bn_act(cexp, cexp, k, stride, groups=cexp, act=act)
-        self.se = SqueezeExcite(cexp, max(8, cexp // 4), se_act, se_gate) if se_gate else nn.Identity()
+        squeeze = max(8, cexp // 4) if squeeze is None else squeeze
+        self.se = SqueezeExcite(cexp, squeeze, se_act, se_gate) if se_gate else nn.Identity()
         self.project = conv_bn_act(cexp, cout, 1)
         self.residual = stride == 1 and cin == cout
 
@@ -187,6 +188,34 @@ class ResNetStem(nn.Module):
 
     def forward(self, x):
         return self.layer1(self.stem(x))
+
+
+class EfficientNetB0(nn.Module):
+    """EfficientNet-B0 (Tan & Le 2019; torchvision's layout) at width multiplier `width`: conv 3x3/2 (32) -> BN ->
+    SiLU, the sixteen MBConv blocks of the paper's table 1 (expand t, kernel k, channels c, repeats n, stride s;
+    squeeze-excite to a quarter of the block's input channels, SiLU and a sigmoid gate), conv 1x1 (1280) -> BN ->
+    SiLU, global average pool, Linear. Stochastic depth and dropout are training-only."""
+
+    BLOCKS = ((1, 3, 16, 1, 1), (6, 3, 24, 2, 2), (6, 5, 40, 2, 2), (6, 3, 80, 3, 2), (6, 5, 112, 3, 1),
+              (6, 5, 192, 4, 2), (6, 3, 320, 1, 1))
+
+    def __init__(self, width=1.0, classes=10):
+        super().__init__()
+        cin = _divisible(32 * width)
+        layers = [conv_bn_act(3, cin, 3, 2, act=nn.SiLU())]
+        for t, k, c, n, s in self.BLOCKS:
+            cout = _divisible(c * width)
+            for i in range(n):
+                layers.append(InvertedResidual(cin, cin * t, cout, k, s if i == 0 else 1, nn.SiLU(), nn.SiLU(),
+                                               nn.Sigmoid(), squeeze=max(1, cin // 4)))
+                cin = cout
+        last = _divisible(1280 * width)
+        self.features = nn.Sequential(*layers, conv_bn_act(cin, last, 1, act=nn.SiLU()))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(last, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.features(x)), 1))
 
 
 class ConvNeXtBlock(nn.Module):
@@ -502,7 +531,7 @@ class VoiceActivity(nn.Module):
 
 
 MODELS = {"mobilenetv3": MobileNetV3, "efficientnet": EfficientNet, "mobilenetv2": MobileNetV2,
-          "resnet_stem": ResNetStem, "convnext": ConvNeXt, "bert": Bert,
+          "resnet_stem": ResNetStem, "efficientnet_b0": EfficientNetB0, "convnext": ConvNeXt, "bert": Bert,
           "yolo": YoloBlock, "audio1d": Audio1d, "fsmn": Fsmn, "vit_seg": VitSeg, "yolox": YoloxHead,
           "crnn_lstm": lambda: CRNN("lstm"), "crnn_gru": lambda: CRNN("gru"), "vad_lstm": VoiceActivity}
 
@@ -584,7 +613,7 @@ def main(out_dir: Path = HERE, full: bool = False) -> None:
     """Every checked-in entry into `out_dir`; with `full`, the FULL_SIZE models instead."""
     made = {n: ENTRIES[n] for n in CHECKED_IN if n not in QUANTIZED}
     if full:
-        made = {n: {**ENTRIES[base], "arch_args": arch_args} for n, (base, arch_args) in FULL_SIZE.items()}
+        made = {n: {**ENTRIES[base], **spec} for n, (base, spec) in FULL_SIZE.items()}
     for name, entry in made.items():
         data = export(name, entry)
         (Path(out_dir) / f"{name}.onnx").write_bytes(data)

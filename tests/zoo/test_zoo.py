@@ -348,7 +348,7 @@ def test_full_size_models_come_from_the_cache_or_say_what_they_need(tmp_path, mo
     from corpus import FULL_SIZE, full_size_path
 
     monkeypatch.setenv("TVM_FUSION_CACHE", str(tmp_path))
-    assert set(FULL_SIZE) == {"mobilenetv2_full_ts13", "resnet_stem_full_ts17"}
+    assert set(FULL_SIZE) == {"mobilenetv2_full_ts13", "resnet_stem_full_ts17", "efficientnet_b0_full_ts15"}
     assert all(base in CHECKED_IN for base, _ in FULL_SIZE.values())
     (tmp_path / "zoo_full").mkdir()
     (tmp_path / "zoo_full" / "resnet_stem_full_ts17.onnx").write_bytes(b"cached")
