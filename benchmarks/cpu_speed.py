@@ -1,17 +1,21 @@
-"""CPU speed against onnxruntime, model by model: the nine light architectures, the zoo corpus and QDQ int8
-models at realistic sizes (`--models qdq`: qdq_models.py, made on the fly and cached).
+"""CPU speed against onnxruntime, model by model: the nine light architectures, the zoo corpus, its cross-layer
+models at their published widths (`--models full`: corpus.FULL_SIZE, exported on first use by make_zoo.py --full,
+which needs torch, and cached) and QDQ int8 models at realistic sizes (`--models qdq`: qdq_models.py, made on
+the fly and cached).
 
     python benchmarks/cpu_speed.py                                       # this CPU's own target
     python benchmarks/cpu_speed.py --target '{"kind":"llvm","mcpu":"x86-64-v3"}'   # forced AVX2
     TVM_FUSION_CPU='{"kind":"llvm","mcpu":"x86-64-v3"}' python benchmarks/cpu_speed.py   # the same
     python benchmarks/cpu_speed.py --models alexnet,bert_ts14 --threads 1,2 --rounds 9
+    python benchmarks/cpu_speed.py --models mobilenetv2_ts13,resnet_stem_ts17 --threads 1 --modes unfused,tvm,fused
 
 For each model (tvm_fusion.examples with seeded weights, and tests/zoo through the simplifier, on the
 corpus entries' own inputs) the fused build is checked element-wise against onnxruntime (the
 tvm_fusion.check.numerics table), then timed against onnxruntime at each thread count: TVM's pool and
 onnxruntime's intra-op pool both set to that count, `--rounds` interleaved rounds, each one block of
 fused runs then one block of onnxruntime runs (blocks of about `--block-ms`), and the medians of the
-per-block means compared. onnxruntime's worker threads are told not to spin (they would otherwise steal
+per-block means compared (`--modes unfused,tvm,fused`: the unfused and TVM-default builds too, each checked
+against onnxruntime and timed in the same rounds, with their kernel calls). onnxruntime's worker threads are told not to spin (they would otherwise steal
 the cores from TVM's next block). `--busy N` times a shared host: N other processes spin on the cores while
 the blocks run (`TVM_THREAD_POOL_SPIN_COUNT=0` in the environment makes TVM's idle workers sleep). Prints one markdown table per thread count with the geometric mean of
 fused / onnxruntime; exits 1 if a fused build is out of tolerance. A QDQ model out of tolerance against
@@ -39,7 +43,7 @@ sys.path.insert(0, str(ROOT / "tests" / "zoo"))
 
 from tvm_fusion._tvm import relax, tvm  # noqa: E402
 from tvm_fusion.build.builder import build, resolve_target  # noqa: E402
-from tvm_fusion.check.compare import as_arrays  # noqa: E402
+from tvm_fusion.check.compare import as_arrays, check_modes  # noqa: E402
 from tvm_fusion.check.numerics import error_stats  # noqa: E402
 
 
@@ -69,17 +73,28 @@ def _qdq(name: str):
     return frontend.import_onnx(proto), proto, inputs(proto)
 
 
-LOADERS = {"light": _light, "zoo": _zoo, "qdq": _qdq}
+def _full(name: str):
+    """A corpus model at its published width (corpus.FULL_SIZE), on its checked-in entry's inputs."""
+    from corpus import FULL_SIZE, full_size_path, make_inputs, shapes
+
+    import tvm_fusion as tf
+
+    base, path = FULL_SIZE[name][0], full_size_path(name)
+    return tf.import_onnx(path, shapes(base)), onnx.load(str(path)), make_inputs(base)
+
+
+LOADERS = {"light": _light, "zoo": _zoo, "qdq": _qdq, "full": _full}
 
 
 def model_names() -> dict[str, str]:
-    """model name -> 'light', 'zoo' or 'qdq', in table order."""
-    from corpus import ENTRIES
+    """model name -> 'light', 'zoo', 'full' or 'qdq', in table order."""
+    from corpus import ENTRIES, FULL_SIZE
     from qdq_models import QDQ_MODELS
 
     from tvm_fusion.examples import EXAMPLES
 
-    return {**{n: "light" for n in EXAMPLES}, **{n: "zoo" for n in ENTRIES}, **{n: "qdq" for n in QDQ_MODELS}}
+    return {**{n: "light" for n in EXAMPLES}, **{n: "zoo" for n in ENTRIES}, **{n: "full" for n in FULL_SIZE},
+            **{n: "qdq" for n in QDQ_MODELS}}
 
 
 def _within_reference_noise(proto, feeds, out, stats) -> str | None:
@@ -162,31 +177,44 @@ def busy_processes(count: int):
             p.wait()
 
 
+def _builds(mod, target, modes, args, ref, dev) -> tuple[dict, dict, list, list]:
+    """{mode: VM main} and {mode: kernel calls} of `mod` built in each of `modes`, the fused build's outputs,
+    and (mode, error stats) of every build's outputs against `ref` (onnxruntime)."""
+    mains, calls, outs, stats = {}, {}, {}, []
+    for mode in modes:
+        built = build(mod, target, mode)
+        mains[mode] = relax.VirtualMachine(built.executable, dev)["main"]
+        calls[mode], outs[mode] = built.kernel_calls, as_arrays(mains[mode](*args))
+        stats += [(mode, error_stats(a, r)) for a, r in zip(outs[mode], ref)]
+    return mains, calls, outs["fused"], stats
+
+
 def measure(name: str, kind: str, target, threads: list[int], rounds: int, block_ms: float,
-            busy: int = 0) -> dict:
+            busy: int = 0, modes=("fused",)) -> dict:
+    """The model's row: its builds in `modes` (fused among them) checked against onnxruntime, then timed with
+    it at each thread count in the same interleaved rounds. row[clock][threads] is (fused ms, onnxruntime
+    ms); row["ms"][clock][threads] has every mode's ms and "ort"."""
     mod, proto, feeds = LOADERS[kind](name)
-    built = build(mod, target, "fused")
     dev = tvm.cpu()
-    vm = relax.VirtualMachine(built.executable, dev)
     order = [i.name for i in proto.graph.input if i.name in feeds]
     args = [tvm.runtime.tensor(feeds[k], dev) for k in order]
-    main = vm["main"]
-    out = as_arrays(main(*args))
-    sess = ort_session(proto, max(threads))
-    ref = sess.run(None, feeds)
-    stats = [error_stats(a, r) for a, r in zip(out, ref)]
-    row = {"model": name, "kind": kind, "ok": all(s.ok for s in stats),
-           "error": "; ".join(s.describe() for s in stats if not s.ok), **{c: {} for c in CLOCKS}}
+    ref = ort_session(proto, max(threads)).run(None, feeds)
+    mains, calls, out, stats = _builds(mod, target, modes, args, ref, dev)
+    named = lambda mode, s: s.describe() if mode == "fused" else f"{mode}: {s.describe()}"  # noqa: E731
+    row = {"model": name, "kind": kind, "ok": all(s.ok for _, s in stats), "calls": calls,
+           "error": "; ".join(named(m, s) for m, s in stats if not s.ok), "ms": {c: {} for c in CLOCKS},
+           **{c: {} for c in CLOCKS}}
     note = None if row["ok"] else _within_reference_noise(proto, feeds, out, row["error"])
     if note:
         row.update(ok=True, error="", note=note)
     for n in threads:
         set_tvm_threads(n)
         sess = ort_session(proto, n)
+        runs = {**{m: (lambda f=f: f(*args)) for m, f in mains.items()}, "ort": lambda: sess.run(None, feeds)}
         with busy_processes(busy):
-            ms = interleaved_ms(lambda: main(*args), lambda: sess.run(None, feeds), rounds, block_ms)
+            ms = interleaved(runs, rounds, block_ms)
         for c in CLOCKS:
-            row[c][n] = ms[c]
+            row[c][n], row["ms"][c][n] = (ms[c]["fused"], ms[c]["ort"]), ms[c]
     return row
 
 
@@ -209,34 +237,58 @@ def table(rows: list[dict], threads: int, clock: str = "wall") -> str:
     return "\n".join(lines)
 
 
+def modes_table(rows: list[dict], threads: int, modes, clock: str = "wall") -> str:
+    """One row per model: kernel calls and ms of each build in `modes`, onnxruntime's ms, each other mode's
+    time over the fused build's, and fused over onnxruntime."""
+    others = [m for m in modes if m != "fused"]
+    head = (["model", f"kernel calls {' / '.join(modes)}", *(f"{m} ms" for m in modes), "onnxruntime ms",
+             *(f"{m} / fused" for m in others), "fused / ort"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ms = r["ms"][clock][threads]
+        flag = " (OUT OF TOLERANCE)" if not r["ok"] else ""
+        cells = [f"{r['model']}{flag}", " / ".join(str(r["calls"][m]) for m in modes),
+                 *(f"{ms[m]:.3g}" for m in modes), f"{ms['ort']:.3g}",
+                 *(f"{ms[m] / ms['fused']:.1f}x" for m in others), f"{ms['fused'] / ms['ort']:.2f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     names = model_names()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="llvm",
                     help="'llvm' (this CPU, or TVM_FUSION_CPU) or a JSON llvm target, e.g. "
                          "'{\"kind\":\"llvm\",\"mcpu\":\"x86-64-v3\"}' for AVX2")
-    ap.add_argument("--models", default="all", help=f"comma separated, or 'all', 'light', 'zoo', 'qdq'; of: {', '.join(names)}")
+    ap.add_argument("--models", default="all",
+                    help=f"comma separated, or 'all' (but full), 'light', 'zoo', 'full', 'qdq'; of: {', '.join(names)}")
     ap.add_argument("--threads", default="1,2", help="thread counts to time at, comma separated")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (a block of each runtime per round)")
     ap.add_argument("--block-ms", type=float, default=150.0, help="about how long one block of runs takes")
     ap.add_argument("--clock", choices=(*CLOCKS, "both"), default="wall",
                     help="wall: elapsed time; cpu: this process's CPU time (time.process_time: robust to other "
                          "processes taking the cores, at 1 thread); both: one table of each, from the same blocks")
+    ap.add_argument("--modes", default="fused",
+                    help="builds to time, comma separated, fused among them: fused (default), unfused (one kernel "
+                         "per op), tvm (TVM's own FuseOps); more than fused prints one column of each")
     ap.add_argument("--busy", type=int, default=0,
                     help="other processes spinning on the cores while timing (a shared host)")
     args = ap.parse_args(argv)
-    groups = {"all": list(names), "light": [n for n, k in names.items() if k == "light"],
-              "zoo": [n for n, k in names.items() if k == "zoo"], "qdq": [n for n, k in names.items() if k == "qdq"]}
+    groups = {"all": [n for n, k in names.items() if k != "full"],  # the full-size exports need torch
+              **{kind: [n for n, k in names.items() if k == kind] for kind in ("light", "zoo", "full", "qdq")}}
     models = groups.get(args.models) or [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in names]
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(names)}")
     threads = [int(t) for t in args.threads.split(",") if t]
+    modes = check_modes(args.modes)
+    if "fused" not in modes:
+        ap.error(f"--modes {args.modes}: include fused (the ratios are to the fused build)")
     target = resolve_target(args.target)
     rows = []
     for name in models:
         t0 = time.perf_counter()
-        row = measure(name, names[name], target, threads, args.rounds, args.block_ms, args.busy)
+        row = measure(name, names[name], target, threads, args.rounds, args.block_ms, args.busy, modes)
         rows.append(row)
         speeds = ", ".join(f"{n}t {c} {f:.1f}/{o:.1f} ms" for c in CLOCKS for n, (f, o) in row[c].items())
         print(f"{name}: {speeds}{'' if row['ok'] else ' FAIL ' + row['error']}{' (' + row['note'] + ')' if row.get('note') else ''} "
@@ -249,7 +301,7 @@ def main(argv=None) -> int:
     for clock in (CLOCKS if args.clock == "both" else (args.clock,)):
         for n in threads:
             print(f"\n### {n} thread{'s' if n > 1 else ''} (TVM pool and onnxruntime intra-op), {clock} time\n")
-            print(table(rows, n, clock))
+            print(table(rows, n, clock) if modes == ["fused"] else modes_table(rows, n, modes, clock))
     failures = [f"{r['model']}: {r['error']}" for r in rows if not r["ok"]]
     for f in failures:
         print("FAIL:", f)

@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_speed import _block, _light, _zoo, model_names, ort_session, set_tvm_threads
+from cpu_speed import LOADERS, _block, model_names, ort_session, set_tvm_threads
 
 from tvm_fusion._tvm import relax, tirx, tvm
 from tvm_fusion.build.builder import build, resolve_target
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     target = resolve_target(args.target)
     if target.kind.name != "llvm":
         ap.error(f"--target must be an llvm (CPU) target, got {target.kind.name}")
-    mod, proto, feeds = (_light if kinds[args.model] == "light" else _zoo)(args.model)
+    mod, proto, feeds = LOADERS[kinds[args.model]](args.model)
     nodes = ort_nodes(proto, feeds, args.threads, args.ort_runs) if args.ort else []
     by_shape = defaultdict(list)  # (first input, output) and output shape -> nodes
     for n in nodes:

@@ -30,6 +30,32 @@ def test_one_model_prints_a_row_and_the_geometric_mean(capsys):
         assert f"**{ratio}**" in table  # one model: the geometric mean is its ratio
 
 
+def test_modes_time_every_build_in_one_table(capsys):
+    """`--modes unfused,fused`: both builds checked and timed with onnxruntime; their kernel calls, each one's ms
+    and the ratios unfused / fused and fused / onnxruntime in one row."""
+    rc = cpu_speed.main(["--models", "resnet_stem_ts17", "--threads", "1", "--rounds", "1", "--block-ms", "5",
+                         "--modes", "unfused,fused"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert ("| model | kernel calls unfused / fused | unfused ms | fused ms | onnxruntime ms | unfused / fused | "
+            "fused / ort |") in out
+    row = next(line for line in out.splitlines() if line.startswith("| resnet_stem_ts17 |"))
+    calls, unfused, fused, ort, slower, ratio = (c.strip() for c in row.strip("|").split("|")[1:])
+    unfused_calls, fused_calls = (int(c) for c in calls.split(" / "))
+    # one kernel per op (11 convs and their bias adds, 10 ReLUs, 3 residual adds, the max pool); the fused count
+    # is tests/zoo's to pin (cross-layer rules change it)
+    assert unfused_calls == 36 and fused_calls < 20
+    assert float(slower.rstrip("x")) == pytest.approx(float(unfused) / float(fused), rel=0.05, abs=0.05)
+    assert float(ratio.rstrip("x")) == pytest.approx(float(fused) / float(ort), rel=0.02, abs=0.01)
+
+
+def test_modes_without_fused_are_refused(capsys):
+    with pytest.raises(SystemExit) as err:
+        cpu_speed.main(["--models", "resnet_stem_ts17", "--modes", "unfused,tvm"])
+    assert err.value.code == 2
+    assert "--modes unfused,tvm: include fused" in capsys.readouterr().err
+
+
 def test_busy_processes_spin_while_the_block_runs_and_are_gone_after():
     with cpu_speed.busy_processes(2) as procs:
         assert len(procs) == 2 and all(p.poll() is None for p in procs)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CHECKED_IN", "ENTRIES", "QUANTIZED", "WHEEL_ENTRIES", "ZOO_DIR", "make_inputs", "model_path"]
+__all__ = ["CHECKED_IN", "ENTRIES", "FULL_SIZE", "QUANTIZED", "WHEEL_ENTRIES", "ZOO_DIR", "full_size_path", "make_inputs",
+           "model_path"]
 
 ZOO_DIR = Path(__file__).resolve().parent
 
@@ -30,6 +31,10 @@ _YOLO = {"images": {"kind": "normal", "shape": [1, 3, 32, 32]}}
 _AUDIO = {"audio": {"kind": "normal", "shape": [1, 1, 4000]}}
 _FEATS = {"feats": {"kind": "normal", "shape": [1, 100, 80]}}
 _YOLOX = {"images": {"kind": "normal", "shape": [1, 3, 64, 64]}}
+_IMAGE224 = {"pixels": {"kind": "normal", "shape": [1, 3, 224, 224]}}
+#: reduced widths (the files stay small; the blocks, kernels, strides and depth are the published ones)
+_MOBILENETV2 = {"arch_args": {"width": 0.25}}
+_RESNET_STEM = {"arch_args": {"width": 32}}
 _TOKENS = {"input_ids": {"kind": "ids", "shape": [1, 16], "low": 0, "high": 100},
            "attention_mask": {"kind": "mask", "shape": [1, 16]}}
 
@@ -90,6 +95,13 @@ ENTRIES = {
     "mobilenetv3_ts13": _entry("mobilenetv3", "torchscript", 13, _IMAGE, ["logits"]),
     "mobilenetv3_dynamo18": _entry("mobilenetv3", "dynamo", 18, _IMAGE, ["logits"]),
     "efficientnet_ts15": _entry("efficientnet", "torchscript", 15, _IMAGE, ["logits"]),
+    "efficientnet_dynamo18": _entry("efficientnet", "dynamo", 18, _IMAGE, ["logits"]),
+    # ImageNet-sized inputs for the cross-layer pairs: MobileNetV2's depthwise -> pointwise blocks and the ResNet
+    # stem's 112x112 conv output read back by its max pool
+    "mobilenetv2_ts13": _entry("mobilenetv2", "torchscript", 13, _IMAGE224, ["logits"], **_MOBILENETV2),
+    "mobilenetv2_dynamo18": _entry("mobilenetv2", "dynamo", 18, _IMAGE224, ["logits"], **_MOBILENETV2),
+    "resnet_stem_ts17": _entry("resnet_stem", "torchscript", 17, _IMAGE224, ["features"], **_RESNET_STEM),
+    "resnet_stem_dynamo18": _entry("resnet_stem", "dynamo", 18, _IMAGE224, ["features"], **_RESNET_STEM),
     "convnext_ts17": _entry("convnext", "torchscript", 17, _IMAGE, ["logits"]),
     "convnext_dynamo18": _entry("convnext", "dynamo", 18, _IMAGE, ["logits"]),
     "bert_ts14": _entry("bert", "torchscript", 14, _TOKENS, ["last_hidden_state", "pooled"]),
@@ -151,6 +163,13 @@ ENTRIES = {
                           "sr": {"kind": "value", "shape": [], "value": 16000, "dtype": "int64"}},
                          ["output", "stateN"], wheel=True),
 }
+#: the cross-layer models at their published widths, for benchmarks (not checked in: MobileNetV2 1.0 is 9 MB):
+#: name -> (the checked-in entry whose inputs and exporter they take, what they change in it); `make_zoo.py
+#: --full DIR` writes them
+FULL_SIZE = {"mobilenetv2_full_ts13": ("mobilenetv2_ts13", {"arch_args": {"width": 1.0}}),
+             "resnet_stem_full_ts17": ("resnet_stem_ts17", {"arch_args": {"width": 64}}),
+             "efficientnet_b0_full_ts15": ("mobilenetv2_ts13", {"arch": "efficientnet_b0", "opset": 15,
+                                                               "arch_args": {"width": 1.0}})}
 WHEEL_ENTRIES = tuple(n for n, e in ENTRIES.items() if e.get("wheel"))
 CHECKED_IN = tuple(n for n in ENTRIES if n not in WHEEL_ENTRIES)
 QUANTIZED = tuple(n for n, e in ENTRIES.items() if e.get("quantized"))  # made by make_qdq.py, not make_zoo.py
@@ -163,6 +182,29 @@ def model_path(name: str) -> Path:
 
         return fetch(name)
     return ZOO_DIR / f"{name}.onnx"
+
+
+def full_size_path(name: str) -> Path:
+    """A FULL_SIZE model, exported on first use by `make_zoo.py --full` (torch needed then) and cached under
+    ~/.cache/tvm_fusion/zoo_full (TVM_FUSION_CACHE moves it)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    folder = Path(os.environ.get("TVM_FUSION_CACHE", Path.home() / ".cache" / "tvm_fusion")) / "zoo_full"
+    if not (folder / f"{name}.onnx").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            done = subprocess.run([sys.executable, str(ZOO_DIR / "make_zoo.py"), "--full", tmp], capture_output=True,
+                                  text=True)
+            if done.returncode:
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise RuntimeError(f"make_zoo.py --full failed ({last}); it needs torch (pip install torch==2.13.0), "
+                                   f"or run it with a Python that has torch: make_zoo.py --full {folder}")
+            for made in Path(tmp).glob("*.onnx"):
+                made.replace(folder / made.name)
+    return folder / f"{name}.onnx"
 
 
 def _file_bytes(spec) -> np.ndarray:

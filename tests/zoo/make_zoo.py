@@ -2,11 +2,15 @@
 
 Small architectures written in plain torch.nn (torchvision does not import beside the CPU torch wheel),
 seeded weights at realistic scales (torch's default init; BatchNorm statistics and BatchNorm / LayerNorm
-affine parameters random, so folding them is not a no-op), batch 1 and small spatial sizes. Each is exported by
+affine parameters random, so folding them is not a no-op), batch 1 and small spatial sizes (224x224 for
+MobileNetV2 and the ResNet stem: their cross-layer pairs want ImageNet-sized maps). Each is exported by
 `torch.onnx.export` as users do: the TorchScript exporter (`dynamo=False`) with a dynamic batch axis
 (so the graph keeps the exporter's Shape/Gather/Concat arithmetic), and for some the dynamo exporter.
 One entry re-encodes its weights as `Constant` nodes and routes a shape through `Identity`, as
 paddle2onnx and tf2onnx write them.
+
+`python tests/zoo/make_zoo.py --full DIR` writes the cross-layer models at their published widths instead
+(`corpus.FULL_SIZE`, for benchmarks/cpu_speed.py; not checked in).
 
 Writes `<name>.onnx` for every checked-in entry of the corpus (`corpus.CHECKED_IN`; the wheels' pretrained
 models are fetched, not made; the quantized ones, `corpus.QUANTIZED`, are made from these by make_qdq.py); the files are checked in (see test_zoo.py's
@@ -27,7 +31,7 @@ from torch import nn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import CHECKED_IN, ENTRIES, QUANTIZED  # noqa: E402
+from corpus import CHECKED_IN, ENTRIES, FULL_SIZE, QUANTIZED  # noqa: E402
 
 # ----------------------------------------------------------------------------------- building blocks
 
@@ -72,11 +76,12 @@ class SqueezeExcite(nn.Module):
 class InvertedResidual(nn.Module):
     """MobileNetV3 / EfficientNet MBConv: expand 1x1 -> depthwise kxk -> SE -> project 1x1 (+ residual)."""
 
-    def __init__(self, cin, cexp, cout, k, stride, act, se_act, se_gate):
+    def __init__(self, cin, cexp, cout, k, stride, act, se_act, se_gate, squeeze=None):
         super().__init__()
         self.expand = conv_bn_act(cin, cexp, 1, act=act) if cexp != cin else nn.Identity()
         self.dw = conv_bn_act(cexp, cexp, k, stride, groups=cexp, act=act)
-        self.se = SqueezeExcite(cexp, max(8, cexp // 4), se_act, se_gate) if se_gate else nn.Identity()
+        squeeze = max(8, cexp // 4) if squeeze is None else squeeze
+        self.se = SqueezeExcite(cexp, squeeze, se_act, se_gate) if se_gate else nn.Identity()
         self.project = conv_bn_act(cexp, cout, 1)
         self.residual = stride == 1 and cin == cout
 
@@ -121,6 +126,96 @@ class EfficientNet(nn.Module):
 
     def forward(self, x):
         return self.fc(torch.flatten(self.pool(self.head(self.blocks(self.stem(x)))), 1))
+
+
+def _divisible(v: float, d: int = 8) -> int:
+    """torchvision's _make_divisible: `v` rounded to a multiple of `d`, never more than 10% below `v`."""
+    n = max(d, int(v + d / 2) // d * d)
+    return n + d if n < 0.9 * v else n
+
+
+class MobileNetV2(nn.Module):
+    """MobileNetV2 (Sandler et al. 2018; torchvision's layout) at width multiplier `width`: conv 3x3/2 -> BN ->
+    ReLU6, the seventeen inverted-residual blocks of the paper's table 2 (t, c, n, s; expand 1x1 -> BN -> ReLU6 ->
+    depthwise 3x3 -> BN -> ReLU6 -> project 1x1 -> BN, the residual where stride 1 and widths match), conv 1x1 ->
+    BN -> ReLU6, global average pool, Linear. Unlike torchvision the last conv's 1280 channels scale with
+    `width` too (the file stays small)."""
+
+    BLOCKS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+
+    def __init__(self, width=1.0, classes=10):
+        super().__init__()
+        relu6 = nn.ReLU6()
+        cin = _divisible(32 * width)
+        layers = [conv_bn_act(3, cin, 3, 2, act=relu6)]
+        for t, c, n, s in self.BLOCKS:
+            cout = _divisible(c * width)
+            for i in range(n):
+                layers.append(InvertedResidual(cin, cin * t, cout, 3, s if i == 0 else 1, relu6, None, None))
+                cin = cout
+        last = _divisible(1280 * width)
+        self.features = nn.Sequential(*layers, conv_bn_act(cin, last, 1, act=relu6))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(last, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.features(x)), 1))
+
+
+class Bottleneck(nn.Module):
+    """ResNet v1.5 bottleneck: 1x1 -> BN -> ReLU -> 3x3 (the stride) -> BN -> ReLU -> 1x1 (4x wide) -> BN,
+    + the input (through a 1x1 conv -> BN where the shape changes) -> ReLU."""
+
+    def __init__(self, cin, width, stride=1):
+        super().__init__()
+        cout = 4 * width
+        self.body = nn.Sequential(conv_bn_act(cin, width, 1, act=nn.ReLU()),
+                                  conv_bn_act(width, width, 3, stride, act=nn.ReLU()), conv_bn_act(width, cout, 1))
+        self.down = conv_bn_act(cin, cout, 1, stride) if stride != 1 or cin != cout else nn.Identity()
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.down(x))
+
+
+class ResNetStem(nn.Module):
+    """A ResNet-50 stem and its first stage: conv 7x7/2 (64) -> BN -> ReLU -> MaxPool 3x3/2 pad 1, then three
+    bottlenecks of `width` (ResNet-50's is 64; 4x `width` out)."""
+
+    def __init__(self, width=64):
+        super().__init__()
+        self.stem = nn.Sequential(conv_bn_act(3, 64, 7, 2, act=nn.ReLU()), nn.MaxPool2d(3, 2, 1))
+        self.layer1 = nn.Sequential(Bottleneck(64, width), Bottleneck(4 * width, width), Bottleneck(4 * width, width))
+
+    def forward(self, x):
+        return self.layer1(self.stem(x))
+
+
+class EfficientNetB0(nn.Module):
+    """EfficientNet-B0 (Tan & Le 2019; torchvision's layout) at width multiplier `width`: conv 3x3/2 (32) -> BN ->
+    SiLU, the sixteen MBConv blocks of the paper's table 1 (expand t, kernel k, channels c, repeats n, stride s;
+    squeeze-excite to a quarter of the block's input channels, SiLU and a sigmoid gate), conv 1x1 (1280) -> BN ->
+    SiLU, global average pool, Linear. Stochastic depth and dropout are training-only."""
+
+    BLOCKS = ((1, 3, 16, 1, 1), (6, 3, 24, 2, 2), (6, 5, 40, 2, 2), (6, 3, 80, 3, 2), (6, 5, 112, 3, 1),
+              (6, 5, 192, 4, 2), (6, 3, 320, 1, 1))
+
+    def __init__(self, width=1.0, classes=10):
+        super().__init__()
+        cin = _divisible(32 * width)
+        layers = [conv_bn_act(3, cin, 3, 2, act=nn.SiLU())]
+        for t, k, c, n, s in self.BLOCKS:
+            cout = _divisible(c * width)
+            for i in range(n):
+                layers.append(InvertedResidual(cin, cin * t, cout, k, s if i == 0 else 1, nn.SiLU(), nn.SiLU(),
+                                               nn.Sigmoid(), squeeze=max(1, cin // 4)))
+                cin = cout
+        last = _divisible(1280 * width)
+        self.features = nn.Sequential(*layers, conv_bn_act(cin, last, 1, act=nn.SiLU()))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(last, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.features(x)), 1))
 
 
 class ConvNeXtBlock(nn.Module):
@@ -435,7 +530,8 @@ class VoiceActivity(nn.Module):
         return torch.sigmoid(self.fc(y)).squeeze(-1)  # [N, T]
 
 
-MODELS = {"mobilenetv3": MobileNetV3, "efficientnet": EfficientNet, "convnext": ConvNeXt, "bert": Bert,
+MODELS = {"mobilenetv3": MobileNetV3, "efficientnet": EfficientNet, "mobilenetv2": MobileNetV2,
+          "resnet_stem": ResNetStem, "efficientnet_b0": EfficientNetB0, "convnext": ConvNeXt, "bert": Bert,
           "yolo": YoloBlock, "audio1d": Audio1d, "fsmn": Fsmn, "vit_seg": VitSeg, "yolox": YoloxHead,
           "crnn_lstm": lambda: CRNN("lstm"), "crnn_gru": lambda: CRNN("gru"), "vad_lstm": VoiceActivity}
 
@@ -488,7 +584,7 @@ def _strip_provenance(model: onnx.ModelProto) -> None:
 
 def export(name: str, entry: dict) -> bytes:
     torch.manual_seed(entry["seed"])
-    module = _randomize_norms(MODELS[entry["arch"]]()).eval()
+    module = _randomize_norms(MODELS[entry["arch"]](**entry.get("arch_args", {}))).eval()
     args = _example_inputs(entry)
     names = list(entry["inputs"])
     outputs = entry["outputs"]
@@ -513,12 +609,18 @@ def export(name: str, entry: dict) -> bytes:
     return model.SerializeToString(deterministic=True) if hasattr(model, "SerializeToString") else b""
 
 
-def main(out_dir: Path = HERE) -> None:
-    for name in (n for n in CHECKED_IN if n not in QUANTIZED):
-        data = export(name, ENTRIES[name])
+def main(out_dir: Path = HERE, full: bool = False) -> None:
+    """Every checked-in entry into `out_dir`; with `full`, the FULL_SIZE models instead."""
+    made = {n: ENTRIES[n] for n in CHECKED_IN if n not in QUANTIZED}
+    if full:
+        made = {n: {**ENTRIES[base], **spec} for n, (base, spec) in FULL_SIZE.items()}
+    for name, entry in made.items():
+        data = export(name, entry)
         (Path(out_dir) / f"{name}.onnx").write_bytes(data)
         print(f"{name}.onnx: {len(data) / 1024:.0f} KiB")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
+    full = "--full" in sys.argv[1:]
+    paths = [a for a in sys.argv[1:] if a != "--full"]
+    main(Path(paths[0]) if paths else HERE, full)

@@ -37,6 +37,14 @@ EXPECTED_COUNTS = {
                              "conv2d_bias": 3},
     "efficientnet_ts15": {"squeeze_excite_silu_sigmoid": 4, "conv2d_bias_silu": 9, "conv2d_add": 2, "dense_bias": 1,
                           "conv2d_bias": 2},
+    "efficientnet_dynamo18": {"squeeze_excite_silu_sigmoid": 4, "conv2d_bias_silu": 9, "conv2d_add": 2,
+                              "dense_bias": 1, "conv2d_bias": 2},
+    # MobileNetV2 (width 0.25) and a ResNet stem + first stage at 224x224, recorded 2026-12-04: the exporters fold
+    # BN into the convs; ReLU6 is Clip(0, 6); the stem's MaxPool is a kernel of its own
+    "mobilenetv2_ts13": {"conv2d_bias_relu6": 35, "conv2d_add": 11, "dense_bias": 1, "conv2d_bias": 6},
+    "mobilenetv2_dynamo18": {"conv2d_bias_relu6": 35, "conv2d_add": 11, "dense_bias": 1, "conv2d_bias": 6},
+    "resnet_stem_ts17": {"conv2d_add_relu": 3, "conv2d_bias_relu": 7, "conv2d_bias": 1},
+    "resnet_stem_dynamo18": {"conv2d_add_relu": 3, "conv2d_bias_relu": 7, "conv2d_bias": 1},
     "convnext_ts17": {"dense_bias_gelu_erf": 2, "dense_scale": 2, "dense_bias": 1, "layer_norm": 4,
                       "conv2d_bias": 3},
     "convnext_dynamo18": {"dense_scale": 2, "dense_bias_gelu_erf": 2, "dense_bias": 1, "layer_norm": 4,
@@ -108,9 +116,10 @@ CUDA_DEFAULT = ("convnext_ts17",)
 WHEEL_DEFAULT = ("magika_v3_3", "silero_vad")
 #: checked-in exports whose builds run only with -m slow: the unrolled recurrent models take 15-45 s each to
 #: import and build on 2 cores (Silero VAD's LSTM of one step stands for them in the default run), the QDQ
-#: models 15-20 s (patterns/qdq_test.py covers the QDQ rules by default)
+#: models 15-20 s (patterns/qdq_test.py covers the QDQ rules by default), MobileNetV2's dynamo export 15 s (its
+#: TorchScript export, the same kernels, runs by default)
 SLOW_CHECKED_IN = ("crnn_lstm_ts14", "crnn_lstm_dynamo18", "crnn_gru_ts17", "crnn_gru_dynamo18", "vad_lstm_ts17",
-                   "vad_lstm_dynamo18", "bert_qdq", "mobilenetv3_qdq_pc")
+                   "vad_lstm_dynamo18", "bert_qdq", "mobilenetv3_qdq_pc", "mobilenetv2_dynamo18")
 
 
 def zoo_path(name: str):
@@ -209,6 +218,27 @@ def test_simplifier_ran_and_kept_names(name):
     # labelled `name (node 57)`: still the user's name
     named = {re.sub(r" \(node [^)]*\)'*$", "", n) for n in onnx_node_names(imported(name)).values()}
     assert named and named <= original, sorted(named - original)[:5]  # every group names the user's nodes
+
+
+#: TorchScript exports (a `batch` input axis) built with the batch symbolic, N <= 4, by default
+SYMBOLIC_BATCH = ("resnet_stem_ts17", "mobilenetv2_ts13")
+
+
+@pytest.mark.parametrize("name", SYMBOLIC_BATCH)
+def test_symbolic_batch_matches_onnxruntime(name):
+    """One library for batches up to 4 (`--shape pixels=N<=4x3x224x224`): the static build's rule counts, every
+    kernel scheduled, and batch 2 against onnxruntime element by element."""
+    from tvm_fusion.frontend.importer import SymDim
+
+    (input_name, shape), = shapes(name).items()
+    built = tf.build(tf.import_onnx(zoo_path(name), {input_name: (SymDim("N", 4), *shape[1:])}), "llvm", "fused")
+    assert {k: v for k, v in built.counts.items() if v} == EXPECTED_COUNTS[name]
+    assert not built.unscheduled, [str(u) for u in built.unscheduled]
+    x = np.concatenate([make_inputs(name, seed)[input_name] for seed in (0, 1)])
+    sess, _ = run_onnxruntime(onnx.load(str(zoo_path(name))), {input_name: x}, optimize=False)
+    vm = relax.VirtualMachine(built.executable, tvm.cpu())
+    (out,) = as_arrays(vm["main"](tvm.runtime.tensor(x)))
+    assert_elementwise_close(out, sess.run(None, {input_name: x})[0], f"{name} at batch 2")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in CUDA_DEFAULT else pytest.mark.slow)
@@ -310,6 +340,23 @@ def test_fetch_without_the_index_says_unreachable(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # the discard port: connection refused
     with pytest.raises(RegistryUnreachable, match=r"pip download magika==1\.0\.3 failed"):
         wheels.fetch("magika_v3_3")
+
+
+def test_full_size_models_come_from_the_cache_or_say_what_they_need(tmp_path, monkeypatch):
+    """corpus.full_size_path: a cached export is used as it is; without one and without torch, the error names
+    torch and the command that makes the files."""
+    from corpus import FULL_SIZE, full_size_path
+
+    monkeypatch.setenv("TVM_FUSION_CACHE", str(tmp_path))
+    assert set(FULL_SIZE) == {"mobilenetv2_full_ts13", "resnet_stem_full_ts17", "efficientnet_b0_full_ts15"}
+    assert all(base in CHECKED_IN for base, _ in FULL_SIZE.values())
+    (tmp_path / "zoo_full").mkdir()
+    (tmp_path / "zoo_full" / "resnet_stem_full_ts17.onnx").write_bytes(b"cached")
+    assert full_size_path("resnet_stem_full_ts17").read_bytes() == b"cached"
+    if importlib.util.find_spec("torch") is None:
+        with pytest.raises(RuntimeError, match=r"needs torch \(pip install torch==2\.13\.0\).*make_zoo\.py --full "):
+            full_size_path("mobilenetv2_full_ts13")
+        assert [p.name for p in (tmp_path / "zoo_full").iterdir()] == ["resnet_stem_full_ts17.onnx"]
 
 
 def test_without_simplifier_a_failure_is_one_line_naming_the_node():
