@@ -28,6 +28,8 @@ TIERS = {
     "attention": 600,
     "squeeze_excite_<act>_hardsigmoid": 520,  # above every conv rule, which would take its two 1x1 convs
     "squeeze_excite_<act>_sigmoid": 510,
+    "depthwise_<act>_pointwise": 462,  # + 0-31 (patterns/depthwise_pointwise.py): above the conv rules, each
+    # of which would take one of its two convs
     "conv2d_bn_<act>_add": 450,
     "conv2d_bn_add_<act>": 400,
     "conv2d_<act>_add": 350,
