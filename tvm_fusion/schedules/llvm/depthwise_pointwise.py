@@ -29,6 +29,9 @@ MAX_PIXEL_VECTORS = 8  # the accumulator row of one output channel: at most this
 # the depthwise tile (all channels x R rows) kept for the 1x1 conv: inside a core's L2 beside Wp
 TILE_BYTES = 128 * 1024
 RESERVED_REGISTERS = 2  # the depthwise vector and a broadcast weight
+#: (predicate of (plan, sizes), the measurement): shapes where the fused kernel measured slower than the two
+#: conv kernels it replaces; `supports` declines them with the measurement as its reason
+LOSES: list = []
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,14 @@ def _plan_of(attrs, shapes, target) -> DwPwPlan | str:
 
 def _supports(attrs, shapes, target) -> str | None:
     plan = _plan_of(attrs, shapes, target)
-    return f"the fused depthwise -> pointwise CPU kernel has {plan}" if isinstance(plan, str) else None
+    if isinstance(plan, str):
+        return f"the fused depthwise -> pointwise CPU kernel has {plan}"
+    ops = DwPwOperands.of(shapes)
+    sizes = dict(d=int(ops.wd[0]), o=int(ops.wp[0]), stride=max(attrs["strides"]))
+    for loses, measured in LOSES:
+        if loses(plan, sizes):
+            return measured
+    return None
 
 
 @register_schedule(DWPW_FAMILY, target="llvm", supports=_supports)
