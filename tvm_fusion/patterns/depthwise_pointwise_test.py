@@ -60,3 +60,8 @@ def test_inverted_residual_projection_takes_the_add(rules):
     e = apply_activation_onnx(g, g.bn(g.conv(x, 16, 48, k=1, pads=[0] * 4), 48), "Clip")
     y = dwpw_block(g, e, 48, 16, residual=x)
     check_fused(g.model([y]), rules, expect={"conv2d_bn_relu6": 1, "depthwise_bn_relu6_pointwise_bn_add": 1})
+
+
+@pytest.mark.parametrize("kw,rule", [CASES[0], CASES[3]], ids=["bn_relu6", "silu_5x5_s2_m2"])
+def test_cuda_build_compiles_for_sm_90(kw, rule, rules):
+    check_cuda_build(one_block(**kw), rules, expect={rule: 1})
