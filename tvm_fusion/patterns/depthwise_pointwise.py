@@ -22,7 +22,7 @@ import numpy as np
 
 from tvm_fusion.patterns.conv_epilogue import conv_checks, conv_epilogue
 from tvm_fusion.patterns.priority import priority
-from tvm_fusion.rules import Decline, Lowering, Match, Spec, decline, rule, static_shape
+from tvm_fusion.rules import Decline, Lowering, Match, Spec, batch_shape, decline, rule, static_shape
 from tvm_fusion.schedules.depthwise_pointwise import DWPW_FAMILY
 
 DW_ACTS = ("hardswish", "silu", "relu6", "relu")  # containing forms first
@@ -74,7 +74,7 @@ def _depthwise_reason(m: Match) -> str | None:
     if isinstance(got, Decline):
         return got.message
     conv, attrs, (d, cpg, kh, kw) = got
-    channels = static_shape(conv.args[0])[1]
+    channels = batch_shape(conv.args[0])[1]  # conv_checks: known but for a symbolic batch
     groups, strides = int(attrs.groups), tuple(int(v) for v in attrs.strides)
     if groups != channels or cpg != 1 or groups == 1:
         return (f"the first conv has groups {groups} over {channels} input channels (W {[d, cpg, kh, kw]}); a "

@@ -29,9 +29,23 @@ MAX_PIXEL_VECTORS = 8  # the accumulator row of one output channel: at most this
 # the depthwise tile (all channels x R rows) kept for the 1x1 conv: inside a core's L2 beside Wp
 TILE_BYTES = 128 * 1024
 RESERVED_REGISTERS = 2  # the depthwise vector and a broadcast weight
+MAX_POINTWISE_CHANNELS = 24  # see LOSES
 #: (predicate of (plan, sizes), the measurement): shapes where the fused kernel measured slower than the two
-#: conv kernels it replaces; `supports` declines them with the measurement as its reason
-LOSES: list = []
+#: conv kernels it replaces; `supports` declines them with the measurement as its reason. Measured with
+#: benchmarks/depthwise_pointwise.py on Zen 4 (AVX-512, one thread, wall-clock medians of 7 interleaved
+#: rounds): fused / the two conv kernels, dw 3x3 + BN + ReLU6 -> 1x1 + BN.
+LOSES: list = [
+    (lambda plan, sizes: sizes["stride"] > 1,
+     "a strided depthwise conv measured slower fused than as the two conv kernels (its columns are read "
+     "every second one: a gather per vector; fused / two kernels on Zen 4, one thread: 1.78x on 1x96x112x112 "
+     "3x3/2 -> 24, 1.81x on 1x144x56x56 3x3/2 -> 32, 1.48x on 1x64x112x112 3x3/2 -> 128)"),
+    (lambda plan, sizes: sizes["o"] > MAX_POINTWISE_CHANNELS,
+     f"more than {MAX_POINTWISE_CHANNELS} pointwise output channels measured slower fused than as the two conv kernels (the 1x1 "
+     "conv re-reads the depthwise tile once per register tile of output channels, where the conv family's 1x1 "
+     "kernel reuses its weight panel; fused / two kernels on Zen 4, one thread: 1.21x on 1x192x28x28 -> 32, "
+     "1.29x on 1x32x112x112 -> 64, 1.40x on 1x128x56x56 -> 128, 1.34x on 1x256x28x28 -> 256; 0.84x on "
+     "1x32x112x112 -> 16, 0.99x on 1x144x56x56 -> 24 + residual)"),
+]
 
 
 @dataclass(frozen=True)
@@ -102,7 +116,7 @@ def _supports(attrs, shapes, target) -> str | None:
     sizes = dict(d=int(ops.wd[0]), o=int(ops.wp[0]), stride=max(attrs["strides"]))
     for loses, measured in LOSES:
         if loses(plan, sizes):
-            return measured
+            return f"{measured}; this one: {sizes['d']} -> {sizes['o']} channels, stride {sizes['stride']}"
     return None
 
 
