@@ -26,21 +26,22 @@ from tvm_fusion.rules import Decline, Lowering, Match, Spec, batch_shape, declin
 from tvm_fusion.schedules.depthwise_pointwise import DWPW_FAMILY
 
 DW_ACTS = ("hardswish", "silu", "relu6", "relu")  # containing forms first
-#: the pointwise epilogue -> (conv_epilogue options, rank within the tier: a longer match first)
-PW_EPILOGUES = {"add": (dict(residual=True), 3), "relu6": (dict(activation="relu6"), 2),
-                "relu": (dict(activation="relu"), 1), "": ({}, 0)}
+#: the pointwise epilogue -> conv_epilogue options (priorities: patterns/priority.py, a longer match first)
+PW_EPILOGUES = {"add": dict(residual=True), "relu6": dict(activation="relu6"), "relu": dict(activation="relu"),
+                "": {}}
 KERNELS = ((3, 3), (5, 5))
 STRIDES = (1, 2)
 
 
 def rule_name(bn: bool, dw_act: str, pw: str) -> str:
+    """depthwise_bn_relu6_pointwise_bn_add; with dw_act "<act>": its tier in patterns/priority.py."""
     parts = ["depthwise", *(["bn"] if bn else []), dw_act, "pointwise", *(["bn"] if bn else []), *([pw] if pw else [])]
     return "_".join(parts)
 
 
 def dwpw_pattern(bn: bool, dw_act: str, pw: str) -> Spec:
     dw = conv_epilogue(bn=bn, activation=dw_act)
-    options, _ = PW_EPILOGUES[pw]
+    options = PW_EPILOGUES[pw]
     pw_spec = conv_epilogue(bn=bn, x=dw.pattern, **options)
     ann = {**{f"dw_{k}": v for k, v in dw.annotations.items()}, **{f"pw_{k}": v for k, v in pw_spec.annotations.items()}}
     ann["root"] = pw_spec.pattern
@@ -123,7 +124,7 @@ def lower_dwpw(dw: Lowering, pw: Lowering) -> Lowering:
     )
 
 
-def _make_rule(bn: bool, dw_act: str, pw: str, rank: int):
+def _make_rule(bn: bool, dw_act: str, pw: str):
     name = rule_name(bn, dw_act, pw)
 
     def build():
@@ -133,13 +134,11 @@ def _make_rule(bn: bool, dw_act: str, pw: str, rank: int):
     pw_text = {"add": " -> add(., residual)", "": ""}.get(pw, f" -> {pw}")
     build.__doc__ = (f"conv2d(groups=C) -> [+ b]{bn_text} -> {dw_act} -> conv2d(1x1) -> [+ b]{bn_text}{pw_text}  "
                      f"==>  {name}(x, Wd', bd', Wp', bp')")
-    made = rule(name, priority=priority("depthwise_<act>_pointwise", rank), check=dwpw_checks)(build)
+    made = rule(name, priority=priority(rule_name(bn, "<act>", pw), dw_act), check=dwpw_checks)(build)
     made.source = __file__
     return made
 
 
 #: above every conv rule (each would take one of the two convs); a pointwise epilogue that takes more of the
-#: graph first (the residual add, then an activation), with BatchNorm before without, then the activations
-#: that contain another
-RULES = [_make_rule(bn, act, pw, pw_rank * 8 + bn * 4 + (len(DW_ACTS) - 1 - i))
-         for pw, (_, pw_rank) in PW_EPILOGUES.items() for bn in (True, False) for i, act in enumerate(DW_ACTS)]
+#: graph first (the residual add, then an activation), then the activations that contain another
+RULES = [_make_rule(bn, act, pw) for pw in PW_EPILOGUES for bn in (True, False) for act in DW_ACTS]

@@ -30,6 +30,7 @@ MAX_PIXEL_VECTORS = 8  # the accumulator row of one output channel: at most this
 TILE_BYTES = 128 * 1024
 RESERVED_REGISTERS = 2  # the depthwise vector and a broadcast weight
 MAX_POINTWISE_CHANNELS = 24  # see LOSES
+MIN_TILE_CHANNELS = 3  # see LOSES
 #: (predicate of (plan, sizes), the measurement): shapes where the fused kernel measured slower than the two
 #: conv kernels it replaces; `supports` declines them with the measurement as its reason. Measured with
 #: benchmarks/depthwise_pointwise.py on Zen 4 (AVX-512, one thread, wall-clock medians of 7 interleaved
@@ -45,6 +46,12 @@ LOSES: list = [
      "kernel reuses its weight panel; fused / two kernels on Zen 4, one thread: 1.21x on 1x192x28x28 -> 32, "
      "1.29x on 1x32x112x112 -> 64, 1.40x on 1x128x56x56 -> 128, 1.34x on 1x256x28x28 -> 256; 0.84x on "
      "1x32x112x112 -> 16, 0.99x on 1x144x56x56 -> 24 + residual)"),
+    (lambda plan, sizes: plan.channels < MIN_TILE_CHANNELS,
+     f"a register tile of fewer than {MIN_TILE_CHANNELS} pointwise output channels (16 vector registers, or a "
+     "channel count with no larger divisor that fits) measured slower fused than as the two conv kernels (one "
+     "depthwise vector load per one or two FMAs; fused / two kernels on Zen 4 compiled for AVX2, x86-64-v3, one "
+     "thread: 1.20x on 1x144x56x56 -> 24 + residual with 2 channels x 7 vectors; on AVX-512 the same shape "
+     "ties at 0.99x with 4 x 7)"),
 ]
 
 
@@ -140,7 +147,8 @@ def schedule_dwpw_llvm(sch, attrs, target):
     _schedule_depthwise(sch, tile)
     _schedule_pointwise(sch, plan.lanes)
     _schedule_pad(sch)
-    return f"depthwise tile of {plan.rows} rows x {plan.channels} pointwise channels"
+    return (f"depthwise tile of {plan.rows} rows x {plan.channels} pointwise channels x {plan.pixel_vectors} "
+            f"vectors")
 
 
 def _schedule_pad(sch):
