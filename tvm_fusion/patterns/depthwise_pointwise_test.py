@@ -67,8 +67,9 @@ def test_block_is_one_kernel_that_matches(kw, rule, rules):
 @pytest.mark.parametrize("kw,measured", [
     (dict(stride=2, w=32), "a strided depthwise conv measured slower fused"),
     (dict(o=32), "more than 24 pointwise output channels measured slower fused"),
-    (dict(o=23), "a register tile of fewer than 3 pointwise output channels"),
-], ids=["strided", "wide", "narrow-tile"])
+    (dict(o=16), "fewer than 64 depthwise channels"),
+    (dict(c=64, o=23), "a register tile of fewer than 3 pointwise output channels"),
+], ids=["strided", "wide", "shallow", "narrow-tile"])
 def test_shapes_measured_slower_decline_on_the_cpu_with_the_measurement(kw, measured, rules, monkeypatch):
     """The CPU schedule declines the shapes where the fused kernel lost to the two conv kernels
     (benchmarks/depthwise_pointwise.py): two kernels, and the reason quotes the measurement. (23 channels:
@@ -256,13 +257,13 @@ def test_per_group_check_and_bisect_cover_the_group(tmp_path, rules):
 
 
 def test_what_the_rule_does_with_a_block_follows_the_target(rules, monkeypatch):
-    """16 -> 24 channels on 8 x 16 outputs, the measured declines on: AVX-512 (32 registers) tiles 3 channels x
+    """64 -> 24 channels on 8 x 16 outputs, the measured declines on: AVX-512 (32 registers) tiles 3 channels x
     8 vectors and fuses; AVX2 (16 registers) has room for 1 channel and declines."""
     from tvm_fusion.build.builder import resolve_target
     from tvm_fusion.hardware import cpu_facts
 
     monkeypatch.setattr(dwpw_llvm, "LOSES", MEASURED_LOSSES)
-    model = one_block()
+    model = one_block(c=64)
     if cpu_facts(resolve_target("llvm")).vector_registers >= 32:
         check_fused(model, rules, expect={"depthwise_bn_relu6_pointwise_bn": 1})
     else:

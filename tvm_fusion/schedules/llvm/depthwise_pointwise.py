@@ -31,6 +31,7 @@ TILE_BYTES = 128 * 1024
 RESERVED_REGISTERS = 2  # the depthwise vector and a broadcast weight
 MAX_POINTWISE_CHANNELS = 24  # see LOSES
 MIN_TILE_CHANNELS = 3  # see LOSES
+MIN_DEPTHWISE_CHANNELS = 64  # see LOSES
 #: (predicate of (plan, sizes), the measurement): shapes where the fused kernel measured slower than the two
 #: conv kernels it replaces; `supports` declines them with the measurement as its reason. Measured with
 #: benchmarks/depthwise_pointwise.py on Zen 4 (AVX-512, one thread, wall-clock medians of 7 interleaved
@@ -38,20 +39,26 @@ MIN_TILE_CHANNELS = 3  # see LOSES
 LOSES: list = [
     (lambda plan, sizes: sizes["stride"] > 1,
      "a strided depthwise conv measured slower fused than as the two conv kernels (its columns are read "
-     "every second one: a gather per vector; fused / two kernels on Zen 4, one thread: 1.78x on 1x96x112x112 "
-     "3x3/2 -> 24, 1.81x on 1x144x56x56 3x3/2 -> 32, 1.48x on 1x64x112x112 3x3/2 -> 128)"),
+     "every second one: a gather per vector; fused / two kernels on Zen 4, one thread: 1.57x-1.78x on "
+     "1x96x112x112 3x3/2 -> 24, 1.70x-1.81x on 1x144x56x56 3x3/2 -> 32, 1.48x-1.52x on 1x64x112x112 3x3/2 -> "
+     "128; 16x on AVX2)"),
     (lambda plan, sizes: sizes["o"] > MAX_POINTWISE_CHANNELS,
      f"more than {MAX_POINTWISE_CHANNELS} pointwise output channels measured slower fused than as the two conv kernels (the 1x1 "
      "conv re-reads the depthwise tile once per register tile of output channels, where the conv family's 1x1 "
-     "kernel reuses its weight panel; fused / two kernels on Zen 4, one thread: 1.21x on 1x192x28x28 -> 32, "
-     "1.29x on 1x32x112x112 -> 64, 1.40x on 1x128x56x56 -> 128, 1.34x on 1x256x28x28 -> 256; 0.84x on "
-     "1x32x112x112 -> 16, 0.99x on 1x144x56x56 -> 24 + residual)"),
+     "kernel reuses its weight panel; fused / two kernels on Zen 4, one thread: 1.21x-1.30x on 1x192x28x28 -> "
+     "32, 1.24x-1.29x on 1x32x112x112 -> 64, 1.29x-1.40x on 1x128x56x56 -> 128, 1.34x-1.51x on 1x256x28x28 -> "
+     "256; 0.89x-1.00x on 1x144x56x56 -> 24 + residual)"),
+    (lambda plan, sizes: sizes["d"] < MIN_DEPTHWISE_CHANNELS,
+     f"fewer than {MIN_DEPTHWISE_CHANNELS} depthwise channels (the 1x1 conv's reduction) measured slower fused than "
+     "as the two conv kernels (each register tile's zeroing and epilogue over too few multiply-adds; fused / two "
+     "kernels on Zen 4, one thread: 1.11x-1.29x on 1x32x112x112 -> 16 in 4 of 5 runs (0.84x in one), where 144 "
+     "channels, 1x144x56x56 -> 24 + residual, ran 0.89x-1.00x in 5 of 6)"),
     (lambda plan, sizes: plan.channels < MIN_TILE_CHANNELS,
      f"a register tile of fewer than {MIN_TILE_CHANNELS} pointwise output channels (16 vector registers, or a "
      "channel count with no larger divisor that fits) measured slower fused than as the two conv kernels (one "
      "depthwise vector load per one or two FMAs; fused / two kernels on Zen 4 compiled for AVX2, x86-64-v3, one "
-     "thread: 1.20x on 1x144x56x56 -> 24 + residual with 2 channels x 7 vectors; on AVX-512 the same shape "
-     "ties at 0.99x with 4 x 7)"),
+     "thread: 1.20x on 1x144x56x56 -> 24 + residual with 2 channels x 7 vectors; on AVX-512 the same shape, "
+     "4 x 7, ran 0.89x-1.00x)"),
 ]
 
 
