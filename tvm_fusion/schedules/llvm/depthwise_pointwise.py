@@ -43,22 +43,22 @@ LOSES: list = [
      "1x96x112x112 3x3/2 -> 24, 1.70x-1.81x on 1x144x56x56 3x3/2 -> 32, 1.48x-1.52x on 1x64x112x112 3x3/2 -> "
      "128; 16x on AVX2)"),
     (lambda plan, sizes: sizes["o"] > MAX_POINTWISE_CHANNELS,
-     f"more than {MAX_POINTWISE_CHANNELS} pointwise output channels measured slower fused than as the two conv kernels (the 1x1 "
-     "conv re-reads the depthwise tile once per register tile of output channels, where the conv family's 1x1 "
+     f"more than {MAX_POINTWISE_CHANNELS} pointwise output channels measured slower fused than as the two "
+     "conv kernels (the 1x1 conv re-reads the depthwise tile once per register tile of output channels, where the conv family's 1x1 "
      "kernel reuses its weight panel; fused / two kernels on Zen 4, one thread: 1.21x-1.30x on 1x192x28x28 -> "
      "32, 1.24x-1.29x on 1x32x112x112 -> 64, 1.29x-1.40x on 1x128x56x56 -> 128, 1.34x-1.51x on 1x256x28x28 -> "
-     "256; 0.89x-1.00x on 1x144x56x56 -> 24 + residual)"),
+     "256; 0.89x-1.07x on 1x144x56x56 -> 24 + residual)"),
     (lambda plan, sizes: sizes["d"] < MIN_DEPTHWISE_CHANNELS,
      f"fewer than {MIN_DEPTHWISE_CHANNELS} depthwise channels (the 1x1 conv's reduction) measured slower fused than "
      "as the two conv kernels (each register tile's zeroing and epilogue over too few multiply-adds; fused / two "
      "kernels on Zen 4, one thread: 1.11x-1.29x on 1x32x112x112 -> 16 in 4 of 5 runs (0.84x in one), where 144 "
-     "channels, 1x144x56x56 -> 24 + residual, ran 0.89x-1.00x in 5 of 6)"),
+     "channels, 1x144x56x56 -> 24 + residual, ran 0.89x-1.00x in 4 of 5 (1.07x in one))"),
     (lambda plan, sizes: plan.channels < MIN_TILE_CHANNELS,
      f"a register tile of fewer than {MIN_TILE_CHANNELS} pointwise output channels (16 vector registers, or a "
      "channel count with no larger divisor that fits) measured slower fused than as the two conv kernels (one "
      "depthwise vector load per one or two FMAs; fused / two kernels on Zen 4 compiled for AVX2, x86-64-v3, one "
      "thread: 1.20x on 1x144x56x56 -> 24 + residual with 2 channels x 7 vectors; on AVX-512 the same shape, "
-     "4 x 7, ran 0.89x-1.00x)"),
+     "4 x 7, ran 0.89x-1.07x)"),
 ]
 
 
