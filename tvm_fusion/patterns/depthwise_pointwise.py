@@ -43,7 +43,8 @@ def dwpw_pattern(bn: bool, dw_act: str, pw: str) -> Spec:
     dw = conv_epilogue(bn=bn, activation=dw_act)
     options = PW_EPILOGUES[pw]
     pw_spec = conv_epilogue(bn=bn, x=dw.pattern, **options)
-    ann = {**{f"dw_{k}": v for k, v in dw.annotations.items()}, **{f"pw_{k}": v for k, v in pw_spec.annotations.items()}}
+    ann = {**{f"dw_{k}": v for k, v in dw.annotations.items()},
+           **{f"pw_{k}": v for k, v in pw_spec.annotations.items()}}
     ann["root"] = pw_spec.pattern
     variants = tuple((pattern, {**ann, **{f"pw_{k}": v for k, v in variant_ann.items()}, "root": pattern})
                      for pattern, variant_ann in pw_spec.variants)

@@ -44,8 +44,8 @@ LOSES: list = [
      "128; 16x on AVX2)"),
     (lambda plan, sizes: sizes["o"] > MAX_POINTWISE_CHANNELS,
      f"more than {MAX_POINTWISE_CHANNELS} pointwise output channels measured slower fused than as the two "
-     "conv kernels (the 1x1 conv re-reads the depthwise tile once per register tile of output channels, where the conv family's 1x1 "
-     "kernel reuses its weight panel; fused / two kernels on Zen 4, one thread: 1.21x-1.30x on 1x192x28x28 -> "
+     "conv kernels (the 1x1 conv re-reads the depthwise tile once per register tile of output channels, "
+     "where the conv family's 1x1 kernel reuses its weight panel; fused / two kernels on Zen 4, one thread: 1.21x-1.30x on 1x192x28x28 -> "
      "32, 1.24x-1.29x on 1x32x112x112 -> 64, 1.29x-1.40x on 1x128x56x56 -> 128, 1.34x-1.51x on 1x256x28x28 -> "
      "256; 0.89x-1.07x on 1x144x56x56 -> 24 + residual)"),
     (lambda plan, sizes: sizes["d"] < MIN_DEPTHWISE_CHANNELS,
