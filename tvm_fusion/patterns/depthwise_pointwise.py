@@ -133,8 +133,9 @@ def _make_rule(bn: bool, dw_act: str, pw: str):
 
     bn_text = " -> [batch_norm]" if bn else ""
     pw_text = {"add": " -> add(., residual)", "": ""}.get(pw, f" -> {pw}")
+    operands = "x, residual" if pw == "add" else "x"
     build.__doc__ = (f"conv2d(groups=C) -> [+ b]{bn_text} -> {dw_act} -> conv2d(1x1) -> [+ b]{bn_text}{pw_text}  "
-                     f"==>  {name}(x, Wd', bd', Wp', bp')")
+                     f"==>  {name}({operands}, Wd', bd', Wp', bp')")
     made = rule(name, priority=priority(rule_name(bn, "<act>", pw), dw_act), check=dwpw_checks)(build)
     made.source = __file__
     return made
