@@ -135,6 +135,12 @@ class Match:
     def dtype(self, name: str) -> str:
         return str(_tvm.expr_type(self[name]).dtype)
 
+    def prefixed(self, prefix: str) -> "Match":
+        """The annotations named `prefix` + name, under their names without it: a rule that chains two
+        members' patterns (annotations `dw_conv`, `pw_conv`, ...) runs each member's checks on its view."""
+        exprs = {k[len(prefix):]: v for k, v in self._exprs.items() if k.startswith(prefix)}
+        return Match(self.rule, exprs, self._var2val, self.batch_dims)
+
 
 def static_shape(expr) -> tuple[int, ...] | None:
     shape = getattr(_tvm.expr_type(expr), "shape", None)

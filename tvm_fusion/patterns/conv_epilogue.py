@@ -40,15 +40,16 @@ SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def conv_epilogue(*, bn: bool, residual: bool = False, bias: bool | None = None, activation=None,
-                  act_first: bool = False) -> Spec:
+                  act_first: bool = False, x=None) -> Spec:
     """The pattern for one member of the family. bias=None means "with or without a conv bias". A residual
     member also tries add(skip, y) after add(y, skip) | add(skip, y): in add(conv_a, conv_b) where conv_a
     also feeds the next block (MobileNetV3's inverted residuals), the first pattern binds y to conv_a and
-    declines (an intermediate with another consumer); the swapped variant then takes conv_b."""
+    declines (an intermediate with another consumer); the swapped variant then takes conv_b. `x`: the conv's
+    input pattern (a wildcard by default; a rule that chains two convs passes the first one's pattern)."""
     make = _activation_then_add if act_first else _conv_epilogue
-    spec = make(bn=bn, residual="either" if residual else None, bias=bias, activation=activation)
+    spec = make(bn=bn, residual="either" if residual else None, bias=bias, activation=activation, x=x)
     if residual:
-        swapped = make(bn=bn, residual="skip_first", bias=bias, activation=activation)
+        swapped = make(bn=bn, residual="skip_first", bias=bias, activation=activation, x=x)
         spec = dataclasses.replace(spec, variants=((swapped.pattern, swapped.annotations),))
     return spec
 
@@ -60,10 +61,10 @@ def _residual(y, residual: str, ann: dict):
     return y
 
 
-def _activation_then_add(*, bn: bool, residual: str, bias: bool | None, activation) -> Spec:
+def _activation_then_add(*, bn: bool, residual: str, bias: bool | None, activation, x=None) -> Spec:
     """conv2d -> ... -> act -> add(., other) (YOLO's bottleneck: the skip joins after the SiLU): the kernel
     adds the residual after the activation (`residual_after_activation`)."""
-    inner = _conv_epilogue(bn=bn, residual=None, bias=bias, activation=activation)
+    inner = _conv_epilogue(bn=bn, residual=None, bias=bias, activation=activation, x=x)
     ann = dict(inner.annotations)
     root = _residual(inner.pattern, residual, ann)
     ann["root"] = root
@@ -76,8 +77,8 @@ def _activation_then_add(*, bn: bool, residual: str, bias: bool | None, activati
     return Spec(root, ann, lower, inner.check)
 
 
-def _conv_epilogue(*, bn: bool, residual: str | None, bias: bool | None, activation) -> Spec:
-    x, w = dpl.wildcard(), dpl.is_const()
+def _conv_epilogue(*, bn: bool, residual: str | None, bias: bool | None, activation, x=None) -> Spec:
+    x, w = dpl.wildcard() if x is None else x, dpl.is_const()
     conv = dpl.is_op("relax.nn.conv2d")(x, w) | dpl.is_op("relax.nn.conv1d")(x, w) | dpl.is_op("relax.nn.conv3d")(x, w)
     ann = {"conv": conv}
     bias_add = dpl.is_op("relax.add")(conv, dpl.is_const())

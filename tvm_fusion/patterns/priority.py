@@ -28,6 +28,17 @@ TIERS = {
     "attention": 600,
     "squeeze_excite_<act>_hardsigmoid": 520,  # above every conv rule, which would take its two 1x1 convs
     "squeeze_excite_<act>_sigmoid": 510,
+    # depthwise -> pointwise (patterns/depthwise_pointwise.py): above the conv rules, each of which would take
+    # one of its two convs; the pointwise epilogue that takes more first. <act> is the depthwise activation
+    # (ranks 0, 4, 8, 9): the two tiers of a pair 2 apart and the pairs 12 apart keep every priority distinct
+    "depthwise_bn_<act>_pointwise_bn_add": 500,
+    "depthwise_<act>_pointwise_add": 498,
+    "depthwise_bn_<act>_pointwise_bn_relu6": 488,
+    "depthwise_<act>_pointwise_relu6": 486,
+    "depthwise_bn_<act>_pointwise_bn_relu": 476,
+    "depthwise_<act>_pointwise_relu": 474,
+    "depthwise_bn_<act>_pointwise_bn": 464,
+    "depthwise_<act>_pointwise": 462,
     "conv2d_bn_<act>_add": 450,
     "conv2d_bn_add_<act>": 400,
     "conv2d_<act>_add": 350,
