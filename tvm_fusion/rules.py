@@ -27,8 +27,8 @@ from .errors import FusionError
 
 __all__ = [
     "Decline", "Lowering", "Match", "Rule", "RuleSet", "Spec", "axis_vector", "axis_vector_shapes", "batch_shape",
-    "clip_bounds", "commutative", "decline", "declared_batch_dims", "is_symbolic", "rule", "scalar_constant", "shape_text",
-    "static_shape", "symbolic_reason", "undeclared_dims", "may_hold_rules",
+    "clip_bounds", "commutative", "decline", "declared_batch_dims", "is_symbolic", "may_hold_rules", "not_this_family",
+    "rule", "scalar_constant", "shape_text", "static_shape", "symbolic_reason", "undeclared_dims",
 ]
 
 DEFAULT_TARGETS = ("cuda", "llvm")
@@ -36,9 +36,12 @@ DEFAULT_TARGETS = ("cuda", "llvm")
 
 @dataclass(frozen=True)
 class Decline:
-    """Why a rule did not take a match: the message carries actual and expected values."""
+    """Why a rule did not take a match: the message carries actual and expected values. `other_family`: the
+    match is another family's subgraph that the pattern cannot tell apart (a plain conv where a depthwise one
+    belongs): not a near miss, so `explain` does not list it."""
 
     message: str
+    other_family: bool = False
 
     def __str__(self) -> str:
         return self.message
@@ -46,6 +49,11 @@ class Decline:
 
 def decline(message: str) -> Decline:
     return Decline(message)
+
+
+def not_this_family(message: str) -> Decline:
+    """A decline that is no near miss (`Decline.other_family`): the fuse stage does not record it."""
+    return Decline(message, other_family=True)
 
 
 @dataclass

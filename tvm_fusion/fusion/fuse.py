@@ -260,7 +260,8 @@ def _make_check(rule: Rule, trace: _Trace, target, batch_dims: frozenset[str]):
             else:
                 trace.errors.append(raised)
             return False
-        trace.record(rule.name, root_name, None if reason is None else str(reason))
+        if not (isinstance(reason, Decline) and reason.other_family):  # another family's subgraph: no near miss
+            trace.record(rule.name, root_name, None if reason is None else str(reason))
         if reason is None:  # the ONNX nodes of the match, findable from any of its vars
             variables = list(ctx.matched_bindings.keys())
             nodes = sorted({trace.names[n] for n in map(_tvm.var_name, variables) if n in trace.names})
