@@ -28,6 +28,10 @@ TIERS = {
     "attention": 600,
     "squeeze_excite_<act>_hardsigmoid": 520,  # above every conv rule, which would take its two 1x1 convs
     "squeeze_excite_<act>_sigmoid": 510,
+    "conv2d_bn_<act>_pool": 490,  # conv -> epilogue -> pool (patterns/conv_pool.py): above every conv rule
+    "conv2d_bn_pool": 489,
+    "conv2d_<act>_pool": 470,
+    "conv2d_pool": 469,
     "conv2d_bn_<act>_add": 450,
     "conv2d_bn_add_<act>": 400,
     "conv2d_<act>_add": 350,

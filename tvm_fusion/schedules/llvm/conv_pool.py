@@ -1,0 +1,98 @@
+"""CPU (llvm) conv2d -> epilogue -> pool: `conv_pool(x, W', b')  ==>  the conv kernel's tiles, each parallel
+task's plane pooled in cache`.
+
+The conv part is the conv family's llvm compute and schedule as they are (`conv2d_llvm`,
+`schedule_conv2d_llvm`: the same tile, the same packed W, the same sums). Its parallel loop runs one task
+per (image, block of output channels); the task's epilogue writes the block's whole output plane, then the
+pool reads it back under the same task, while it is in cache:
+
+    parallel for (n, oc block):
+        for tiles: epilogue[block, tile pixels] = act(acc + b')        # the conv kernel, unchanged
+        for channel in block, output row, output column:               # the pool, window taps innermost
+            out[n, channel, row, column] = pool(epilogue[channel, window])
+
+No pool window crosses a task (a task holds its channels' whole plane), so the halo is neither recomputed
+nor exchanged: the plan's `halo` says "none". The epilogue buffer is allocated per task (block channels x
+H x W, not the whole tensor). Kernels whose parallel loop splits a plane (the pixel-vectorized "pointwise"
+and "pixels" plans) decline; so do the shapes the benchmark measured slower fused (`FUSION_LOSES`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm_fusion.hardware import cpu_facts
+from tvm_fusion.registry import register_compute, register_schedule
+from tvm_fusion.schedules import dims
+from tvm_fusion.schedules.conv2d import ConvOperands
+from tvm_fusion.schedules.conv_pool import POOL_FAMILY, PoolWindow, pool_stage, split_attrs
+from tvm_fusion.schedules.llvm.conv2d import (ConvPlan, _plan, _scheduled_plan, conv2d_llvm, pack_conv,
+                                             schedule_conv2d_llvm)
+
+#: the conv kernels whose parallel loop is one (image, block of output channels) task over the whole plane
+WHOLE_PLANE_KERNELS = ("tiled", "depthwise", "depthwise_channels")
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """What the fused kernel does: the conv's plan kernel, the channels one task holds, the bytes of its
+    epilogue plane, the halo (always "none" here: a task holds whole planes), or why it declines."""
+    kernel: str
+    channels: int
+    plane_bytes: int
+    halo: str = "none: each task pools whole planes of its channels, no window crosses a task"
+    declined: str = ""
+
+
+def pool_plan(conv: ConvPlan, attrs: dict) -> PoolPlan:
+    """The fused kernel's plan over the conv's plan (`conv_plan`) for an llvm target."""
+    channels = 1 if conv.kernel == "depthwise" else getattr(conv.tile, "channels", 1)
+    plane = channels * conv.padding.rows * conv.padding.cols * 4
+    if conv.kernel not in WHOLE_PLANE_KERNELS:
+        return PoolPlan(conv.kernel, channels, plane, declined=(
+            f"the conv takes the {conv.kernel} kernel, whose parallel tasks split an output plane; the fused "
+            f"pool needs one task per plane ({', '.join(WHOLE_PLANE_KERNELS)} kernels)"))
+    result = PoolPlan(conv.kernel, channels, plane)
+    why = FUSION_LOSES(result, PoolWindow.of(attrs))
+    return PoolPlan(conv.kernel, channels, plane, declined=why) if why else result
+
+
+def fusion_loses(plan: PoolPlan, window: PoolWindow) -> str | None:
+    """Why the benchmark measured this shape slower fused than as two kernels, or None."""
+    return None
+
+
+#: the measured decline (`fusion_loses`); benchmarks/conv_pool.py switches it off to time every shape
+FUSION_LOSES = fusion_loses
+
+
+def supports(attrs: dict, shapes, target) -> str | None:
+    ops = ConvOperands.of(shapes)
+    x, w = dims(ops.x), dims(ops.w)
+    conv = _plan(x, int(w[0]), w[1:], attrs["strides"], attrs["padding"], attrs["dilation"], attrs.get("groups", 1),
+                 cpu_facts(target))
+    return pool_plan(conv, attrs).declined or None
+
+
+@register_compute(POOL_FAMILY, target="llvm")
+def conv2d_pool_llvm(x, w, b, *, fast_math=True, target=None, **attrs):
+    """The conv family's llvm compute (padded to its tile for `target`), then `pool_stage` of its epilogue."""
+    conv_attrs, window = split_attrs(attrs)
+    epi = conv2d_llvm(x, w, b, **conv_attrs, fast_math=fast_math, target=target)
+    return pool_stage(epi, window, x.dtype)
+
+
+@register_schedule(POOL_FAMILY, target="llvm", pack=pack_conv, supports=supports)
+def schedule_conv2d_pool_llvm(sch, attrs, target):
+    """The conv kernel's schedule, then the pool's loops merged into its parallel task loop: (image, block of
+    `channels`) is the same task in both, so a task pools the planes its epilogue just wrote."""
+    plan = pool_plan(_scheduled_plan(sch, attrs, cpu_facts(target)), attrs)
+    schedule_conv2d_llvm(sch, attrs, target)
+    task = sch.get_loops(sch.get_sblock("epilogue"))[0]  # the parallel (image, channel block) loop
+    pool = sch.get_sblock("pool")
+    n, c, *rest = sch.get_loops(pool)
+    co, ci = sch.split(c, [None, plan.channels])
+    tasks = sch.fuse(n, co)
+    sch.get(task)  # noqa: B018 - still valid
+    merged = sch.merge(task, tasks)
+    del merged, ci, rest
