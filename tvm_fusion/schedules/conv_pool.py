@@ -72,7 +72,7 @@ def pool_stage(epi, window: PoolWindow, out_dtype: str):
         count = tirx.const(float(h * w), acc)
         shape = (n, c, 1, 1) if window.keepdims else (n, c)
         return te.compute(shape, lambda i, o, *_: cast_to(pool[i, o] / count, out_dtype), name="out")
-    (kh, kw), (sh, sw), (pt, pl, pb, pr), (oh, ow) = window.size, window.strides, window.padding, window.out
+    (kh, kw), (sh, sw), (pt, pl, _, _), (oh, ow) = window.size, window.strides, window.padding, window.out
     rh, rw = te.reduce_axis((0, kh), name="ph"), te.reduce_axis((0, kw), name="pw")
     guard = window.needs_guard(h, w)
 

@@ -26,7 +26,7 @@ from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import ConvOperands
 from tvm_fusion.schedules.conv_pool import POOL_FAMILY, PoolWindow, pool_stage, split_attrs
-from tvm_fusion.schedules.llvm.conv2d import (ConvPlan, _plan, _scheduled_plan, conv2d_llvm, pack_conv,
+from tvm_fusion.schedules.llvm.conv2d import (ConvPlan, _optional_block, _plan, _scheduled_plan, conv2d_llvm, pack_conv,
                                              schedule_conv2d_llvm)
 
 #: the conv kernels whose parallel loop is one (image, block of output channels) task over the whole plane
@@ -90,9 +90,39 @@ def schedule_conv2d_pool_llvm(sch, attrs, target):
     schedule_conv2d_llvm(sch, attrs, target)
     task = sch.get_loops(sch.get_sblock("epilogue"))[0]  # the parallel (image, channel block) loop
     pool = sch.get_sblock("pool")
-    n, c, *rest = sch.get_loops(pool)
-    co, ci = sch.split(c, [None, plan.channels])
-    tasks = sch.fuse(n, co)
-    sch.get(task)  # noqa: B018 - still valid
-    merged = sch.merge(task, tasks)
-    del merged, ci, rest
+    n, c, *_ = sch.get_loops(pool)
+    co, _ = sch.split(c, [None, plan.channels])
+    sch.merge(task, sch.fuse(n, co))
+    _schedule_pool(sch, pool, attrs, cpu_facts(target).float32_lanes)
+
+
+def _schedule_pool(sch, pool, attrs: dict, lanes: int):
+    """A window pool's taps outside its run of output columns (each output still sums its taps row by row, as
+    the unfused pool does), the run vectorized for stride 1 and unrolled (for LLVM's SLP vectorizer) otherwise;
+    the averages' division after each plane, vectorized. A global pool keeps its plane sum per channel."""
+    window = PoolWindow.of(attrs)
+    if window.kind == "global":
+        at = sch.get_loops(pool)[1]  # the task's channel loop
+    else:
+        _, at, col, th, tw = sch.get_loops(pool)[-5:]  # channel, row, column, tap row, tap column
+        sch.reorder(th, tw, col)
+        sch.decompose_reduction(pool, th)  # the row's outputs set, then each tap over the run of columns
+        sch.unroll(th)
+        sch.unroll(tw)
+        _vector_run(sch, col, lanes, contiguous=window.strides[1] == 1)
+    out = _optional_block(sch, "out")
+    if out is not None:
+        sch.reverse_compute_at(out, at)
+        if window.kind != "global":
+            _vector_run(sch, sch.get_loops(out)[-1], lanes, contiguous=True)
+
+
+def _vector_run(sch, loop, lanes: int, contiguous: bool):
+    """A run of output columns: whole vectors vectorized where they read contiguous columns, else unrolled in
+    runs of `lanes` (a strided vector load is a per-lane gather in TVM's codegen; LLVM's SLP pass packs the
+    unrolled copies)."""
+    width = int(sch.get(loop).extent)
+    if contiguous and width % lanes == 0:
+        sch.vectorize(sch.split(loop, [None, lanes])[1])
+    elif width > 1:
+        sch.unroll(sch.split(loop, [None, min(width, lanes)])[1])
