@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvm_fusion._tvm import tirx
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
@@ -92,8 +93,18 @@ def schedule_conv2d_pool_llvm(sch, attrs, target):
     pool = sch.get_sblock("pool")
     n, c, *_ = sch.get_loops(pool)
     co, _ = sch.split(c, [None, plan.channels])
-    sch.merge(task, sch.fuse(n, co))
+    _parallel_again(sch, sch.merge(task, sch.fuse(n, co)))
     _schedule_pool(sch, pool, attrs, cpu_facts(target).float32_lanes)
+
+
+def _parallel_again(sch, loop):
+    """Mark a merged task loop parallel again (`merge` makes it serial). `sch.parallel` refuses it (the pool
+    reads what the epilogue wrote under the same loop: no "compact dataflow"), but the tasks write disjoint
+    channel blocks, as they did when the conv schedule made the loop parallel; so the loop is rewritten with
+    its kind, nothing else changed."""
+    old = sch.get(loop)
+    sch.state.replace(sch.get_sref(loop), tirx.For(old.loop_var, old.min, old.extent, tirx.ForKind.PARALLEL, old.body,
+                                                   old.thread_binding, old.annotations))
 
 
 def _schedule_pool(sch, pool, attrs: dict, lanes: int):
@@ -105,24 +116,26 @@ def _schedule_pool(sch, pool, attrs: dict, lanes: int):
         at = sch.get_loops(pool)[1]  # the task's channel loop
     else:
         _, at, col, th, tw = sch.get_loops(pool)[-5:]  # channel, row, column, tap row, tap column
-        sch.reorder(th, tw, col)
-        sch.decompose_reduction(pool, th)  # the row's outputs set, then each tap over the run of columns
+        width = int(sch.get(col).extent)
+        run, inner = sch.split(col, [None, min(width, lanes)])
+        sch.reorder(run, th, tw, inner)  # a run's outputs stay in registers across its taps
+        sch.decompose_reduction(pool, th)
         sch.unroll(th)
         sch.unroll(tw)
-        _vector_run(sch, col, lanes, contiguous=window.strides[1] == 1)
+        _vector_run(sch, inner, lanes, contiguous=window.strides[1] == 1)
     out = _optional_block(sch, "out")
     if out is not None:
         sch.reverse_compute_at(out, at)
         if window.kind != "global":
-            _vector_run(sch, sch.get_loops(out)[-1], lanes, contiguous=True)
+            loop = sch.get_loops(out)[-1]
+            if int(sch.get(loop).extent) % lanes == 0:
+                sch.vectorize(sch.split(loop, [None, lanes])[1])
 
 
 def _vector_run(sch, loop, lanes: int, contiguous: bool):
-    """A run of output columns: whole vectors vectorized where they read contiguous columns, else unrolled in
-    runs of `lanes` (a strided vector load is a per-lane gather in TVM's codegen; LLVM's SLP pass packs the
-    unrolled copies)."""
-    width = int(sch.get(loop).extent)
-    if contiguous and width % lanes == 0:
-        sch.vectorize(sch.split(loop, [None, lanes])[1])
-    elif width > 1:
-        sch.unroll(sch.split(loop, [None, min(width, lanes)])[1])
+    """A run of output columns: a whole vector vectorized where it reads contiguous columns, else unrolled (a
+    strided vector load is a per-lane gather in TVM's codegen; LLVM's SLP pass packs the unrolled copies)."""
+    if contiguous and int(sch.get(loop).extent) == lanes:
+        sch.vectorize(loop)
+    else:
+        sch.unroll(loop)
