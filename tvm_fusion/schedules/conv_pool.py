@@ -7,8 +7,10 @@
 
 The average's count is onnxruntime's: the window clipped to the padded plane, then (count_include_pad=0)
 to the real one. The output size comes from the matched op (`pool_out`: ceil mode is in it), so a window
-past the padded plane is clipped the same way. Taps outside the plane are skipped (max: the lowest value
-of the dtype). Half tensors (float16, bfloat16): the epilogue rounds to the tensor dtype as the conv
+past the padded plane is clipped the same way. Taps outside the plane add nothing to an average; a max
+reads the nearest pixel of the plane instead, which is in the same window (every window holds a pixel of
+the plane: padding is smaller than the window, and a ceil-mode window starts inside), so the max is the same
+with no branch per tap. Half tensors (float16, bfloat16): the epilogue rounds to the tensor dtype as the conv
 kernel does, the average sums in float32 and rounds once (a max is exact in any dtype).
 
 The stages keep the conv's names (`pad`, `conv`, `epilogue`) so its schedules apply, then `pool` (the
@@ -78,15 +80,15 @@ def pool_stage(epi, window: PoolWindow, out_dtype: str):
 
     def tap(i, o, p, q, empty):
         y, x = p * sh - pt + rh, q * sw - pl + rw
-        value = cast_to(epi[i, o, y, x], acc) if window.kind == "avg" else epi[i, o, y, x]
         if not guard:
-            return value
+            return cast_to(epi[i, o, y, x], acc) if window.kind == "avg" else epi[i, o, y, x]
+        if window.kind == "max":  # a tap past the plane reads the nearest one in it, also in the window: the same max
+            return epi[i, o, tirx.max(tirx.min(y, h - 1), 0), tirx.max(tirx.min(x, w - 1), 0)]
         inside = tirx.all(y >= 0, y < h, x >= 0, x < w)
-        return tirx.if_then_else(inside, value, empty)
+        return tirx.if_then_else(inside, cast_to(epi[i, o, y, x], acc), empty)
 
     if window.kind == "max":
-        lowest = tirx.min_value(out_dtype)
-        return te.compute((n, c, oh, ow), lambda i, o, p, q: te.max(tap(i, o, p, q, lowest), axis=[rh, rw]),
+        return te.compute((n, c, oh, ow), lambda i, o, p, q: te.max(tap(i, o, p, q, None), axis=[rh, rw]),
                           name="pool")
     zero = tirx.const(0, acc)
     pool = te.compute((n, c, oh, ow), lambda i, o, p, q: te.sum(tap(i, o, p, q, zero), axis=[rh, rw]), name="pool")

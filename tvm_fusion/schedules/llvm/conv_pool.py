@@ -19,6 +19,7 @@ and "pixels" plans) decline; so do the shapes the benchmark measured slower fuse
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tvm_fusion._tvm import tirx
@@ -34,32 +35,48 @@ from tvm_fusion.schedules.llvm.conv2d import (ConvPlan, _optional_block, _plan, 
 WHOLE_PLANE_KERNELS = ("tiled", "depthwise", "depthwise_channels")
 
 
+#: the largest conv output plane (one task's channels x rows x columns, float32) the fused kernel takes: past it
+#: the pool reads the plane back from memory anyway, and the fused kernel measured slower than the two kernels
+#: (benchmarks/conv_pool.py; its table in docs/conv_pool.md)
+MAX_PLANE_BYTES = 4 << 20
+
+
 @dataclass(frozen=True)
 class PoolPlan:
-    """What the fused kernel does: the conv's plan kernel, the channels one task holds, the bytes of its
-    epilogue plane, the halo (always "none" here: a task holds whole planes), or why it declines."""
+    """What the fused kernel does: the conv's plan kernel, the output channels one task holds and the rows and
+    columns of its epilogue plane, the halo (always "none" here: a task holds whole planes), or why it
+    declines."""
     kernel: str
     channels: int
-    plane_bytes: int
+    rows: int
+    cols: int
     halo: str = "none: each task pools whole planes of its channels, no window crosses a task"
     declined: str = ""
+
+    @property
+    def plane_bytes(self) -> int:
+        return self.channels * self.rows * self.cols * 4
 
 
 def pool_plan(conv: ConvPlan, attrs: dict) -> PoolPlan:
     """The fused kernel's plan over the conv's plan (`conv_plan`) for an llvm target."""
     channels = 1 if conv.kernel == "depthwise" else getattr(conv.tile, "channels", 1)
-    plane = channels * conv.padding.rows * conv.padding.cols * 4
+    plan = PoolPlan(conv.kernel, channels, conv.padding.rows, conv.padding.cols)
     if conv.kernel not in WHOLE_PLANE_KERNELS:
-        return PoolPlan(conv.kernel, channels, plane, declined=(
+        return dataclasses.replace(plan, declined=(
             f"the conv takes the {conv.kernel} kernel, whose parallel tasks split an output plane; the fused "
             f"pool needs one task per plane ({', '.join(WHOLE_PLANE_KERNELS)} kernels)"))
-    result = PoolPlan(conv.kernel, channels, plane)
-    why = FUSION_LOSES(result, PoolWindow.of(attrs))
-    return PoolPlan(conv.kernel, channels, plane, declined=why) if why else result
+    why = FUSION_LOSES(plan, PoolWindow.of(attrs))
+    return dataclasses.replace(plan, declined=why) if why else plan
 
 
 def fusion_loses(plan: PoolPlan, window: PoolWindow) -> str | None:
-    """Why the benchmark measured this shape slower fused than as two kernels, or None."""
+    """Why the benchmark measured this shape slower fused than as two kernels, or None: a task's plane past
+    MAX_PLANE_BYTES."""
+    if plan.plane_bytes > MAX_PLANE_BYTES:
+        return (f"a task's conv output plane is {plan.plane_bytes / 2**20:.1f} MiB ({plan.channels} channels x "
+                f"{plan.rows} x {plan.cols}); past {MAX_PLANE_BYTES >> 20} MiB the fused kernel measured slower than "
+                "the conv and pool kernels (benchmarks/conv_pool.py)")
     return None
 
 
