@@ -57,6 +57,15 @@ def test_each_pool_is_one_kernel_matching_onnxruntime(pool, cpu, rules, monkeypa
     assert fused.kernel_calls == 1, fused.kernel_calls
 
 
+@pytest.mark.parametrize("cpu", ["host", "avx2"])
+@pytest.mark.parametrize("pool", ["max3s1p1", "avg3s1p1_incl", "max2s2"])
+def test_rows_of_whole_vectors(pool, cpu, rules, monkeypatch):
+    """32 columns: whole vectors of every target (a stride-1 run vectorized, the division vectorized)."""
+    if cpu == "avx2":
+        monkeypatch.setenv("TVM_FUSION_CPU", AVX2)
+    check_fused(conv_pool(pool, hw=(6, 32)), rules, expect={"conv2d_bn_relu_pool": 1})
+
+
 @pytest.mark.parametrize("bn,act,bias,rule", [
     (False, "Relu", True, "conv2d_relu_pool"), (False, None, False, "conv2d_pool"),
     (True, None, True, "conv2d_bn_pool"), (True, "Sigmoid", False, "conv2d_bn_sigmoid_pool")])
@@ -74,8 +83,10 @@ def test_conv_shapes_stem_depthwise_pointwise(conv, rules):
                 expect={"conv2d_bn_relu_pool": 1})
 
 
-def test_resnet_stem_size(rules):
-    """The ResNet stem at its size: 1x3x224x224, 7x7/2 conv 64, BN, ReLU, MaxPool 3x3/2 pad 1."""
+def test_resnet_stem_size(rules, monkeypatch):
+    """The ResNet stem at its size: 1x3x224x224, 7x7/2 conv 64, BN, ReLU, MaxPool 3x3/2 pad 1; fused for AVX2
+    (16-channel tasks: 0.77 MiB planes; AVX-512's 1.5 MiB ones decline, schedules/llvm/conv_pool_test.py)."""
+    monkeypatch.setenv("TVM_FUSION_CPU", AVX2)
     check_fused(conv_pool("max3s2p1", hw=(224, 224), cin=3, cout=64, k=7, stride=2, pads=[3, 3, 3, 3]), rules,
                 expect={"conv2d_bn_relu_pool": 1})
 

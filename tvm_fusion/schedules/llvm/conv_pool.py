@@ -35,10 +35,15 @@ from tvm_fusion.schedules.llvm.conv2d import (ConvPlan, _optional_block, _plan, 
 WHOLE_PLANE_KERNELS = ("tiled", "depthwise", "depthwise_channels")
 
 
-#: the largest conv output plane (one task's channels x rows x columns, float32) the fused kernel takes: past it
-#: the pool reads the plane back from memory anyway, and the fused kernel measured slower than the two kernels
-#: (benchmarks/conv_pool.py; its table in docs/conv_pool.md)
-MAX_PLANE_BYTES = 4 << 20
+#: the largest conv output plane (one task's channels x rows x columns, float32) the fused kernel takes. Past it
+#: the plane leaves the core's cache before the pool reads it back, as the two kernels' whole tensor does, and
+#: the fused kernel measured no faster or slower. Measured on an AMD EPYC (Zen 4, 1 MiB L2 per core), one
+#: thread, CPU time, interleaved medians (benchmarks/conv_pool.py; fused / conv + pool kernels): AVX-512
+#: (32-channel tasks) ResNet's stem 1.5 MiB 1.09, VGG 3 -> 64 on 224x224 6.1 MiB 1.41, 64 -> 128 on 112x112
+#: 3.1 MiB 1.05; AVX2 (16-channel tasks) the stem 0.77 MiB 0.94, VGG 3 -> 64 3.1 MiB 0.95 (noise: +-10%
+#: between runs on this shared host); planes of at most 0.4 MiB 0.95-0.99 (VGG 128 -> 256 on 56x56, 256 -> 512
+#: on 28x28, 512 on 14x14, the 1x1 320 -> 1280 + GlobalAveragePool head).
+MAX_PLANE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -136,10 +141,10 @@ def _schedule_pool(sch, pool, attrs: dict, lanes: int):
         width = int(sch.get(col).extent)
         run, inner = sch.split(col, [None, min(width, lanes)])
         sch.reorder(run, th, tw, inner)  # a run's outputs stay in registers across its taps
-        sch.decompose_reduction(pool, th)
         sch.unroll(th)
         sch.unroll(tw)
-        _vector_run(sch, inner, lanes, contiguous=window.strides[1] == 1)
+        _vector_run(sch, inner, lanes, contiguous=window.strides[1] == 1 and width % lanes == 0)
+        sch.decompose_reduction(pool, th)  # after vectorize: the other order is "not compact dataflow"
     out = _optional_block(sch, "out")
     if out is not None:
         sch.reverse_compute_at(out, at)

@@ -15,21 +15,34 @@ from tvm_fusion.schedules.conv_pool import PoolWindow
 from tvm_fusion.schedules.llvm.conv2d import ConvPlan, ConvPadding, ConvTile, _plan
 from tvm_fusion.schedules.llvm.conv_pool import MAX_PLANE_BYTES, pool_plan, supports
 
-HOST, AVX2 = resolve_target("llvm"), resolve_target('{"kind": "llvm", "mcpu": "x86-64-v3"}')
+AVX512 = resolve_target('{"kind": "llvm", "mcpu": "skylake-avx512"}')
+AVX2 = resolve_target('{"kind": "llvm", "mcpu": "x86-64-v3"}')
+HOST = resolve_target("llvm")
 MAX = {"pool_kind": "max", "pool_size": (3, 3), "pool_strides": (2, 2), "pool_padding": (1, 1, 1, 1),
        "pool_out": (56, 56)}
 STEM = dict(strides=(2, 2), padding=(3, 3, 3, 3), dilation=(1, 1), groups=1)
 
 
-@pytest.mark.parametrize("target", [HOST, AVX2], ids=["host", "avx2"])
-def test_resnet_stem_fuses_with_no_halo(target):
+def _stem(target):
     conv = _plan((1, 3, 224, 224), 64, (3, 7, 7), STEM["strides"], STEM["padding"], STEM["dilation"], 1,
                  cpu_facts(target))
-    plan = pool_plan(conv, MAX)
-    assert (plan.kernel, plan.declined) == ("tiled", "")
+    return conv, pool_plan(conv, MAX)
+
+
+def test_resnet_stem_fuses_with_no_halo_on_avx2():
+    conv, plan = _stem(AVX2)
+    assert (plan.kernel, plan.channels, plan.declined) == ("tiled", 16, "")
     assert plan.halo.startswith("none: each task pools whole planes")
-    assert plan.plane_bytes == plan.channels * conv.padding.rows * conv.padding.cols * 4 <= MAX_PLANE_BYTES
-    assert supports({**STEM, **MAX}, [(1, 3, 224, 224), (64, 3, 7, 7), (64,)], target) is None
+    assert plan.plane_bytes == 16 * conv.padding.rows * conv.padding.cols * 4 <= MAX_PLANE_BYTES
+    assert supports({**STEM, **MAX}, [(1, 3, 224, 224), (64, 3, 7, 7), (64,)], AVX2) is None
+
+
+def test_resnet_stem_declines_on_avx512_with_the_measured_reason():
+    """32-channel tasks: a 1.5 MiB plane, past the bound the benchmark measured."""
+    _, plan = _stem(AVX512)
+    assert plan.declined.startswith("a task's conv output plane is 1.5 MiB (32 channels x 112 x 112); past 1 MiB "
+                                    "the fused kernel measured slower"), plan.declined
+    assert supports({**STEM, **MAX}, [(1, 3, 224, 224), (64, 3, 7, 7), (64,)], AVX512) == plan.declined
 
 
 def test_a_kernel_that_splits_planes_declines():
