@@ -177,3 +177,21 @@ def test_per_group_check_and_bisect_cover_the_group(rules):
     report = check_groups(model, rules=rules)
     assert report.ok and [g.rule for g in report.groups] == ["conv2d_bn_relu_pool"], str(report)
     assert bisect(model, rules=rules).verdict.startswith("nothing to bisect")
+
+
+def test_a_chain_in_a_function_with_an_if(rules):
+    """conv -> BN -> ReLU -> MaxPool feeding If(const) {Relu} else {Neg}: the importer builds no dataflow
+    block there; the chain is one kernel all the same."""
+    from onnx import TensorProto, helper
+
+    g = GraphBuilder(9)
+    y = g.op("MaxPool", [g.op("Relu", [g.bn(g.conv(g.input("x", [1, 4, 8, 8]), 4, 8), 8)])],
+             kernel_shape=[2, 2], strides=[2, 2])
+
+    def branch(op, out):
+        return helper.make_graph([helper.make_node(op, [y], [out], name=f"{out}_node")], out, [],
+                                 [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, 8, 4, 4])])
+
+    g.nodes.append(helper.make_node("If", [g.const(np.array(True))], ["z"], name="branch",
+                                    then_branch=branch("Relu", "then_out"), else_branch=branch("Neg", "else_out")))
+    check_fused(g.model(["z"]), rules, expect={"conv2d_bn_relu_pool": 1})
