@@ -179,6 +179,31 @@ def test_per_group_check_and_bisect_cover_the_group(rules):
     assert bisect(model, rules=rules).verdict.startswith("nothing to bisect")
 
 
+def test_bisect_blames_a_wrong_conv_pool_rule(rules):
+    """The same chain lowered with W' scaled by 1.01: the per-group check names it, bisect blames it."""
+    import dataclasses
+
+    from tvm_fusion.patterns.conv_pool import conv_pool_pattern
+    from tvm_fusion.rules import RuleSet, rule
+
+    @rule("conv2d_bn_relu_pool_wrong", priority=999)
+    def wrong():
+        spec = conv_pool_pattern(True, "relu")
+
+        def lower(m):
+            lowering = spec.lower(m)
+            lowering.constants[0] = lowering.constants[0] * 1.01
+            return lowering
+
+        return dataclasses.replace(spec, lower=lower)
+
+    with_wrong = rules + RuleSet([wrong])
+    model = conv_pool("max3s2p1", hw=(9, 9))
+    report = check_groups(model, rules=with_wrong)
+    assert [(g.rule, g.stats.ok) for g in report.groups] == [("conv2d_bn_relu_pool_wrong", False)], str(report)
+    assert bisect(model, rules=with_wrong).culprits == ["conv2d_bn_relu_pool_wrong"]
+
+
 def test_a_chain_in_a_function_with_an_if(rules):
     """conv -> BN -> ReLU -> MaxPool feeding If(const) {Relu} else {Neg}: the importer builds no dataflow
     block there; the chain is one kernel all the same."""
