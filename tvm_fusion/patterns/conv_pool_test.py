@@ -83,10 +83,8 @@ def test_conv_shapes_stem_depthwise_pointwise(conv, rules):
                 expect={"conv2d_bn_relu_pool": 1})
 
 
-def test_resnet_stem_size(rules, monkeypatch):
-    """The ResNet stem at its size: 1x3x224x224, 7x7/2 conv 64, BN, ReLU, MaxPool 3x3/2 pad 1; fused for AVX2
-    (16-channel tasks: 0.77 MiB planes; AVX-512's 1.5 MiB ones decline, schedules/llvm/conv_pool_test.py)."""
-    monkeypatch.setenv("TVM_FUSION_CPU", AVX2)
+def test_resnet_stem_size(rules):
+    """The ResNet stem at its size: 1x3x224x224, 7x7/2 conv 64, BN, ReLU, MaxPool 3x3/2 pad 1."""
     check_fused(conv_pool("max3s2p1", hw=(224, 224), cin=3, cout=64, k=7, stride=2, pads=[3, 3, 3, 3]), rules,
                 expect={"conv2d_bn_relu_pool": 1})
 

@@ -36,14 +36,13 @@ WHOLE_PLANE_KERNELS = ("tiled", "depthwise", "depthwise_channels")
 
 
 #: the largest conv output plane (one task's channels x rows x columns, float32) the fused kernel takes. Past it
-#: the plane leaves the core's cache before the pool reads it back, as the two kernels' whole tensor does, and
-#: the fused kernel measured no faster or slower. Measured on an AMD EPYC (Zen 4, 1 MiB L2 per core), one
-#: thread, CPU time, interleaved medians (benchmarks/conv_pool.py; fused / conv + pool kernels): AVX-512
-#: (32-channel tasks) ResNet's stem 1.5 MiB 1.09, VGG 3 -> 64 on 224x224 6.1 MiB 1.41, 64 -> 128 on 112x112
-#: 3.1 MiB 1.05; AVX2 (16-channel tasks) the stem 0.77 MiB 0.94, VGG 3 -> 64 3.1 MiB 0.95 (noise: +-10%
-#: between runs on this shared host); planes of at most 0.4 MiB 0.95-0.99 (VGG 128 -> 256 on 56x56, 256 -> 512
-#: on 28x28, 512 on 14x14, the 1x1 320 -> 1280 + GlobalAveragePool head).
-MAX_PLANE_BYTES = 1 << 20
+#: the plane leaves the core's caches before the pool reads it back, and the fused kernel measured slower than
+#: the two kernels. Measured on an AMD EPYC (Zen 4, 1 MiB L2 per core, shared host), one thread, CPU time,
+#: interleaved medians, fused / conv + pool kernels in several runs (benchmarks/conv_pool.py): AVX-512
+#: (32-channel tasks) VGG 3 -> 64 on 224x224, 6.1 MiB: 1.51, 1.35, 1.41, 1.30; ResNet's stem, 1.5 MiB: 1.03,
+#: 1.12, 0.79, 0.91, 1.09, 0.80; VGG 64 -> 128 on 112x112, 3.1 MiB: 0.75, 0.99, 1.05, 1.01; AVX2 (16-channel
+#: tasks) the stem, 0.77 MiB: 0.94; VGG 3 -> 64, 3.1 MiB: 1.03, 0.95; planes of at most 0.4 MiB 0.95-1.02.
+MAX_PLANE_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
