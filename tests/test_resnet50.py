@@ -10,7 +10,8 @@ from tvm_fusion.build.builder import build
 from tvm_fusion.check.compare import gpu_available, random_inputs, run_onnxruntime
 from tvm_fusion.testing import assert_close, run_build
 
-RESNET50_COUNTS = {"conv2d_bn_add_relu": 16, "conv2d_bn_relu": 33, "conv2d_bn": 4, "dense_bias": 1}
+RESNET50_COUNTS = {"conv2d_bn_relu_pool": 1, "conv2d_bn_add_relu": 16, "conv2d_bn_relu": 32, "conv2d_bn": 4,
+                   "dense_bias": 1}
 CONV_LAYERS = 53
 
 
