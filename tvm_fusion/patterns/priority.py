@@ -26,14 +26,15 @@ ACTIVATION_RANK = {"fake_quant": 10, "hardswish": 9, "silu": 8, "gelu_tanh": 7, 
 #: tier -> base priority, highest first; `<act>`: + ACTIVATION_RANK (0-10), `<n>`: + the chain length (3-6)
 TIERS = {
     "attention": 600,
-    # conv -> epilogue -> pool (patterns/conv_pool.py): above every conv rule (which would take its conv) and
-    # apart from the other cross-layer tiers, so that no priority repeats
-    "conv2d_bn_<act>_pool": 570,
-    "conv2d_bn_pool": 569,
-    "conv2d_<act>_pool": 550,
-    "conv2d_pool": 549,
-    "squeeze_excite_<act>_hardsigmoid": 520,  # above every conv rule, which would take its two 1x1 convs
-    "squeeze_excite_<act>_sigmoid": 510,
+    "squeeze_excite_<act>_hardsigmoid": 580,  # above every conv rule, which would take its two 1x1 convs
+    "squeeze_excite_<act>_sigmoid": 570,
+    # conv -> epilogue -> pool (patterns/conv_pool.py): above every conv rule (which would take its conv), below
+    # squeeze-excite (whose GlobalAveragePool of a conv's output is no conv -> pool chain: taken first, it is
+    # not tried, and explain lists no decline for it)
+    "conv2d_bn_<act>_pool": 550,
+    "conv2d_bn_pool": 549,
+    "conv2d_<act>_pool": 530,
+    "conv2d_pool": 529,
     # depthwise -> pointwise (patterns/depthwise_pointwise.py): above the conv rules, each of which would take
     # one of its two convs; the pointwise epilogue that takes more first. <act> is the depthwise activation
     # (ranks 0, 4, 8, 9): the two tiers of a pair 2 apart and the pairs 12 apart keep every priority distinct
