@@ -15,7 +15,7 @@ from tvm_fusion._tvm import device_lowering_passes, te, tvm
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm import conv2d as llvm_conv2d
 from tvm_fusion.schedules.llvm import conv2d_pointwise
-from tvm_fusion.schedules.llvm.conv2d import conv_plan, flat_pixels, pack_conv
+from tvm_fusion.schedules.llvm.conv2d import conv_plan, flat_pixels, pack_conv, pixel_vector_pointwise
 from tvm_fusion.schedules.llvm.conv2d_pointwise import (CHUNK_BYTES, PixelTile, channel_chunks, padded_pixels,
                                                         pixel_tiles)
 from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET, _id, _packed_build, _run, conv_reference
@@ -26,7 +26,7 @@ AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
 
 
 def _plan(facts, c, oc, h, w, k=1, stride=1, pad=0):
-    flat = flat_pixels(k, k, (stride,) * 2, (pad,) * 4, 1, facts)
+    flat = any(rule(k, k, (stride,) * 2, (pad,) * 4, 1, facts) for rule in (flat_pixels, pixel_vector_pointwise))
     oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
     return conv_plan(1, oc, oh, ow, c, k, k, 1, facts, strided=stride > 1, flat=flat)
 
@@ -35,14 +35,20 @@ def test_avx2_resnet50_pointwise_plans():
     """AVX2: every stride-1 1x1 conv whose pixels are whole vectors (56x56, 28x28) takes the pixel tile;
     its accumulators, its x vectors and a broadcast fit the 16 ymm, its pixel vectors divide H * W and its
     padded channels waste under 2%. 14x14 and 7x7 (196 and 49 pixels), strided and 3x3 convs keep the
-    channel-vectorized tile; AVX-512 targets keep every plan (TILED_STEP_COSTS says no `pixel_vectors`)."""
+    channel-vectorized tile. AVX-512 (`pixel_vector_pointwise`, no flat tiled plans) takes the pixel tile
+    for the same convs where they do not narrow their channels or have at least 56x56 pixels
+    (`pointwise_narrowing_pixels`): 512 -> 128 and 512 -> 256 on 28x28 keep the tiled kernel."""
     avx2, avx512 = cpu_facts(AVX2_TARGET), cpu_facts(tvm.target.Target(AVX512))
     kernels = set()
     for n, c, h, w, oc, k, stride, pad in RESNET50_CONVS:
         plan = _plan(avx2, c, oc, h, w, k, stride, pad)
         pointwise = k == 1 and stride == 1 and h * w % avx2.float32_lanes == 0
         assert (plan.kernel == "pointwise") == pointwise, (c, oc, h, w, k, stride, plan)
-        assert _plan(avx512, c, oc, h, w, k, stride, pad).kernel == "tiled"
+        wide = _plan(avx512, c, oc, h, w, k, stride, pad)
+        assert (wide.kernel == "pointwise") == (pointwise and (oc >= c or h * w >= 56 * 56)), (c, oc, h, w, wide)
+        assert wide.kernel == "pointwise" or not wide.flat, wide
+        if wide.kernel == "pointwise":
+            assert wide.tile.lanes == 16 and wide.tile.accumulators + wide.tile.vectors + 1 <= 32, wide
         if pointwise:
             tile = plan.tile
             assert tile.accumulators + tile.vectors + 1 <= avx2.vector_registers and tile.accumulators >= 8
@@ -64,7 +70,8 @@ TILED_PLANS = [(1024, 256, 14, 14), (256, 1024, 14, 14), (1024, 512, 14, 14), (5
 
 def test_avx2_tail_plans():
     """A tail plan computes whole tiles (padding.cols = the pixels rounded up to the tile's), its tile fits
-    the registers and is no wider than the pixels; AVX-512 keeps the tiled kernel."""
+    the registers and is no wider than the pixels; so on AVX-512 (16 lanes, none of these pixel counts whole
+    vectors of them)."""
     avx2, avx512 = cpu_facts(AVX2_TARGET), cpu_facts(tvm.target.Target(AVX512))
     for c, oc, h, w in TAIL_PLANS:
         plan = _plan(avx2, c, oc, h, w)
@@ -72,9 +79,11 @@ def test_avx2_tail_plans():
         assert plan.kernel == "pointwise" and h * w % avx2.float32_lanes, (c, oc, h, w, plan)
         assert tile.accumulators + tile.vectors + 1 <= avx2.vector_registers and tile.cols <= h * w
         assert plan.padding.cols == padded_pixels(h * w, tile) == -(-h * w // tile.cols) * tile.cols
-        assert _plan(avx512, c, oc, h, w).kernel == "tiled"
+        wide = _plan(avx512, c, oc, h, w)
+        assert wide.kernel == "pointwise" and wide.padding.cols == padded_pixels(h * w, wide.tile) > h * w, wide
     for c, oc, h, w in TILED_PLANS:
         assert _plan(avx2, c, oc, h, w).kernel == "tiled", (c, oc, h, w)
+        assert _plan(avx512, c, oc, h, w).kernel == "tiled", (c, oc, h, w)
 
 
 #: flat convs whose channels the tiled kernel's tile would pad (its epilogue then runs under a channel

@@ -646,14 +646,20 @@ STRIDED_DEPTHWISE = [
 ]
 
 
-def test_strided_depthwise_convs_vectorize_their_channels_on_avx2_only():
-    """`channel_depthwise`: AVX2's step cost, strided, one output channel per input channel, whole vectors."""
+def test_strided_depthwise_convs_vectorize_their_channels():
+    """`channel_depthwise`: AVX2's and AVX-512's step costs, strided, one output channel per input channel,
+    whole vectors (8 or 16 lanes)."""
     avx2, avx512 = cpu_facts(tvm.target.Target(AVX2)), cpu_facts(TILE_TARGETS["avx512"])
     plan = conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx2, strided=True)
     assert plan.kernel == "depthwise_channels" and plan.tile.oc_vectors == 1 and plan.tile.lanes == 8, plan
     assert plan.padding == ConvPadding(1, _ceil_to(28, plan.tile.rows), _ceil_to(28, plan.tile.cols))
     assert plan.tile.accumulators <= tiled_accumulators(avx2, 1)
-    assert conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx512, strided=True).kernel == "depthwise", "AVX-512 as before"
+    wide = conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx512, strided=True)
+    assert wide.kernel == "depthwise_channels" and wide.tile.lanes == 16, wide
+    assert wide.tile.accumulators <= tiled_accumulators(avx512, 1)
+    assert conv_plan(1, 120, 28, 28, 1, 3, 3, 120, avx512, strided=True).kernel == "depthwise", "7.5 zmm"
+    sse = cpu_facts(tvm.target.Target({"kind": "llvm", "mcpu": "x86-64"}))
+    assert conv_plan(1, 112, 28, 28, 1, 3, 3, 112, sse, strided=True).kernel == "depthwise", "no step cost says so"
     assert conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx2).kernel == "depthwise", "stride 1: no gathers"
     assert conv_plan(1, 60, 14, 14, 1, 3, 3, 60, avx2, strided=True).kernel == "depthwise", "60 channels"
     assert conv_plan(1, 64, 14, 14, 1, 3, 3, 32, avx2, strided=True).kernel == "depthwise", "multiplier 2"
@@ -677,15 +683,17 @@ def _depthwise_build(case, activation, channels: bool, target):
         llvm_conv.channel_depthwise = keep
 
 
-@NO_AVX2
+@pytest.mark.parametrize("target_name", [pytest.param("avx2", marks=NO_AVX2), "host"])
 @pytest.mark.parametrize("activation", ["relu", "silu"])
 @pytest.mark.parametrize("case", STRIDED_DEPTHWISE, ids=_id)
-def test_strided_depthwise_channel_vectors_match_numpy_and_the_column_kernel(case, activation):
-    """Built for AVX2: element-wise against float64 numpy (ReLU) and the column-vectorized kernel (the same
-    taps summed in the same order: bit-identical with ReLU, within the tolerances with SiLU's exp)."""
-    target = tvm.target.Target(AVX2)
+def test_strided_depthwise_channel_vectors_match_numpy_and_the_column_kernel(case, activation, target_name):
+    """Built for AVX2 and the host (AVX-512 here): element-wise against float64 numpy (ReLU) and the
+    column-vectorized kernel (the same taps summed in the same order: bit-identical with ReLU, within the
+    tolerances with SiLU's exp)."""
+    target = tvm.target.Target(AVX2) if target_name == "avx2" else TARGET
+    facts = cpu_facts(target)
     executable, scheduled, attrs = _depthwise_build(case, activation, True, target)
-    channels = case["c"] % 8 == 0
+    channels = step_cost(facts).channel_depthwise and case["c"] % facts.float32_lanes == 0
     nhwc = re.search(rf"T.sblock_alloc_buffer\(\(\d+, \d+, \d+, {case['c']}\)\)", scheduled.script())
     assert channels == (nhwc is not None), "the input copied channels-last for whole vectors of channels"
     shapes = [[int(d) for d in p.shape] for p in scheduled.params]
