@@ -19,6 +19,7 @@ from tvm_fusion.schedules.llvm.conv2d import conv_plan, flat_pixels, pack_conv, 
 from tvm_fusion.schedules.llvm.conv2d_pointwise import (CHUNK_BYTES, PixelTile, channel_chunks, padded_pixels,
                                                         pixel_tiles)
 from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET, _id, _packed_build, _run, conv_reference
+from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.testing import RESNET50_CONVS, assert_close, conv_primfunc
 
 AVX2_TARGET = tvm.target.Target(AVX2)
@@ -438,3 +439,44 @@ def test_pixel_groups_balance_the_threads():
     assert pixel_group(49, 16, 192, 2) == 1 and pixel_group(49, 16, 192, 1) == 7
     assert pixel_group(49, 16, 320, 2, chunks=2) == 7  # 14 tasks: 7 a thread
     assert pixel_group(196, 16, 64, 2) == 49  # 4 groups
+
+
+#: MobileNetV2's shapes that take the pixel kernel and the channel-vector depthwise kernel on AVX-512 too
+#: (a 1x1 expand, a 3x3/2 depthwise, a 3x3 depthwise on 7 columns), smaller maps
+MOBILENET_CASES = [(dict(n=1, c=16, h=28, w=28, oc=96, k=1), "pointwise"),
+                   (dict(n=1, c=32, h=28, w=28, oc=32, k=3, stride=2, pad=1, groups=32), "depthwise_channels"),
+                   (dict(n=1, c=32, h=7, w=7, oc=32, k=3, stride=1, pad=1, groups=32), "depthwise_channels")]
+
+
+@pytest.mark.parametrize("target_name", ["host", pytest.param("avx2", marks=NO_AVX2)])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case,kernel", MOBILENET_CASES, ids=lambda v: _id(v) if isinstance(v, dict) else v)
+def test_mobilenet_plans_match_numpy_in_each_dtype(case, kernel, dtype, target_name):
+    """On AVX-512 (the host here) and AVX2 both: the plan named, W packed as fuse packs it, every dtype
+    element-wise against float64 numpy within its tolerance (x, W, output in `dtype`, the bias float32)."""
+    target = TARGET if target_name == "host" else AVX2_TARGET
+    func, attrs, shapes = conv_primfunc(**case, target=target, dtype=dtype)
+    facts = cpu_facts(target)
+    stride, pad, groups = case.get("stride", 1), case.get("pad", 0), case.get("groups", 1)
+    out_hw = [int(d) for d in func.params[-1].shape][2:]
+    plan = conv_plan(1, case["oc"], *out_hw, case["c"] // groups, case["k"], case["k"], groups, facts,
+                     strided=stride > 1, flat=llvm_conv2d.one_row_pixels(case["k"], case["k"], (stride,) * 2,
+                                                                          (pad,) * 4, groups, case["c"] // groups,
+                                                                          case["oc"], facts))
+    if facts.isa in ("avx2", "avx512"):
+        assert plan.kernel == kernel, plan
+    rng = np.random.default_rng(3)
+    np_dtype = numpy_dtype(dtype)
+    x, w = (rng.standard_normal(s).astype(np_dtype) for s in shapes[:2])
+    b = rng.standard_normal(shapes[2]).astype("float32")
+    packed = pack_conv([w, b], attrs, shapes, target) or [w, b]
+    xs = te.placeholder(x.shape, dtype, name="x")
+    ws = te.placeholder(packed[0].shape, dtype, name="w")
+    bs = te.placeholder(b.shape, "float32", name="b")
+    out = llvm_conv2d.conv2d_llvm(xs, ws, bs, **attrs, target=target)
+    scheduled = _schedule(te.create_prim_func([xs, ws, bs, out]).without_attr("global_symbol"), attrs, target)
+    got = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], np_dtype))
+    tvm.compile(tvm.IRModule({"main": scheduled}), target)["main"](
+        *[tvm.runtime.tensor(a) for a in (x, packed[0], b)], got)
+    want = conv_reference(x.astype("float32"), w.astype("float32"), b, None, attrs)
+    assert_close(got.numpy(), want.astype(np_dtype), f"{dtype} {_id(case)}")
