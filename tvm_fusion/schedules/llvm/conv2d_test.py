@@ -653,14 +653,14 @@ STRIDED_DEPTHWISE = [
 
 def test_strided_depthwise_convs_vectorize_their_channels():
     """`channel_depthwise`: AVX2's and AVX-512's step costs, strided, one output channel per input channel,
-    whole vectors (8 or 16 lanes)."""
+    whole vectors (8 or 16 lanes; AVX-512 blocks 8 channels: `channel_depthwise_lanes`)."""
     avx2, avx512 = cpu_facts(tvm.target.Target(AVX2)), cpu_facts(TILE_TARGETS["avx512"])
     plan = conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx2, strided=True)
     assert plan.kernel == "depthwise_channels" and plan.tile.oc_vectors == 1 and plan.tile.lanes == 8, plan
     assert plan.padding == ConvPadding(1, _ceil_to(28, plan.tile.rows), _ceil_to(28, plan.tile.cols))
     assert plan.tile.accumulators <= tiled_accumulators(avx2, 1)
     wide = conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx512, strided=True)
-    assert wide.kernel == "depthwise_channels" and wide.tile.lanes == 16, wide
+    assert wide.kernel == "depthwise_channels" and wide.tile.lanes == 8, "blocks of `channel_depthwise_lanes`"
     assert wide.tile.accumulators <= tiled_accumulators(avx512, 1)
     assert conv_plan(1, 120, 28, 28, 1, 3, 3, 120, avx512, strided=True).kernel == "depthwise", "7.5 zmm"
     sse = cpu_facts(tvm.target.Target({"kind": "llvm", "mcpu": "x86-64"}))
