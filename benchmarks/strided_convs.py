@@ -15,7 +15,8 @@ Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the l
 with a larger kernel keep their rows of tiles, `flat_taps` off; "copy_rows": a flat 1x1 conv's channels-last
 input copied a whole channel row per pixel, not in blocks of COPY_CHANNELS; "tap_rows": a flat conv's kernel
 columns and input channels reduced in two loops, not one; "chunks": the pointwise kernel's output channels in
-chunks of CHUNK_BYTES of weights only, CHUNK_INPUT_FRACTION 0), and onnxruntime runs Conv +
+chunks of CHUNK_BYTES of weights only, CHUNK_INPUT_FRACTION 0; "avx512": AVX-512 without its step cost's
+`pixel_vectors` / `channel_depthwise`), and onnxruntime runs Conv +
 the activation as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the
 medians of `--rounds` blocks of about 100 ms each, and whether the two builds agree bit for bit.
 
@@ -50,7 +51,7 @@ from tvm_fusion._tvm import te, tvm  # noqa: E402
 from tvm_fusion.testing import RESNET50_CONVS  # noqa: E402
 from tvm_fusion.build.builder import resolve_target  # noqa: E402
 
-#: name: (n, c, h, w, oc, k, stride, pad)
+#: name: (n, c, h, w, oc, k, stride, pad[, groups])
 SHAPES = {
     "yolo_3_16": (1, 3, 320, 320, 16, 3, 2, 1),  # YOLOv8n (320x320 input)
     "yolo_16_32": (1, 16, 160, 160, 32, 3, 2, 1),
@@ -100,6 +101,14 @@ SHAPES = {
     "densenet_1x1_480_128": (1, 480, 28, 28, 128, 1, 1, 0),
     "squeezenet_1x1_512_1000": (1, 512, 13, 13, 1000, 1, 1, 0),  # a last tile past H * W, 1000 padded
     "1x1_256_1000": (1, 256, 13, 13, 1000, 1, 1, 0),
+    # MobileNetV2 1.0 (`--before avx512`: the AVX-512 plans without `pixel_vector_pointwise` and
+    # `channel_depthwise`); a 9th number is the groups
+    "mbv2_1x1_16_96": (1, 16, 112, 112, 96, 1, 1, 0),
+    "mbv2_1x1_24_144": (1, 24, 56, 56, 144, 1, 1, 0),
+    "mbv2_1x1_96_24": (1, 96, 56, 56, 24, 1, 1, 0),
+    "mbv2_dw_s2_96": (1, 96, 112, 112, 96, 3, 2, 1, 96),
+    "mbv2_dw_s2_144": (1, 144, 56, 56, 144, 3, 2, 1, 144),
+    "mbv2_dw_960_7": (1, 960, 7, 7, 960, 3, 1, 1, 960),
 }
 ORT_ACTIVATIONS = {"relu": [("Relu", ["c"], "y")], "silu": [("Sigmoid", ["c"], "s"), ("Mul", ["c", "s"], "y")]}
 
@@ -112,8 +121,9 @@ def _cpu(fn, number: int) -> float:
 
 
 def _ort(shape, wt, b, activation: str):
-    n, c, h, w, _, k, s, p = shape
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], strides=[s, s], pads=[p] * 4, kernel_shape=[k, k])]
+    n, c, h, w, _, k, s, p, *groups = shape
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], strides=[s, s], pads=[p] * 4, kernel_shape=[k, k],
+                              group=groups[0] if groups else 1)]
     nodes += [helper.make_node(op, ins, [out]) for op, ins, out in ORT_ACTIVATIONS[activation]]
     graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
@@ -146,7 +156,8 @@ BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
           "flat_taps": {"flat_taps": lambda *args, **kwargs: False},
           "copy_rows": {"_schedule_pad": _copy_whole_rows},
           "tap_rows": {"_schedule_flat": lambda *args, tap_rows=False: _SCHEDULE_FLAT(*args)},
-          "chunks": {"pointwise.CHUNK_INPUT_FRACTION": 0}}
+          "chunks": {"pointwise.CHUNK_INPUT_FRACTION": 0},
+          "avx512": {"TILED_STEP_COSTS": {k: v for k, v in llvm_conv.TILED_STEP_COSTS.items() if k != "avx512"}}}
 
 
 def _owner(name: str):
@@ -260,10 +271,11 @@ def main(argv=None) -> int:
         return _copies(target, args.rounds)
     for name in args.shapes or SHAPES:
         shape = SHAPES[name]
-        case = dict(zip(("n", "c", "h", "w", "oc", "k", "stride", "pad"), shape), activation=args.activation)
+        case = dict(zip(("n", "c", "h", "w", "oc", "k", "stride", "pad", "groups"), shape), activation=args.activation)
         before, out_before, _ = _build(case, target, BEFORE[args.before])
         after, out_after, arrays = _build(case, target, {})
-        wt = np.random.default_rng(2).standard_normal((shape[4], shape[1], shape[5], shape[5])).astype("float32")
+        groups = case.get("groups", 1)
+        wt = np.random.default_rng(2).standard_normal((shape[4], shape[1] // groups, shape[5], shape[5])).astype("float32")
         session, feed = _ort(shape, wt, arrays[2], args.activation), {"x": arrays[0]}
         runs = {"before": before, "after": after, "onnxruntime": lambda: session.run(None, feed)}
         times = _interleaved(runs, args.rounds)

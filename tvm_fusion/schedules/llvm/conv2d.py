@@ -25,8 +25,8 @@ Depthwise convs (one input channel per output channel, `depthwise`): output colu
             for rh, rw: acc[i, :] += x[c, y + i + rh, x + rw : + k * L] * W[c, 0, rh, rw]   # vector * broadcast
             out[n, c, real pixels] = epilogue(acc)
 
-A strided depthwise conv whose channels are whole vectors, on an ISA whose step cost says `channel_depthwise`
-(AVX2): `depthwise_channels`, the tiled loop nest over one vector of channels, each channel block's padded input
+A strided (or at most `channel_depthwise_columns` wide) depthwise conv whose channels are whole vectors, on an
+ISA whose step cost says `channel_depthwise` (AVX2, AVX-512): `depthwise_channels`, the tiled loop nest over one vector of channels, each channel block's padded input
 copied channels-last inside the parallel loop (every tap a contiguous vector load, no column gathers).
 
 On an ISA whose step cost says `flat_taps_chains` (AVX2), a dense conv with a larger kernel (stride 1, or
@@ -35,8 +35,9 @@ pixel p reads the padded input at (p // wout * sh + rh, p % wout * sw + rw), so 
 output row and only the last tile is padded (28 x 28 outputs: 784 -> 786 pixels, not 28 -> 30 columns, with
 2 x 6 tiles: 7% fewer FMAs).
 
-Flat 1x1 convs whose H * W is whole pixel tiles, on an ISA whose step cost says `pixel_vectors` (AVX2):
-`pointwise`, pixels vectorized and the NCHW output stored as whole vectors (`conv2d_pointwise.py`). A strided
+Flat 1x1 convs whose H * W is whole pixel tiles, on an ISA whose step cost says `pixel_vectors` (AVX2; AVX-512
+for `pixel_vector_pointwise`'s convs): `pointwise`, pixels vectorized and the NCHW output stored as whole
+vectors (`conv2d_pointwise.py`). A strided
 1x1 unpadded conv there copies only the pixels it reads, x[n, c, h * sh, w * sw], and is planned as a flat
 1x1 conv over them (`subsampled_pixels`).
 
@@ -62,7 +63,7 @@ from tvm_fusion.schedules.llvm.conv2d_pointwise import (PixelTile, VectorRows, p
 
 __all__ = ["ConvTile", "RowTile", "ConvPlan", "choose_tile", "choose_row_tile", "choose_channel_tile",
            "channel_depthwise", "conv_plan", "flat_pixels",
-           "subsampled_pixels", "one_row_pixels",
+           "subsampled_pixels", "one_row_pixels", "pixel_vector_pointwise",
            "max_accumulators",
            "tiled_accumulators", "packs_taps_first", "channels_last_input",
            "conv2d_llvm", "pack_conv", "schedule_conv2d_llvm"]
@@ -137,9 +138,18 @@ class StepCost:
     flat_pointwise: bool = False  # 1x1 stride-1 unpadded convs tile their pixels as one row (`flat_pixels`)
     pixel_vectors: bool = False  # flat convs may vectorize their pixels (`conv2d_pointwise`, `choose_pixel_tile`)
     channel_depthwise: bool = False  # strided depthwise convs may vectorize their channels (`channel_depthwise`)
+    # ... and stride-1 ones with at most this many output columns (0: none)
+    channel_depthwise_columns: int = 0
+    # `depthwise_channels` in blocks of at most this many channels (0: one whole vector): each pixel of its
+    # channels-last input copy gathers one element of each channel plane of the block
+    channel_depthwise_lanes: int = 0
     # convs with a larger kernel may tile their pixels as one row (`flat_taps`), their tiles ranked wanting
     # this many independent FMA chains (0: not at all)
     flat_taps_chains: int = 0
+    # on an ISA whose 1x1 convs are not `flat_pointwise`, a 1x1 stride-1 unpadded conv may still take the
+    # pixel-vectorized kernel (`pixel_vector_pointwise`): one that does not narrow its channels, or a narrowing
+    # one with at least this many output pixels (0: none)
+    pointwise_narrowing_pixels: int = 0
 
 
 #: per vector ISA (`hardware.cpu_facts`), the tiled kernel's step cost; others: StepCost(). With AVX2 a core
@@ -166,10 +176,22 @@ class StepCost:
 #: row tiles ranked wanting 12 chains: 3x3 128 on 28x28 ran 2.36 / 2.34 ms with 2 x 6 (786 pixels), 2.50 /
 #: 2.48 ms with 2 x 5 (785); on 7x7 2 x 6 (54 pixels) and 2 x 5 (50) tie. The 1x1 convs keep 9 (2 x 5 on 7x7:
 #: 1.17 ms against 1.23 with 2 x 6 on 2048 -> 512).
+#: AVX-512 (Zen 4) keeps the default tile costs and its rows of tiles, but takes the two kernels that store
+#: whole vectors where the tiled kernel stores NCHW element by element: strided depthwise convs over channel
+#: vectors (`channel_depthwise`) and 1x1 convs over pixel vectors (`pixel_vector_pointwise`: not narrowing, or
+#: narrowing on 56x56 and larger). Measured on Zen 4 (AVX-512, one conv + ReLU, one thread, CPU time, tiled /
+#: depthwise -> these, interleaved, bit-identical): MobileNetV2's 3x3/2 depthwise 96 on 112x112 1.00 -> 0.54
+#: ms, 144 on 56x56 0.33 -> 0.20 ms; 1x1 16 -> 96 on 112x112 1.14 -> 0.49 ms, 24 -> 144 on 56x56 0.45 -> 0.23
+#: ms, 32 -> 192 on 28x28 0.18 -> 0.11 ms, 96 -> 576 on 14x14 0.31 -> 0.27 ms, 96 -> 24 on 56x56 0.23 -> 0.21
+#: ms; ResNet-50's 64 -> 256 on 56x56 1.30 -> 1.03 ms, 256 -> 64 on 56x56 2.33 -> 1.46 ms, 128 -> 512 on
+#: 28x28 1.14 -> 1.01 ms. Narrowing convs on smaller maps lost: 192 -> 32 on 28x28 0.134 -> 0.148 ms, 512 ->
+#: 128 on 28x28 1.02 -> 1.09 ms.
 TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=9, taps_first=True, broadcast_registers=2,
                                      panel_bytes=2 * PANEL_BYTES, flat_pointwise=True,
-                                     pixel_vectors=True, channel_depthwise=True,
-                                     flat_taps_chains=12)}
+                                     pixel_vectors=True, channel_depthwise=True, channel_depthwise_columns=7,
+                                     flat_taps_chains=12),
+                    "avx512": StepCost(pixel_vectors=True, channel_depthwise=True, channel_depthwise_columns=7,
+                                       channel_depthwise_lanes=8, pointwise_narrowing_pixels=56 * 56)}
 
 
 def step_cost(facts: CpuFacts) -> StepCost:
@@ -303,22 +325,31 @@ def choose_row_tile(hout: int, wout: int, facts: CpuFacts, strided: bool = False
         t.accumulators, -_ceil_to(wout, t.cols), t.vectors))
 
 
-def channel_depthwise(cout: int, groups: int, facts: CpuFacts, strided: bool) -> bool:
+def channel_depthwise(cout: int, groups: int, facts: CpuFacts, strided: bool, wout: int | None = None) -> bool:
     """Whether a depthwise conv (one input channel per group) takes the tiled kernel's loop nest over vectors
     of channels (`depthwise_channels`): strided, one output channel per input channel, the channels whole
     vectors, on an ISA whose step cost says `channel_depthwise`. Its input is copied channels-last, so each tap
     of a tile's pixels is one contiguous vector load and the weights one vector per tap (a row of columns
-    vectorized reads every second input column: a gather)."""
-    return (strided and step_cost(facts).channel_depthwise and cout == groups
-            and cout % facts.float32_lanes == 0)
+    vectorized reads every second input column: a gather). Stride 1 too where the output has at most
+    `channel_depthwise_columns` columns (`wout`): a row of 7 pads its last column vector. Measured on Zen 4
+    (one 3x3 conv + ReLU, one thread, CPU time, columns -> channels, bit-identical): 960 on 7x7 0.064 -> 0.043
+    ms (AVX-512), 0.076 -> 0.044 ms (AVX2 target), 320 on 7x7 0.030 -> 0.022 ms; wider rows tie or lose
+    (AVX-512: 64 on 4x4 and 96 on 8x8 the same, 384 on 14x14 0.088 / 0.086, 576 on 14x14 0.104 / 0.112, 192
+    on 28x28 0.121 / 0.140, 32 on 112x112 0.249 / 0.369 ms)."""
+    cost = step_cost(facts)
+    wanted = strided or (wout is not None and wout <= cost.channel_depthwise_columns)
+    return wanted and cost.channel_depthwise and cout == groups and cout % facts.float32_lanes == 0
 
 
 def choose_channel_tile(hout: int, wout: int, facts: CpuFacts) -> ConvTile:
     """`depthwise_channels`: rows x columns of pixels, one vector of channels, with the most real outputs
     per FMA slot (a step loads each accumulator's input vector and one weight vector), ties to more
-    accumulators."""
+    accumulators. A vector of at most `channel_depthwise_lanes` channels: measured on Zen 4 (AVX-512, one
+    conv + ReLU, one thread, CPU time, 16 -> 8 channels a block, interleaved, bit-identical), 3x3/2 96 on
+    112x112 0.434 -> 0.359 ms, 144 on 56x56 0.155 -> 0.138 ms (the input copy gathers 8 planes per pixel)."""
     cost, budget = step_cost(facts), tiled_accumulators(facts, 1)
-    tiles = (ConvTile(1, rows, cols, facts.float32_lanes)
+    lanes = min(facts.float32_lanes, cost.channel_depthwise_lanes or facts.float32_lanes)
+    tiles = (ConvTile(1, rows, cols, lanes)
              for rows in range(1, min(hout, budget) + 1) for cols in range(1, min(wout, budget // rows) + 1))
     return max(tiles, key=lambda t: (
         _efficiency(t.accumulators, t.accumulators + 1, (hout, wout),
@@ -377,10 +408,21 @@ def flat_taps(kh: int, kw: int, strides, groups: int, cpg: int, cout: int, facts
             and (all(int(s) == 1 for s in strides) or channels_last_input("tiled", cpg, cout, kh, kw, strides, facts)))
 
 
+def pixel_vector_pointwise(kh: int, kw: int, strides, padding, groups: int, facts: CpuFacts) -> bool:
+    """Whether a dense 1x1, stride-1, unpadded conv may take the pixel-vectorized kernel (`conv2d_pointwise`)
+    on a target whose step cost says `pixel_vectors` without `flat_pointwise` (AVX-512): `conv_plan` then takes
+    it where `choose_pixel_tile` finds a tile and `pointwise_narrowing_pixels` allows it, else the rows of
+    tiles as before (no flat tiled plan)."""
+    cost = step_cost(facts)
+    return (cost.pixel_vectors and not cost.flat_pointwise and (kh, kw) == (1, 1) and groups == 1
+            and all(int(s) == 1 for s in strides) and not any(int(p) for p in padding))
+
+
 def one_row_pixels(kh: int, kw: int, strides, padding, groups: int, cpg: int, cout: int, facts: CpuFacts) -> bool:
-    """`conv_plan`'s `flat`: a stride-1 (`flat_pixels`) or subsampled (`subsampled_pixels`) 1x1 conv, or a
-    conv with a larger kernel (`flat_taps`)."""
+    """`conv_plan`'s `flat`: a stride-1 (`flat_pixels`, `pixel_vector_pointwise`) or subsampled
+    (`subsampled_pixels`) 1x1 conv, or a conv with a larger kernel (`flat_taps`)."""
     return (flat_pixels(kh, kw, strides, padding, groups, facts)
+            or pixel_vector_pointwise(kh, kw, strides, padding, groups, facts)
             or subsampled_pixels(kh, kw, strides, padding, groups, cpg, cout, facts)
             or flat_taps(kh, kw, strides, groups, cpg, cout, facts))
 
@@ -452,7 +494,7 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     if pixels and (pixel_tile := pointwise.choose_group_tile(cout // groups, hout * wout, facts)) is not None:
         padding = ConvPadding(_ceil_to(cout, pixel_tile.channels), 1, _ceil_to(hout * wout, pixel_tile.cols))
         return ConvPlan("pixels", pixel_tile, padding)
-    if cpg == 1 and groups > 1 and channel_depthwise(cout, groups, facts, strided):
+    if cpg == 1 and groups > 1 and channel_depthwise(cout, groups, facts, strided, wout=wout):
         tile = choose_channel_tile(hout, wout, facts)
         padding = ConvPadding(1, _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols))
         return ConvPlan("depthwise_channels", tile, padding)
@@ -461,17 +503,20 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
         padding = ConvPadding(cout // groups, _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols))
         return ConvPlan("depthwise", tile, padding)
     tile = choose_tile(cout, hout, wout, cpg * kh * kw, n, facts.threads, facts, groups)
-    if flat and hout > 1 and cpg > 1:
-        cost = step_cost(facts)
+    cost = step_cost(facts)
+    if flat and hout > 1 and cpg > 1 and not cost.flat_pointwise:  # `pixel_vector_pointwise`, else rows of tiles
+        narrowing = cout < cpg and hout * wout < cost.pointwise_narrowing_pixels
+        pixels = None if narrowing or kh * kw > 1 else choose_pixel_tile(cout, hout * wout, cpg, facts)
+        if pixels is not None:
+            return _pointwise_plan(cout, hout * wout, cpg, pixels)
+    elif flat and hout > 1 and cpg > 1:
         if kh * kw > 1:  # `flat_taps`: its row tiles ranked at the chains it wants
             cost = replace(cost, min_chains=cost.flat_taps_chains)
         row = choose_tile(cout, 1, hout * wout, cpg * kh * kw, n, facts.threads, facts, groups, cost)
         pixels = None if kh * kw > 1 else choose_pixel_tile(cout, hout * wout, cpg, facts,
                                                              tail=cout % row.channels != 0)
         if pixels is not None:
-            padding = ConvPadding(padded_channels(cout, pixels.rows, cpg, hout * wout), 1,
-                                  padded_pixels(hout * wout, pixels), pixels.rows)
-            return ConvPlan("pointwise", pixels, padding, flat=True)
+            return _pointwise_plan(cout, hout * wout, cpg, pixels)
         opg = cout // groups
         if row.cols > 1 and _tile_efficiency(row, opg, 1, hout * wout, cost) > _tile_efficiency(tile, opg, hout, wout,
                                                                                                cost):
@@ -480,6 +525,12 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     padding = ConvPadding(_ceil_to(cout // groups, tile.channels), _ceil_to(hout, tile.rows),
                           _ceil_to(wout, tile.cols), tile.channels)
     return ConvPlan("tiled", tile, padding)
+
+
+def _pointwise_plan(cout: int, pixels: int, cpg: int, tile: PixelTile) -> ConvPlan:
+    """The pixel-vectorized kernel's plan: output channels padded to whole chunks, pixels to whole tiles."""
+    padding = ConvPadding(padded_channels(cout, tile.rows, cpg, pixels), 1, padded_pixels(pixels, tile), tile.rows)
+    return ConvPlan("pointwise", tile, padding, flat=True)
 
 
 def _llvm_facts(target) -> CpuFacts:

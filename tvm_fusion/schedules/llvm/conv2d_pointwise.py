@@ -3,7 +3,8 @@ channel rows x pixel vectors` (NCHW in, NCHW out). The two kernels of `conv2d.co
 weights and keep pixel vectors as accumulators (the tiled kernel of `conv2d.py` does the reverse): per group,
 out[o, P] = W[o, C] @ x[C, P] over the H * W pixels, read and written contiguously, in tiles of `PixelTile`.
 
-- groups = 1, plan kind "pointwise" (`schedule_pointwise`): AVX2 only (`conv2d.StepCost.pixel_vectors`);
+- groups = 1, plan kind "pointwise" (`schedule_pointwise`): where the step cost says `pixel_vectors`
+  (AVX2's flat 1x1 convs; AVX-512's `conv2d.pixel_vector_pointwise` ones);
   the compute is `conv2d.conv2d_padded(flat=True)`, W packed, x copied into strips, the output channels in
   L2-sized chunks, a last tile past H * W peeled by LoopPartition.
 - groups > 1, plan kind "pixels" (`conv2d_grouped_pointwise`, `schedule_grouped_pointwise`): any ISA; W read

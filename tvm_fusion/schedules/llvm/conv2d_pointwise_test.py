@@ -15,10 +15,11 @@ from tvm_fusion._tvm import device_lowering_passes, te, tvm
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm import conv2d as llvm_conv2d
 from tvm_fusion.schedules.llvm import conv2d_pointwise
-from tvm_fusion.schedules.llvm.conv2d import conv_plan, flat_pixels, pack_conv
+from tvm_fusion.schedules.llvm.conv2d import conv_plan, flat_pixels, pack_conv, pixel_vector_pointwise
 from tvm_fusion.schedules.llvm.conv2d_pointwise import (CHUNK_BYTES, PixelTile, channel_chunks, padded_pixels,
                                                         pixel_tiles)
 from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET, _id, _packed_build, _run, conv_reference
+from tvm_fusion.precision import numpy_dtype
 from tvm_fusion.testing import RESNET50_CONVS, assert_close, conv_primfunc
 
 AVX2_TARGET = tvm.target.Target(AVX2)
@@ -26,7 +27,7 @@ AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
 
 
 def _plan(facts, c, oc, h, w, k=1, stride=1, pad=0):
-    flat = flat_pixels(k, k, (stride,) * 2, (pad,) * 4, 1, facts)
+    flat = any(rule(k, k, (stride,) * 2, (pad,) * 4, 1, facts) for rule in (flat_pixels, pixel_vector_pointwise))
     oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
     return conv_plan(1, oc, oh, ow, c, k, k, 1, facts, strided=stride > 1, flat=flat)
 
@@ -35,14 +36,20 @@ def test_avx2_resnet50_pointwise_plans():
     """AVX2: every stride-1 1x1 conv whose pixels are whole vectors (56x56, 28x28) takes the pixel tile;
     its accumulators, its x vectors and a broadcast fit the 16 ymm, its pixel vectors divide H * W and its
     padded channels waste under 2%. 14x14 and 7x7 (196 and 49 pixels), strided and 3x3 convs keep the
-    channel-vectorized tile; AVX-512 targets keep every plan (TILED_STEP_COSTS says no `pixel_vectors`)."""
+    channel-vectorized tile. AVX-512 (`pixel_vector_pointwise`, no flat tiled plans) takes the pixel tile
+    for the same convs where they do not narrow their channels or have at least 56x56 pixels
+    (`pointwise_narrowing_pixels`): 512 -> 128 and 512 -> 256 on 28x28 keep the tiled kernel."""
     avx2, avx512 = cpu_facts(AVX2_TARGET), cpu_facts(tvm.target.Target(AVX512))
     kernels = set()
     for n, c, h, w, oc, k, stride, pad in RESNET50_CONVS:
         plan = _plan(avx2, c, oc, h, w, k, stride, pad)
         pointwise = k == 1 and stride == 1 and h * w % avx2.float32_lanes == 0
         assert (plan.kernel == "pointwise") == pointwise, (c, oc, h, w, k, stride, plan)
-        assert _plan(avx512, c, oc, h, w, k, stride, pad).kernel == "tiled"
+        wide = _plan(avx512, c, oc, h, w, k, stride, pad)
+        assert (wide.kernel == "pointwise") == (pointwise and (oc >= c or h * w >= 56 * 56)), (c, oc, h, w, wide)
+        assert wide.kernel == "pointwise" or not wide.flat, wide
+        if wide.kernel == "pointwise":
+            assert wide.tile.lanes == 16 and wide.tile.accumulators + wide.tile.vectors + 1 <= 32, wide
         if pointwise:
             tile = plan.tile
             assert tile.accumulators + tile.vectors + 1 <= avx2.vector_registers and tile.accumulators >= 8
@@ -64,7 +71,8 @@ TILED_PLANS = [(1024, 256, 14, 14), (256, 1024, 14, 14), (1024, 512, 14, 14), (5
 
 def test_avx2_tail_plans():
     """A tail plan computes whole tiles (padding.cols = the pixels rounded up to the tile's), its tile fits
-    the registers and is no wider than the pixels; AVX-512 keeps the tiled kernel."""
+    the registers and is no wider than the pixels; so on AVX-512 (16 lanes, none of these pixel counts whole
+    vectors of them)."""
     avx2, avx512 = cpu_facts(AVX2_TARGET), cpu_facts(tvm.target.Target(AVX512))
     for c, oc, h, w in TAIL_PLANS:
         plan = _plan(avx2, c, oc, h, w)
@@ -72,9 +80,11 @@ def test_avx2_tail_plans():
         assert plan.kernel == "pointwise" and h * w % avx2.float32_lanes, (c, oc, h, w, plan)
         assert tile.accumulators + tile.vectors + 1 <= avx2.vector_registers and tile.cols <= h * w
         assert plan.padding.cols == padded_pixels(h * w, tile) == -(-h * w // tile.cols) * tile.cols
-        assert _plan(avx512, c, oc, h, w).kernel == "tiled"
+        wide = _plan(avx512, c, oc, h, w)
+        assert wide.kernel == "pointwise" and wide.padding.cols == padded_pixels(h * w, wide.tile) > h * w, wide
     for c, oc, h, w in TILED_PLANS:
         assert _plan(avx2, c, oc, h, w).kernel == "tiled", (c, oc, h, w)
+        assert _plan(avx512, c, oc, h, w).kernel == "tiled", (c, oc, h, w)
 
 
 #: flat convs whose channels the tiled kernel's tile would pad (its epilogue then runs under a channel
@@ -429,3 +439,44 @@ def test_pixel_groups_balance_the_threads():
     assert pixel_group(49, 16, 192, 2) == 1 and pixel_group(49, 16, 192, 1) == 7
     assert pixel_group(49, 16, 320, 2, chunks=2) == 7  # 14 tasks: 7 a thread
     assert pixel_group(196, 16, 64, 2) == 49  # 4 groups
+
+
+#: MobileNetV2's shapes that take the pixel kernel and the channel-vector depthwise kernel on AVX-512 too
+#: (a 1x1 expand, a 3x3/2 depthwise, a 3x3 depthwise on 7 columns), smaller maps
+MOBILENET_CASES = [(dict(n=1, c=16, h=28, w=28, oc=96, k=1), "pointwise"),
+                   (dict(n=1, c=32, h=28, w=28, oc=32, k=3, stride=2, pad=1, groups=32), "depthwise_channels"),
+                   (dict(n=1, c=32, h=7, w=7, oc=32, k=3, stride=1, pad=1, groups=32), "depthwise_channels")]
+
+
+@pytest.mark.parametrize("target_name", ["host", pytest.param("avx2", marks=NO_AVX2)])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case,kernel", MOBILENET_CASES, ids=lambda v: _id(v) if isinstance(v, dict) else v)
+def test_mobilenet_plans_match_numpy_in_each_dtype(case, kernel, dtype, target_name):
+    """On AVX-512 (the host here) and AVX2 both: the plan named, W packed as fuse packs it, every dtype
+    element-wise against float64 numpy within its tolerance (x, W, output in `dtype`, the bias float32)."""
+    target = TARGET if target_name == "host" else AVX2_TARGET
+    func, attrs, shapes = conv_primfunc(**case, target=target, dtype=dtype)
+    facts = cpu_facts(target)
+    stride, pad, groups = case.get("stride", 1), case.get("pad", 0), case.get("groups", 1)
+    out_hw = [int(d) for d in func.params[-1].shape][2:]
+    plan = conv_plan(1, case["oc"], *out_hw, case["c"] // groups, case["k"], case["k"], groups, facts,
+                     strided=stride > 1, flat=llvm_conv2d.one_row_pixels(case["k"], case["k"], (stride,) * 2,
+                                                                          (pad,) * 4, groups, case["c"] // groups,
+                                                                          case["oc"], facts))
+    if facts.isa in ("avx2", "avx512"):
+        assert plan.kernel == kernel, plan
+    rng = np.random.default_rng(3)
+    np_dtype = numpy_dtype(dtype)
+    x, w = (rng.standard_normal(s).astype(np_dtype) for s in shapes[:2])
+    b = rng.standard_normal(shapes[2]).astype("float32")
+    packed = pack_conv([w, b], attrs, shapes, target) or [w, b]
+    xs = te.placeholder(x.shape, dtype, name="x")
+    ws = te.placeholder(packed[0].shape, dtype, name="w")
+    bs = te.placeholder(b.shape, "float32", name="b")
+    out = llvm_conv2d.conv2d_llvm(xs, ws, bs, **attrs, target=target)
+    scheduled = _schedule(te.create_prim_func([xs, ws, bs, out]).without_attr("global_symbol"), attrs, target)
+    got = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], np_dtype))
+    tvm.compile(tvm.IRModule({"main": scheduled}), target)["main"](
+        *[tvm.runtime.tensor(a) for a in (x, packed[0], b)], got)
+    want = conv_reference(x.astype("float32"), w.astype("float32"), b, None, attrs)
+    assert_close(got.numpy(), want.astype(np_dtype), f"{dtype} {_id(case)}")

@@ -17,7 +17,7 @@ from tvm_fusion.schedules.dense import dense_affine
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.conv2d import (COPY_CHANNELS, FLAT_COPY_CHANNELS, FLOAT_BYTES, STRIDED_NCHW_CHANNELS,
                                               STRIDED_NCHW_MACS,
-                                              channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
+                                              channel_depthwise, channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
                                               flat_taps, one_row_pixels, step_cost, subsampled_pixels,
                                               tiled_accumulators,
                                               _ceil_to)
@@ -145,8 +145,10 @@ def test_depthwise_and_grouped_plans():
     dw = conv_plan(1, 60, 28, 28, 1, 3, 3, 60, FACTS)
     assert dw.kernel == "depthwise" and dw.tile.lanes == LANES and dw.padding.cols % LANES == 0
     assert 1 < dw.tile.accumulators <= max_accumulators(FACTS)
-    narrow = conv_plan(1, 64, 7, 7, 1, 3, 3, 64, FACTS)  # 7 columns: 8 lanes, not 16 with 9 padded
-    assert narrow.tile.lanes == min(LANES, 8) and narrow.padding.cols == narrow.tile.lanes
+    # 7 columns: 8 lanes, not 16 with 9 padded (60 channels: no whole vectors for `channel_depthwise_columns`)
+    narrow = conv_plan(1, 60, 7, 7, 1, 3, 3, 60, FACTS)
+    assert narrow.kernel == "depthwise" and narrow.tile.lanes == min(LANES, 8)
+    assert narrow.padding.cols == narrow.tile.lanes
     strided = conv_plan(1, 116, 14, 14, 1, 3, 3, 116, FACTS, strided=True)  # no whole vectors: channel_depthwise
     assert strided.kernel == "depthwise" and strided.tile.rows == 1, "gathers leave no registers for more rows"
     grouped = conv_plan(1, 256, 27, 27, 48, 5, 5, 2, FACTS)  # AlexNet conv2: the oc block inside a group
@@ -643,18 +645,30 @@ STRIDED_DEPTHWISE = [
     dict(n=1, c=24, h=11, w=9, oc=24, k=3, stride=2, pad=0, groups=24),
     dict(n=1, c=8, h=12, w=12, oc=8, k=5, stride=2, pad=(1, 2, 2, 1), groups=8),
     dict(n=1, c=20, h=13, w=13, oc=20, k=3, stride=2, pad=1, groups=20),
+    # stride 1 with at most `channel_depthwise_columns` output columns (MobileNetV2's last 3x3 on 7x7)
+    dict(n=1, c=32, h=7, w=7, oc=32, k=3, stride=1, pad=1, groups=32),
+    dict(n=2, c=16, h=6, w=5, oc=16, k=5, stride=1, pad=2, groups=16),
 ]
 
 
-def test_strided_depthwise_convs_vectorize_their_channels_on_avx2_only():
-    """`channel_depthwise`: AVX2's step cost, strided, one output channel per input channel, whole vectors."""
+def test_strided_depthwise_convs_vectorize_their_channels():
+    """`channel_depthwise`: AVX2's and AVX-512's step costs, strided, one output channel per input channel,
+    whole vectors (8 or 16 lanes; AVX-512 blocks 8 channels: `channel_depthwise_lanes`)."""
     avx2, avx512 = cpu_facts(tvm.target.Target(AVX2)), cpu_facts(TILE_TARGETS["avx512"])
     plan = conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx2, strided=True)
     assert plan.kernel == "depthwise_channels" and plan.tile.oc_vectors == 1 and plan.tile.lanes == 8, plan
     assert plan.padding == ConvPadding(1, _ceil_to(28, plan.tile.rows), _ceil_to(28, plan.tile.cols))
     assert plan.tile.accumulators <= tiled_accumulators(avx2, 1)
-    assert conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx512, strided=True).kernel == "depthwise", "AVX-512 as before"
+    wide = conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx512, strided=True)
+    assert wide.kernel == "depthwise_channels" and wide.tile.lanes == 8, "blocks of `channel_depthwise_lanes`"
+    assert wide.tile.accumulators <= tiled_accumulators(avx512, 1)
+    assert conv_plan(1, 120, 28, 28, 1, 3, 3, 120, avx512, strided=True).kernel == "depthwise", "7.5 zmm"
+    sse = cpu_facts(tvm.target.Target({"kind": "llvm", "mcpu": "x86-64"}))
+    assert conv_plan(1, 112, 28, 28, 1, 3, 3, 112, sse, strided=True).kernel == "depthwise", "no step cost says so"
     assert conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx2).kernel == "depthwise", "stride 1: no gathers"
+    for facts in (avx2, avx512):  # stride 1, 7 columns (`channel_depthwise_columns`): a row pads its last vector
+        assert conv_plan(1, 960, 7, 7, 1, 3, 3, 960, facts).kernel == "depthwise_channels", facts
+        assert conv_plan(1, 384, 14, 14, 1, 3, 3, 384, facts).kernel == "depthwise", facts
     assert conv_plan(1, 60, 14, 14, 1, 3, 3, 60, avx2, strided=True).kernel == "depthwise", "60 channels"
     assert conv_plan(1, 64, 14, 14, 1, 3, 3, 32, avx2, strided=True).kernel == "depthwise", "multiplier 2"
     assert pack_conv([np.zeros((64, 1, 3, 3), "float32"), np.zeros(64, "float32")],
@@ -677,15 +691,18 @@ def _depthwise_build(case, activation, channels: bool, target):
         llvm_conv.channel_depthwise = keep
 
 
-@NO_AVX2
+@pytest.mark.parametrize("target_name", [pytest.param("avx2", marks=NO_AVX2), "host"])
 @pytest.mark.parametrize("activation", ["relu", "silu"])
 @pytest.mark.parametrize("case", STRIDED_DEPTHWISE, ids=_id)
-def test_strided_depthwise_channel_vectors_match_numpy_and_the_column_kernel(case, activation):
-    """Built for AVX2: element-wise against float64 numpy (ReLU) and the column-vectorized kernel (the same
-    taps summed in the same order: bit-identical with ReLU, within the tolerances with SiLU's exp)."""
-    target = tvm.target.Target(AVX2)
+def test_strided_depthwise_channel_vectors_match_numpy_and_the_column_kernel(case, activation, target_name):
+    """Built for AVX2 and the host (AVX-512 here): element-wise against float64 numpy (ReLU) and the
+    column-vectorized kernel (the same taps summed in the same order: bit-identical with ReLU, within the
+    tolerances with SiLU's exp)."""
+    target = tvm.target.Target(AVX2) if target_name == "avx2" else TARGET
+    facts = cpu_facts(target)
     executable, scheduled, attrs = _depthwise_build(case, activation, True, target)
-    channels = case["c"] % 8 == 0
+    wout = (case["w"] + 2 * (case["pad"] if isinstance(case["pad"], int) else 0) - case["k"]) // case["stride"] + 1
+    channels = channel_depthwise(case["oc"], case["groups"], facts, case["stride"] > 1, wout=wout)
     nhwc = re.search(rf"T.sblock_alloc_buffer\(\(\d+, \d+, \d+, {case['c']}\)\)", scheduled.script())
     assert channels == (nhwc is not None), "the input copied channels-last for whole vectors of channels"
     shapes = [[int(d) for d in p.shape] for p in scheduled.params]
