@@ -177,12 +177,26 @@ def busy_processes(count: int):
             p.wait()
 
 
+#: a benchmark-only build: fused with the cross-layer rules (conv -> pool, depthwise -> pointwise) disabled, so
+#: each of their groups runs as the two kernels it replaces
+NO_CROSS = "no-cross"
+
+
+def cross_layer_off():
+    """The built-in rules but the cross-layer families' (patterns/conv_pool.py, depthwise_pointwise.py)."""
+    from tvm_fusion.fusion.loader import load_rules_for
+
+    cross = [r.name for r in load_rules_for() if r.name.endswith("_pool") or r.name.startswith("depthwise_")]
+    return load_rules_for(disable=cross)
+
+
 def _builds(mod, target, modes, args, ref, dev) -> tuple[dict, dict, list, list]:
     """{mode: VM main} and {mode: kernel calls} of `mod` built in each of `modes`, the fused build's outputs,
     and (mode, error stats) of every build's outputs against `ref` (onnxruntime)."""
     mains, calls, outs, stats = {}, {}, {}, []
     for mode in modes:
-        built = build(mod, target, mode)
+        built = (build(mod, target, "fused", rules=cross_layer_off()) if mode == NO_CROSS
+                 else build(mod, target, mode))
         mains[mode] = relax.VirtualMachine(built.executable, dev)["main"]
         calls[mode], outs[mode] = built.kernel_calls, as_arrays(mains[mode](*args))
         stats += [(mode, error_stats(a, r)) for a, r in zip(outs[mode], ref)]
@@ -237,6 +251,10 @@ def table(rows: list[dict], threads: int, clock: str = "wall") -> str:
     return "\n".join(lines)
 
 
+def _ratio(r: float) -> str:
+    return f"{r:.2f}x" if r < 10 else f"{r:.1f}x"
+
+
 def modes_table(rows: list[dict], threads: int, modes, clock: str = "wall") -> str:
     """One row per model: kernel calls and ms of each build in `modes`, onnxruntime's ms, each other mode's
     time over the fused build's, and fused over onnxruntime."""
@@ -249,7 +267,7 @@ def modes_table(rows: list[dict], threads: int, modes, clock: str = "wall") -> s
         flag = " (OUT OF TOLERANCE)" if not r["ok"] else ""
         cells = [f"{r['model']}{flag}", " / ".join(str(r["calls"][m]) for m in modes),
                  *(f"{ms[m]:.3g}" for m in modes), f"{ms['ort']:.3g}",
-                 *(f"{ms[m] / ms['fused']:.1f}x" for m in others), f"{ms['fused'] / ms['ort']:.2f}x"]
+                 *(_ratio(ms[m] / ms["fused"]) for m in others), f"{ms['fused'] / ms['ort']:.2f}x"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -270,7 +288,8 @@ def main(argv=None) -> int:
                          "processes taking the cores, at 1 thread); both: one table of each, from the same blocks")
     ap.add_argument("--modes", default="fused",
                     help="builds to time, comma separated, fused among them: fused (default), unfused (one kernel "
-                         "per op), tvm (TVM's own FuseOps); more than fused prints one column of each")
+                         "per op), tvm (TVM's own FuseOps), no-cross (fused without the cross-layer rules: their "
+                         "groups as two kernels); more than fused prints one column of each")
     ap.add_argument("--busy", type=int, default=0,
                     help="other processes spinning on the cores while timing (a shared host)")
     args = ap.parse_args(argv)
@@ -281,7 +300,8 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(names)}")
     threads = [int(t) for t in args.threads.split(",") if t]
-    modes = check_modes(args.modes)
+    asked = [m for m in args.modes.split(",") if m]
+    modes = check_modes([m for m in asked if m != NO_CROSS]) + ([NO_CROSS] if NO_CROSS in asked else [])
     if "fused" not in modes:
         ap.error(f"--modes {args.modes}: include fused (the ratios are to the fused build)")
     target = resolve_target(args.target)
