@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_speed import interleaved, ort_session, set_tvm_threads  # noqa: E402
+from cpu_speed import CLOCKS, interleaved, ort_session, set_tvm_threads  # noqa: E402
 
 from tvm_fusion._tvm import relax, tvm  # noqa: E402
 from tvm_fusion.build.builder import build, resolve_target  # noqa: E402
@@ -94,7 +94,7 @@ def _decision(built) -> str:
     return f"declines: {why[0]}" if why else "declines"
 
 
-def measure(shape: str, target, rounds: int, block_ms: float) -> dict:
+def measure(shape: str, target, rounds: int, block_ms: float, clock: str = "wall") -> dict:
     proto, feeds = block_model(shape)
     mod, dev = import_onnx(proto), tvm.cpu()
     args = [tvm.runtime.tensor(feeds[i.name], dev) for i in proto.graph.input]
@@ -116,7 +116,7 @@ def measure(shape: str, target, rounds: int, block_ms: float) -> dict:
             row["errors"] += [f"{how}: {s.describe()}" for s in stats if not s.ok]
             fns[how] = (lambda m: lambda: m(*args))(main)
     fns["onnxruntime"] = lambda: sess.run(None, feeds)
-    row["ms"] = interleaved(fns, rounds, block_ms)["wall"]
+    row["ms"] = interleaved(fns, rounds, block_ms)[clock]
     return row
 
 
@@ -135,15 +135,17 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="llvm")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--block-ms", type=float, default=60.0)
+    ap.add_argument("--clock", choices=CLOCKS, default="wall",
+                    help="wall, or cpu: this process's CPU time (steadier where other processes share the cores)")
     args = ap.parse_args(argv)
     target = resolve_target(args.target)
-    print(f"{platform.processor() or platform.machine()}, target {target}, one thread, wall-clock medians of "
+    print(f"{platform.processor() or platform.machine()}, target {target}, one thread, {args.clock}-clock medians of "
           f"{args.rounds} interleaved rounds")
     print("| shape (x, dw 3x3 / stride : pw out, + residual) | fused ms | two kernels ms | onnxruntime ms | "
           "fused / two | the rule |")
     print("|---|---|---|---|---|---|")
     for shape in filter(None, args.shapes.split(",")):
-        print(line(measure(shape, target, args.rounds, args.block_ms)), flush=True)
+        print(line(measure(shape, target, args.rounds, args.block_ms, args.clock)), flush=True)
     return 0
 
 

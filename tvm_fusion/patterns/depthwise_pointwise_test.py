@@ -271,7 +271,8 @@ def test_per_group_check_and_bisect_cover_the_group(tmp_path, rules):
 
 def test_what_the_rule_does_with_a_block_follows_the_target(rules, monkeypatch):
     """64 -> 24 channels on 8 x 16 outputs, the measured declines on: AVX-512 (32 registers) tiles 3 channels x
-    8 vectors and fuses; AVX2 (16 registers) has room for 1 channel and declines."""
+    8 vectors and fuses; AVX2 (16 registers) has room for 1 channel and declines. On 56 x 56 outputs the conv
+    family's own 1x1 on AVX-512 is the pixel-vectorized kernel, which measured faster as a kernel of its own."""
     from tvm_fusion.build.builder import resolve_target
     from tvm_fusion.hardware import cpu_facts
 
@@ -279,6 +280,9 @@ def test_what_the_rule_does_with_a_block_follows_the_target(rules, monkeypatch):
     model = one_block(c=64)
     if cpu_facts(resolve_target("llvm")).vector_registers >= 32:
         check_fused(model, rules, expect={"depthwise_bn_relu6_pointwise_bn": 1})
+        large = one_block(c=64, h=56, w=56)
+        check_fused(large, rules, expect={"conv2d_bn_relu6": 1, "conv2d_bn": 1})
+        assert any("the pixel-vectorized one" in r for r in _declined(large, rules))
     else:
         check_fused(model, rules, expect={"conv2d_bn_relu6": 1, "conv2d_bn": 1})
         assert any("a register tile of fewer than 3" in r for r in _declined(model, rules))

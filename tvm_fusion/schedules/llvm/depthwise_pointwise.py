@@ -22,6 +22,7 @@ from tvm_fusion.errors import InternalError
 from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.llvm.conv2d import _optional_block
+from tvm_fusion.schedules.llvm.conv2d import _plan as _conv_plan
 from tvm_fusion.schedules.depthwise_pointwise import DWPW_FAMILY, DwPwOperands, dw_out_size
 
 FLOAT_BYTES = 4
@@ -45,9 +46,9 @@ LOSES: list = [
     (lambda plan, sizes: sizes["o"] > MAX_POINTWISE_CHANNELS,
      f"more than {MAX_POINTWISE_CHANNELS} pointwise output channels measured slower fused than as the two "
      "conv kernels (the 1x1 conv re-reads the depthwise tile once per register tile of output channels, "
-     "where the conv family's 1x1 kernel reuses its weight panel; fused / two kernels on Zen 4, one thread: 1.21x-1.30x on 1x192x28x28 -> "
-     "32, 1.24x-1.29x on 1x32x112x112 -> 64, 1.29x-1.40x on 1x128x56x56 -> 128, 1.34x-1.51x on 1x256x28x28 -> "
-     "256; 0.89x-1.07x on 1x144x56x56 -> 24 + residual)"),
+     "where the conv family's 1x1 kernel reuses its weight panel; fused / two kernels on Zen 4, one thread: "
+     "1.21x-1.30x on 1x192x28x28 -> 32, 1.24x-1.29x on 1x32x112x112 -> 64, 1.29x-1.40x on 1x128x56x56 -> "
+     "128, 1.34x-1.51x on 1x256x28x28 -> 256; 0.89x-1.07x on 1x144x56x56 -> 24 + residual)"),
     (lambda plan, sizes: sizes["d"] < MIN_DEPTHWISE_CHANNELS,
      f"fewer than {MIN_DEPTHWISE_CHANNELS} depthwise channels (the 1x1 conv's reduction) measured slower fused than "
      "as the two conv kernels (each register tile's zeroing and epilogue over too few multiply-adds; fused / two "
@@ -59,6 +60,11 @@ LOSES: list = [
      "depthwise vector load per one or two FMAs; fused / two kernels on Zen 4 compiled for AVX2, x86-64-v3, one "
      "thread: 1.20x on 1x144x56x56 -> 24 + residual with 2 channels x 7 vectors; on AVX-512 the same shape, "
      "4 x 7, ran 0.89x-1.07x)"),
+    (lambda plan, sizes: sizes["pw_kernel"] == "pointwise",
+     "the conv family's own 1x1 kernel for this shape is the pixel-vectorized one (`conv2d_pointwise`, whole "
+     "vectors of output pixels), which measured faster as the second of two kernels than the fused kernel's "
+     "1x1 (fused / two kernels on Zen 4, AVX-512, one thread, CPU time, 15 interleaved rounds: 1.49x on "
+     "1x144x56x56 -> 24 + residual, the one shape that had fused)"),
 ]
 
 
@@ -127,7 +133,10 @@ def _supports(attrs, shapes, target) -> str | None:
     if isinstance(plan, str):
         return f"the fused depthwise -> pointwise CPU kernel has {plan}"
     ops = DwPwOperands.of(shapes)
-    sizes = dict(d=int(ops.wd[0]), o=int(ops.wp[0]), stride=max(attrs["strides"]))
+    rows, cols = dw_out_size(ops.x, ops.wd, attrs["strides"], attrs["padding"])
+    pw = _conv_plan((ops.x[0], ops.wd[0], rows, cols), int(ops.wp[0]), (int(ops.wd[0]), 1, 1), (1, 1), (0, 0, 0, 0),
+                    (1, 1), 1, cpu_facts(target))
+    sizes = dict(d=int(ops.wd[0]), o=int(ops.wp[0]), stride=max(attrs["strides"]), pw_kernel=pw.kernel)
     for loses, measured in LOSES:
         if loses(plan, sizes):
             return f"{measured}; this one: {sizes['d']} -> {sizes['o']} channels, stride {sizes['stride']}"
