@@ -135,7 +135,8 @@ def test_squeezenet_every_group_has_before_after_and_traffic(squeezenet):
         assert g.before_launches == (4 if g.rule == "conv2d_relu_pool" else 3) and g.after_launches == 1
         assert g.bytes_saved == 2 * sum(i["bytes"] for i in g.intermediates) > 0
         assert g.reads > 0 and g.writes > 0 and g.flops > 0
-    assert sum(g.rule == "conv2d_relu_pool" for g in report.groups) == 2
+    # the stem's conv -> pool always; the last 1x1 with its global pool where the target's plan pools whole planes
+    assert sum(g.rule == "conv2d_relu_pool" for g in report.groups) == report.counts["conv2d_relu_pool"] >= 1
     # every kernel call of the unfused build is accounted to some ONNX node
     assert all(s.onnx_nodes for s in report.builds["unfused"].sites)
 
