@@ -133,7 +133,7 @@ def test_resnet50_library_under_the_stub(stub, resnet50_path, tmp_path):
     fused = manifest["builds"]["fused"]
     first, second = per_inference(run.log)
     print(f"ResNet-50: {first} then {second}; manifest: {fused}, {manifest['cuda_graph']}")
-    assert (fused["kernel_launches"], fused["kernel_calls"]) == (57, 60)  # 3 reshapes (flatten) are views, not kernels
+    assert (fused["kernel_launches"], fused["kernel_calls"]) == (56, 59)  # 3 reshapes (flatten) are views, not kernels
     # the CUDA graph: the input copy and 57 launches while TVM captures 55 of them, then 4 launches per inference
     assert first == {"launch": 58, "capture": 55, "graph_launch": 0, "replay": 0}
     assert second == {"launch": 3, "capture": 0, "graph_launch": 1, "replay": 55}
