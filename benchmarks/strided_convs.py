@@ -6,6 +6,8 @@ thread, CPU time, interleaved in one process; or (`--copies`) what each conv ker
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py --before nchw   # channels_last_input's rule
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_3x3_128 --before flat_taps
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_1x1_512_128 --before chunks
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py mbv2_dw_144_56 effnet_dw5_240_28 --before shared_taps
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py effnet_1x1_40_240 --activation silu --before rolled_epilogue
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py --copies        # ResNet-50's input copies
 
 Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the llvm compute and schedule,
@@ -16,7 +18,9 @@ with a larger kernel keep their rows of tiles, `flat_taps` off; "copy_rows": a f
 input copied a whole channel row per pixel, not in blocks of COPY_CHANNELS; "tap_rows": a flat conv's kernel
 columns and input channels reduced in two loops, not one; "chunks": the pointwise kernel's output channels in
 chunks of CHUNK_BYTES of weights only, CHUNK_INPUT_FRACTION 0; "avx512": AVX-512 without its step cost's
-`pixel_vectors` / `channel_depthwise`), and onnxruntime runs Conv +
+`pixel_vectors` / `channel_depthwise`; "shared_taps": stride-1 depthwise tiles of up to `max_accumulators`
+with their taps rolled, not `RowTile.shared_taps`; "rolled_epilogue": the pointwise kernel's epilogue rows
+unrolled whatever the activation, not rolled past HEAVY_EPILOGUE_NODES), and onnxruntime runs Conv +
 the activation as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the
 medians of `--rounds` blocks of about 100 ms each, and whether the two builds agree bit for bit.
 
@@ -103,12 +107,23 @@ SHAPES = {
     "1x1_256_1000": (1, 256, 13, 13, 1000, 1, 1, 0),
     # MobileNetV2 1.0 (`--before avx512`: the AVX-512 plans without `pixel_vector_pointwise` and
     # `channel_depthwise`); a 9th number is the groups
+    "mbv2_stem": (1, 3, 224, 224, 32, 3, 2, 1),
+    "mbv2_1x1_320_1280": (1, 320, 7, 7, 1280, 1, 1, 0),
     "mbv2_1x1_16_96": (1, 16, 112, 112, 96, 1, 1, 0),
     "mbv2_1x1_24_144": (1, 24, 56, 56, 144, 1, 1, 0),
     "mbv2_1x1_96_24": (1, 96, 56, 56, 24, 1, 1, 0),
     "mbv2_dw_s2_96": (1, 96, 112, 112, 96, 3, 2, 1, 96),
     "mbv2_dw_s2_144": (1, 144, 56, 56, 144, 3, 2, 1, 144),
     "mbv2_dw_960_7": (1, 960, 7, 7, 960, 3, 1, 1, 960),
+    "mbv2_dw_32_112": (1, 32, 112, 112, 32, 3, 1, 1, 32),
+    "mbv2_dw_144_56": (1, 144, 56, 56, 144, 3, 1, 1, 144),
+    "mbv2_dw_192_28": (1, 192, 28, 28, 192, 3, 1, 1, 192),
+    "mbv2_dw_576_14": (1, 576, 14, 14, 576, 3, 1, 1, 576),
+    # EfficientNet-B0's (`--activation silu --before rolled_epilogue`: pointwise.HEAVY_EPILOGUE_NODES)
+    "effnet_1x1_40_240": (1, 40, 28, 28, 240, 1, 1, 0),
+    "effnet_1x1_80_480": (1, 80, 14, 14, 480, 1, 1, 0),
+    "effnet_dw5_240_28": (1, 240, 28, 28, 240, 5, 1, 2, 240),
+    "effnet_dw5_672_14": (1, 672, 14, 14, 672, 5, 1, 2, 672),
 }
 ORT_ACTIVATIONS = {"relu": [("Relu", ["c"], "y")], "silu": [("Sigmoid", ["c"], "s"), ("Mul", ["c", "s"], "y")]}
 
@@ -150,6 +165,19 @@ def _copy_whole_rows(sch, pad, channels_last: bool = False, flat: bool = False):
     sch.parallel(sch.fuse(n, h, w))
 
 
+def _rolled_taps_row_tile(hout, wout, facts, strided=False):
+    """`choose_row_tile` as it was before `RowTile.shared_taps`: taps rolled, up to `max_accumulators`."""
+    full, budget = facts.float32_lanes, llvm_conv.max_accumulators(facts)
+    tiles = (llvm_conv.RowTile(rows, vectors, lanes)
+             for lanes in llvm_conv._vector_lanes(full)
+             for vectors in range(1, min(budget, -(-wout // lanes)) + 1)
+             for rows in range(1, (1 if strided else min(hout, budget // vectors)) + 1))
+    return max(tiles, key=lambda t: (
+        llvm_conv._efficiency(t.accumulators, t.accumulators + 1, (hout, wout, t.lanes),
+                              (-(-hout // t.rows) * t.rows, -(-wout // t.cols) * t.cols, full)),
+        t.accumulators, -(-(-wout // t.cols) * t.cols), t.vectors))
+
+
 #: the rules `--before` undoes: module attributes of schedules/llvm/conv2d.py set for the "before" build
 BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
           "nchw": {"STRIDED_NCHW_MACS": -1},
@@ -157,6 +185,8 @@ BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
           "copy_rows": {"_schedule_pad": _copy_whole_rows},
           "tap_rows": {"_schedule_flat": lambda *args, tap_rows=False: _SCHEDULE_FLAT(*args)},
           "chunks": {"pointwise.CHUNK_INPUT_FRACTION": 0},
+          "shared_taps": {"choose_row_tile": _rolled_taps_row_tile},
+          "rolled_epilogue": {"pointwise.HEAVY_EPILOGUE_NODES": 1 << 30},
           "avx512": {"TILED_STEP_COSTS": {k: v for k, v in llvm_conv.TILED_STEP_COSTS.items() if k != "avx512"}}}
 
 

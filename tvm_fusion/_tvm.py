@@ -289,6 +289,19 @@ def called_ops(node) -> frozenset[str]:
     return frozenset(names)
 
 
+def float_nodes(node) -> int:
+    """How many floating-point expression nodes (arithmetic, selects, casts, loads, constants) a TIR statement
+    or expression holds: tvm-ffi's structural walk, as `called_ops`."""
+    count = [0]
+
+    def visit(expr):
+        if str(getattr(expr, "ty", getattr(expr, "dtype", ""))).startswith(("float", "bfloat")):
+            count[0] += 1
+
+    tvm_ffi.structural_walk(node, (tvm.ir.expr.Expr, visit))
+    return count[0]
+
+
 def has_cuda_device() -> bool:
     """Whether a CUDA device is present (a driver and a GPU)."""
     return bool(tvm.cuda(0).exist)

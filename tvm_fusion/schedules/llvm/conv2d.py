@@ -64,7 +64,7 @@ from tvm_fusion.schedules.llvm.conv2d_pointwise import (PixelTile, VectorRows, p
 __all__ = ["ConvTile", "RowTile", "ConvPlan", "choose_tile", "choose_row_tile", "choose_channel_tile",
            "channel_depthwise", "conv_plan", "flat_pixels",
            "subsampled_pixels", "one_row_pixels", "pixel_vector_pointwise",
-           "max_accumulators",
+           "max_accumulators", "shared_tap_accumulators",
            "tiled_accumulators", "packs_taps_first", "channels_last_input",
            "conv2d_llvm", "pack_conv", "schedule_conv2d_llvm"]
 
@@ -119,6 +119,16 @@ COPY_CHANNELS = 32
 # (784) ties.
 STRIDED_NCHW_MACS = 144
 STRIDED_NCHW_CHANNELS = 64
+# A stride-1 depthwise tile (`RowTile.shared_taps`) takes at most this many accumulators (a StepCost may say
+# otherwise): its unrolled taps keep input vectors live beside them, and FMA chains of 9 or 25 taps each hide
+# the FMA latency with few of them. Measured on Zen 4 (one 3x3 or 5x5 conv + ReLU, one thread, CPU time,
+# interleaved, bit-identical). AVX-512, 28-accumulator tiles with rolled taps -> 4 rows x 1 vector unrolled:
+# 32 on 112x112 0.231 -> 0.139 ms, 144 on 56x56 0.268 -> 0.164, 5x5 240 on 28x28 0.235 -> 0.168, 5x5 672 on
+# 14x14 0.190 -> 0.166 (onnxruntime: 0.183 and 0.213 on the first two); 8 accumulators (8 x 1, 4 x 2) 0.19-0.28
+# ms on 56x56 and 28x28. The AVX2 target (8 accumulators rolled -> 4 unrolled): 32 on 112x112 0.255 -> 0.211,
+# 144 on 56x56 0.241 -> 0.209, 5x5 240 on 28x28 0.281 -> 0.255, 5x5 672 on 14x14 (2 x 2) 0.212 -> 0.181; 2
+# accumulators lost on 5x5 (0.363, 0.233 ms).
+SHARED_TAP_ACCUMULATORS = 4
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,8 @@ class StepCost:
     # pixel-vectorized kernel (`pixel_vector_pointwise`): one that does not narrow its channels, or a narrowing
     # one with at least this many output pixels (0: none)
     pointwise_narrowing_pixels: int = 0
+    # the most accumulators of a stride-1 depthwise tile (`RowTile.shared_taps`, SHARED_TAP_ACCUMULATORS)
+    shared_tap_accumulators: int = 0  # 0: SHARED_TAP_ACCUMULATORS
 
 
 #: per vector ISA (`hardware.cpu_facts`), the tiled kernel's step cost; others: StepCost(). With AVX2 a core
@@ -246,7 +258,9 @@ class ConvTile:
 
 @dataclass(frozen=True)
 class RowTile(VectorRows):
-    """Depthwise kernel: `rows` output rows x `vectors` vectors of output columns of one channel."""
+    """Depthwise kernel: `rows` output rows x `vectors` vectors of output columns of one channel;
+    `shared_taps`: its taps unrolled, so that its rows share the loads of each input row (stride 1)."""
+    shared_taps: bool = False
 
 
 @dataclass(frozen=True)
@@ -313,16 +327,31 @@ def choose_row_tile(hout: int, wout: int, facts: CpuFacts, strided: bool = False
     accumulator's input vector and one weight), ties to more accumulators, then to fewer padded columns, then
     to wider tiles. A strided conv reads each input vector as a gather whose
     temporaries take registers: one row per tile (measured on Zen 4: stride 2, 14 x 14 outputs, one row
-    ran 1.13x faster than 2 and 7 rows)."""
-    full, budget = facts.float32_lanes, max_accumulators(facts)
-    tiles = (RowTile(rows, vectors, lanes)
+    ran 1.13x faster than 2 and 7 rows).
+    Stride 1 (`shared_taps`): the taps unrolled, so that a tile's rows share each input row's loads (R + KH - 1
+    input rows loaded per column shift, not R * KH), at most `shared_tap_accumulators` accumulators (the
+    input vectors in flight take the other registers): the tile that pads the fewest outputs, ties to more
+    accumulators, then to more rows (more shared loads)."""
+    full = facts.float32_lanes
+    budget = max_accumulators(facts) if strided else shared_tap_accumulators(facts)
+    tiles = (RowTile(rows, vectors, lanes, shared_taps=not strided)
              for lanes in _vector_lanes(full)
              for vectors in range(1, min(budget, -(-wout // lanes)) + 1)
              for rows in range(1, (1 if strided else min(hout, budget // vectors)) + 1))
-    return max(tiles, key=lambda t: (
-        _efficiency(t.accumulators, t.accumulators + 1, (hout, wout, t.lanes),
-                    (_ceil_to(hout, t.rows), _ceil_to(wout, t.cols), full)),
-        t.accumulators, -_ceil_to(wout, t.cols), t.vectors))
+    if strided:
+        return max(tiles, key=lambda t: (
+            _efficiency(t.accumulators, t.accumulators + 1, (hout, wout, t.lanes),
+                        (_ceil_to(hout, t.rows), _ceil_to(wout, t.cols), full)),
+            t.accumulators, -_ceil_to(wout, t.cols), t.vectors))
+    return max(tiles, key=lambda t: (  # the real share of the padded outputs, not per slot: too few for MIN_CHAINS
+        _efficiency(1, 1, (hout, wout, t.lanes), (_ceil_to(hout, t.rows), _ceil_to(wout, t.cols), full),
+                    StepCost(min_chains=1)), t.accumulators, t.rows, -_ceil_to(wout, t.cols)))
+
+
+def shared_tap_accumulators(facts: CpuFacts) -> int:
+    """The most accumulators of a stride-1 depthwise tile (`RowTile.shared_taps`) on a target: its ISA's
+    step cost, else SHARED_TAP_ACCUMULATORS."""
+    return step_cost(facts).shared_tap_accumulators or SHARED_TAP_ACCUMULATORS
 
 
 def channel_depthwise(cout: int, groups: int, facts: CpuFacts, strided: bool, wout: int | None = None) -> bool:
@@ -789,17 +818,32 @@ def _schedule_flat(sch, conv, epi, tile: ConvTile, tap_rows: bool = False):
     sch.vectorize(oi)
 
 
-def _schedule_depthwise(sch, conv, epi, tile: RowTile):
+def _schedule_depthwise(sch, conv, epi, pad, tile: RowTile):
+    """`depthwise`: parallel over (image, channel), each channel's padded plane written inside its task, where
+    its taps read it (144 on 56x56: 0.309 -> 0.289 ms, one thread; smaller planes the same). The epilogue runs
+    per tile, or per row of tiles where the last column tile ends in padding: per tile, its real columns
+    would vary from tile to tile, and a vector loop under that predicate runs one lane at a time, which an
+    activation with exp pays for per element (measured on Zen 4, AVX-512, 3x3 conv + SiLU, 4 x 1 tiles, per
+    tile -> per row: 144 on 56x56 0.654 -> 0.375 ms, 5x5 240 on 28x28 0.448 -> 0.234; with ReLU 0.176 ->
+    0.164 and the same)."""
     n, o, h, w, rc, rh, rw = sch.get_loops(conv)
+    ragged = _extent(sch, sch.get_loops(epi)[-1]) % tile.cols != 0 and _extent(sch, w) > tile.cols
     ho, hi = sch.split(h, [None, tile.rows])
     wo, wv, wl = sch.split(w, [None, tile.vectors, tile.lanes])
     sch.reorder(n, o, ho, wo, rc, rh, rw, hi, wv, wl)
-    sch.parallel(sch.fuse(n, o))
-    sch.reverse_compute_at(epi, wo)
+    task = sch.fuse(n, o)
+    sch.parallel(task)
+    if pad is not None:
+        sch.compute_at(pad, task)
+        sch.vectorize(sch.get_loops(pad)[-1])
+    sch.reverse_compute_at(epi, ho if ragged else wo)
     sch.set_scope(conv, 0, "local")
     sch.vectorize(wl)
     sch.unroll(wv)
     sch.unroll(hi)
+    if tile.shared_taps:
+        sch.unroll(rw)
+        sch.unroll(rh)
     sch.decompose_reduction(conv, rc)
     _vectorize_own_inner_loop(sch, epi, conv)
 
@@ -849,13 +893,13 @@ def schedule_conv2d_llvm(sch, attrs, target):
     if pad is None and plan.kernel == "depthwise_channels":  # unpadded: x copied channels-last all the same
         pad = sch.cache_read(conv, 0, "global")
     channels_last = channels_last_input(plan.kernel, rc, cout, rh, rw, attrs["strides"], facts)
-    if pad is not None and plan.kernel not in ("pointwise", "depthwise_channels"):
+    if pad is not None and plan.kernel not in ("pointwise", "depthwise_channels", "depthwise"):
         _schedule_pad(sch, pad, channels_last=channels_last,
                       flat=flat and rh * rw == 1)  # `flat_taps` copies the image's rows
     if plan.kernel == "depthwise_channels":
         _schedule_depthwise_channels(sch, conv, epi, pad, plan.tile, padded_columns=wp != wout)
     elif plan.kernel == "depthwise":
-        _schedule_depthwise(sch, conv, epi, plan.tile)
+        _schedule_depthwise(sch, conv, epi, pad, plan.tile)
     elif plan.kernel == "pointwise":
         schedule_pointwise(sch, conv, epi, plan.tile, facts.threads)
     else:

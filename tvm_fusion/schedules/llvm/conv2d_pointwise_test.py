@@ -480,3 +480,51 @@ def test_mobilenet_plans_match_numpy_in_each_dtype(case, kernel, dtype, target_n
         *[tvm.runtime.tensor(a) for a in (x, packed[0], b)], got)
     want = conv_reference(x.astype("float32"), w.astype("float32"), b, None, attrs)
     assert_close(got.numpy(), want.astype(np_dtype), f"{dtype} {_id(case)}")
+
+
+@pytest.mark.parametrize("activation,heavy", [("relu", False), ("relu6", False), ("hardswish", False),
+                                              ("hardsigmoid", False), ("silu", True), ("sigmoid", True),
+                                              ("tanh", True), ("gelu_erf", True), ("gelu_tanh", True)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_heavy_epilogues_are_the_ones_with_exp_or_a_rational(activation, heavy, residual):
+    """`heavy_epilogue` counts the epilogue's floating-point nodes: the activations built on fast_math.py's
+    exp, sigmoid, tanh and erf are past HEAVY_EPILOGUE_NODES, the piecewise-linear ones far below it, with or
+    without a residual add."""
+    func, _, _ = conv_primfunc(n=1, c=8, h=8, w=8, oc=16, k=1, activation=activation, residual=residual,
+                               target=TARGET)
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    assert conv2d_pointwise.heavy_epilogue(sch, sch.get_sblock("epilogue")) == heavy
+
+
+def _epilogue_row_loop(func, rows: int):
+    """The epilogue's loop over the tile's `rows` output channels (the one of that extent under the
+    parallel loop)."""
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("epilogue"))]
+    return next(loop for loop in loops[1:] if int(loop.extent) == rows)
+
+
+@pytest.mark.parametrize("target_name", ["avx512", pytest.param("avx2", marks=NO_AVX2)])
+def test_silu_epilogue_rows_stay_rolled(target_name, monkeypatch):
+    """A pointwise tile's SiLU epilogue keeps its rows (output channels) rolled, a ReLU one unrolls them:
+    unrolled, each row's sigmoid temporaries met every live accumulator and spilled. On AVX2 (runs here)
+    element-wise against the unfused conv with SiLU in float64 numpy, and bit-identical to the unrolled
+    epilogue; the AVX-512 kernel (EfficientNet's 40 -> 240 on 28x28, a 30-row tile) is compiled only."""
+    target = AVX2_TARGET if target_name == "avx2" else tvm.target.Target(AVX512)
+    case = dict(n=1, c=40, h=28, w=28, oc=240, k=1)
+    plan = _plan(cpu_facts(target), 40, 240, 28, 28)
+    assert plan.kernel == "pointwise" and plan.tile.rows > 1, plan
+    executable, func, arrays, out_shape, _ = _packed_build(case, target, activation="silu")
+    assert _epilogue_row_loop(func, plan.tile.rows).kind == tvm.tirx.ForKind.SERIAL
+    _, relu_func, *_ = _packed_build(case, target, activation="relu")
+    assert _epilogue_row_loop(relu_func, plan.tile.rows).kind == tvm.tirx.ForKind.UNROLLED
+    if target_name == "avx512":
+        return
+    got = _run(executable, arrays, out_shape)
+    plain, _, plain_arrays, _, _ = _packed_build(case, target, activation=None)
+    conv = _run(plain, plain_arrays, out_shape).astype(np.float64)
+    assert_close(got, (conv / (1 + np.exp(-conv))).astype("float32"), "1x1 40 -> 240 + SiLU")
+    monkeypatch.setattr(conv2d_pointwise, "HEAVY_EPILOGUE_NODES", 1 << 30)
+    unrolled, unrolled_func, unrolled_arrays, _, _ = _packed_build(case, target, activation="silu")
+    assert _epilogue_row_loop(unrolled_func, plan.tile.rows).kind == tvm.tirx.ForKind.UNROLLED
+    np.testing.assert_array_equal(got, _run(unrolled, unrolled_arrays, out_shape))

@@ -18,8 +18,8 @@ from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.conv2d import (COPY_CHANNELS, FLAT_COPY_CHANNELS, FLOAT_BYTES, STRIDED_NCHW_CHANNELS,
                                               STRIDED_NCHW_MACS,
                                               channel_depthwise, channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
-                                              flat_taps, one_row_pixels, step_cost, subsampled_pixels,
-                                              tiled_accumulators,
+                                              flat_taps, one_row_pixels, shared_tap_accumulators, step_cost,
+                                              subsampled_pixels, tiled_accumulators,
                                               _ceil_to)
 from tvm_fusion.schedules.conv2d import ConvPadding
 from tvm_fusion.schedules.llvm.conv2d_pointwise import grouped_pointwise
@@ -144,13 +144,14 @@ def test_avx2_pointwise_convs_tile_their_pixels_as_one_row():
 def test_depthwise_and_grouped_plans():
     dw = conv_plan(1, 60, 28, 28, 1, 3, 3, 60, FACTS)
     assert dw.kernel == "depthwise" and dw.tile.lanes == LANES and dw.padding.cols % LANES == 0
-    assert 1 < dw.tile.accumulators <= max_accumulators(FACTS)
+    assert dw.tile.shared_taps and 1 < dw.tile.accumulators <= shared_tap_accumulators(FACTS)
     # 7 columns: 8 lanes, not 16 with 9 padded (60 channels: no whole vectors for `channel_depthwise_columns`)
     narrow = conv_plan(1, 60, 7, 7, 1, 3, 3, 60, FACTS)
     assert narrow.kernel == "depthwise" and narrow.tile.lanes == min(LANES, 8)
     assert narrow.padding.cols == narrow.tile.lanes
     strided = conv_plan(1, 116, 14, 14, 1, 3, 3, 116, FACTS, strided=True)  # no whole vectors: channel_depthwise
     assert strided.kernel == "depthwise" and strided.tile.rows == 1, "gathers leave no registers for more rows"
+    assert not strided.tile.shared_taps and 1 < strided.tile.accumulators <= max_accumulators(FACTS)
     grouped = conv_plan(1, 256, 27, 27, 48, 5, 5, 2, FACTS)  # AlexNet conv2: the oc block inside a group
     assert grouped.kernel == "tiled" and 128 % grouped.tile.channels == 0 and grouped.padding.group_channels == 128
     shuffle = conv_plan(1, 60, 28, 28, 80, 1, 1, 3, FACTS)  # 20 channels per group, padded per group
@@ -816,3 +817,50 @@ def test_flat_taps_reduce_each_kernel_row_in_one_loop(case):
     assert (fused is not None) == (kw > 1 and dil == 1), update[:800]
     if fused:
         assert re.search(rf"v_rc = T.axis.reduce\({case['c']}, {fused.group(1)} % {case['c']}\)", update), update[:800]
+
+
+@pytest.mark.parametrize("target", TILE_TARGETS.values(), ids=TILE_TARGETS.keys())
+@pytest.mark.parametrize("size", [112, 56, 28, 20, 14, 10])
+def test_stride_one_depthwise_tiles_share_their_taps(size, target):
+    """Stride 1: a tile of at most `shared_tap_accumulators` (4) output rows x column vectors whose taps
+    unroll (`shared_taps`), one full vector wide where the rows allow, rows before columns (a row shares
+    its input rows' loads with the next), padding at most one vector of columns and fewer rows than a tile."""
+    facts = cpu_facts(target)
+    plan = conv_plan(1, 72, size, size, 1, 3, 3, 72, facts)
+    tile = plan.tile
+    assert plan.kernel == "depthwise" and tile.shared_taps, plan
+    assert tile.accumulators <= shared_tap_accumulators(facts) == 4, tile
+    assert plan.padding.cols - size < tile.lanes and plan.padding.rows - size < tile.rows, plan
+    if size % 4 == 0:
+        assert (tile.rows, tile.vectors) == (4, 1), tile
+
+
+def _depthwise_loops(func, block: str):
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    return [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(block))]
+
+
+#: a stride-1 depthwise conv whose column tiles end in padding on every ISA (20 columns: 2 x 16 or 3 x 8 lanes)
+RAGGED_DEPTHWISE = dict(n=1, c=24, h=20, w=20, oc=24, k=5, pad=2, groups=24)
+
+
+@pytest.mark.parametrize("target_name", ["host", pytest.param("avx2", marks=NO_AVX2)])
+def test_ragged_depthwise_epilogue_runs_per_row_of_tiles(target_name):
+    """The column tiles of a 20-column output end in padding: the SiLU epilogue runs once per row of tiles
+    over the 20 real columns (one vector loop, no per-tile predicate), its 25 taps unrolled, each channel's
+    padded plane written inside its parallel task; element-wise against the unfused conv with SiLU in
+    float64 numpy."""
+    target = TARGET if target_name == "host" else tvm.target.Target(AVX2)
+    executable, func, arrays, out_shape, _ = _packed_build(RAGGED_DEPTHWISE, target, activation="silu")
+    plan = conv_plan(1, 24, 20, 20, 1, 5, 5, 24, cpu_facts(target))
+    assert plan.padding.cols // plan.tile.cols > 1 and 20 % plan.tile.cols, plan
+    epilogue = _depthwise_loops(func, "epilogue")
+    assert (epilogue[-1].kind, int(epilogue[-1].extent)) == (tvm.tirx.ForKind.VECTORIZED, 20), epilogue
+    conv = _depthwise_loops(func, "conv_update")
+    assert sum(loop.kind == tvm.tirx.ForKind.UNROLLED and int(loop.extent) == 5 for loop in conv) == 2, conv
+    pad = _depthwise_loops(func, "pad")
+    assert pad[0].kind == tvm.tirx.ForKind.PARALLEL and pad[0].same_as(conv[0]), "the plane inside the task"
+    got = _run(executable, arrays, out_shape)
+    plain, _, plain_arrays, _, _ = _packed_build(RAGGED_DEPTHWISE, target, activation=None)
+    y = _run(plain, plain_arrays, out_shape).astype(np.float64)
+    assert_close(got, (y / (1 + np.exp(-y))).astype("float32"), "5x5 depthwise 24 on 20x20 + SiLU")
