@@ -60,6 +60,27 @@ def test_node_names_recorded():
     assert set(table.values()) == {n.name for n in model.graph.node}
 
 
+def test_a_clip_names_its_node_in_the_conv_group():
+    """TVM's Clip converter binds its result itself (maximum, then minimum, each emit_te'd): the node's name
+    still reaches the module's table, and the conv -> Clip(0, 6) group lists both nodes (what `explain`
+    prints), as a ReLU's group does."""
+    import numpy as np
+
+    import tvm_fusion as tf
+
+    g = GraphBuilder()
+    x = g.input("x", [1, 8, 10, 10])
+    w = g.const(np.random.default_rng(0).standard_normal((16, 8, 3, 3)).astype(np.float32))
+    conv = g.op("Conv", [x, w], pads=[1, 1, 1, 1])
+    clip = g.op("Clip", [conv, g.const(np.float32(0.0)), g.const(np.float32(6.0))])
+    model = g.model([clip], opset=13)
+    model.graph.node[0].name, model.graph.node[1].name = "stem/conv", "stem/relu6"
+    mod = import_onnx(model)
+    assert set(onnx_node_names(mod).values()) == {"stem/conv", "stem/relu6"}
+    groups = tf.fuse(mod, "llvm").groups
+    assert [(g.rule, g.onnx_nodes) for g in groups] == [("conv2d_relu6", ["stem/conv", "stem/relu6"])]
+
+
 def _symbolic():
     g = GraphBuilder()
     x = g.input("images", ["N", 3, 8, 8])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import re
 
 # TVM's CPU thread pool halves the core count on x86 (to skip hyper-threads) and reads TVM_NUM_THREADS only
 # when it starts: on a 2-vCPU machine it would run every parallel kernel on one thread. Use every core
@@ -118,6 +119,11 @@ class _NamingImporter(ONNXGraphImporter):
                 self.var_nodes[var_name(sym)] = str(name)
         elif name and isinstance(sym, relax.Tuple) and sym.fields and isinstance(sym.fields[0], relax.Var):
             self.var_nodes[var_name(sym.fields[0])] = str(name)  # e.g. BatchNormalization: (y, mean, var)
+        elif (name and isinstance(sym, relax.Var) and re.fullmatch(r"lv\d*", var_name(sym))
+              and var_name(sym) not in self.var_nodes
+              and not any(isinstance(i, relax.Expr) and sym.same_as(i) for i in inputs)):
+            # bound by the converter itself under the name pool's "lv" (a Clip's emit_te minimum)
+            self.var_nodes[var_name(sym)] = str(name)
         return _first_of_tuple(self.bb, op_name, sym, attrs.get("tvm_custom", {}).get("num_outputs"))
 
 
