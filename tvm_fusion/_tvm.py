@@ -301,7 +301,7 @@ def float_nodes(node) -> int:
     count = [0]
 
     def visit(expr):
-        if str(getattr(expr, "ty", getattr(expr, "dtype", ""))).startswith(("float", "bfloat")):
+        if prim_dtype(expr).startswith(("float", "bfloat")):
             count[0] += 1
 
     tvm_ffi.structural_walk(node, (tvm.ir.expr.Expr, visit))

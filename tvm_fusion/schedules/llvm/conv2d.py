@@ -119,8 +119,8 @@ COPY_CHANNELS = 32
 # (784) ties.
 STRIDED_NCHW_MACS = 144
 STRIDED_NCHW_CHANNELS = 64
-# A stride-1 depthwise tile (`RowTile.shared_taps`) takes at most this many accumulators (a StepCost may say
-# otherwise): its unrolled taps keep input vectors live beside them, and FMA chains of 9 or 25 taps each hide
+# A stride-1 depthwise tile (`RowTile.shared_taps`) takes at most this many accumulators (StepCost's
+# default): its unrolled taps keep input vectors live beside them, and FMA chains of 9 or 25 taps each hide
 # the FMA latency with few of them. Measured on Zen 4 (one 3x3 or 5x5 conv + ReLU, one thread, CPU time,
 # interleaved, bit-identical). AVX-512, 28-accumulator tiles with rolled taps -> 4 rows x 1 vector unrolled:
 # 32 on 112x112 0.231 -> 0.139 ms, 144 on 56x56 0.268 -> 0.164, 5x5 240 on 28x28 0.235 -> 0.168, 5x5 672 on
@@ -160,8 +160,8 @@ class StepCost:
     # pixel-vectorized kernel (`pixel_vector_pointwise`): one that does not narrow its channels, or a narrowing
     # one with at least this many output pixels (0: none)
     pointwise_narrowing_pixels: int = 0
-    # the most accumulators of a stride-1 depthwise tile (`RowTile.shared_taps`, SHARED_TAP_ACCUMULATORS)
-    shared_tap_accumulators: int = 0  # 0: SHARED_TAP_ACCUMULATORS
+    # the most accumulators of a stride-1 depthwise tile (`RowTile.shared_taps`)
+    shared_tap_accumulators: int = SHARED_TAP_ACCUMULATORS
 
 
 #: per vector ISA (`hardware.cpu_facts`), the tiled kernel's step cost; others: StepCost(). With AVX2 a core
@@ -344,14 +344,21 @@ def choose_row_tile(hout: int, wout: int, facts: CpuFacts, strided: bool = False
                         (_ceil_to(hout, t.rows), _ceil_to(wout, t.cols), full)),
             t.accumulators, -_ceil_to(wout, t.cols), t.vectors))
     return max(tiles, key=lambda t: (  # the real share of the padded outputs, not per slot: too few for MIN_CHAINS
-        _efficiency(1, 1, (hout, wout, t.lanes), (_ceil_to(hout, t.rows), _ceil_to(wout, t.cols), full),
-                    StepCost(min_chains=1)), t.accumulators, t.rows, -_ceil_to(wout, t.cols)))
+        _real_share((hout, wout, t.lanes), (_ceil_to(hout, t.rows), _ceil_to(wout, t.cols), full)),
+        t.accumulators, t.rows, -_ceil_to(wout, t.cols)))
+
+
+def _real_share(real: tuple[int, ...], padded: tuple[int, ...]) -> float:
+    """The share of a padded output that is real (1.0: no padding), rounded as `_efficiency` rounds."""
+    share = 1.0
+    for r, p in zip(real, padded):
+        share *= r / p
+    return round(share, 6)
 
 
 def shared_tap_accumulators(facts: CpuFacts) -> int:
-    """The most accumulators of a stride-1 depthwise tile (`RowTile.shared_taps`) on a target: its ISA's
-    step cost, else SHARED_TAP_ACCUMULATORS."""
-    return step_cost(facts).shared_tap_accumulators or SHARED_TAP_ACCUMULATORS
+    """The most accumulators of a stride-1 depthwise tile (`RowTile.shared_taps`): the target ISA's step cost."""
+    return step_cost(facts).shared_tap_accumulators
 
 
 def channel_depthwise(cout: int, groups: int, facts: CpuFacts, strided: bool, wout: int | None = None) -> bool:
