@@ -188,7 +188,14 @@ class StepCost:
 #: row tiles ranked wanting 12 chains: 3x3 128 on 28x28 ran 2.36 / 2.34 ms with 2 x 6 (786 pixels), 2.50 /
 #: 2.48 ms with 2 x 5 (785); on 7x7 2 x 6 (54 pixels) and 2 x 5 (50) tie. The 1x1 convs keep 9 (2 x 5 on 7x7:
 #: 1.17 ms against 1.23 with 2 x 6 on 2048 -> 512).
-#: AVX-512 (Zen 4) keeps the default tile costs and its rows of tiles, but takes the two kernels that store
+#: AVX-512 packs W taps first and writes the padded input channels-last too (`taps_first`). Measured on an
+#: Intel Xeon with AVX-512 (LLVM's CPU name `rocketlake`; 2 MiB L2 per core), one thread, CPU time, one conv
+#: + ReLU, interleaved, bit-identical, [oc block, C, KH, KW, B] and NCHW -> taps first: ResNet-50's 3x3 256 on
+#: 14x14 1.76 -> 1.43 ms (onnxruntime's Conv node 1.29), 3x3 512 on 7x7 2.41 -> 1.91 (1.58), 3x3/2 256 on
+#: 28x28 2.25 -> 1.62 (1.39), 3x3/2 512 on 14x14 2.74 -> 1.94 (1.45), 3x3 128 on 28x28 1.47 -> 1.29 (1.27), 3x3
+#: 64 on 56x56 1.50 -> 1.42 (1.33); its 1x1 convs the same (2048 -> 512 on 7x7 0.89 / 0.90, 1024 -> 256 on
+#: 14x14 0.62 / 0.62); the whole of ResNet-50 72.9 -> 63.2 ms (onnxruntime 48.3).
+#: AVX-512 keeps the default tile costs and its rows of tiles, but takes the two kernels that store
 #: whole vectors where the tiled kernel stores NCHW element by element: strided depthwise convs over channel
 #: vectors (`channel_depthwise`) and 1x1 convs over pixel vectors (`pixel_vector_pointwise`: not narrowing, or
 #: narrowing on 56x56 and larger). Measured on Zen 4 (AVX-512, one conv + ReLU, one thread, CPU time, tiled /
@@ -202,8 +209,9 @@ TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=9, taps_first=T
                                      panel_bytes=2 * PANEL_BYTES, flat_pointwise=True,
                                      pixel_vectors=True, channel_depthwise=True, channel_depthwise_columns=7,
                                      flat_taps_chains=12),
-                    "avx512": StepCost(pixel_vectors=True, channel_depthwise=True, channel_depthwise_columns=7,
-                                       channel_depthwise_lanes=8, pointwise_narrowing_pixels=56 * 56)}
+                    "avx512": StepCost(taps_first=True, pixel_vectors=True, channel_depthwise=True,
+                                       channel_depthwise_columns=7, channel_depthwise_lanes=8,
+                                       pointwise_narrowing_pixels=56 * 56)}
 
 
 def step_cost(facts: CpuFacts) -> StepCost:

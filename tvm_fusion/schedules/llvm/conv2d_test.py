@@ -9,16 +9,16 @@ import re
 import numpy as np
 import pytest
 
-from tvm_fusion._tvm import te, tvm
+from tvm_fusion._tvm import target_cpu_features, te, tvm
 from tvm_fusion.build.builder import resolve_target
-from tvm_fusion.cpu_features import host_features
+from tvm_fusion.cpu_features import host_features, missing_features
 from tvm_fusion.schedules.conv2d import conv2d_out_size, pack_channel_blocks
 from tvm_fusion.schedules.dense import dense_affine
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.conv2d import (COPY_CHANNELS, FLAT_COPY_CHANNELS, FLOAT_BYTES, STRIDED_NCHW_CHANNELS,
                                               STRIDED_NCHW_MACS,
                                               channel_depthwise, channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
-                                              flat_taps, one_row_pixels, shared_tap_accumulators, step_cost,
+                                              flat_taps, one_row_pixels, packs_taps_first, shared_tap_accumulators, step_cost,
                                               subsampled_pixels, tiled_accumulators,
                                               _ceil_to)
 from tvm_fusion.schedules.conv2d import ConvPadding
@@ -405,17 +405,25 @@ def test_avx2_build_uses_no_avx512():
 
 @pytest.mark.parametrize("spec", [AVX2, {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}], ids=["avx2", "avx512"])
 def test_weight_and_input_layout_follow_the_target(spec):
-    """AVX2 packs W taps first ([oc block, KH, KW, C, B]) and writes the padded input channels-last, so the
-    reduction (channels innermost) reads both in storage order; AVX-512 keeps [oc block, C, KH, KW, B] and
-    NCHW. Compiled only: AVX-512 code cannot run on an AVX2 host."""
+    """AVX2 and AVX-512 pack W taps first ([oc block, KH, KW, C, B]) and write the padded input channels-last,
+    so the reduction (channels innermost) reads both in storage order; each target's code uses its own
+    registers. Numerics where the host runs the target's code."""
     target = tvm.target.Target(spec)
-    executable, func, arrays, *_ = _packed_build(dict(n=1, c=24, h=14, w=14, oc=64, k=3, pad=1), target)
-    taps_first = spec is AVX2
-    assert arrays[1].shape[1:4] == ((3, 3, 24) if taps_first else (24, 3, 3))
+    executable, func, arrays, out_shape, reference = _packed_build(dict(n=1, c=24, h=14, w=14, oc=64, k=3, pad=1),
+                                                                   target)
+    assert packs_taps_first(target) and arrays[1].shape[1:4] == (3, 3, 24)
     pad = next(b for b in func.script().splitlines() if "pad = T.sblock_alloc_buffer" in b)
     shape = [int(d) for d in re.search(r"\(\((\d+, \d+, \d+, \d+)\)", pad).group(1).split(", ")]
-    assert (shape[3] if taps_first else shape[1]) == 24, pad
-    assert ("zmm" in executable.mod.inspect_source("asm")) != taps_first
+    assert shape[3] == 24, pad
+    assert ("zmm" in executable.mod.inspect_source("asm")) == (spec is not AVX2)
+    if _runs_here(target):
+        assert_close(_run(executable, arrays, out_shape), reference, str(spec))
+
+
+def _runs_here(target) -> bool:
+    """Whether this host has every tracked feature `target`'s code may use."""
+    host = host_features()
+    return host is not None and not missing_features(target_cpu_features(target), host)
 
 
 #: strided convs with few multiply-adds per input element (YOLOv8n's 3x3/2 3 -> 16 and 16 -> 32 on small
@@ -436,24 +444,23 @@ STRIDED_CASES = [
 @pytest.mark.parametrize("case,channels_last", STRIDED_CASES, ids=[_id(c) for c, _ in STRIDED_CASES])
 def test_shallow_strided_convs_read_their_input_nchw(case, channels_last, spec):
     """A strided tiled conv with at most STRIDED_NCHW_CHANNELS input channels and STRIDED_NCHW_MACS
-    multiply-adds per input element writes its padded input NCHW on AVX2 (W still packed taps first); deeper ones, and every conv on AVX-512 (not taps first),
-    keep their layout. Numerics against float64 numpy where the host runs the code (AVX-512: compiled only)."""
+    multiply-adds per input element writes its padded input NCHW (W still packed taps first, on AVX2 and
+    AVX-512); deeper ones keep it channels-last. Numerics against float64 numpy where the host runs the code."""
     target = tvm.target.Target(spec)
     executable, func, arrays, out_shape, reference = _packed_build(case, target)
-    taps_first = spec is AVX2
+    assert packs_taps_first(target)
     macs = case["oc"] * case["k"] ** 2 / case["stride"] ** 2
     shallow = macs <= STRIDED_NCHW_MACS and case["c"] <= STRIDED_NCHW_CHANNELS
     assert channels_last_input("tiled", case["c"], case["oc"], case["k"], case["k"], (case["stride"],) * 2,
-                               cpu_facts(target)) == (taps_first and channels_last) == (taps_first and not shallow)
+                               cpu_facts(target)) == channels_last == (not shallow)
     pad = next((b for b in func.script().splitlines() if "pad = T.sblock_alloc_buffer" in b), None)
     subsampled = subsampled_pixels(case["k"], case["k"], (case["stride"],) * 2, (case.get("pad", 0),) * 4, 1,
                                    case["c"], case["oc"], cpu_facts(target))
     if pad is not None and not subsampled:  # none where the tile divides an unpadded conv's output: x as it is
         shape = [int(d) for d in re.search(r"\(\((\d+, \d+, \d+, \d+)\)", pad).group(1).split(", ")]
-        assert shape[3 if taps_first and channels_last else 1] == case["c"], pad
-    if taps_first:
-        assert arrays[1].shape[1:4] == (case["k"], case["k"], case["c"])
-    if taps_first and "avx2" in (host_features() or ()):
+        assert shape[3 if channels_last else 1] == case["c"], pad
+    assert arrays[1].shape[1:4] == (case["k"], case["k"], case["c"])
+    if _runs_here(target):
         assert_close(_run(executable, arrays, out_shape), reference, _id(case))
 
 
