@@ -76,6 +76,9 @@ OC_VECTOR_CHOICES = (4, 2, 1)  # output-channel vectors per tile
 # inside ~1/6 of the 1 MiB per-core L2 of Zen 4, next to the input rows: measured on ResNet-50,
 # 1x1 1024->2048 ran 1.45 ms with a 256 KiB panel and 1.25 ms with 128 KiB.
 PANEL_BYTES = 160 * 1024
+# An AVX-512 tile's panel may be this large (TILED_STEP_COSTS): measured on a core with 2 MiB of L2, half of
+# it (TVM's llvm targets carry no cache sizes, so the bound is the ISA's, not the target CPU's)
+AVX512_PANEL_BYTES = 1024 * 1024
 # Tile cost per reduction step, in FMA slots: max(accumulators, loads / LOADS_PER_FMA, MIN_CHAINS). Fewer
 # than MIN_CHAINS independent accumulators leave the FMA pipes waiting on latency; loads issue two per FMA.
 # Measured on Zen 4 (one thread, CPU time): 13x13 outputs ran 12% faster with 13 columns (1 vector of
@@ -145,6 +148,7 @@ class StepCost:
     taps_first: bool = False
     broadcast_registers: int | None = None
     panel_bytes: int = PANEL_BYTES  # the largest weight panel of a tile wider than one vector
+    max_oc_vectors: int = max(OC_VECTOR_CHOICES)  # the most vectors of output channels a tile holds
     flat_pointwise: bool = False  # 1x1 stride-1 unpadded convs tile their pixels as one row (`flat_pixels`)
     pixel_vectors: bool = False  # flat convs may vectorize their pixels (`conv2d_pointwise`, `choose_pixel_tile`)
     channel_depthwise: bool = False  # strided depthwise convs may vectorize their channels (`channel_depthwise`)
@@ -195,6 +199,16 @@ class StepCost:
 #: 28x28 2.25 -> 1.62 (1.39), 3x3/2 512 on 14x14 2.74 -> 1.94 (1.45), 3x3 128 on 28x28 1.47 -> 1.29 (1.27), 3x3
 #: 64 on 56x56 1.50 -> 1.42 (1.33); its 1x1 convs the same (2048 -> 512 on 7x7 0.89 / 0.90, 1024 -> 256 on
 #: 14x14 0.62 / 0.62); the whole of ResNet-50 72.9 -> 63.2 ms (onnxruntime 48.3).
+#: Its tiles hold at most two vectors of output channels, their panel up to AVX512_PANEL_BYTES: a second
+#: vector of channels halves the weight loads of a step where one vector only left pixels (1 x 7 on 7x7
+#: outputs, 1 x 2 x 14 on 14x14), while four vectors x 7 pixels lost to two x 14 (its panel streamed twice as
+#: often). Measured on the same host (one thread, CPU time, interleaved, bit-identical; 160 KiB panels and
+#: four vectors -> these): 3x3 512 on 7x7 1.62 -> 1.39 ms (onnxruntime 1.36; 1 x 7 -> 2 x 7), 3x3/2 512 on
+#: 14x14 1.64 -> 1.43, 3x3 256 on 14x14 1.18 -> 1.11 (1.10), 3x3/2 256 on 28x28 1.38 -> 1.22 (1.24), VGG19's
+#: 3x3 256 on 56x56 21.3 -> 18.2 and 512 on 28x28 21.6 -> 18.1 (1 x 28 -> 2 x 14), 1x1 2048 -> 512 on 7x7
+#: 0.87 -> 0.68, 256 -> 1024 on 14x14 0.68 -> 0.60 (4 x 7 -> 2 x 14), 512 -> 2048 on 7x7 0.73 -> 0.68 (4 x 7 ->
+#: 2 x 7); whole models (fused, interleaved with onnxruntime): ResNet-50 58.4 -> 55.3 ms (onnxruntime 43.7),
+#: VGG19 263 -> 240 (212), Inception v2 25.6 -> 24.3 (21.1), DenseNet-121 41.3 -> 40.3 (45.3).
 #: AVX-512 keeps the default tile costs and its rows of tiles, but takes the two kernels that store
 #: whole vectors where the tiled kernel stores NCHW element by element: strided depthwise convs over channel
 #: vectors (`channel_depthwise`) and 1x1 convs over pixel vectors (`pixel_vector_pointwise`: not narrowing, or
@@ -209,9 +223,9 @@ TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=9, taps_first=T
                                      panel_bytes=2 * PANEL_BYTES, flat_pointwise=True,
                                      pixel_vectors=True, channel_depthwise=True, channel_depthwise_columns=7,
                                      flat_taps_chains=12),
-                    "avx512": StepCost(taps_first=True, pixel_vectors=True, channel_depthwise=True,
-                                       channel_depthwise_columns=7, channel_depthwise_lanes=8,
-                                       pointwise_narrowing_pixels=56 * 56)}
+                    "avx512": StepCost(taps_first=True, panel_bytes=AVX512_PANEL_BYTES, max_oc_vectors=2,
+                                       pixel_vectors=True, channel_depthwise=True, channel_depthwise_columns=7,
+                                       channel_depthwise_lanes=8, pointwise_narrowing_pixels=56 * 56)}
 
 
 def step_cost(facts: CpuFacts) -> StepCost:
@@ -291,11 +305,11 @@ def _efficiency(accumulators: int, loads: int, real: tuple[int, ...], padded: tu
 
 
 def _oc_vector_options(opg: int, groups: int, reduction: int, tasks_wanted: int, lanes: int,
-                       panel_bytes: int = PANEL_BYTES) -> list[int]:
-    """Channel widths (in vectors); wider than one vector only while the oc blocks (of the channels padded
-    to the width, per group) still feed every thread and the panel fits `panel_bytes`."""
+                       panel_bytes: int = PANEL_BYTES, max_vectors: int = max(OC_VECTOR_CHOICES)) -> list[int]:
+    """Channel widths (in vectors, at most `max_vectors`); wider than one vector only while the oc blocks (of
+    the channels padded to the width, per group) still feed every thread and the panel fits `panel_bytes`."""
     options = []
-    for v in OC_VECTOR_CHOICES:
+    for v in (v for v in OC_VECTOR_CHOICES if v <= max_vectors):
         blocks = groups * _ceil_to(opg, lanes * v) // (lanes * v)
         panel = reduction * lanes * v * FLOAT_BYTES
         if v == 1 or (blocks >= tasks_wanted and panel <= panel_bytes):
@@ -319,7 +333,8 @@ def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, thr
     tasks_wanted = max(1, -(-threads // batch))
 
     def tiles():
-        for v in _oc_vector_options(opg, groups, reduction, tasks_wanted, lanes, cost.panel_bytes):
+        for v in _oc_vector_options(opg, groups, reduction, tasks_wanted, lanes, cost.panel_bytes,
+                                    cost.max_oc_vectors):
             budget = tiled_accumulators(facts, v)
             for cols in range(1, min(wout, budget // v) + 1):
                 for rows in range(1, min(hout, budget // (v * cols)) + 1) if cols == wout else [1]:
