@@ -443,13 +443,17 @@ def subsampled_pixels(kh: int, kw: int, strides, padding, groups: int, cpg: int,
     """Whether the llvm compute plans a strided 1x1 unpadded conv as `flat_pixels`' conv over the pixels it
     reads: x[n, c, h * sh, w * sw] (the `subsample` stage, inlined into the input copy: 1 / (sh * sw) of the
     input moved), then a 1x1 stride-1 conv over hout * wout pixels as one row. On a target whose step cost
-    says `flat_pointwise`, for convs whose input `channels_last_input` copies channels-last (the shallow ones
-    read x NCHW in place). Measured on Zen 2 (AVX2, one thread, CPU time, conv + ReLU, kernels alone, strided
-    tile -> this plan, bit-identical): ResNet-50's 256 -> 512 on 56x56 3.40 -> 2.52 ms (pointwise kernel; the
-    strided tile padded 28 columns to 30), 512 -> 1024 on 28x28 3.08 -> 2.67 ms, 1024 -> 2048 on 14x14 4.33
-    -> 3.10 ms (flat tiled: 2 x 5 pixels instead of 4 x 2 on 7 columns padded to 8); 128 -> 64 on 56x56
-    0.41 -> 0.25 ms, 256 -> 96 on 28x28 0.25 -> 0.18 ms (read in place)."""
-    return (step_cost(facts).flat_pointwise and (kh, kw) == (1, 1) and groups == 1
+    says `flat_pointwise` or `pixel_vectors`, for convs whose input `channels_last_input` copies channels-last
+    (the shallow ones read x NCHW in place). Measured on Zen 2 (AVX2, one thread, CPU time, conv + ReLU,
+    kernels alone, strided tile -> this plan, bit-identical): ResNet-50's 256 -> 512 on 56x56 3.40 -> 2.52 ms
+    (pointwise kernel; the strided tile padded 28 columns to 30), 512 -> 1024 on 28x28 3.08 -> 2.67 ms, 1024
+    -> 2048 on 14x14 4.33 -> 3.10 ms (flat tiled: 2 x 5 pixels instead of 4 x 2 on 7 columns padded to 8);
+    128 -> 64 on 56x56 0.41 -> 0.25 ms, 256 -> 96 on 28x28 0.25 -> 0.18 ms (read in place). On an Intel
+    AVX-512 core (the same way, `pixel_vector_pointwise`'s kernels over the subsampled pixels): 256 -> 512 on
+    56x56 2.20 -> 1.32 ms (onnxruntime's Conv node 1.51), 512 -> 1024 on 28x28 1.51 -> 1.39 ms, 1024 -> 2048
+    on 14x14 1.37 / 1.38 ms."""
+    cost = step_cost(facts)
+    return ((cost.flat_pointwise or cost.pixel_vectors) and (kh, kw) == (1, 1) and groups == 1
             and any(int(s) > 1 for s in strides) and not any(int(p) for p in padding)
             and channels_last_input("tiled", cpg, cout, kh, kw, strides, facts))
 

@@ -20,7 +20,7 @@ from tvm_fusion.schedules.llvm.conv2d import (COPY_CHANNELS, FLAT_COPY_CHANNELS,
                                               channel_depthwise, channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
                                               flat_taps, one_row_pixels, packs_taps_first, shared_tap_accumulators, step_cost,
                                               subsampled_pixels, tiled_accumulators,
-                                              _ceil_to)
+                                              _ceil_to, _plan)
 from tvm_fusion.schedules.conv2d import ConvPadding
 from tvm_fusion.schedules.llvm.conv2d_pointwise import grouped_pointwise
 from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
@@ -485,24 +485,23 @@ def _subsampled(case, target) -> bool:
                              case["c"], case["oc"], cpu_facts(target))
 
 
-def test_strided_1x1_convs_are_planned_over_their_pixels_on_avx2():
-    """AVX2: a strided 1x1 unpadded conv whose input would be copied channels-last plans its hout * wout
-    pixels as one row (`flat`: its input copy takes the strided pixels only); not a padded, 3x3, grouped or
-    shallow one (`channels_last_input` reads those NCHW), nor a stride-1 one (`flat_pixels`), nor on AVX-512
-    (its plans unchanged)."""
+def test_strided_1x1_convs_are_planned_over_their_pixels():
+    """AVX2 and AVX-512: a strided 1x1 unpadded conv whose input would be copied channels-last plans its hout
+    * wout pixels as one row (`flat`: its input copy takes the strided pixels only); not a padded, 3x3,
+    grouped or shallow one (`channels_last_input` reads those NCHW), nor a stride-1 one (`flat_pixels`)."""
     avx2, avx512 = cpu_facts(tvm.target.Target(AVX2)), cpu_facts(AVX512_TARGET)
     for case in SUBSAMPLED_CASES:
-        assert _subsampled(case, tvm.target.Target(AVX2)) and not _subsampled(case, AVX512_TARGET), case
+        assert _subsampled(case, tvm.target.Target(AVX2)) and _subsampled(case, AVX512_TARGET), case
     shortcut = dict(kh=1, kw=1, strides=(2, 2), padding=(0, 0, 0, 0), groups=1, cpg=256, cout=512)
-    assert subsampled_pixels(**shortcut, facts=avx2) and one_row_pixels(**shortcut, facts=avx2)
-    assert not subsampled_pixels(**{**shortcut, "padding": (1, 1, 1, 1)}, facts=avx2)
-    assert not subsampled_pixels(**{**shortcut, "kh": 3, "kw": 3}, facts=avx2)
-    assert not subsampled_pixels(**{**shortcut, "groups": 2, "cpg": 128}, facts=avx2)
-    assert not subsampled_pixels(**{**shortcut, "cpg": 64, "cout": 32}, facts=avx2), "shallow: x read NCHW"
-    assert not subsampled_pixels(**{**shortcut, "strides": (1, 1)}, facts=avx2), "flat_pixels' conv"
-    assert not one_row_pixels(**shortcut, facts=avx512)
-    plan = conv_plan(1, 512, 28, 28, 256, 1, 1, 1, avx2, strided=True, flat=True)
-    assert plan.flat and plan.kernel == "pointwise" and (plan.padding.rows, plan.padding.cols) == (1, 784)
+    for facts in (avx2, avx512):
+        assert subsampled_pixels(**shortcut, facts=facts) and one_row_pixels(**shortcut, facts=facts)
+        assert not subsampled_pixels(**{**shortcut, "padding": (1, 1, 1, 1)}, facts=facts)
+        assert not subsampled_pixels(**{**shortcut, "kh": 3, "kw": 3}, facts=facts)
+        assert not subsampled_pixels(**{**shortcut, "groups": 2, "cpg": 128}, facts=facts)
+        assert not subsampled_pixels(**{**shortcut, "cpg": 64, "cout": 32}, facts=facts), "shallow: x read NCHW"
+        assert not subsampled_pixels(**{**shortcut, "strides": (1, 1)}, facts=facts), "flat_pixels' conv"
+        plan = conv_plan(1, 512, 28, 28, 256, 1, 1, 1, facts, strided=True, flat=True)
+        assert plan.flat and plan.kernel == "pointwise" and (plan.padding.rows, plan.padding.cols) == (1, 784)
     late = conv_plan(1, 1024, 14, 14, 512, 1, 1, 1, avx2, strided=True, flat=True)
     assert late.flat and late.kernel == "tiled" and not late.in_place
 
@@ -525,15 +524,26 @@ def _strided_plan_build(case, target):
     return _build_without("subsampled_pixels", case, target)
 
 
-@NO_AVX2
+@pytest.mark.parametrize("target", [
+    pytest.param(tvm.target.Target(AVX2), id="avx2", marks=NO_AVX2),
+    pytest.param(AVX512_TARGET, id="avx512", marks=pytest.mark.skipif(
+        not _runs_here(AVX512_TARGET), reason="this host cannot run AVX-512 code (the AVX2 build runs)"))])
 @pytest.mark.parametrize("case", SUBSAMPLED_CASES, ids=_id)
-def test_subsampled_convs_match_numpy_and_the_strided_kernel_bit_for_bit(case):
-    """Built for AVX2 (W packed for the flat plan): element-wise against float64 numpy, and bit-identical to
-    the strided tile's kernel (the same sums in the same order, input channels one by one)."""
-    target = tvm.target.Target(AVX2)
+def test_subsampled_convs_match_numpy_and_the_strided_kernel_bit_for_bit(case, target):
+    """Built for AVX2 and AVX-512 (W packed for the flat plan): element-wise against float64 numpy, and
+    bit-identical to the strided tile's kernel (the same sums in the same order, input channels one by one).
+    AVX-512 plans the pixels as one row where `conv_plan` finds it a pixel tile (the pointwise kernel's
+    whole vectors of pixels: 784 of them), else the strided tile as before."""
     executable, func, arrays, out_shape, reference = _packed_build(case, target)
-    acc = re.search(r"conv_local = T.sblock_alloc_buffer\(\((\d+), (\d+), (\d+), (\d+)\)", func.script())
-    assert 1 in [int(d) for d in acc.groups()[1:3]], f"the pixels as one row: {acc.group(0)}"
+    stride = case["stride"] if isinstance(case["stride"], tuple) else (case["stride"],) * 2
+    one_row = _plan(arrays[0].shape, case["oc"], (case["c"], 1, 1), stride, (0,) * 4, (1, 1), 1,
+                    cpu_facts(target)).flat
+    if one_row:  # the accumulators [n, 1, P, C] (flat tiled) or [n, C, 1, P] (pointwise)
+        acc = re.search(r"conv_local = T.sblock_alloc_buffer\(\((\d+), (\d+), (\d+), (\d+)\)", func.script())
+        assert 1 in [int(d) for d in acc.groups()[1:3]], f"the pixels as one row: {acc.group(0)}"
+    assert one_row or target is AVX512_TARGET, "AVX2 plans every one as one row of pixels"
+    if case["c"] == 256 and case["h"] == 56:
+        assert one_row, "ResNet-50's 256 -> 512 shortcut: the pointwise kernel over 784 pixels"
     got = _run(executable, arrays, out_shape)
     assert_close(got, reference, _id(case))
     strided, _, strided_arrays, strided_shape, _ = _strided_plan_build(case, target)
