@@ -209,16 +209,15 @@ class StepCost:
 #: 0.87 -> 0.68, 256 -> 1024 on 14x14 0.68 -> 0.60 (4 x 7 -> 2 x 14), 512 -> 2048 on 7x7 0.73 -> 0.68 (4 x 7 ->
 #: 2 x 7); whole models (fused, interleaved with onnxruntime): ResNet-50 58.4 -> 55.3 ms (onnxruntime 43.7),
 #: VGG19 263 -> 240 (212), Inception v2 25.6 -> 24.3 (21.1), DenseNet-121 41.3 -> 40.3 (45.3).
-#: AVX-512 keeps the default tile costs and its rows of tiles, but takes the two kernels that store
-#: whole vectors where the tiled kernel stores NCHW element by element: strided depthwise convs over channel
-#: vectors (`channel_depthwise`) and 1x1 convs over pixel vectors (`pixel_vector_pointwise`: not narrowing, or
-#: narrowing on 56x56 and larger). Measured on Zen 4 (AVX-512, one conv + ReLU, one thread, CPU time, tiled /
-#: depthwise -> these, interleaved, bit-identical): MobileNetV2's 3x3/2 depthwise 96 on 112x112 1.00 -> 0.54
-#: ms, 144 on 56x56 0.33 -> 0.20 ms; 1x1 16 -> 96 on 112x112 1.14 -> 0.49 ms, 24 -> 144 on 56x56 0.45 -> 0.23
-#: ms, 32 -> 192 on 28x28 0.18 -> 0.11 ms, 96 -> 576 on 14x14 0.31 -> 0.27 ms, 96 -> 24 on 56x56 0.23 -> 0.21
-#: ms; ResNet-50's 64 -> 256 on 56x56 1.30 -> 1.03 ms, 256 -> 64 on 56x56 2.33 -> 1.46 ms, 128 -> 512 on
-#: 28x28 1.14 -> 1.01 ms. Narrowing convs on smaller maps lost: 192 -> 32 on 28x28 0.134 -> 0.148 ms, 512 ->
-#: 128 on 28x28 1.02 -> 1.09 ms.
+#: AVX-512 keeps the default tile costs (MIN_CHAINS, LOADS_PER_FMA) and its rows of tiles, and takes the two kernels
+#: that store whole vectors where the tiled kernel stores NCHW element by element: strided depthwise convs over channel
+#: vectors (`channel_depthwise`) and 1x1 convs over pixel vectors (`pixel_vector_pointwise`: not narrowing, or narrowing
+#: on 56x56 and larger). Measured on Zen 4 (AVX-512, one conv + ReLU, one thread, CPU time, tiled / depthwise -> these,
+#: interleaved, bit-identical): MobileNetV2's 3x3/2 depthwise 96 on 112x112 1.00 -> 0.54 ms, 144 on 56x56 0.33 -> 0.20
+#: ms; 1x1 16 -> 96 on 112x112 1.14 -> 0.49 ms, 24 -> 144 on 56x56 0.45 -> 0.23 ms, 32 -> 192 on 28x28 0.18 -> 0.11 ms,
+#: 96 -> 576 on 14x14 0.31 -> 0.27 ms, 96 -> 24 on 56x56 0.23 -> 0.21 ms; ResNet-50's 64 -> 256 on 56x56 1.30 -> 1.03
+#: ms, 256 -> 64 on 56x56 2.33 -> 1.46 ms, 128 -> 512 on 28x28 1.14 -> 1.01 ms. Narrowing convs on smaller maps lost:
+#: 192 -> 32 on 28x28 0.134 -> 0.148 ms, 512 -> 128 on 28x28 1.02 -> 1.09 ms.
 TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=9, taps_first=True, broadcast_registers=2,
                                      panel_bytes=2 * PANEL_BYTES, flat_pointwise=True,
                                      pixel_vectors=True, channel_depthwise=True, channel_depthwise_columns=7,
