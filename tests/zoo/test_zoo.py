@@ -50,8 +50,10 @@ EXPECTED_COUNTS = {
                          "conv2d_bias": 6},
     "mobilenetv2_dynamo18": {"conv2d_relu6_pool": 1, "conv2d_bias_relu6": 34, "conv2d_add": 11, "dense_bias": 1,
                              "conv2d_bias": 6},
-    "resnet_stem_ts17": {"conv2d_relu_pool": 1, "conv2d_add_relu": 3, "conv2d_bias_relu": 6, "conv2d_bias": 1},
-    "resnet_stem_dynamo18": {"conv2d_relu_pool": 1, "conv2d_add_relu": 3, "conv2d_bias_relu": 6, "conv2d_bias": 1},
+    # on AVX-512 the stem's 32-channel task plane (1.5 MiB) is past the CPU conv -> pool kernel's measured bound
+    # (llvm/conv_pool.py, MAX_PLANE_BYTES): its conv and pool stay two kernels (AVX2 and CUDA fuse them)
+    "resnet_stem_ts17": {"conv2d_add_relu": 3, "conv2d_bias_relu": 7, "conv2d_bias": 1},
+    "resnet_stem_dynamo18": {"conv2d_add_relu": 3, "conv2d_bias_relu": 7, "conv2d_bias": 1},
     "convnext_ts17": {"dense_bias_gelu_erf": 2, "dense_scale": 2, "dense_bias": 1, "layer_norm": 4,
                       "conv2d_bias": 3},
     "convnext_dynamo18": {"dense_scale": 2, "dense_bias_gelu_erf": 2, "dense_bias": 1, "layer_norm": 4,
@@ -108,9 +110,12 @@ EXPECTED_COUNTS = {
 }
 #: where an AVX2 build's counts differ: there the conv family runs MobileNetV3's projection 1x1 as its
 #: pixel-vectorized kernel (conv2d_pointwise), so the depthwise -> pointwise CPU kernel declines that block
-#: (measured slower than the two conv kernels); the other ISAs' counts are not recorded
+#: (measured slower than the two conv kernels), and the ResNet stem's 16-channel tasks (0.77 MiB planes) take
+#: its pool; the other ISAs' counts are not recorded
 EXPECTED_AVX2_COUNTS = {
     **EXPECTED_COUNTS,
+    "resnet_stem_ts17": {"conv2d_relu_pool": 1, "conv2d_add_relu": 3, "conv2d_bias_relu": 6, "conv2d_bias": 1},
+    "resnet_stem_dynamo18": {"conv2d_relu_pool": 1, "conv2d_add_relu": 3, "conv2d_bias_relu": 6, "conv2d_bias": 1},
     "mobilenetv3_ts13": {"squeeze_excite_relu_hardsigmoid": 3, "conv2d_hardswish_pool": 1, "conv2d_bias_hardswish": 5,
                          "conv2d_bias_relu": 5, "conv2d_add": 2, "dense_bias_hardswish": 1, "dense_bias": 1,
                          "conv2d_bias": 3},
@@ -137,6 +142,8 @@ def expected_llvm_counts(name: str) -> dict:
 #: (a task per pixel tile, not per plane) declines
 EXPECTED_CUDA_COUNTS = {
     **EXPECTED_COUNTS,
+    "resnet_stem_ts17": {"conv2d_relu_pool": 1, "conv2d_add_relu": 3, "conv2d_bias_relu": 6, "conv2d_bias": 1},
+    "resnet_stem_dynamo18": {"conv2d_relu_pool": 1, "conv2d_add_relu": 3, "conv2d_bias_relu": 6, "conv2d_bias": 1},
     "efficientnet_ts15": {"squeeze_excite_silu_sigmoid": 4, "conv2d_silu_pool": 1, "conv2d_bias_silu": 8,
                          "conv2d_add": 2, "dense_bias": 1, "conv2d_bias": 2},
     "efficientnet_dynamo18": {"squeeze_excite_silu_sigmoid": 4, "conv2d_silu_pool": 1, "conv2d_bias_silu": 8,

@@ -37,12 +37,18 @@ WHOLE_PLANE_KERNELS = ("tiled", "depthwise", "depthwise_channels")
 
 #: the largest conv output plane (one task's channels x rows x columns, float32) the fused kernel takes. Past it
 #: the plane leaves the core's caches before the pool reads it back, and the fused kernel measured slower than
-#: the two kernels. Measured on an AMD EPYC (Zen 4, 1 MiB L2 per core, shared host), one thread, CPU time,
-#: interleaved medians, fused / conv + pool kernels in several runs (benchmarks/conv_pool.py): AVX-512
-#: (32-channel tasks) VGG 3 -> 64 on 224x224, 6.1 MiB: 1.51, 1.35, 1.41, 1.30; ResNet's stem, 1.5 MiB: 1.03,
-#: 1.12, 0.79, 0.91, 1.09, 0.80; VGG 64 -> 128 on 112x112, 3.1 MiB: 0.75, 0.99, 1.05, 1.01; AVX2 (16-channel
-#: tasks) the stem, 0.77 MiB: 0.94; VGG 3 -> 64, 3.1 MiB: 1.03, 0.95; planes of at most 0.4 MiB 0.95-1.02.
-MAX_PLANE_BYTES = 4 << 20
+#: the two kernels. Alone (benchmarks/conv_pool.py), on an AMD EPYC (Zen 4, 1 MiB L2 per core, shared host), one
+#: thread, CPU time, interleaved medians, fused / conv + pool kernels in several runs: AVX-512 (32-channel tasks)
+#: VGG 3 -> 64 on 224x224, 6.1 MiB: 1.51, 1.35, 1.41, 1.30; ResNet's stem, 1.5 MiB: 1.03, 1.12, 0.79, 0.91, 1.09,
+#: 0.80; VGG 64 -> 128 on 112x112, 3.1 MiB: 0.75, 0.99, 1.05, 1.01; AVX2 (16-channel tasks) the stem, 0.77 MiB:
+#: 0.94; VGG 3 -> 64, 3.1 MiB: 1.03, 0.95; planes of at most 0.4 MiB 0.95-1.02. In the model the groups past
+#: 1 MiB lost: on Zen 4 the ResNet stem's group ran 1-10% slower than the two kernels in every run; on an Intel
+#: AVX-512 core (2 MiB L2 per core; one thread, CPU time, the whole model built with this bound at 4 MiB and at
+#: 1 MiB, interleaved with onnxruntime, medians of 9 rounds), declining the groups with 1-4 MiB planes (the 7x7/2
+#: and 3x3/2 stems' 1.2-1.5 MiB, VGG's 64 -> 128 on 112x112) ran ResNet stem + stage 1 9.79 -> 9.37 ms,
+#: ResNet-50 57.6 -> 56.1, SqueezeNet 5.37 -> 5.09, Inception v1 25.6 -> 25.1, Inception v2 27.9 -> 27.4,
+#: DenseNet-121 43.9 -> 43.6, VGG19 241 -> 240, ShuffleNet, AlexNet and ZFNet the same.
+MAX_PLANE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ def fusion_loses(plan: PoolPlan, window: PoolWindow) -> str | None:
     if plan.plane_bytes > MAX_PLANE_BYTES:
         return (f"a task's conv output plane is {plan.plane_bytes / 2**20:.1f} MiB ({plan.channels} channels x "
                 f"{plan.rows} x {plan.cols}); past {MAX_PLANE_BYTES >> 20} MiB the fused kernel measured slower than "
-                "the conv and pool kernels (benchmarks/conv_pool.py)")
+                "the conv and pool kernels (benchmarks/conv_pool.py, and in whole models)")
     return None
 
 
