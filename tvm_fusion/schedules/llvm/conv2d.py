@@ -448,9 +448,9 @@ def subsampled_pixels(kh: int, kw: int, strides, padding, groups: int, cpg: int,
     (pointwise kernel; the strided tile padded 28 columns to 30), 512 -> 1024 on 28x28 3.08 -> 2.67 ms, 1024
     -> 2048 on 14x14 4.33 -> 3.10 ms (flat tiled: 2 x 5 pixels instead of 4 x 2 on 7 columns padded to 8);
     128 -> 64 on 56x56 0.41 -> 0.25 ms, 256 -> 96 on 28x28 0.25 -> 0.18 ms (read in place). On an Intel
-    AVX-512 core (the same way, `pixel_vector_pointwise`'s kernels over the subsampled pixels): 256 -> 512 on
-    56x56 2.20 -> 1.32 ms (onnxruntime's Conv node 1.51), 512 -> 1024 on 28x28 1.51 -> 1.39 ms, 1024 -> 2048
-    on 14x14 1.37 / 1.38 ms."""
+    AVX-512 core (the same way): 256 -> 512 on 56x56 2.20 -> 1.32 ms (the pointwise kernel over its 784
+    subsampled pixels; onnxruntime's Conv node 1.51). There `conv_plan` finds no pixel tile for 196 or 49
+    pixels, so 512 -> 1024 on 28x28 and 1024 -> 2048 on 14x14 keep their strided tile."""
     cost = step_cost(facts)
     return ((cost.flat_pointwise or cost.pixel_vectors) and (kh, kw) == (1, 1) and groups == 1
             and any(int(s) > 1 for s in strides) and not any(int(p) for p in padding)
