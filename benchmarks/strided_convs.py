@@ -8,6 +8,8 @@ thread, CPU time, interleaved in one process; or (`--copies`) what each conv ker
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_1x1_512_128 --before chunks
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py mbv2_dw_144_56 effnet_dw5_240_28 --before shared_taps
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py effnet_1x1_40_240 --activation silu --before rolled_epilogue
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_3x3_256 --before avx512_nchw
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_3x3_512 --before four_vectors
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py --copies        # ResNet-50's input copies
 
 Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the llvm compute and schedule,
@@ -17,8 +19,11 @@ Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the l
 with a larger kernel keep their rows of tiles, `flat_taps` off; "copy_rows": a flat 1x1 conv's channels-last
 input copied a whole channel row per pixel, not in blocks of COPY_CHANNELS; "tap_rows": a flat conv's kernel
 columns and input channels reduced in two loops, not one; "chunks": the pointwise kernel's output channels in
-chunks of CHUNK_BYTES of weights only, CHUNK_INPUT_FRACTION 0; "avx512": AVX-512 without its step cost's
-`pixel_vectors` / `channel_depthwise`; "shared_taps": stride-1 depthwise tiles of up to `max_accumulators`
+chunks of CHUNK_BYTES of weights only, CHUNK_INPUT_FRACTION 0; "avx512": AVX-512 with the default step
+cost (none of TILED_STEP_COSTS["avx512"]: no `pixel_vectors` / `channel_depthwise`, NCHW, four channel
+vectors); "avx512_nchw": AVX-512's W packed [oc block, C, KH, KW, B] and its input NCHW, not `taps_first`;
+"four_vectors": AVX-512 tiles of up to four channel vectors with panels of PANEL_BYTES, not two of
+AVX512_PANEL_BYTES; "shared_taps": stride-1 depthwise tiles of up to `max_accumulators`
 with their taps rolled, not `RowTile.shared_taps`; "rolled_epilogue": the pointwise kernel's epilogue rows
 unrolled whatever the activation, not rolled past HEAVY_EPILOGUE_NODES), and onnxruntime runs Conv +
 the activation as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the
@@ -37,6 +42,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -187,7 +193,11 @@ BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
           "chunks": {"pointwise.CHUNK_INPUT_FRACTION": 0},
           "shared_taps": {"choose_row_tile": _rolled_taps_row_tile},
           "rolled_epilogue": {"pointwise.HEAVY_EPILOGUE_NODES": 1 << 30},
-          "avx512": {"TILED_STEP_COSTS": {k: v for k, v in llvm_conv.TILED_STEP_COSTS.items() if k != "avx512"}}}
+          "avx512": {"TILED_STEP_COSTS": {k: v for k, v in llvm_conv.TILED_STEP_COSTS.items() if k != "avx512"}},
+          "avx512_nchw": {"TILED_STEP_COSTS": {**llvm_conv.TILED_STEP_COSTS, "avx512": replace(
+              llvm_conv.TILED_STEP_COSTS["avx512"], taps_first=False)}},
+          "four_vectors": {"TILED_STEP_COSTS": {**llvm_conv.TILED_STEP_COSTS, "avx512": replace(
+              llvm_conv.TILED_STEP_COSTS["avx512"], panel_bytes=llvm_conv.PANEL_BYTES, max_oc_vectors=4)}}}
 
 
 def _owner(name: str):
