@@ -249,7 +249,7 @@ def main(argv=None) -> int:
         same = sorted(same, key=lambda n: (abs(math.log(max(size, 1) / max(math.prod(n["second"]), 1))), -n["ms"]))
         ort_col = ("  | ort " + ", ".join(f"{n['op']} {n['ms']:.3f}" for n in same[:4])
                    if nodes else "")
-        print(f"{gv.name_hint:40s} {' x '.join(map(str, shapes))}: {ms:.3f} ms {clock.upper()}{ort_col}", flush=True)
+        print(f"{gv.name_hint:40s} {' x '.join(map(str, shapes))}: {ms:.4f} ms {clock.upper()}{ort_col}", flush=True)
     if nodes:
         _print_ort(nodes, args.threads)
     if args.in_model:

@@ -148,3 +148,36 @@ def test_tvm_fusion_cpu_errors_name_the_variable(monkeypatch, value, why):
     monkeypatch.setenv("TVM_FUSION_CPU", value)
     with pytest.raises(FusionError, match=why):
         resolve_target("llvm")
+
+
+def test_the_host_target_keeps_the_process_cores_after_tvm_pins_its_thread(monkeypatch):
+    """TVM's thread pool pins the calling thread to one core once it has run a kernel on two threads, so
+    os.sched_getaffinity(0) says 1 from then on; the host target made after that still has the cores this
+    process may use (plans choose their tiles for that many parallel tasks)."""
+    import os
+
+    import numpy as np
+
+    from tvm_fusion._tvm import te
+
+    if _tvm.HOST_CORES < 2:
+        pytest.skip("this process may run on one core only: nothing for TVM's pool to pin")
+    monkeypatch.delenv("TVM_FUSION_CPU", raising=False)
+    before = os.sched_getaffinity(0)
+    a = te.placeholder((64, 256), name="a")
+    b = te.compute((64, 256), lambda i, j: a[i, j] * 2, name="b")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b]))
+    sch.parallel(sch.get_loops(sch.get_sblock("b"))[0])
+    lib = tvm.compile(sch.mod, target=resolve_target("llvm"))
+    x, y = (tvm.runtime.tensor(np.ones((64, 256), "float32")) for _ in range(2))
+    config = tvm.get_global_func("runtime.config_threadpool")
+    try:
+        config(1, 2)
+        lib(x, y)
+        target = resolve_target("llvm")
+        assert int(target.attrs["num-cores"]) == _tvm.HOST_CORES == len(before)
+        assert cpu_facts(target).threads == _tvm.HOST_CORES
+    finally:
+        config(1, int(os.environ.get("TVM_NUM_THREADS", 1)))
+        os.sched_setaffinity(0, before)
+    np.testing.assert_array_equal(y.numpy(), 2 * np.ones((64, 256), "float32"))

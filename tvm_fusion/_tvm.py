@@ -10,10 +10,15 @@ import gc
 import os
 import re
 
+#: the cores this process may run on, read once before TVM runs anything: TVM's thread pool pins the calling
+#: thread to one core once it has run a kernel on more than one thread (runtime.config_threadpool), after which
+#: os.sched_getaffinity(0) says 1, and a host target made then would be planned for one core
+HOST_CORES = len(os.sched_getaffinity(0))
+
 # TVM's CPU thread pool halves the core count on x86 (to skip hyper-threads) and reads TVM_NUM_THREADS only
 # when it starts: on a 2-vCPU machine it would run every parallel kernel on one thread. Use every core
 # this process may run on, unless the user chose otherwise.
-os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+os.environ.setdefault("TVM_NUM_THREADS", str(HOST_CORES))
 
 import tvm  # noqa: E402
 import tvm_ffi  # noqa: E402
@@ -242,7 +247,7 @@ def cpu_target(num_cores: int | None = None, *, cpuinfo: str | None = None, mcpu
     The host's features come from LLVM's host detection, else /proc/cpuinfo; tests pass `cpuinfo` text
     (with `mcpu` and `mtriple`) to stand for another machine."""
     spec = {"kind": "llvm", "mcpu": mcpu or tvm.target.codegen.llvm_get_system_cpu(),
-            "num-cores": num_cores or len(os.sched_getaffinity(0))}
+            "num-cores": num_cores or HOST_CORES}
     if mtriple:
         spec["mtriple"] = mtriple
     arch = cpu_features.arch_of(mtriple)

@@ -6,7 +6,6 @@ the build host, so a library built here for another machine is scheduled for tha
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
@@ -62,7 +61,7 @@ _CPU_FACTS: dict[str, CpuFacts] = {}
 
 def _ask_cpu_target(target) -> CpuFacts:
     cores, width = target.attrs.get("num-cores"), target.attrs.get("vector-width")
-    threads = int(cores) if cores else len(os.sched_getaffinity(0))
+    threads = int(cores) if cores else _tvm.HOST_CORES
     arch = arch_of(_tvm.llvm_triple(target))
     features = _tvm.target_cpu_features(target)
     for feature, isa, bits, registers in CPU_VECTOR_ISAS.get(arch, ()):

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
 import time
@@ -565,7 +564,7 @@ def _device(kind: str):
         return dev, name, peaks
     import platform
 
-    cpu = f"CPU {platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores"
+    cpu = f"CPU {platform.processor() or platform.machine()}, {_tvm.HOST_CORES} cores"
     return tvm.cpu(0), cpu, host_peaks()
 
 
