@@ -4,11 +4,13 @@ TVM_FUSION_CPU, every form of --target, and the hardware facts schedules read fr
 from __future__ import annotations
 
 import json
+import os
 
+import numpy as np
 import pytest
 
 from tvm_fusion import _tvm
-from tvm_fusion._tvm import tvm
+from tvm_fusion._tvm import te, tvm
 from tvm_fusion.build.builder import default_cpu_target, resolve_target
 from tvm_fusion.cli import main
 from tvm_fusion.cpu_features import features_from_cpuinfo, host_features, missing_features
@@ -154,12 +156,6 @@ def test_the_host_target_keeps_the_process_cores_after_tvm_pins_its_thread(monke
     """TVM's thread pool pins the calling thread to one core once it has run a kernel on two threads, so
     os.sched_getaffinity(0) says 1 from then on; the host target made after that still has the cores this
     process may use (plans choose their tiles for that many parallel tasks)."""
-    import os
-
-    import numpy as np
-
-    from tvm_fusion._tvm import te
-
     if _tvm.HOST_CORES < 2:
         pytest.skip("this process may run on one core only: nothing for TVM's pool to pin")
     monkeypatch.delenv("TVM_FUSION_CPU", raising=False)
@@ -178,6 +174,6 @@ def test_the_host_target_keeps_the_process_cores_after_tvm_pins_its_thread(monke
         assert int(target.attrs["num-cores"]) == _tvm.HOST_CORES == len(before)
         assert cpu_facts(target).threads == _tvm.HOST_CORES
     finally:
-        config(1, int(os.environ.get("TVM_NUM_THREADS", 1)))
+        config(1, int(os.environ.get("TVM_NUM_THREADS", "1")))
         os.sched_setaffinity(0, before)
     np.testing.assert_array_equal(y.numpy(), 2 * np.ones((64, 256), "float32"))
