@@ -9,9 +9,10 @@ import re
 import numpy as np
 import pytest
 
-from tvm_fusion._tvm import target_cpu_features, te, tvm
+from tvm_fusion._tvm import te, tvm
 from tvm_fusion.build.builder import resolve_target
-from tvm_fusion.cpu_features import host_features, missing_features
+from tvm_fusion.check.verify import _runs_here  # whether this host runs a target's code
+from tvm_fusion.cpu_features import host_features
 from tvm_fusion.schedules.conv2d import conv2d_out_size, pack_channel_blocks
 from tvm_fusion.schedules.dense import dense_affine
 from tvm_fusion.hardware import cpu_facts
@@ -416,11 +417,6 @@ def test_weight_and_input_layout_follow_the_target(spec):
     if _runs_here(target):
         assert_close(_run(executable, arrays, out_shape), reference, str(spec))
 
-
-def _runs_here(target) -> bool:
-    """Whether this host has every tracked feature `target`'s code may use."""
-    host = host_features()
-    return host is not None and not missing_features(target_cpu_features(target), host)
 
 
 #: strided convs with few multiply-adds per input element (YOLOv8n's 3x3/2 3 -> 16 and 16 -> 32 on small
