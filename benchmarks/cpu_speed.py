@@ -177,16 +177,18 @@ def busy_processes(count: int):
             p.wait()
 
 
-#: a benchmark-only build: fused with the cross-layer rules (conv -> pool, depthwise -> pointwise) disabled, so
-#: each of their groups runs as the two kernels it replaces
+#: a benchmark-only build: fused with the cross-layer rules (conv -> pool, depthwise -> pointwise, pointwise ->
+#: depthwise) disabled, so each of their groups runs as the two kernels it replaces
 NO_CROSS = "no-cross"
 
 
 def cross_layer_off():
-    """The built-in rules but the cross-layer families' (patterns/conv_pool.py, depthwise_pointwise.py)."""
+    """The built-in rules but the cross-layer families' (patterns/conv_pool.py, depthwise_pointwise.py,
+    pointwise_depthwise.py)."""
     from tvm_fusion.fusion.loader import load_rules_for
 
-    cross = [r.name for r in load_rules_for() if r.name.endswith("_pool") or r.name.startswith("depthwise_")]
+    cross = [r.name for r in load_rules_for()
+             if r.name.endswith("_pool") or r.name.startswith(("depthwise_", "pointwise_"))]
     return load_rules_for(disable=cross)
 
 

@@ -76,39 +76,43 @@ def block_model(shape: str):
 
 
 @contextlib.contextmanager
-def measured_declines_off():
-    """The CPU schedule's measured declines (`LOSES`) emptied, for the duration: every tileable shape fuses."""
-    saved = list(dwpw_llvm.LOSES)
-    dwpw_llvm.LOSES.clear()
+def measured_declines_off(loses: list):
+    """A CPU schedule's measured declines (its `LOSES`) emptied, for the duration: every tileable shape fuses."""
+    saved = list(loses)
+    loses.clear()
     try:
         yield
     finally:
-        dwpw_llvm.LOSES.extend(saved)
+        loses.extend(saved)
 
 
-def _decision(built) -> str:
-    fired = [k for k, v in built.counts.items() if v and k.startswith("depthwise_")]
+def _decision(built, prefix: str) -> str:
+    fired = [k for k, v in built.counts.items() if v and k.startswith(prefix)]
     if fired:
         return "fuses"
-    why = [d.reason for d in built.fused.decisions if d.rule.startswith("depthwise_") and d.reason]
+    why = [d.reason for d in built.fused.decisions if d.rule.startswith(prefix) and d.reason]
     return f"declines: {why[0]}" if why else "declines"
 
 
-def measure(shape: str, target, rounds: int, block_ms: float, clock: str = "wall") -> dict:
-    proto, feeds = block_model(shape)
+def measure(shape: str, target, rounds: int, block_ms: float, clock: str = "wall", *, model=None,
+            prefix: str = "depthwise_", loses: list | None = None) -> dict:
+    """`shape`'s block (`model(shape)`: the ONNX model and its feeds; this family's `block_model` by default)
+    built with the rules whose names start with `prefix` (their measured declines `loses` off) and without them, checked and
+    timed against onnxruntime."""
+    proto, feeds = (model or block_model)(shape)
     mod, dev = import_onnx(proto), tvm.cpu()
     args = [tvm.runtime.tensor(feeds[i.name], dev) for i in proto.graph.input]
     set_tvm_threads(1)
     sess = ort_session(proto, 1)
     ref = sess.run(None, feeds)
     rules = load_rules_for()
-    off = rules.select(disable=[n for n in rules.names() if n.startswith("depthwise_")])
-    row = {"shape": shape, "errors": [], "decision": _decision(build(mod, target, "fused", rules=rules))}
+    off = rules.select(disable=[n for n in rules.names() if n.startswith(prefix)])
+    row = {"shape": shape, "errors": [], "decision": _decision(build(mod, target, "fused", rules=rules), prefix)}
     fns = {}
-    with measured_declines_off():
+    with measured_declines_off(dwpw_llvm.LOSES if loses is None else loses):
         for how, selected in (("fused", rules), ("two kernels", off)):
             built = build(mod, target, "fused", rules=selected)
-            fired = sum(v for k, v in built.counts.items() if k.startswith("depthwise_"))
+            fired = sum(v for k, v in built.counts.items() if k.startswith(prefix))
             if how == "fused" and not fired:
                 continue  # no tile for this shape on this target
             main = relax.VirtualMachine(built.executable, dev)["main"]
@@ -129,9 +133,11 @@ def line(r: dict) -> str:
             f"{r['decision']}{flag} |")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=",".join(MOBILENET_V2 + MOBILENET_V1))
+def run(argv, *, description: str, shapes, header: str, **measure_options) -> int:
+    """The command line of a cross-layer benchmark: `--shapes` (default `shapes`), `--target`, `--rounds`,
+    `--block-ms`, `--clock`; one table row per shape (`measure(..., **measure_options)`) under `header`."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--shapes", default=",".join(shapes))
     ap.add_argument("--target", default="llvm")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--block-ms", type=float, default=60.0)
@@ -141,12 +147,16 @@ def main(argv=None) -> int:
     target = resolve_target(args.target)
     print(f"{platform.processor() or platform.machine()}, target {target}, one thread, {args.clock}-clock medians of "
           f"{args.rounds} interleaved rounds")
-    print("| shape (x, dw 3x3 / stride : pw out, + residual) | fused ms | two kernels ms | onnxruntime ms | "
-          "fused / two | the rule |")
+    print(f"| {header} | fused ms | two kernels ms | onnxruntime ms | fused / two | the rule |")
     print("|---|---|---|---|---|---|")
     for shape in filter(None, args.shapes.split(",")):
-        print(line(measure(shape, target, args.rounds, args.block_ms, args.clock)), flush=True)
+        print(line(measure(shape, target, args.rounds, args.block_ms, args.clock, **measure_options)), flush=True)
     return 0
+
+
+def main(argv=None) -> int:
+    return run(argv, description=__doc__.splitlines()[0], shapes=MOBILENET_V2 + MOBILENET_V1,
+               header="shape (x, dw 3x3 / stride : pw out, + residual)")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,10 @@ def test_builtin_priorities_come_from_the_one_table():
     def expected(name: str) -> int:
         if name in TIERS:
             return priority(name)
+        for act in ACTIVATION_RANK:  # the same activation in two places (pointwise_relu6_depthwise_relu6)
+            both = "_".join("<act>" if part == act else part for part in name.split("_"))
+            if both.count("<act>") == 2 and both in TIERS:
+                return priority(both, act)
         for act in ACTIVATION_RANK:  # the activation at the end (conv2d_bn_relu) or inside (conv2d_silu_add)
             parts = name.split("_")
             for i in range(len(parts)):

@@ -3,6 +3,8 @@ graphs with seeded weights (GraphBuilder), and `check_fused` (fused vs unfused v
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 import onnx
@@ -12,6 +14,7 @@ from .errors import ToleranceExceeded
 from tvm_fusion.check.numerics import TOLERANCES, ErrorStats, Tolerance, error_stats
 from tvm_fusion.precision import accumulator_dtype, numpy_dtype
 from tvm_fusion.frontend.recurrent import _graphs
+from tvm_fusion.check.differential import bisect, check_groups
 from tvm_fusion.check.io import device, graph_inputs, random_inputs, run_onnxruntime, run_vm
 from tvm_fusion.build.builder import build, resolve_target
 from tvm_fusion.frontend.importer import import_onnx, SymDim
@@ -19,14 +22,15 @@ from tvm_fusion._tvm import te, tvm
 from tvm_fusion.build.cuda_compiler import compile_cuda_source, cuda_source
 from tvm_fusion.schedules.cuda.gpu_limits import check_gpu_limits
 from tvm_fusion.fusion.fuse import fuse
-from tvm_fusion.rules import RuleSet
+from tvm_fusion.rules import RuleSet, rule
 from tvm_fusion.schedules.activations import fast_math_allowed
 from tvm_fusion.schedules.conv2d import CONV_FAMILY, conv2d_affine, conv2d_out_size as _conv_out
 from tvm_fusion.registry import compute_options, get_compute
 from tvm_fusion.schedules import load
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
-           "check_fused", "check_half", "check_symbolic_batch", "symbolic_shapes", "check_cuda_build", "check_rule_property", "check_family_property",
+           "check_fused", "check_half", "check_symbolic_batch", "symbolic_shapes", "check_cuda_build", "check_rule_property", "check_family_property", "check_wrong_rule_is_blamed",
+           "block_in_if_branches",
            "conv_bn_relu", "residual_block", "encoder", "qdq_conv", "run_build", "ACTIVATION_FORMS",
            "GELU_OPSET", "apply_activation_onnx", "RESNET50_CONVS", "conv_primfunc", "as_float16"]
 
@@ -367,6 +371,41 @@ def check_rule_property(model, rules, rule_name: str, seed: int = 0) -> bool:
 
     tvm.ir.assert_structural_equal(result.mod["main"], fuse(mod, target, RuleSet()).mod["main"])
     return False
+
+
+def block_in_if_branches(g: "GraphBuilder", x: str, block, name: str = "branch/0") -> str:
+    """An If node on a condition computed from `x` (nothing folds it) whose two branches each run `block(b,
+    x)` (b: the branch's own GraphBuilder, seeded 1 and 2; x read from the outer graph). Returns its output."""
+    def branch(graph_name, seed):
+        b = GraphBuilder(seed)
+        b.nodes, b.inits = [], []
+        out = b.op("Identity", [block(b, x)])
+        outputs = [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)]
+        return helper.make_graph(b.nodes, graph_name, [], outputs, b.inits)
+
+    cond = g.op("Greater", [g.op("ReduceSum", [x], keepdims=0), g.const(np.array(0, np.float32))])
+    out = f"{name}_out"
+    g.nodes.append(helper.make_node("If", [cond], [out], name=name, then_branch=branch("then", 1),
+                                    else_branch=branch("else", 2)))
+    return out
+
+
+def check_wrong_rule_is_blamed(model, rules, name: str, spec, constant: int, factor: float = 1.01) -> None:
+    """`spec` (a rule's Spec) as a rule `name` above every other whose lowering scales its constant number
+    `constant` by `factor`: the per-group check must find its one group wrong, and bisect must blame it."""
+    @rule(name, priority=10_000)
+    def wrong():
+        def lower(m):
+            lowering = spec.lower(m)
+            lowering.constants[constant] = lowering.constants[constant] * factor
+            return lowering
+
+        return dataclasses.replace(spec, lower=lower)
+
+    with_wrong = rules + RuleSet([wrong])
+    report = check_groups(model, rules=with_wrong)
+    assert [(g.rule, g.stats.ok) for g in report.groups] == [(name, False)], str(report)
+    assert bisect(model, rules=with_wrong).culprits == [name]
 
 
 def check_family_property(cases, rules, min_share: float) -> tuple[int, int]:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from tvm_fusion.patterns._conv_chain import annotations, depthwise_reason, halves_check, pointwise_reason
 from tvm_fusion.patterns.conv_epilogue import conv_checks, conv_epilogue
 from tvm_fusion.patterns.priority import priority
-from tvm_fusion.rules import (Decline, Lowering, Match, Spec, batch_shape, decline, not_this_family, rule,
-                              static_shape)
+from tvm_fusion.rules import Lowering, Match, Spec, rule
 from tvm_fusion.schedules.depthwise_pointwise import DWPW_FAMILY
 
 DW_ACTS = ("hardswish", "silu", "relu6", "relu")  # containing forms first
@@ -42,67 +42,15 @@ def rule_name(bn: bool, dw_act: str, pw: str) -> str:
 
 def dwpw_pattern(bn: bool, dw_act: str, pw: str) -> Spec:
     dw = conv_epilogue(bn=bn, activation=dw_act)
-    options = PW_EPILOGUES[pw]
-    pw_spec = conv_epilogue(bn=bn, x=dw.pattern, **options)
-    ann = {**{f"dw_{k}": v for k, v in dw.annotations.items()},
-           **{f"pw_{k}": v for k, v in pw_spec.annotations.items()}}
-    ann["root"] = pw_spec.pattern
+    pw_spec = conv_epilogue(bn=bn, x=dw.pattern, **PW_EPILOGUES[pw])
+    ann = annotations(("dw", dw), ("pw", pw_spec))
     variants = tuple((pattern, {**ann, **{f"pw_{k}": v for k, v in variant_ann.items()}, "root": pattern})
                      for pattern, variant_ann in pw_spec.variants)
-
-    def check(m: Match):
-        for spec, view in ((dw, m.prefixed("dw_")), (pw_spec, m.prefixed("pw_"))):
-            got = spec.check(view) if spec.check else None
-            if isinstance(got, Decline):
-                return got
-        return None
 
     def lower(m: Match) -> Lowering:
         return lower_dwpw(dw.lower(m.prefixed("dw_")), pw_spec.lower(m.prefixed("pw_")))
 
-    return Spec(pw_spec.pattern, ann, lower, check, variants=variants)
-
-
-def _conv2d(m: Match, half: str):
-    """(the conv2d call, its attrs, W's shape) or a Decline for a conv1d / conv3d (another family's chain)."""
-    conv = m.value(f"{half}_conv")
-    op = conv.op.name.rsplit(".", 1)[-1]
-    if op != "conv2d":
-        return not_this_family(f"the {half} conv is a {op}; this kernel takes conv2d")
-    return conv, conv.attrs, static_shape(conv.args[1])
-
-
-def _depthwise_reason(m: Match) -> Decline | None:
-    got = _conv2d(m, "dw")
-    if isinstance(got, Decline):
-        return got
-    conv, attrs, (d, cpg, kh, kw) = got
-    channels = batch_shape(conv.args[0])[1]  # conv_checks: known but for a symbolic batch
-    groups, strides = int(attrs.groups), tuple(int(v) for v in attrs.strides)
-    if groups != channels or cpg != 1 or groups == 1:  # groups 1: a plain conv -> conv chain, no near miss
-        return (not_this_family if groups == 1 else decline)(
-            f"the first conv has groups {groups} over {channels} input channels (W {[d, cpg, kh, kw]}); a "
-            "depthwise conv has groups == input channels > 1")
-    if (kh, kw) not in KERNELS or any(s not in STRIDES for s in strides):
-        return decline(f"the depthwise conv has a {kh}x{kw} kernel, strides {strides}; the kernel takes "
-                       f"{' or '.join(f'{a}x{b}' for a, b in KERNELS)}, strides {' or '.join(map(str, STRIDES))}")
-    if any(int(v) != 1 for v in attrs.dilation):
-        return decline(f"the depthwise conv has dilation {[int(v) for v in attrs.dilation]}; expected 1")
-    return None
-
-
-def _pointwise_reason(m: Match) -> Decline | None:
-    got = _conv2d(m, "pw")
-    if isinstance(got, Decline):
-        return got
-    _, attrs, w = got
-    shape = (w[2:], int(attrs.groups), [int(v) for v in attrs.strides], [int(v) for v in attrs.padding],
-             [int(v) for v in attrs.dilation])
-    if shape != ((1, 1), 1, [1, 1], [0, 0, 0, 0], [1, 1]):  # a spatial second conv: no near miss
-        return (decline if shape[0] == (1, 1) else not_this_family)(
-            f"the second conv has kernel {w[2]}x{w[3]}, groups {shape[1]}, strides {shape[2]}, padding "
-            f"{shape[3]}, dilation {shape[4]}; a pointwise conv is 1x1, groups 1, stride 1, no padding")
-    return None
+    return Spec(pw_spec.pattern, ann, lower, halves_check(("dw", dw), ("pw", pw_spec)), variants=variants)
 
 
 def dwpw_checks(m: Match):
@@ -111,7 +59,7 @@ def dwpw_checks(m: Match):
         why = conv_checks(m.prefixed(f"{half}_"))
         if why:
             return why
-    return _depthwise_reason(m) or _pointwise_reason(m)
+    return depthwise_reason(m, "dw", "first", KERNELS, STRIDES) or pointwise_reason(m, "pw", "second")
 
 
 def lower_dwpw(dw: Lowering, pw: Lowering) -> Lowering:

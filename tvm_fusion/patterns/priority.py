@@ -35,6 +35,12 @@ TIERS = {
     "conv2d_bn_pool": 549,
     "conv2d_<act>_pool": 530,
     "conv2d_pool": 529,
+    # pointwise -> depthwise (patterns/pointwise_depthwise.py): above the conv rules, each of which would take
+    # one of its two convs, and the depthwise -> pointwise rules (the shapes where either kernel fuses do not
+    # meet: a depthwise conv is one or the other's). Both halves have the one <act> (ranks 0, 4, 8, 9): the two
+    # tiers 6 apart keep every priority distinct
+    "pointwise_bn_<act>_depthwise_bn_<act>": 516,
+    "pointwise_<act>_depthwise_<act>": 510,
     # depthwise -> pointwise (patterns/depthwise_pointwise.py): above the conv rules, each of which would take
     # one of its two convs; the pointwise epilogue that takes more first. <act> is the depthwise activation
     # (ranks 0, 4, 8, 9): the two tiers of a pair 2 apart and the pairs 12 apart keep every priority distinct

@@ -399,16 +399,18 @@ def channel_depthwise(cout: int, groups: int, facts: CpuFacts, strided: bool, wo
     return wanted and cost.channel_depthwise and cout == groups and cout % facts.float32_lanes == 0
 
 
-def choose_channel_tile(hout: int, wout: int, facts: CpuFacts) -> ConvTile:
+def choose_channel_tile(hout: int, wout: int, facts: CpuFacts, lanes: int | None = None,
+                        fits=lambda tile: True) -> ConvTile:
     """`depthwise_channels`: rows x columns of pixels, one vector of channels, with the most real outputs
     per FMA slot (a step loads each accumulator's input vector and one weight vector), ties to more
-    accumulators. A vector of at most `channel_depthwise_lanes` channels: measured on Zen 4 (AVX-512, one
-    conv + ReLU, one thread, CPU time, 16 -> 8 channels a block, interleaved, bit-identical), 3x3/2 96 on
-    112x112 0.434 -> 0.359 ms, 144 on 56x56 0.155 -> 0.138 ms (the input copy gathers 8 planes per pixel)."""
+    accumulators; among the tiles that `fits`. A vector of `lanes` channels, by default at most
+    `channel_depthwise_lanes`: measured on Zen 4 (AVX-512, one conv + ReLU, one thread, CPU time, 16 -> 8
+    channels a block, interleaved, bit-identical), 3x3/2 96 on 112x112 0.434 -> 0.359 ms, 144 on 56x56 0.155
+    -> 0.138 ms (the input copy gathers 8 planes per pixel)."""
     cost, budget = step_cost(facts), tiled_accumulators(facts, 1)
-    lanes = min(facts.float32_lanes, cost.channel_depthwise_lanes or facts.float32_lanes)
-    tiles = (ConvTile(1, rows, cols, lanes)
-             for rows in range(1, min(hout, budget) + 1) for cols in range(1, min(wout, budget // rows) + 1))
+    lanes = lanes or min(facts.float32_lanes, cost.channel_depthwise_lanes or facts.float32_lanes)
+    tiles = [tile for rows in range(1, min(hout, budget) + 1) for cols in range(1, min(wout, budget // rows) + 1)
+             if fits(tile := ConvTile(1, rows, cols, lanes))]
     return max(tiles, key=lambda t: (
         _efficiency(t.accumulators, t.accumulators + 1, (hout, wout),
                     (_ceil_to(hout, t.rows), _ceil_to(wout, t.cols)), cost), t.accumulators))
