@@ -187,6 +187,7 @@ def _rolled_taps_row_tile(hout, wout, facts, strided=False):
 #: the rules `--before` undoes: module attributes of schedules/llvm/conv2d.py set for the "before" build
 BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
           "nchw": {"STRIDED_NCHW_MACS": -1},
+          "pixel_tail": {"pixel_tail": lambda *args, **kwargs: False},
           "flat_taps": {"flat_taps": lambda *args, **kwargs: False},
           "copy_rows": {"_schedule_pad": _copy_whole_rows},
           "tap_rows": {"_schedule_flat": lambda *args, tap_rows=False: _SCHEDULE_FLAT(*args)},

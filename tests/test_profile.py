@@ -131,12 +131,13 @@ def test_squeezenet_every_group_has_before_after_and_traffic(squeezenet):
     assert len(report.groups) == sum(report.counts.values()) == 26
     for g in report.groups:
         assert g.before_s > 0 and g.after_s > 0, g
-        # conv2d, bias add, relu (and the stem's max pool, the last conv's global average pool) -> one kernel
+        # conv2d, bias add, relu (and a conv -> pool group's pool) -> one kernel
         assert g.before_launches == (4 if g.rule == "conv2d_relu_pool" else 3) and g.after_launches == 1
         assert g.bytes_saved == 2 * sum(i["bytes"] for i in g.intermediates) > 0
         assert g.reads > 0 and g.writes > 0 and g.flops > 0
-    # the stem's conv -> pool always; the last 1x1 with its global pool where the target's plan pools whole planes
-    assert sum(g.rule == "conv2d_relu_pool" for g in report.groups) == report.counts["conv2d_relu_pool"] >= 1
+    # a conv -> pool group where the target's conv plan pools whole planes (AVX2's tiled classifier with its
+    # global pool; AVX-512 runs it as the pixel-vectorized 1x1 and keeps the stem's 1.5 MiB planes apart)
+    assert sum(g.rule == "conv2d_relu_pool" for g in report.groups) == report.counts["conv2d_relu_pool"]
     # every kernel call of the unfused build is accounted to some ONNX node
     assert all(s.onnx_nodes for s in report.builds["unfused"].sites)
 
