@@ -26,11 +26,12 @@ def kernel_whatever_it_measured(monkeypatch):
 
 
 def pwdw_block(g: GraphBuilder, x: str, c: int, d: int, *, k=3, stride=2, bn=True, act="relu6", bias=True,
-               dw_act=None) -> str:
-    """conv 1x1 -> [BN] -> act -> conv(groups=D) -> [BN] -> act (`dw_act`: another one)."""
+               dw_act=None, pads=None) -> str:
+    """conv 1x1 -> [BN] -> act -> conv(groups=D) -> [BN] -> act (`dw_act`: another one; `pads`: the depthwise
+    conv's, K // 2 on every side by default)."""
     y = apply_activation_onnx(g, g.bn(g.conv(x, c, d, k=1, pads=[0] * 4, bias=bias), d) if bn else
                               g.conv(x, c, d, k=1, pads=[0] * 4, bias=bias), ACT_FORMS[act])
-    y = g.conv(y, d, d, k=k, stride=stride, pads=[k // 2] * 4, groups=d, bias=bias)
+    y = g.conv(y, d, d, k=k, stride=stride, pads=pads or [k // 2] * 4, groups=d, bias=bias)
     return apply_activation_onnx(g, g.bn(y, d) if bn else y, ACT_FORMS[dw_act or act])
 
 
@@ -46,6 +47,8 @@ CASES = [
     (dict(act="hardswish", k=5), "pointwise_bn_hardswish_depthwise_bn_hardswish"),
     (dict(act="silu", bn=False, k=5, h=15, w=13), "pointwise_silu_depthwise_silu"),
     (dict(stride=1, h=11, w=9), "pointwise_bn_relu6_depthwise_bn_relu6"),
+    # TensorFlow's SAME padding of a strided conv (tf2onnx): nothing above and left, one row and column below
+    (dict(pads=[0, 0, 1, 1], h=16, w=16), "pointwise_bn_relu6_depthwise_bn_relu6"),
 ]
 
 
