@@ -29,8 +29,8 @@ from tvm_fusion.registry import compute_options, get_compute
 from tvm_fusion.schedules import load
 
 __all__ = ["TOLERANCES", "Tolerance", "ErrorStats", "error_stats", "assert_close", "GraphBuilder", "OPSET",
-           "check_fused", "check_half", "check_symbolic_batch", "symbolic_shapes", "check_cuda_build", "check_rule_property", "check_family_property", "check_wrong_rule_is_blamed",
-           "block_in_if_branches",
+           "check_fused", "check_half", "check_symbolic_batch", "symbolic_shapes", "check_cuda_build",
+           "check_rule_property", "check_family_property", "check_wrong_rule_is_blamed", "block_in_if_branches",
            "conv_bn_relu", "residual_block", "encoder", "qdq_conv", "run_build", "ACTIVATION_FORMS",
            "GELU_OPSET", "apply_activation_onnx", "RESNET50_CONVS", "conv_primfunc", "as_float16"]
 

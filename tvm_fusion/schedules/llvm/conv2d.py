@@ -121,9 +121,9 @@ COPY_CHANNELS = 32
 # 3.15 ms (288), ResNet-50's 1x1/2 256 -> 512 on 56x56 3.28 -> 3.92 ms (128, 256 planes); its 7x7/2 stem
 # (784) ties.
 STRIDED_NCHW_MACS = 144
+STRIDED_NCHW_CHANNELS = 64
 # a partial last vector of pixels may pad at most this fraction of a 1x1 conv's pixels (`pixel_tail`)
 PIXEL_TAIL_WASTE = 0.05
-STRIDED_NCHW_CHANNELS = 64
 # A stride-1 depthwise tile (`RowTile.shared_taps`) takes at most this many accumulators (StepCost's
 # default): its unrolled taps keep input vectors live beside them, and FMA chains of 9 or 25 taps each hide
 # the FMA latency with few of them. Measured on Zen 4 (one 3x3 or 5x5 conv + ReLU, one thread, CPU time,
@@ -521,10 +521,10 @@ def pixel_tail(cout: int, pixels: int, tile: ConvTile, facts: CpuFacts) -> bool:
     channels and whole vectors pad the pixels by at most PIXEL_TAIL_WASTE. Measured on an Intel Xeon with
     AVX-512 (one conv + ReLU, one thread, CPU time, tiled -> pointwise, bit-identical): SqueezeNet's 512 ->
     1000 on 13x13 1.437 -> 1.212 ms (onnxruntime 1.051; 169 pixels in 11 vectors), 256 -> 1000 on 13x13 0.657
-    -> 0.545 (0.550); the whole of SqueezeNet 5.62 -> 5.47 and 5.11 -> 4.97 ms in two A/B runs (its head's pool is
-    then a kernel of its own: conv -> pool takes whole-plane kernels only). With any padding of the pixels, Inception v1
-    and v2 (1x1 convs to 16, 24, 112, 144 ... channels on 14x14 (6% padded) and 7x7 (31%)) ran 1.1% and 2.1%
-    slower (one A/B run, 9 rounds)."""
+    -> 0.545 (0.550); the whole of SqueezeNet 5.62 -> 5.47 and 5.11 -> 4.97 ms in two A/B runs (its head's
+    pool then a kernel of its own: conv -> pool takes whole-plane kernels only). With any padding of the
+    pixels, Inception v1 and v2 (1x1 convs to 16, 24, 112, 144 ... channels on 14x14 (6% padded) and 7x7
+    (31%)) ran 1.1% and 2.1% slower (one A/B run, 9 rounds)."""
     lanes = facts.float32_lanes
     return cout % tile.channels != 0 and _ceil_to(pixels, lanes) - pixels <= PIXEL_TAIL_WASTE * pixels
 
