@@ -97,8 +97,8 @@ def _decision(built, prefix: str) -> str:
 def measure(shape: str, target, rounds: int, block_ms: float, clock: str = "wall", *, model=None,
             prefix: str = "depthwise_", loses: list | None = None) -> dict:
     """`shape`'s block (`model(shape)`: the ONNX model and its feeds; this family's `block_model` by default)
-    built with the rules whose names start with `prefix` (their measured declines `loses` off) and without them, checked and
-    timed against onnxruntime."""
+    built with the rules whose names start with `prefix` (their measured declines `loses` off) and without
+    them, checked and timed against onnxruntime."""
     proto, feeds = (model or block_model)(shape)
     mod, dev = import_onnx(proto), tvm.cpu()
     args = [tvm.runtime.tensor(feeds[i.name], dev) for i in proto.graph.input]

@@ -13,7 +13,7 @@ from onnx.numpy_helper import to_array
 from tvm_fusion.check.differential import bisect, check_groups
 from tvm_fusion.cli import main
 from tvm_fusion.frontend.importer import SymDim
-from tvm_fusion.testing import GraphBuilder, check_fused, check_half, check_symbolic_batch
+from tvm_fusion.testing import GraphBuilder, check_fused, check_half, check_symbolic_batch, check_wrong_rule_is_blamed
 
 AVX2 = '{"kind": "llvm", "mcpu": "x86-64-v3"}'
 
@@ -188,27 +188,10 @@ def test_per_group_check_and_bisect_cover_the_group(rules):
 
 def test_bisect_blames_a_wrong_conv_pool_rule(rules):
     """The same chain lowered with W' scaled by 1.01: the per-group check names it, bisect blames it."""
-    import dataclasses
-
     from tvm_fusion.patterns.conv_pool import conv_pool_pattern
-    from tvm_fusion.rules import RuleSet, rule
 
-    @rule("conv2d_bn_relu_pool_wrong", priority=999)
-    def wrong():
-        spec = conv_pool_pattern(True, "relu")
-
-        def lower(m):
-            lowering = spec.lower(m)
-            lowering.constants[0] = lowering.constants[0] * 1.01
-            return lowering
-
-        return dataclasses.replace(spec, lower=lower)
-
-    with_wrong = rules + RuleSet([wrong])
-    model = conv_pool("max3s2p1", hw=(9, 9))
-    report = check_groups(model, rules=with_wrong)
-    assert [(g.rule, g.stats.ok) for g in report.groups] == [("conv2d_bn_relu_pool_wrong", False)], str(report)
-    assert bisect(model, rules=with_wrong).culprits == ["conv2d_bn_relu_pool_wrong"]
+    check_wrong_rule_is_blamed(conv_pool("max3s2p1", hw=(9, 9)), rules, "conv2d_bn_relu_pool_wrong",
+                               conv_pool_pattern(True, "relu"), constant=0)
 
 
 def test_a_chain_in_a_function_with_an_if(rules):

@@ -29,7 +29,7 @@ from tvm_fusion.registry import register_compute
 
 from . import dims
 from .activations import apply_activation
-from .conv2d import ConvPadding, conv2d_out_size, conv2d_padded
+from .conv2d import ConvPadding, conv2d_padded
 
 PWDW_FAMILY = "pointwise_depthwise"
 
@@ -50,13 +50,6 @@ class PwDwOperands(NamedTuple):
         if len(operands) != 5:
             raise ValueError(f"a pointwise_depthwise kernel takes x, Wp, bp, Wd, bd; got {len(operands)} operands")
         return cls(*operands)
-
-
-def dw_out_size(shape, wd_shape, strides, padding) -> tuple[int, int]:
-    """(rows, columns) of the depthwise output."""
-    (kh, kw), (sh, sw), (pt, pl, pb, pr) = wd_shape[2:], strides, padding
-    return (conv2d_out_size(int(shape[2]), int(kh), sh, pt, pb, 1),
-            conv2d_out_size(int(shape[3]), int(kw), sw, pl, pr, 1))
 
 
 @register_compute(PWDW_FAMILY)

@@ -24,10 +24,11 @@ from tvm_fusion.errors import InternalError
 from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
-from tvm_fusion.schedules.conv2d import ConvPadding
-from tvm_fusion.schedules.llvm.conv2d import (ConvPlan, ConvTile, _optional_block, _schedule_tiled,
+from tvm_fusion.schedules.conv2d import ConvPadding, conv2d_out_size
+from tvm_fusion.schedules.depthwise_pointwise import dw_out_size
+from tvm_fusion.schedules.llvm.conv2d import (ConvPlan, ConvTile, _ceil_to, _optional_block, _schedule_tiled,
                                               choose_channel_tile)
-from tvm_fusion.schedules.pointwise_depthwise import (PWDW_FAMILY, PwDwOperands, dw_out_size, pointwise_depthwise,
+from tvm_fusion.schedules.pointwise_depthwise import (PWDW_FAMILY, PwDwOperands, pointwise_depthwise,
                                                       pointwise_depthwise_padded)
 
 FLOAT_BYTES = 4
@@ -81,16 +82,15 @@ def pwdw_plan(d: int, hin: int, win: int, kernel, strides, padding, facts: CpuFa
     if d % lanes:
         return f"{d} expanded channels, not whole vectors of {lanes} float32 lanes"
     hp, wp = hin + pt + pb, win + pl + pr
-    hout, wout = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+    hout, wout = conv2d_out_size(hin, kh, sh, pt, pb, 1), conv2d_out_size(win, kw, sw, pl, pr, 1)
 
     def inside(tile: ConvTile) -> bool:  # its padded outputs read no row or column past the padded input
-        return ((-(-hout // tile.rows) * tile.rows - 1) * sh + kh <= hp
-                and (-(-wout // tile.cols) * tile.cols - 1) * sw + kw <= wp)
+        return ((_ceil_to(hout, tile.rows) - 1) * sh + kh <= hp
+                and (_ceil_to(wout, tile.cols) - 1) * sw + kw <= wp)
 
     tile = choose_channel_tile(hout, wout, facts, lanes, fits=inside)
-    padding_out = ConvPadding(1, -(-hout // tile.rows) * tile.rows, -(-wout // tile.cols) * tile.cols)
-    er, ec = EXPAND_TILE
-    rows, cols = -(-hp // er) * er, -(-wp // ec) * ec
+    padding_out = ConvPadding(1, _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols))
+    rows, cols = (_ceil_to(size, tile_size) for size, tile_size in zip((hp, wp), EXPAND_TILE))
     if rows * cols * lanes * FLOAT_BYTES > MAX_BLOCK_BYTES:
         return (f"a block of {lanes} expanded channels over {rows} x {cols} padded pixels "
                 f"({rows * cols * lanes * FLOAT_BYTES // 1024} KiB), more than the "
