@@ -10,6 +10,7 @@ thread, CPU time, interleaved in one process; or (`--copies`) what each conv ker
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py effnet_1x1_40_240 --activation silu --before rolled_epilogue
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_3x3_256 --before avx512_nchw
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_3x3_512 --before four_vectors
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_3x3_512 --before reduction_chunks --evict 1024
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py --copies        # ResNet-50's input copies
 
 Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the llvm compute and schedule,
@@ -25,9 +26,12 @@ vectors); "avx512_nchw": AVX-512's W packed [oc block, C, KH, KW, B] and its inp
 "four_vectors": AVX-512 tiles of up to four channel vectors with panels of PANEL_BYTES, not two of
 AVX512_PANEL_BYTES; "shared_taps": stride-1 depthwise tiles of up to `max_accumulators`
 with their taps rolled, not `RowTile.shared_taps`; "rolled_epilogue": the pointwise kernel's epilogue rows
-unrolled whatever the activation, not rolled past HEAVY_EPILOGUE_NODES), and onnxruntime runs Conv +
-the activation as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the
-medians of `--rounds` blocks of about 100 ms each, and whether the two builds agree bit for bit.
+unrolled whatever the activation, not rolled past HEAVY_EPILOGUE_NODES; "reduction_chunks": AVX-512 tiled
+convs run their whole reduction per tile, `reduction_chunk` off), and onnxruntime runs Conv + the activation
+as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the medians of
+`--rounds` blocks of about 100 ms each, and whether the two builds agree bit for bit. `--evict MB` times
+single calls instead, each after writing MB MiB, so that the weights come from L3 (8) or memory (1024), as
+in a model whose weights do not stay in cache (the wall time of the call; 10 x `--rounds` calls each).
 
 `--copies`: for each of ResNet-50's 23 conv shapes (tvm_fusion.testing.RESNET50_CONVS, weighted by its calls
 in the model, RESNET50_CALLS), the whole kernel and its input copy alone (the compute's `pad` stage, its
@@ -198,7 +202,9 @@ BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
           "avx512_nchw": {"TILED_STEP_COSTS": {**llvm_conv.TILED_STEP_COSTS, "avx512": replace(
               llvm_conv.TILED_STEP_COSTS["avx512"], taps_first=False)}},
           "four_vectors": {"TILED_STEP_COSTS": {**llvm_conv.TILED_STEP_COSTS, "avx512": replace(
-              llvm_conv.TILED_STEP_COSTS["avx512"], panel_bytes=llvm_conv.PANEL_BYTES, max_oc_vectors=4)}}}
+              llvm_conv.TILED_STEP_COSTS["avx512"], panel_bytes=llvm_conv.PANEL_BYTES, max_oc_vectors=4)}},
+          "reduction_chunks": {"TILED_STEP_COSTS": {**llvm_conv.TILED_STEP_COSTS, "avx512": replace(
+              llvm_conv.TILED_STEP_COSTS["avx512"], chunked_reduction=False)}}}
 
 
 def _owner(name: str):
@@ -297,6 +303,20 @@ def _copies(target, rounds: int) -> int:
     return 0
 
 
+def _after_eviction(runs: dict, rounds: int, evict_mb: int) -> dict:
+    """{name: median ms} of `rounds` x 10 single calls of each run (wall time of the call alone), each after
+    writing `evict_mb` MiB (8: past L2, the weights then come from L3; 1024: past L3, from memory), interleaved."""
+    buffer = np.zeros(evict_mb * 1024 * 1024 // 4, "float32")
+    times = {key: [] for key in runs}
+    for i in range(rounds * 10):
+        for key, fn in runs.items():
+            buffer.fill(i)
+            start = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - start)
+    return {key: 1e3 * statistics.median(v) for key, v in times.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("shapes", nargs="*", choices=[[], *SHAPES], help="default: all")
@@ -305,6 +325,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--before", default="subsample", choices=list(BEFORE))
     ap.add_argument("--copies", action="store_true", help="ResNet-50's input copies against their kernels")
+    ap.add_argument("--evict", type=int, default=0, metavar="MB",
+                    help="time single calls, each after writing this many MiB (caches emptied of the weights)")
     args = ap.parse_args(argv)
     target = resolve_target(args.target)
     set_tvm_threads(1)
@@ -319,7 +341,7 @@ def main(argv=None) -> int:
         wt = np.random.default_rng(2).standard_normal((shape[4], shape[1] // groups, shape[5], shape[5])).astype("float32")
         session, feed = _ort(shape, wt, arrays[2], args.activation), {"x": arrays[0]}
         runs = {"before": before, "after": after, "onnxruntime": lambda: session.run(None, feed)}
-        times = _interleaved(runs, args.rounds)
+        times = _after_eviction(runs, args.rounds, args.evict) if args.evict else _interleaved(runs, args.rounds)
         same = np.array_equal(out_before.numpy(), out_after.numpy())
         print(f"{name:24s} " + "  ".join(f"{k} {v:.3f} ms" for k, v in times.items())
               + f"  bit-identical {same}", flush=True)

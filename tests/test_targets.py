@@ -13,9 +13,10 @@ from tvm_fusion import _tvm
 from tvm_fusion._tvm import te, tvm
 from tvm_fusion.build.builder import default_cpu_target, resolve_target
 from tvm_fusion.cli import main
-from tvm_fusion.cpu_features import features_from_cpuinfo, host_features, missing_features
+from tvm_fusion.cpu_features import (cache_model, features_from_cpuinfo, host_cache_sizes, host_features,
+                                    missing_features, parse_cache_model)
 from tvm_fusion.errors import FusionError
-from tvm_fusion.hardware import cpu_facts
+from tvm_fusion.hardware import DEFAULT_CACHES, OTHER_CACHES, cpu_facts
 
 codegen = tvm.target.codegen
 
@@ -97,6 +98,73 @@ def test_the_host_target_uses_nothing_this_host_lacks():
 def test_cpu_facts_come_from_the_target(spec, isa, lanes, registers):
     facts = cpu_facts(tvm.target.Target({**spec, "num-cores": 3}))
     assert (facts.isa, facts.float32_lanes, facts.vector_registers, facts.threads) == (isa, lanes, registers, 3)
+
+
+def _sysfs(root, caches):
+    """A fake /sys/devices/system/cpu/cpu0/cache: (level, type, size) per index directory."""
+    for i, (level, kind, size) in enumerate(caches):
+        d = root / f"index{i}"
+        d.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (d / name).write_text(f"{value}\n")
+    return root
+
+
+@pytest.mark.parametrize("caches,expected", [
+    ([(1, "Data", "48K"), (1, "Instruction", "64K"), (2, "Unified", "2048K"), (3, "Unified", "491520K")],
+     {"l1d": 48 * 1024, "l2": 2048 * 1024}),
+    ([(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"), (3, "Unified", "32768K")],
+     {"l1d": 32 * 1024, "l2": 1024 * 1024}),
+    ([(1, "Data", "64K"), (2, "Unified", "1M")], {"l1d": 64 * 1024, "l2": 1024 * 1024}),  # AArch64 style
+    ([(1, "Data", "32K"), (2, "Unified", "")], {"l1d": 32 * 1024}),  # an unreadable size is left out
+])
+def test_host_cache_sizes_are_read_from_sysfs(tmp_path, caches, expected):
+    assert host_cache_sizes(_sysfs(tmp_path, caches)) == expected
+
+
+def test_no_sysfs_means_no_cache_sizes(tmp_path):
+    assert host_cache_sizes(tmp_path / "absent") is None
+
+
+def test_cache_model_round_trips_and_ignores_other_models():
+    sizes = {"l1d": 48 * 1024, "l2": 2048 * 1024}
+    assert cache_model(sizes) == "l1d=48K,l2=2048K"
+    assert parse_cache_model(cache_model(sizes)) == sizes
+    assert parse_cache_model("L1D=32k, l2=1M") == {"l1d": 32 * 1024, "l2": 1024 * 1024}
+    assert parse_cache_model("rasp4b") == {} and parse_cache_model("l2=lots") == {} and parse_cache_model("") == {}
+
+
+@pytest.mark.parametrize("caches", [{"l1d": 32 * 1024, "l2": 1024 * 1024}, {"l1d": 48 * 1024, "l2": 2048 * 1024}])
+def test_cache_sizes_travel_in_the_target_to_its_facts(caches):
+    """cpu_target writes the caches into the target's `model`; the facts read them from the target, so a
+    library built for that machine on another one is planned for that machine's caches."""
+    target = _tvm.cpu_target(2, cpuinfo=HOSTS[0][1], mcpu="znver4", caches=caches)
+    assert target.attrs["model"] == cache_model(caches)
+    again = tvm.target.Target(target.export())  # as a JSON target travels (TVM_FUSION_CPU, --target)
+    facts = cpu_facts(again)
+    assert (facts.l1d_bytes, facts.l2_bytes) == (caches["l1d"], caches["l2"])
+
+
+@pytest.mark.parametrize("spec,caches", [
+    ({"kind": "llvm", "mcpu": "znver4"}, DEFAULT_CACHES["avx512"]),
+    ({"kind": "llvm", "mcpu": "x86-64-v3"}, DEFAULT_CACHES["avx2"]),
+    ({"kind": "llvm", "mcpu": "x86-64-v3", "model": "rasp4b"}, DEFAULT_CACHES["avx2"]),
+    ({"kind": "llvm", "mcpu": "znver4", "model": "l2=512K"}, (DEFAULT_CACHES["avx512"][0], 512 * 1024)),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}, OTHER_CACHES),
+])
+def test_a_target_naming_no_caches_gets_its_isa_defaults(spec, caches):
+    facts = cpu_facts(tvm.target.Target(spec))
+    assert (facts.l1d_bytes, facts.l2_bytes) == caches
+
+
+def test_the_host_target_carries_the_host_caches():
+    sizes = host_cache_sizes()
+    if sizes is None:
+        pytest.skip("this host's caches cannot be read from sysfs")
+    target = _tvm.cpu_target()
+    assert parse_cache_model(target.attrs["model"]) == sizes
+    facts = cpu_facts(target)
+    assert facts.l1d_bytes == sizes.get("l1d", facts.l1d_bytes) and facts.l2_bytes == sizes.get("l2", facts.l2_bytes)
 
 
 @pytest.mark.parametrize("spec,kind,mcpu", [

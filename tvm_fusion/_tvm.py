@@ -240,14 +240,19 @@ def unknown_llvm_cpu(target) -> str | None:
 
 
 def cpu_target(num_cores: int | None = None, *, cpuinfo: str | None = None, mcpu: str | None = None,
-               mtriple: str | None = None):
-    """The host CPU as a TVM target: its real mcpu (plain `llvm` is ~7x slower), and an `mattr` turning
-    off each vector feature the mcpu implies but the host does not expose (AVX-512 hidden by a hypervisor).
+               mtriple: str | None = None, caches: dict[str, int] | None = None):
+    """The host CPU as a TVM target: its real mcpu (plain `llvm` is ~7x slower), an `mattr` turning off
+    each vector feature the mcpu implies but the host does not expose (AVX-512 hidden by a hypervisor), and
+    its per-core cache sizes in `model` ('l1d=48K,l2=2048K': a CPU name does not tell them, and a VM may
+    name a CPU it is not).
 
-    The host's features come from LLVM's host detection, else /proc/cpuinfo; tests pass `cpuinfo` text
-    (with `mcpu` and `mtriple`) to stand for another machine."""
+    The host's features come from LLVM's host detection, else /proc/cpuinfo, its caches from sysfs; tests
+    pass `cpuinfo` text (with `mcpu`, `mtriple` and `caches`) to stand for another machine."""
     spec = {"kind": "llvm", "mcpu": mcpu or tvm.target.codegen.llvm_get_system_cpu(),
             "num-cores": num_cores or HOST_CORES}
+    caches = caches if caches is not None or cpuinfo is not None else cpu_features.host_cache_sizes()
+    if caches:
+        spec["model"] = cpu_features.cache_model(caches)
     if mtriple:
         spec["mtriple"] = mtriple
     arch = cpu_features.arch_of(mtriple)

@@ -1,4 +1,5 @@
-"""The vector-ISA features a CPU really exposes, in LLVM's names, read from `/proc/cpuinfo` text.
+"""The vector-ISA features a CPU really exposes, in LLVM's names, read from `/proc/cpuinfo` text; and its
+per-core cache sizes, read from sysfs, in the form an llvm target's `model` carries them.
 
 A leaf module (no TVM import): the compiler uses it to derive a target's `mattr` from the host, and
 `tvm_fusion.runtime` uses it to check that a library's required features are present before running it.
@@ -14,7 +15,8 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-__all__ = ["TRACKED", "arch_of", "features_from_cpuinfo", "host_features", "hidden_features", "missing_features"]
+__all__ = ["TRACKED", "arch_of", "features_from_cpuinfo", "host_features", "hidden_features", "missing_features",
+           "CACHE_LEVELS", "host_cache_sizes", "cache_model", "parse_cache_model"]
 
 #: LLVM feature name -> the flags `/proc/cpuinfo` shows for it (all must be present), per architecture
 TRACKED = {
@@ -85,3 +87,47 @@ def hidden_features(implied, available, arch: str | None = None) -> list[str]:
 def missing_features(required, available, arch: str | None = None) -> list[str]:
     """Tracked features in `required` (e.g. a library's manifest) that `available` lacks, sorted."""
     return hidden_features(required, available, arch)
+
+
+# ---------------------------------------------------------------------------------------------- caches
+#: the caches a target's `model` may describe (`cache_model`): sysfs (level, type) -> our name
+CACHE_LEVELS = {(1, "Data"): "l1d", (2, "Unified"): "l2"}
+_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024 * 1024}
+
+
+def _size(text: str) -> int | None:
+    text = text.strip().upper()
+    unit = text[-1] if text[-1:] in ("K", "M") else ""
+    number = text[:-1] if unit else text
+    return int(number) * _SIZE_UNITS[unit] if number.isdigit() and int(number) > 0 else None
+
+
+def host_cache_sizes(root: str | Path = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, int] | None:
+    """This machine's per-core L1 data and L2 cache sizes in bytes ({'l1d': ..., 'l2': ...}, the first CPU's,
+    from Linux's sysfs); None where they cannot be read."""
+    sizes = {}
+    for index in sorted(Path(root).glob("index*")):
+        try:
+            level, kind, size = ((index / f).read_text().strip() for f in ("level", "type", "size"))
+        except OSError:
+            continue
+        name = CACHE_LEVELS.get((int(level), kind)) if level.isdigit() else None
+        if name and _size(size):
+            sizes[name] = _size(size)
+    return sizes or None
+
+
+def cache_model(sizes: dict[str, int]) -> str:
+    """The `model` string of an llvm target that carries cache sizes: 'l1d=48K,l2=2048K'."""
+    return ",".join(f"{name}={sizes[name] // 1024}K" for name in CACHE_LEVELS.values() if name in sizes)
+
+
+def parse_cache_model(model: str) -> dict[str, int]:
+    """The cache sizes (bytes) a target's `model` string names (`cache_model`'s form; sizes in bytes, K or
+    M); entries it does not know are ignored, so any other model string names none."""
+    sizes = {}
+    for item in (model or "").split(","):
+        name, sep, value = item.partition("=")
+        if sep and name.strip().lower() in CACHE_LEVELS.values() and _size(value):
+            sizes[name.strip().lower()] = _size(value)
+    return sizes

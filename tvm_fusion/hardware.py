@@ -1,7 +1,8 @@
 """What a target says about the hardware it compiles for, so schedules ask instead of assuming.
 
 One section per target kind; each fact comes from the target (its features, its attributes), never from
-the build host, so a library built here for another machine is scheduled for that machine.
+the build host, so a library built here for another machine is scheduled for that machine. (The host's
+target carries the host's facts: `_tvm.cpu_target` writes its mattr and cache sizes into it.)
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from . import _tvm
-from .cpu_features import arch_of
+from .cpu_features import arch_of, parse_cache_model
 
 __all__ = ["CpuFacts", "cpu_facts", "CudaFacts", "CUDA_ARCHS", "cuda_facts", "cuda_sm_version"]
 
@@ -30,6 +31,11 @@ CPU_VECTOR_ISAS = {
 }
 #: any other architecture: LLVM's vector width and this many registers
 OTHER_VECTOR_REGISTERS = 16
+#: per-core (L1 data, L2) bytes of a target whose `model` names none (`cpu_features.cache_model`), per ISA:
+#: the smallest L1d of the ISA's current server cores (Zen 4, Skylake-SP: 32 KiB) and the L2 the AVX-512
+#: plans were measured with (2 MiB: Sapphire Rapids and later)
+DEFAULT_CACHES = {"avx512": (32 * 1024, 2048 * 1024), "avx2": (32 * 1024, 1024 * 1024)}
+OTHER_CACHES = (32 * 1024, 512 * 1024)
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,8 @@ class CpuFacts:
     vector_bits: int  # one vector register
     vector_registers: int  # architectural vector registers
     threads: int  # the target's num-cores, else the cores this process may use
+    l1d_bytes: int = OTHER_CACHES[0]  # one core's L1 data cache: the target's `model`, else DEFAULT_CACHES
+    l2_bytes: int = OTHER_CACHES[1]  # one core's L2
 
     def lanes(self, dtype_bits: int = 32) -> int:
         return max(1, self.vector_bits // dtype_bits)
@@ -49,7 +57,9 @@ class CpuFacts:
 
 def cpu_facts(target) -> CpuFacts:
     """Vector ISA, width and register count of an llvm target, from the features it enables: AVX-512
-    (16 fp32 lanes, 32 zmm), AVX2 (8 lanes, 16 ymm), SSE (4 lanes, 16 xmm), NEON (4 lanes, 32 q)."""
+    (16 fp32 lanes, 32 zmm), AVX2 (8 lanes, 16 ymm), SSE (4 lanes, 16 xmm), NEON (4 lanes, 32 q); its
+    per-core L1d and L2 sizes from its `model` ('l1d=48K,l2=2048K', as `_tvm.cpu_target` writes the host's),
+    else the ISA's DEFAULT_CACHES."""
     key = str(target)
     if key not in _CPU_FACTS:
         _CPU_FACTS[key] = _ask_cpu_target(target)
@@ -64,11 +74,17 @@ def _ask_cpu_target(target) -> CpuFacts:
     threads = int(cores) if cores else _tvm.HOST_CORES
     arch = arch_of(_tvm.llvm_triple(target))
     features = _tvm.target_cpu_features(target)
+    named = parse_cache_model(str(target.attrs.get("model") or ""))
     for feature, isa, bits, registers in CPU_VECTOR_ISAS.get(arch, ()):
         if feature in features:
-            return CpuFacts(isa, int(width) if width else bits, registers, threads)
+            return CpuFacts(isa, int(width) if width else bits, registers, threads, *_caches(named, isa))
     bits = int(width) if width else _tvm.llvm_vector_width(target)
-    return CpuFacts(arch, bits if bits > 0 else 128, OTHER_VECTOR_REGISTERS, threads)
+    return CpuFacts(arch, bits if bits > 0 else 128, OTHER_VECTOR_REGISTERS, threads, *_caches(named, arch))
+
+
+def _caches(named: dict[str, int], isa: str) -> tuple[int, int]:
+    l1d, l2 = DEFAULT_CACHES.get(isa, OTHER_CACHES)
+    return named.get("l1d", l1d), named.get("l2", l2)
 
 
 # ---------------------------------------------------------------------------------------------------- CUDA

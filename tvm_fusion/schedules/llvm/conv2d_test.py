@@ -17,7 +17,7 @@ from tvm_fusion.schedules.conv2d import conv2d_out_size, pack_channel_blocks
 from tvm_fusion.schedules.dense import dense_affine
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.conv2d import (COPY_CHANNELS, FLAT_COPY_CHANNELS, FLOAT_BYTES, STRIDED_NCHW_CHANNELS,
-                                              STRIDED_NCHW_MACS,
+                                              STRIDED_NCHW_MACS, TILED_STEP_COSTS,
                                               channel_depthwise, channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
                                               flat_taps, one_row_pixels, packs_taps_first, shared_tap_accumulators, step_cost,
                                               subsampled_pixels, tiled_accumulators,
@@ -338,23 +338,25 @@ def test_pack_channel_blocks_pads_each_group_and_puts_the_block_innermost():
         assert not flat[g * 8 + 5:(g + 1) * 8].any()
 
 
-def _packed_build(case, target, seed=2, activation="relu"):
+def _packed_build(case, target, seed=2, activation="relu", residual=False):
     """Build `case` the way fuse does on llvm: W packed by pack_conv for `target`, the llvm compute and
-    schedule under it (epilogue `activation`, or the case's own "activation"). Returns (executable, scheduled
-    PrimFunc, arrays in call order, out shape, reference: float64 numpy's conv + bias + ReLU)."""
-    _, attrs, shapes = conv_primfunc(**{"activation": activation, **case}, residual=False, target=target)
+    schedule under it (epilogue `activation`, or the case's own "activation"; `residual`: added before it).
+    Returns (executable, scheduled PrimFunc, arrays in call order, out shape, reference: float64 numpy's conv
+    + bias (+ residual) + ReLU)."""
+    _, attrs, shapes = conv_primfunc(**{"activation": activation, **case}, residual=residual, target=target)
     rng = np.random.default_rng(seed)
-    x, wt, b = (rng.standard_normal(s).astype("float32") for s in shapes)
+    x, *r, wt, b = (rng.standard_normal(s).astype("float32") for s in shapes)
     packed = pack_conv([wt, b], attrs, shapes, target) or [wt, b]
     xs = te.placeholder(x.shape, "float32", name="x")
+    rs = [te.placeholder(r[0].shape, "float32", name="r")] if residual else []
     ws = te.placeholder(packed[0].shape, "float32", name="w")
     bs = te.placeholder(b.shape, "float32", name="b")
-    out = conv2d_llvm(xs, ws, bs, **attrs, target=target)
-    func = te.create_prim_func([xs, ws, bs, out]).without_attr("global_symbol")
+    out = conv2d_llvm(xs, ws, bs, *rs, **attrs, target=target)
+    func = te.create_prim_func([xs, *rs, ws, bs, out]).without_attr("global_symbol")
     scheduled = _schedule(func, schedule_conv2d_llvm, attrs, target)
     executable = tvm.compile(tvm.IRModule({"main": scheduled}), target)
-    reference = conv_reference(x, wt, b, None, attrs).astype("float32")
-    return executable, scheduled, [x, packed[0], b], [int(d) for d in out.shape], reference
+    reference = conv_reference(x, wt, b, r[0] if residual else None, attrs).astype("float32")
+    return executable, scheduled, [x, *r, packed[0], b], [int(d) for d in out.shape], reference
 
 
 #: ResNet-50's convs (all 23 shapes: 7x7 stride-2 stem, 1x1, 3x3, strided 1x1 and 3x3) and the shapes of
@@ -874,3 +876,86 @@ def test_ragged_depthwise_epilogue_runs_per_row_of_tiles(target_name):
     plain, _, plain_arrays, _, _ = _packed_build(RAGGED_DEPTHWISE, target, activation=None)
     y = _run(plain, plain_arrays, out_shape).astype(np.float64)
     assert_close(got, (y / (1 + np.exp(-y))).astype("float32"), "5x5 depthwise 24 on 20x20 + SiLU")
+
+
+#: AVX-512 targets whose `model` names their per-core caches (only their facts are read, nothing runs): 32 KiB
+#: L1d and 1 MiB L2 (Zen 4), 48 KiB and 2 MiB (Sapphire Rapids and later)
+CACHE_TARGETS = {
+    "l1d32": tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2, "model": "l1d=32K,l2=1024K"}),
+    "l1d48": tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2, "model": "l1d=48K,l2=2048K"}),
+}
+#: ResNet-50 convs (n, c, h, w, oc, k, stride, pad) -> their reduction chunk on CACHE_TARGETS: 0 where the panel
+#: stays in L1 or the accumulators outgrow it (the stem, 3x3 on 56x56 and 28x28), else a kernel row x the most
+#: channels whose weights fit a sixth of L1 (32 KiB: 5.3 KiB, 32 channels of a 32-channel tile; 48 KiB: 64); a
+#: 1x1 conv's 28x28 accumulators (100 KiB) within a sixteenth of a 2 MiB L2 but not of a 1 MiB one
+RESNET50_CHUNKS = {
+    (1, 3, 224, 224, 64, 7, 2, 3): (0, 0),
+    (1, 64, 56, 56, 64, 3, 1, 1): (0, 0),
+    (1, 128, 28, 28, 128, 3, 1, 1): (0, 0),
+    (1, 512, 28, 28, 128, 1, 1, 0): (0, 64),
+    (1, 256, 14, 14, 256, 3, 1, 1): (32, 64),
+    (1, 1024, 14, 14, 256, 1, 1, 0): (32, 64),
+    (1, 512, 7, 7, 512, 3, 1, 1): (32, 64),
+    (1, 2048, 7, 7, 512, 1, 1, 0): (32, 64),
+}
+
+
+def _tiled_plan(case, target):
+    n, c, h, w, oc, k, stride, pad = case
+    out = conv2d_out_size(h, k, stride, pad, pad, 1)
+    facts = cpu_facts(target)
+    return conv_plan(n, oc, out, out, c, k, k, 1, facts, strided=stride > 1,
+                     flat=one_row_pixels(k, k, (stride,) * 2, (pad,) * 4, 1, c, oc, facts))
+
+
+@pytest.mark.parametrize("case", RESNET50_CHUNKS, ids=str)
+def test_reduction_chunks_follow_the_target_caches(case):
+    """AVX-512 plans chunk the reduction by the target's L1d and L2 (its `model`); AVX2 plans do not (not
+    measured there). A chunk divides the input channels and its weights fit a sixth of L1."""
+    for target, chunk in zip(CACHE_TARGETS.values(), RESNET50_CHUNKS[case]):
+        plan = _tiled_plan(case, target)
+        assert plan.kernel == "tiled" and plan.chunk == chunk, (str(target), plan)
+        if chunk:
+            assert case[1] % chunk == 0
+            assert chunk * plan.tile.channels * FLOAT_BYTES <= cpu_facts(target).l1d_bytes // 6
+    assert _tiled_plan(case, tvm.target.Target(AVX2)).chunk == 0
+
+
+#: convs whose reduction the "l1d32" target chunks: 1x1 in channel chunks (with a residual; output channels
+#: padded to the tile, input channels no power of two), 3x3 in kernel rows x channels, strided, a batch of 2
+CHUNKED_CASES = [
+    dict(n=1, c=1024, h=7, w=7, oc=64, k=1),
+    dict(n=2, c=800, h=7, w=7, oc=40, k=1),
+    dict(n=1, c=256, h=9, w=9, oc=64, k=3, pad=1),
+    dict(n=1, c=128, h=14, w=14, oc=32, k=3, stride=2, pad=1),
+    dict(n=1, c=512, h=5, w=6, oc=96, k=1),
+]
+
+
+def _chunked_target(name, monkeypatch):
+    """The l1d32 AVX-512 target, or AVX2 planned as AVX-512 is (its step cost: row tiles, chunked reductions),
+    the same loop nest on the vector width every x86-64 host here runs."""
+    if name == "avx512":
+        return CACHE_TARGETS["l1d32"]
+    monkeypatch.setitem(TILED_STEP_COSTS, "avx2", TILED_STEP_COSTS["avx512"])
+    return tvm.target.Target({**AVX2, "model": "l1d=32K,l2=1024K"})
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["relu", "residual"])
+@pytest.mark.parametrize("target_name", ["avx512", pytest.param("avx2", marks=NO_AVX2)])
+@pytest.mark.parametrize("case", CHUNKED_CASES, ids=_id)
+def test_chunked_convs_match_numpy(case, target_name, residual, monkeypatch):
+    """A chunked conv zeroes its block's accumulators, then runs every tile of pixels per chunk (the chunk loops
+    outside the tile loops) and matches float64 numpy, with and without a residual, where the host runs the
+    target's code (AVX-512 code elsewhere only compiles and is checked for its loop nest)."""
+    target = _chunked_target(target_name, monkeypatch)
+    executable, func, arrays, out_shape, reference = _packed_build(case, target, residual=residual)
+    plan = _plan((case["n"], case["c"], case["h"], case["w"]), case["oc"], (case["c"], case["k"], case["k"]),
+                 (case.get("stride", 1),) * 2, (case.get("pad", 0),) * 4, (1, 1), 1, cpu_facts(target))
+    assert plan.kernel == "tiled" and plan.chunk, plan
+    loops = re.search(r"for (rh, rc_0, [^)]*) in T\.grid\(([^)]*)\):", func.script())
+    assert loops, "the chunk loops (kernel row, channel chunk) surround the tile loops"
+    names, extents = loops.group(1).split(", "), [int(e) for e in loops.group(2).split(", ")]
+    assert names[2:4] == ["h_0", "ww_0"] and extents[1] == case["c"] // plan.chunk, loops.group(0)
+    if _runs_here(target):
+        assert_close(_run(executable, arrays, out_shape), reference, f"{target_name} {_id(case)}")
