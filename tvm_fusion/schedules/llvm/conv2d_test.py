@@ -878,8 +878,8 @@ def test_ragged_depthwise_epilogue_runs_per_row_of_tiles(target_name):
     assert_close(got, (y / (1 + np.exp(-y))).astype("float32"), "5x5 depthwise 24 on 20x20 + SiLU")
 
 
-#: AVX-512 targets whose `model` names their per-core caches (only their facts are read, nothing runs): 32 KiB
-#: L1d and 1 MiB L2 (Zen 4), 48 KiB and 2 MiB (Sapphire Rapids and later)
+#: AVX-512 targets whose `model` names their per-core caches: 32 KiB L1d and 1 MiB L2 (Zen 4), 48 KiB and 2 MiB
+#: (Sapphire Rapids and later); their code runs only where the host has AVX-512
 CACHE_TARGETS = {
     "l1d32": tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2, "model": "l1d=32K,l2=1024K"}),
     "l1d48": tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2, "model": "l1d=48K,l2=2048K"}),
