@@ -240,7 +240,13 @@ def _make_check(rule: Rule, trace: _Trace, target, batch_dims: frozenset[str]):
         try:
             match = Match(rule.name, dict(ctx.annotated_expr.items()), dict(ctx.matched_bindings.items()),
                           batch_dims)
-            reason = _leak(ctx, trace.names, trace.outside) or _undeclared(ctx, batch_dims, trace.names) or rule.run_check(match)
+            leak = _leak(ctx, trace.names, trace.outside)
+            undeclared = _undeclared(ctx, batch_dims, trace.names)
+            if undeclared is not None:
+                reason = leak or undeclared
+            else:  # the rule's own check too: a subgraph of another family is no near miss, even one that leaks
+                own = rule.run_check(match)
+                reason = own if own is not None and (leak is None or getattr(own, "other_family", False)) else leak
             if reason is None:
                 lowering = rule.spec.lower(match)
                 sched = registry.get_schedule(lowering.compute, target.kind.name)
