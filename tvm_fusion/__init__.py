@@ -19,6 +19,12 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+import typing
+
+if typing.TYPE_CHECKING:  # the facade's annotations; at run time the names load lazily (_LAZY)
+    from tvm_fusion.deploy.compile import CompileResult
+    from tvm_fusion.fusion.fuse import FuseResult
+    from tvm_fusion.rules import RuleSet
 
 # Names load on first use (PEP 562), so `import tvm_fusion.runtime` on a deployment machine pulls in
 # nothing of the compiler side.
