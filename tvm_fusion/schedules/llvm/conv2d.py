@@ -627,9 +627,9 @@ def reduction_chunk(tile: ConvTile, padding: ConvPadding, cpg: int, kh: int, kw:
     each weight is read once per block, by every tile in turn. Where the ISA's step cost says
     `chunked_reduction`, for one group, at least two tiles and a panel over half of L1.
     Measured on an Intel Xeon with AVX-512 (48 KiB L1d, 2 MiB L2; one conv + ReLU, one thread, per-call
-    medians, one pass -> chunks of 64 channels; 1x1 convs bit-identical): ResNet-50's 1x1 2048 -> 512 on 7x7 0.656 ->
-    0.594 ms (onnxruntime 0.623), 1024 -> 256 on 14x14 0.562 -> 0.530 (0.576), 512 -> 128 on 28x28 0.711 ->
-    0.678 (0.665), 3x3 512 on 7x7 1.414 -> 1.407 (1.480); after an 8 MiB write (weights from L3) 0.693 ->
+    medians, one pass -> chunks of 64 channels; 1x1 convs bit-identical): ResNet-50's 1x1 2048 -> 512 on 7x7
+    0.656 -> 0.594 ms (onnxruntime 0.623), 1024 -> 256 on 14x14 0.562 -> 0.530 (0.576), 512 -> 128 on 28x28
+    0.711 -> 0.678 (0.665), 3x3 512 on 7x7 1.414 -> 1.407 (1.480); after an 8 MiB write (weights from L3) 0.693 ->
     0.679, 0.627 -> 0.575, 0.915 -> 0.745, 1.465 -> 1.383; after a 1 GiB write (from memory) 1.225 -> 1.173,
     1.108 -> 0.915, 1.760 -> 1.168, 2.437 -> 1.994 (2.069). Inside ResNet-50 (`kernels.py --in-model`) the
     convs on 7x7 and 14x14 ran 5-13% faster. Chunks of 32 / 128 / 256 channels: within noise of 64 on 1x1
