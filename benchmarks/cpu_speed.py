@@ -8,6 +8,7 @@ the fly and cached).
     TVM_FUSION_CPU='{"kind":"llvm","mcpu":"x86-64-v3"}' python benchmarks/cpu_speed.py   # the same
     python benchmarks/cpu_speed.py --models alexnet,bert_ts14 --threads 1,2 --rounds 9
     python benchmarks/cpu_speed.py --models mobilenetv2_ts13,resnet_stem_ts17 --threads 1 --modes unfused,tvm,fused
+    python benchmarks/cpu_speed.py --models resnet50 --threads 1,2 --clock both --modes fused,no-chunks
 
 For each model (tvm_fusion.examples with seeded weights, and tests/zoo through the simplifier, on the
 corpus entries' own inputs) the fused build is checked element-wise against onnxruntime (the
@@ -180,6 +181,25 @@ def busy_processes(count: int):
 #: a benchmark-only build: fused with the cross-layer rules (conv -> pool, depthwise -> pointwise, pointwise ->
 #: depthwise) disabled, so each of their groups runs as the two kernels it replaces
 NO_CROSS = "no-cross"
+#: a benchmark-only build: fused with the tiled convs' whole reduction per tile of pixels, their reduction
+#: chunks (`schedules/llvm/conv2d.reduction_chunk`) off
+NO_CHUNKS = "no-chunks"
+BENCH_MODES = (NO_CROSS, NO_CHUNKS)
+
+
+@contextlib.contextmanager
+def reduction_chunks_off():
+    """The llvm conv plans without reduction chunks while the block runs (the step costs restored after)."""
+    from dataclasses import replace
+
+    from tvm_fusion.schedules.llvm import conv2d
+
+    keep = conv2d.TILED_STEP_COSTS
+    conv2d.TILED_STEP_COSTS = {isa: replace(cost, chunked_reduction=False) for isa, cost in keep.items()}
+    try:
+        yield
+    finally:
+        conv2d.TILED_STEP_COSTS = keep
 
 
 def cross_layer_off():
@@ -197,8 +217,13 @@ def _builds(mod, target, modes, args, ref, dev) -> tuple[dict, dict, list, list]
     and (mode, error stats) of every build's outputs against `ref` (onnxruntime)."""
     mains, calls, outs, stats = {}, {}, {}, []
     for mode in modes:
-        built = (build(mod, target, "fused", rules=cross_layer_off()) if mode == NO_CROSS
-                 else build(mod, target, mode))
+        if mode == NO_CROSS:
+            built = build(mod, target, "fused", rules=cross_layer_off())
+        elif mode == NO_CHUNKS:
+            with reduction_chunks_off():
+                built = build(mod, target, "fused")
+        else:
+            built = build(mod, target, mode)
         mains[mode] = relax.VirtualMachine(built.executable, dev)["main"]
         calls[mode], outs[mode] = built.kernel_calls, as_arrays(mains[mode](*args))
         stats += [(mode, error_stats(a, r)) for a, r in zip(outs[mode], ref)]
@@ -291,7 +316,8 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="fused",
                     help="builds to time, comma separated, fused among them: fused (default), unfused (one kernel "
                          "per op), tvm (TVM's own FuseOps), no-cross (fused without the cross-layer rules: their "
-                         "groups as two kernels); more than fused prints one column of each")
+                         "groups as two kernels), no-chunks (fused, the tiled convs' reductions in one pass per "
+                         "tile); more than fused prints one column of each")
     ap.add_argument("--busy", type=int, default=0,
                     help="other processes spinning on the cores while timing (a shared host)")
     args = ap.parse_args(argv)
@@ -303,7 +329,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(names)}")
     threads = [int(t) for t in args.threads.split(",") if t]
     asked = [m for m in args.modes.split(",") if m]
-    modes = check_modes([m for m in asked if m != NO_CROSS]) + ([NO_CROSS] if NO_CROSS in asked else [])
+    modes = check_modes([m for m in asked if m not in BENCH_MODES]) + [m for m in BENCH_MODES if m in asked]
     if "fused" not in modes:
         ap.error(f"--modes {args.modes}: include fused (the ratios are to the fused build)")
     target = resolve_target(args.target)

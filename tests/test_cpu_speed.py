@@ -52,6 +52,24 @@ def test_modes_time_every_build_in_one_table(capsys):
     assert float(ratio.rstrip("x")) == pytest.approx(float(fused) / float(ort), rel=0.02, abs=0.01)
 
 
+def test_no_chunks_times_the_plans_without_reduction_chunks(capsys):
+    """`--modes fused,no-chunks`: the fused build and the same build with the tiled convs' reduction in one
+    pass per tile (the AVX-512 plans chunk it where the weights outgrow L1), both checked against onnxruntime
+    and timed in one table; the same groups, so the same kernel calls. The step costs are as before after."""
+    from tvm_fusion.schedules.llvm import conv2d
+
+    costs = conv2d.TILED_STEP_COSTS
+    rc = cpu_speed.main(["--models", "resnet_stem_ts17", "--threads", "1", "--rounds", "1", "--block-ms", "5",
+                         "--modes", "fused,no-chunks"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert conv2d.TILED_STEP_COSTS is costs
+    assert "| model | kernel calls fused / no-chunks | fused ms | no-chunks ms | onnxruntime ms" in out
+    row = next(line for line in out.splitlines() if line.startswith("| resnet_stem_ts17 |"))
+    fused_calls, no_chunks_calls = (int(c) for c in row.strip("|").split("|")[1].split(" / "))
+    assert fused_calls == no_chunks_calls
+
+
 def test_modes_without_fused_are_refused(capsys):
     with pytest.raises(SystemExit) as err:
         cpu_speed.main(["--models", "resnet_stem_ts17", "--modes", "unfused,tvm"])
