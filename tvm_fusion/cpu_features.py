@@ -99,7 +99,7 @@ def _size(text: str) -> int | None:
     text = text.strip().upper()
     unit = text[-1] if text[-1:] in ("K", "M") else ""
     number = text[:-1] if unit else text
-    return int(number) * _SIZE_UNITS[unit] if number.isdigit() and int(number) > 0 else None
+    return int(number) * _SIZE_UNITS[unit] if number.isdigit() and int(number) else None
 
 
 def host_cache_sizes(root: str | Path = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, int] | None:
@@ -112,8 +112,8 @@ def host_cache_sizes(root: str | Path = "/sys/devices/system/cpu/cpu0/cache") ->
         except OSError:
             continue
         name = CACHE_LEVELS.get((int(level), kind)) if level.isdigit() else None
-        if name and _size(size):
-            sizes[name] = _size(size)
+        if name and (value := _size(size)):
+            sizes[name] = value
     return sizes or None
 
 
@@ -128,6 +128,7 @@ def parse_cache_model(model: str) -> dict[str, int]:
     sizes = {}
     for item in (model or "").split(","):
         name, sep, value = item.partition("=")
-        if sep and name.strip().lower() in CACHE_LEVELS.values() and _size(value):
-            sizes[name.strip().lower()] = _size(value)
+        name = name.strip().lower()
+        if sep and name in CACHE_LEVELS.values() and (size := _size(value)):
+            sizes[name] = size
     return sizes

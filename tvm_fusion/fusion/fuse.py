@@ -246,7 +246,8 @@ def _make_check(rule: Rule, trace: _Trace, target, batch_dims: frozenset[str]):
                 reason = leak or undeclared
             else:  # the rule's own check too: a subgraph of another family is no near miss, even one that leaks
                 own = rule.run_check(match)
-                reason = own if own is not None and (leak is None or getattr(own, "other_family", False)) else leak
+                other_family = isinstance(own, Decline) and own.other_family
+                reason = own if own is not None and (leak is None or other_family) else leak
             if reason is None:
                 lowering = rule.spec.lower(match)
                 sched = registry.get_schedule(lowering.compute, target.kind.name)

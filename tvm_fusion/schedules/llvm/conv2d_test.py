@@ -902,10 +902,7 @@ RESNET50_CHUNKS = {
 
 def _tiled_plan(case, target):
     n, c, h, w, oc, k, stride, pad = case
-    out = conv2d_out_size(h, k, stride, pad, pad, 1)
-    facts = cpu_facts(target)
-    return conv_plan(n, oc, out, out, c, k, k, 1, facts, strided=stride > 1,
-                     flat=one_row_pixels(k, k, (stride,) * 2, (pad,) * 4, 1, c, oc, facts))
+    return _plan((n, c, h, w), oc, (c, k, k), (stride,) * 2, (pad,) * 4, (1, 1), 1, cpu_facts(target))
 
 
 @pytest.mark.parametrize("case", RESNET50_CHUNKS, ids=str)
