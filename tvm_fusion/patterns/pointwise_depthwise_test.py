@@ -65,7 +65,7 @@ def _declined(model, rules, rule="pointwise_bn_relu6_depthwise_bn_relu6") -> lis
 
 @pytest.mark.parametrize("kw,measured", [
     (dict(stride=1), "a stride-1 depthwise conv measured slower fused"),
-    (dict(c=32), "more than 24 input channels of the 1x1 conv measured slower fused"),
+    (dict(c=96, d=576), "more input channels of the 1x1 conv than its target's bound"),
 ], ids=["stride1", "deep"])
 def test_shapes_measured_slower_decline_on_the_cpu_with_the_measurement(kw, measured, rules, monkeypatch):
     """The CPU schedule declines the shapes where the fused kernel lost to the two conv kernels

@@ -41,7 +41,16 @@ EXPAND_TILE = (2, 6)
 #: the most bytes of one block's expanded channels (its padded pixels x one vector of float32): it is written
 #: and read back in cache. Measured on a 2 MiB-L2 core up to 112x112 pixels (832 KiB)
 MAX_BLOCK_BYTES = 1 << 20
-MAX_EXPAND_CHANNELS = 24  # see LOSES
+#: the most input channels of the 1x1 conv, by the target's float32 lanes (others: DEFAULT_EXPAND_CHANNELS); see
+#: LOSES
+MAX_EXPAND_CHANNELS = {16: 64, 8: 24}
+DEFAULT_EXPAND_CHANNELS = 24
+
+
+def max_expand_channels(lanes: int) -> int:
+    return MAX_EXPAND_CHANNELS.get(lanes, DEFAULT_EXPAND_CHANNELS)
+
+
 #: (predicate of the sizes, the measurement): shapes where the fused kernel measured slower than the two
 #: conv kernels it replaces; `supports` declines them with the measurement as its reason. Measured with
 #: benchmarks/pointwise_depthwise.py on an Intel Xeon with AVX-512 (LLVM `rocketlake`, 2 MiB L2; one thread,
@@ -52,15 +61,16 @@ LOSES: list = [
      "stride-1 depthwise kernel vectorizes output columns from the NCHW tensor: there is no channels-last copy "
      "to save; fused / two kernels on an Intel Xeon with AVX-512, one thread: 1.29x on 1x24x56x56 -> 144, 1.26x "
      "on 1x32x28x28 -> 192, 1.28x on 1x64x14x14 -> 384, 1.38x on 1x96x14x14 -> 576, 2.20x on 1x160x7x7 -> 960; "
-     "1.12x on 1x24x56x56 -> 144 built for AVX2)")),
-    (lambda sizes: sizes["c"] > MAX_EXPAND_CHANNELS,
-     (f"more than {MAX_EXPAND_CHANNELS} input channels of the 1x1 conv measured slower fused than as the two "
-     "conv kernels (the fused 1x1 tile holds one vector of channels, where the conv family's 1x1 kernel "
-     "vectorizes pixels and reuses each input vector for many channels; fused / two kernels on an Intel Xeon "
-     "with AVX-512, one thread, stride 2: 1x32x28x28 -> 192 0.84x-0.88x but 1.07x built for AVX2, 1x40x28x28 "
-     "-> 240 5x5 0.97x-1.04x (1.19x for AVX2), 1x64x28x28 -> 384 0.97x, 1x96x14x14 -> 576 1.29x (1.55x for "
-     "AVX2); where 1x16x112x112 -> 96 ran 0.74x-0.82x (0.72x for AVX2) and 1x24x56x56 -> 144 0.79x-0.83x "
-     "(0.86x))")),
+     "1.12x on 1x24x56x56 -> 144 built for AVX2; the whole of MobileNetV2 1.0 with these fused ran 1.27x)")),
+    (lambda sizes: sizes["c"] > max_expand_channels(sizes["lanes"]),
+     ("more input channels of the 1x1 conv than its target's bound (64 for 16 float32 lanes, 24 for 8 and "
+     "others) measured slower fused than as the two conv kernels (the fused 1x1 tile holds one vector of "
+     "channels, where the conv family's 1x1 kernel vectorizes pixels and reuses each input vector for many "
+     "channels; fused / two kernels on an Intel Xeon, one thread, stride 2, AVX-512: 1x32x28x28 -> 192 "
+     "0.84x-0.88x, 1x40x28x28 -> 240 5x5 0.95x-1.04x, 1x48x28x28 -> 288 0.93x, 1x64x28x28 -> 384 0.94x-0.97x, "
+     "1x96x14x14 -> 576 1.28x-1.29x; AVX2: 1x32x28x28 -> 192 1.01x-1.07x, 1x40x28x28 -> 240 5x5 1.19x-1.23x, "
+     "1x96x14x14 -> 576 1.55x; where 1x16x112x112 -> 96 ran 0.74x-0.82x (0.72x for AVX2) and 1x24x56x56 -> "
+     "144 0.79x-0.83x (0.86x))")),
 ]
 
 
@@ -110,10 +120,12 @@ def _supports(attrs, shapes, target) -> str | None:
     if isinstance(plan, str):
         return f"the fused pointwise -> depthwise CPU kernel has {plan}"
     ops = PwDwOperands.of(shapes)
-    sizes = dict(c=int(ops.wp[0]), d=int(ops.wp[1]), stride=max(int(s) for s in attrs["strides"]))
+    sizes = dict(c=int(ops.wp[0]), d=int(ops.wp[1]), stride=max(int(s) for s in attrs["strides"]),
+                 lanes=cpu_facts(target).float32_lanes)
     for loses, measured in LOSES:
         if loses(sizes):
-            return f"{measured}; this one: {sizes['c']} -> {sizes['d']} channels, stride {sizes['stride']}"
+            return (f"{measured}; this one: {sizes['c']} -> {sizes['d']} channels, stride {sizes['stride']}, "
+                    f"{sizes['lanes']} float32 lanes (bound {max_expand_channels(sizes['lanes'])})")
     return None
 
 

@@ -101,3 +101,25 @@ def test_kernel_matches_numpy_and_keeps_the_expanded_tensor_as_a_block(mcpu, cas
     tvm.compile(mod, target)["main"](*[tvm.runtime.tensor(v) for v in vals], out)
     stats = error_stats(out.numpy(), _reference(vals, geometry).astype(np.float32))
     assert stats.ok, stats.describe()
+
+
+@pytest.mark.parametrize("mcpu,c,declines", [
+    # AVX-512 (16 lanes) fuses up to 64 input channels (MobileNetV2's 32 -> 192, EfficientNet's 40 -> 240)
+    ("skylake-avx512", 32, False), ("skylake-avx512", 64, False), ("skylake-avx512", 96, True),
+    # AVX2 (8 lanes) up to 24: 32 measured slower fused there
+    ("x86-64-v3", 24, False), ("x86-64-v3", 32, True),
+])
+def test_expand_channel_bound_follows_the_target_lanes(mcpu, c, declines):
+    """`supports` declines a 1x1 of more input channels than the target's measured bound, naming it."""
+    from tvm_fusion._tvm import cpu_target
+    from tvm_fusion.schedules.llvm.pointwise_depthwise import _supports, max_expand_channels
+
+    target = cpu_target(1, mcpu=mcpu)
+    attrs = dict(strides=(2, 2), padding=(1, 1, 1, 1))
+    why = _supports(attrs, [(1, c, 28, 28), (c, 192), (192,), (192, 1, 3, 3), (192,)], target)
+    lanes = 16 if mcpu == "skylake-avx512" else 8
+    if declines:
+        assert why and "input channels of the 1x1 conv than its target's bound" in why, why
+        assert f"{lanes} float32 lanes (bound {max_expand_channels(lanes)})" in why
+    else:
+        assert why is None, why
