@@ -262,13 +262,13 @@ def _copy_kernel(case, target):
     if pad is None:
         return None
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([xs, pad])}))
-    if (subsample := llvm_conv._optional_block(sch, "subsample")) is not None:
+    if (subsample := llvm_conv.optional_block(sch, "subsample")) is not None:
         sch.compute_inline(subsample)
     block = sch.get_sblock("pad")
     facts = llvm_conv.cpu_facts(target)
     k, stride = case["k"], (case["stride"],) * 2
-    plan = llvm_conv._plan(shapes[0], case["oc"], (case["c"], k, k), stride, attrs["padding"], attrs["dilation"], 1,
-                           facts)
+    plan = llvm_conv.plan_of(shapes[0], case["oc"], (case["c"], k, k), stride, attrs["padding"], attrs["dilation"], 1,
+                             facts)
     if plan.kernel == "pointwise":  # conv2d_pointwise._copy_strips, for the whole image at once
         cols = plan.tile.cols
         sch.transform_layout(block, ("write", 0), lambda n_, c_, h_, p_: (n_, p_ // cols, c_, p_ % cols))

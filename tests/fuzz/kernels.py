@@ -311,7 +311,7 @@ def _conv_plan(plan: Plan, facts):
     kh, kw = _k2(conv["k"])
     s, p, d = _k2(conv["stride"]), conv["pads"], _k2(conv["dilation"])
     cpg = plan.input_shape[1] // conv["groups"]
-    return llvm_conv._plan(plan.input_shape, conv["cout"], (cpg, kh, kw), s, p, d, conv["groups"], facts)
+    return llvm_conv.plan_of(plan.input_shape, conv["cout"], (cpg, kh, kw), s, p, d, conv["groups"], facts)
 
 
 def plan_family(plan: Plan, target=None) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from tvm_fusion.hardware import cuda_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.llvm.conv2d import _optional_block
+from tvm_fusion.schedules.llvm.blocks import optional_block
 from tvm_fusion.schedules.depthwise_pointwise import DWPW_FAMILY, DwPwOperands, dw_out_size
 
 THREADS = 256
@@ -45,7 +45,7 @@ def _supports(attrs, shapes, target):
 def schedule_dwpw_cuda(sch, attrs, target):
     d, hout, wout = (int(sch.get(loop).extent) for loop in sch.get_loops(sch.get_sblock("dw"))[1:4])
     rows = cuda_rows(d, hout, wout, cuda_facts(target).shared_static_bytes)
-    pad = _optional_block(sch, "pad")
+    pad = optional_block(sch, "pad")
     if pad is not None:  # the padding read as zeros where the taps read it
         sch.compute_inline(pad)
     epilogue = sch.get_sblock("epilogue")

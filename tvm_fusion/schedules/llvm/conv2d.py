@@ -58,6 +58,7 @@ from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvOperands, ConvPadding, conv2d_out_size, conv2d_padded,
                                          pack_channel_blocks, packed_taps)
 from tvm_fusion.schedules.llvm import conv2d_pointwise as pointwise
+from tvm_fusion.schedules.llvm.blocks import ceil_to, loop_extent, optional_block, vectorize_own_inner_loop
 from tvm_fusion.schedules.llvm.conv2d_pointwise import (PixelTile, VectorRows, padded_channels, padded_pixels,
                                                         pixel_tiles, schedule_pointwise)
 
@@ -260,10 +261,6 @@ def tiled_accumulators(facts: CpuFacts, oc_vectors: int) -> int:
     return facts.vector_registers - oc_vectors - broadcasts
 
 
-def _ceil_to(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
 @dataclass(frozen=True)
 class ConvTile:
     """Tiled kernel: `oc_vectors` vectors of output channels x `rows` x `cols` output pixels."""
@@ -319,7 +316,7 @@ def _oc_vector_options(opg: int, groups: int, reduction: int, tasks_wanted: int,
     the channels padded to the width, per group) still feed every thread and the panel fits `panel_bytes`."""
     options = []
     for v in (v for v in OC_VECTOR_CHOICES if v <= max_vectors):
-        blocks = groups * _ceil_to(opg, lanes * v) // (lanes * v)
+        blocks = groups * ceil_to(opg, lanes * v) // (lanes * v)
         panel = reduction * lanes * v * FLOAT_BYTES
         if v == 1 or (blocks >= tasks_wanted and panel <= panel_bytes):
             options.append(v)
@@ -329,7 +326,7 @@ def _oc_vector_options(opg: int, groups: int, reduction: int, tasks_wanted: int,
 def _tile_efficiency(tile: ConvTile, opg: int, hout: int, wout: int, cost: StepCost) -> float:
     """`_efficiency` of a tiled-kernel tile on an output of opg channels (per group) x hout x wout."""
     return _efficiency(tile.accumulators, tile.loads_per_step, (opg, hout, wout),
-                       (_ceil_to(opg, tile.channels), _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols)), cost)
+                       (ceil_to(opg, tile.channels), ceil_to(hout, tile.rows), ceil_to(wout, tile.cols)), cost)
 
 
 def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, threads: int,
@@ -373,11 +370,11 @@ def choose_row_tile(hout: int, wout: int, facts: CpuFacts, strided: bool = False
     if strided:
         return max(tiles, key=lambda t: (
             _efficiency(t.accumulators, t.accumulators + 1, (hout, wout, t.lanes),
-                        (_ceil_to(hout, t.rows), _ceil_to(wout, t.cols), full)),
-            t.accumulators, -_ceil_to(wout, t.cols), t.vectors))
+                        (ceil_to(hout, t.rows), ceil_to(wout, t.cols), full)),
+            t.accumulators, -ceil_to(wout, t.cols), t.vectors))
     return max(tiles, key=lambda t: (  # the real share of the padded outputs, not per slot: too few for MIN_CHAINS
-        _real_share((hout, wout, t.lanes), (_ceil_to(hout, t.rows), _ceil_to(wout, t.cols), full)),
-        t.accumulators, t.rows, -_ceil_to(wout, t.cols)))
+        _real_share((hout, wout, t.lanes), (ceil_to(hout, t.rows), ceil_to(wout, t.cols), full)),
+        t.accumulators, t.rows, -ceil_to(wout, t.cols)))
 
 
 def _real_share(real: tuple[int, ...], padded: tuple[int, ...]) -> float:
@@ -423,7 +420,7 @@ def choose_channel_tile(hout: int, wout: int, facts: CpuFacts, lanes: int | None
              if fits(tile := ConvTile(1, rows, cols, lanes))]
     return max(tiles, key=lambda t: (
         _efficiency(t.accumulators, t.accumulators + 1, (hout, wout),
-                    (_ceil_to(hout, t.rows), _ceil_to(wout, t.cols)), cost), t.accumulators))
+                    (ceil_to(hout, t.rows), ceil_to(wout, t.cols)), cost), t.accumulators))
 
 
 def _vector_lanes(full: int) -> list[int]:
@@ -534,7 +531,7 @@ def pixel_tail(cout: int, pixels: int, tile: ConvTile, facts: CpuFacts) -> bool:
     pixels, Inception v1 and v2 (1x1 convs to 16, 24, 112, 144 ... channels on 14x14 (6% padded) and 7x7
     (31%)) ran 1.1% and 2.1% slower (one A/B run, 9 rounds)."""
     lanes = facts.float32_lanes
-    return cout % tile.channels != 0 and _ceil_to(pixels, lanes) - pixels <= PIXEL_TAIL_WASTE * pixels
+    return cout % tile.channels != 0 and ceil_to(pixels, lanes) - pixels <= PIXEL_TAIL_WASTE * pixels
 
 
 def choose_pixel_tile(cout: int, pixels: int, reduction: int, facts: CpuFacts,
@@ -580,15 +577,15 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     `pixels` (`conv2d_pointwise.grouped_pointwise`): a grouped 1x1 conv, planned as GEMMs over pixel vectors
     (kernel "pixels") when its pixels padded to whole vectors waste less than its channels padded to them."""
     if pixels and (pixel_tile := pointwise.choose_group_tile(cout // groups, hout * wout, facts)) is not None:
-        padding = ConvPadding(_ceil_to(cout, pixel_tile.channels), 1, _ceil_to(hout * wout, pixel_tile.cols))
+        padding = ConvPadding(ceil_to(cout, pixel_tile.channels), 1, ceil_to(hout * wout, pixel_tile.cols))
         return ConvPlan("pixels", pixel_tile, padding)
     if cpg == 1 and groups > 1 and channel_depthwise(cout, groups, facts, strided, wout=wout):
         tile = choose_channel_tile(hout, wout, facts)
-        padding = ConvPadding(1, _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols))
+        padding = ConvPadding(1, ceil_to(hout, tile.rows), ceil_to(wout, tile.cols))
         return ConvPlan("depthwise_channels", tile, padding)
     if cpg == 1 and groups > 1:  # depthwise (any channel multiplier): one input channel per output
         tile = choose_row_tile(hout, wout, facts, strided=strided)
-        padding = ConvPadding(cout // groups, _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols))
+        padding = ConvPadding(cout // groups, ceil_to(hout, tile.rows), ceil_to(wout, tile.cols))
         return ConvPlan("depthwise", tile, padding)
     tile = choose_tile(cout, hout, wout, cpg * kh * kw, n, facts.threads, facts, groups)
     cost = step_cost(facts)
@@ -609,10 +606,10 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
         opg = cout // groups
         if row.cols > 1 and _tile_efficiency(row, opg, 1, hout * wout, cost) > _tile_efficiency(tile, opg, hout, wout,
                                                                                                cost):
-            padding = ConvPadding(_ceil_to(opg, row.channels), 1, _ceil_to(hout * wout, row.cols), row.channels)
+            padding = ConvPadding(ceil_to(opg, row.channels), 1, ceil_to(hout * wout, row.cols), row.channels)
             return ConvPlan("tiled", row, padding, flat=True, in_place=cout < FLAT_COPY_CHANNELS and kh * kw == 1)
-    padding = ConvPadding(_ceil_to(cout // groups, tile.channels), _ceil_to(hout, tile.rows),
-                          _ceil_to(wout, tile.cols), tile.channels)
+    padding = ConvPadding(ceil_to(cout // groups, tile.channels), ceil_to(hout, tile.rows),
+                          ceil_to(wout, tile.cols), tile.channels)
     return ConvPlan("tiled", tile, padding, chunk=reduction_chunk(tile, padding, cpg, kh, kw, groups, facts))
 
 
@@ -669,7 +666,7 @@ def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, f
     facts = _llvm_facts(target)
     taps_first = step_cost(facts).taps_first
     taps = packed_taps(w.shape, taps_first)
-    plan = _plan(dims(x.shape), cout, taps, strides, padding, dilation, groups, facts)
+    plan = plan_of(dims(x.shape), cout, taps, strides, padding, dilation, groups, facts)
     if plan.flat and tuple(taps[1:]) == (1, 1) and any(int(s) > 1 for s in strides):  # subsampled_pixels
         x, strides = _subsample(x, strides), (1, 1)
     if plan.kernel == "pixels":
@@ -685,14 +682,14 @@ def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, f
                          flat=plan.flat, in_place=plan.in_place)
 
 
-def _plan(x_shape, cout: int, w_taps, strides, padding, dilation, groups: int, facts: CpuFacts) -> ConvPlan:
+def plan_of(x_shape, cout: int, w_taps, strides, padding, dilation, groups: int, facts: CpuFacts) -> ConvPlan:
     """conv_plan of a conv with input `x_shape` (NCHW, the batch planned for as 1 when symbolic) and W
     [cout, *w_taps]."""
     n, _, hin, win = x_shape
     cpg, kh, kw = w_taps
     hout = conv2d_out_size(int(hin), kh, strides[0], padding[0], padding[2], dilation[0])
     wout = conv2d_out_size(int(win), kw, strides[1], padding[1], padding[3], dilation[1])
-    return conv_plan(_planned_batch(n), cout, hout, wout, cpg, kh, kw, groups, facts, strided=strides[1] > 1,
+    return conv_plan(planned_batch(n), cout, hout, wout, cpg, kh, kw, groups, facts, strided=strides[1] > 1,
                      flat=one_row_pixels(kh, kw, strides, padding, groups, cpg, cout, facts),
                      pixels=pointwise.grouped_pointwise(kh, kw, strides, padding, groups, cpg))
 
@@ -703,36 +700,25 @@ def pack_conv(constants, attrs, shapes, target):
     `packs_taps_first`), packed once at compile time so the kernel reads each reduction step's weights as one
     vector per `lanes` channels; None for the depthwise and grouped "pixels" kernels, which read W as it is."""
     w, b = constants
-    plan = _plan(ConvOperands.of(shapes).x, int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"], attrs["dilation"],
-                 attrs.get("groups", 1), cpu_facts(target))
+    plan = plan_of(ConvOperands.of(shapes).x, int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"],
+                   attrs["dilation"], attrs.get("groups", 1), cpu_facts(target))
     if plan.kernel not in ("tiled", "pointwise"):  # depthwise broadcasts W per tap; "pixels" reads OIHW
         return None
     return [pack_channel_blocks(w, attrs.get("groups", 1), plan.padding.group_channels, plan.tile.channels,
                                 taps_first=packs_taps_first(target)), b]
 
 
-def _scheduled_plan(sch, attrs, facts: CpuFacts) -> ConvPlan:
-    """The plan `conv2d_llvm` computed the scheduled PrimFunc with: `_plan` of its operands' shapes
+def scheduled_plan(sch, attrs, facts: CpuFacts) -> ConvPlan:
+    """The plan `conv2d_llvm` computed the scheduled PrimFunc with: `plan_of` of its operands' shapes
     (x, [residual], W, b, out: `ConvOperands`), as the compute and `pack_conv` make it."""
     ops = ConvOperands.of(param.shape for param in sch.mod[sch.func_working_on].params[:-1])
-    return _plan(dims(ops.x), int(ops.b[0]), packed_taps(ops.w, step_cost(facts).taps_first), attrs["strides"],
-                 attrs["padding"], attrs["dilation"], attrs.get("groups", 1), facts)
+    return plan_of(dims(ops.x), int(ops.b[0]), packed_taps(ops.w, step_cost(facts).taps_first), attrs["strides"],
+                   attrs["padding"], attrs["dilation"], attrs.get("groups", 1), facts)
 
 
-def _planned_batch(n) -> int:
+def planned_batch(n) -> int:
     """The batch a tile is chosen for: a symbolic batch as 1, so the tile must feed every thread then."""
     return int(n) if isinstance(n, (int, tirx.IntImm)) else 1
-
-
-def _optional_block(sch, name: str):
-    try:
-        return sch.get_sblock(name)
-    except Exception:  # noqa: BLE001 - tvm raises a ScheduleError subclass when absent
-        return None
-
-
-def _extent(sch, loop) -> int:
-    return int(sch.get(loop).extent)
 
 
 def _factor(extent: int, want: int) -> int:
@@ -740,15 +726,7 @@ def _factor(extent: int, want: int) -> int:
     return max(d for d in range(1, min(extent, want) + 1) if extent % d == 0)
 
 
-def _vectorize_own_inner_loop(sch, block, outer_block):
-    """Vectorize the innermost loop of `block` that `outer_block` does not share (none: a unit region)."""
-    shared = [sch.get(loop) for loop in sch.get_loops(outer_block)]
-    own = [loop for loop in sch.get_loops(block) if not any(sch.get(loop).same_as(s) for s in shared)]
-    if own:
-        sch.vectorize(own[-1])
-
-
-def _epilogue_by_channel_vectors(sch, epi, conv):
+def epilogue_by_channel_vectors(sch, epi, conv):
     """The epilogue of a tile whose last columns are padding, or whose columns are not whole vectors:
     pixels unrolled (the predicate on padded columns stays scalar), channels vectorized, so the accumulators
     stay in registers. A vectorized column loop under the predicate is scalarized with a variable index,
@@ -799,7 +777,7 @@ def _schedule_pad(sch, pad, channels_last: bool = False, flat: bool = False):
         sch.reorder(n, h, w, c)
         sch.parallel(sch.fuse(n, h))
         return
-    co, ci = sch.split(c, [None, _factor(_extent(sch, c), COPY_CHANNELS)])
+    co, ci = sch.split(c, [None, _factor(loop_extent(sch, c), COPY_CHANNELS)])
     sch.reorder(n, h, co, w, ci)
     sch.parallel(sch.fuse(n, h, co))
     sch.vectorize(ci)
@@ -809,7 +787,7 @@ def _pack_weights(sch, conv, at_loop, reduction: int, lanes: int):
     """Copy the oc block's weights W[oc, rc, rh, rw] (the `weight` stage when the channels are padded) to a
     panel [rc, rh, rw, oc] at `at_loop`: the copy reads W rows contiguously (vectorized) and writes each
     element to its oc column."""
-    panel = _optional_block(sch, "weight")
+    panel = optional_block(sch, "weight")
     weight_index = len(sch.get(conv).reads) - 1  # reads are (input, weight)
     if panel is None and len(sch.get(conv).reads[weight_index].region) == 5:
         return  # packed at compile time (pack_conv): already [oc block, rc, rh, rw, oc]
@@ -826,8 +804,8 @@ def _pack_weights(sch, conv, at_loop, reduction: int, lanes: int):
     sch.vectorize(ki)
 
 
-def _schedule_tiled(sch, conv, epi, tile: ConvTile, regrouped: bool, padded_columns: bool, flat: bool = False,
-                    tap_rows: bool = False, chunk: int = 0):
+def schedule_tiled(sch, conv, epi, tile: ConvTile, regrouped: bool, padded_columns: bool, flat: bool = False,
+                   tap_rows: bool = False, chunk: int = 0):
     """`regrouped`: the epilogue reads the padded channels of several groups (not an affine map of the
     block's channels), so the tile stores its accumulators and the epilogue runs as its own loop nest.
     `flat`: the conv's pixels are one row (`flat_pixels`), see `_schedule_flat` (and its `tap_rows`).
@@ -844,7 +822,7 @@ def _schedule_tiled(sch, conv, epi, tile: ConvTile, regrouped: bool, padded_colu
         sch.set_scope(conv, 0, "local")
         epi = store
     n, o, h, w, rc, rh, rw = sch.get_loops(conv)
-    reduction = _extent(sch, rc) * _extent(sch, rh) * _extent(sch, rw)
+    reduction = loop_extent(sch, rc) * loop_extent(sch, rh) * loop_extent(sch, rw)
     oo, oi = sch.split(o, [None, tile.channels])
     ho, hi = sch.split(h, [None, tile.rows])
     wo, wi = sch.split(w, [None, tile.cols])
@@ -867,9 +845,9 @@ def _schedule_tiled(sch, conv, epi, tile: ConvTile, regrouped: bool, padded_colu
     sch.unroll(hi)
     sch.decompose_reduction(conv, rh)  # after vectorize: the other order is "not compact dataflow"
     if (padded_columns or tile.cols % tile.lanes) and not regrouped and not chunked:
-        _epilogue_by_channel_vectors(sch, epi, conv)
+        epilogue_by_channel_vectors(sch, epi, conv)
     else:
-        _vectorize_own_inner_loop(sch, epi, conv)
+        vectorize_own_inner_loop(sch, epi, conv)
     if regrouped:
         n, o, h, w = sch.get_loops(later)
         sch.parallel(sch.fuse(n, o))
@@ -890,7 +868,7 @@ def _schedule_flat(sch, conv, epi, tile: ConvTile, tap_rows: bool = False):
     on 7x7 4.42 / 4.58 / 4.31 -> 4.32 / 4.28 / 4.17 ms, 3x3/2 512 on 14x14 4.43 / 4.36 / 4.45 -> 4.29 / 4.88 /
     4.22 ms, Inception-v2's 3x3 96 on 28x28 1.85 / 1.97 -> 1.89 / 1.85 ms; the 7x7/2 stem 3.26 / 3.54 -> 3.25 /
     3.47 ms; VGG19's 3x3 512 on 14x14 12.53 -> 12.60 ms (one run)."""
-    width = _extent(sch, sch.get_loops(epi)[3])
+    width = loop_extent(sch, sch.get_loops(epi)[3])
     # one pixel iterator, so the epilogue reads conv[.., p] (h and w relaxed apart would not bound a tile)
     sch.transform_block_layout(epi, lambda n_, o_, h_, w_: (n_, o_, h_ * width + w_))
     n, o, p = sch.get_loops(epi)
@@ -903,9 +881,9 @@ def _schedule_flat(sch, conv, epi, tile: ConvTile, tap_rows: bool = False):
     shared = len(sch.get_loops(epi)) - 2  # the epilogue's tile loops (pi, oi) are not the conv's
     # the conv's own loops; unit ones (one row, a 1x1 kernel or its rows: `flat_taps`) are gone
     co, cw, rc, *taps = sch.get_loops(conv)[shared:]
-    reduction = _extent(sch, rc)
+    reduction = loop_extent(sch, rc)
     for loop in taps:
-        reduction *= _extent(sch, loop)
+        reduction *= loop_extent(sch, loop)
     _pack_weights(sch, conv, outer, reduction, tile.lanes)
     sch.reorder(*taps, rc, cw, co)  # the tiled kernel's reduction order: taps, then channels innermost
     if tap_rows:  # rw (the last tap loop: KW > 1) and the channels, one contiguous run
@@ -928,7 +906,7 @@ def _schedule_depthwise(sch, conv, epi, pad, tile: RowTile):
     tile -> per row: 144 on 56x56 0.654 -> 0.375 ms, 5x5 240 on 28x28 0.448 -> 0.234; with ReLU 0.176 ->
     0.164 and the same)."""
     n, o, h, w, rc, rh, rw = sch.get_loops(conv)
-    ragged = _extent(sch, sch.get_loops(epi)[-1]) % tile.cols != 0 and _extent(sch, w) > tile.cols
+    ragged = loop_extent(sch, sch.get_loops(epi)[-1]) % tile.cols != 0 and loop_extent(sch, w) > tile.cols
     ho, hi = sch.split(h, [None, tile.rows])
     wo, wv, wl = sch.split(w, [None, tile.vectors, tile.lanes])
     sch.reorder(n, o, ho, wo, rc, rh, rw, hi, wv, wl)
@@ -946,11 +924,11 @@ def _schedule_depthwise(sch, conv, epi, pad, tile: RowTile):
         sch.unroll(rw)
         sch.unroll(rh)
     sch.decompose_reduction(conv, rc)
-    _vectorize_own_inner_loop(sch, epi, conv)
+    vectorize_own_inner_loop(sch, epi, conv)
 
 
 def _schedule_depthwise_channels(sch, conv, epi, pad, tile: ConvTile, padded_columns: bool):
-    """`depthwise_channels`: the tiled kernel's loop nest (`_schedule_tiled`, one vector of channels), its
+    """`depthwise_channels`: the tiled kernel's loop nest (`schedule_tiled`, one vector of channels), its
     padded input written channels-last per block of channels inside the parallel loop (its copy still in
     cache when the block's taps read it; each copied vector of channels gathers one pixel of 8 planes).
     Measured on Zen 2 (AVX2, one thread, CPU time, conv + ReLU, column vectors -> this, bit-identical):
@@ -959,7 +937,7 @@ def _schedule_depthwise_channels(sch, conv, epi, pad, tile: ConvTile, padded_col
     whole input copied channels-last first (a parallel loop over its rows) ran 0.22, 0.063 and 0.026 ms on
     ShuffleNet's three; the copy inside the block without vectorizing its channels 0.117, 0.064, 0.030 ms."""
     sch.transform_layout(pad, ("write", 0), lambda n_, c_, h_, w_: (n_, h_, w_, c_))
-    _schedule_tiled(sch, conv, epi, tile, regrouped=False, padded_columns=padded_columns)
+    schedule_tiled(sch, conv, epi, tile, regrouped=False, padded_columns=padded_columns)
     outer = sch.get_loops(conv)[0]
     sch.compute_at(pad, outer)
     c, *pixels = sch.get_loops(pad)[1:]  # the block's channels, then its rows and columns (unit ones gone)
@@ -972,13 +950,13 @@ def _schedule_depthwise_channels(sch, conv, epi, pad, tile: ConvTile, padded_col
 def schedule_conv2d_llvm(sch, attrs, target):
     conv = sch.get_sblock("conv")
     epi = sch.get_sblock("epilogue")
-    planned = _scheduled_plan(sch, attrs, cpu_facts(target))
+    planned = scheduled_plan(sch, attrs, cpu_facts(target))
     if planned.kernel == "pixels":  # grouped 1x1: GEMMs over pixel vectors, their own loop nest
-        pointwise.schedule_grouped_pointwise(sch, conv, epi, _optional_block(sch, "pad"), planned.tile)
+        pointwise.schedule_grouped_pointwise(sch, conv, epi, optional_block(sch, "pad"), planned.tile)
         return
     _, *loops = sch.get_loops(conv)
-    cp, hp, wp, rc, rh, rw = (_extent(sch, loop) for loop in loops)
-    cout, hout, wout = (_extent(sch, loop) for loop in sch.get_loops(epi)[1:])
+    cp, hp, wp, rc, rh, rw = (loop_extent(sch, loop) for loop in loops)
+    cout, hout, wout = (loop_extent(sch, loop) for loop in sch.get_loops(epi)[1:])
     groups, facts, plan = attrs.get("groups", 1), cpu_facts(target), planned
     flat = plan.flat
     p = plan.padding
@@ -987,10 +965,10 @@ def schedule_conv2d_llvm(sch, attrs, target):
                           f"the plan for {target} pads {cout}x{hout}x{wout} to "
                           f"{groups * p.group_channels}x{p.rows}x{p.cols}: build the PrimFunc with the llvm "
                           "compute (registry.get_compute(name, 'llvm')) under the same target")
-    subsample = _optional_block(sch, "subsample")
+    subsample = optional_block(sch, "subsample")
     if subsample is not None:
         _schedule_subsample(sch, subsample, inline=plan.kernel == "tiled" and not plan.in_place)
-    pad = _optional_block(sch, "pad")
+    pad = optional_block(sch, "pad")
     if pad is None and plan.kernel == "depthwise_channels":  # unpadded: x copied channels-last all the same
         pad = sch.cache_read(conv, 0, "global")
     channels_last = channels_last_input(plan.kernel, rc, cout, rh, rw, attrs["strides"], facts)
@@ -1004,6 +982,6 @@ def schedule_conv2d_llvm(sch, attrs, target):
     elif plan.kernel == "pointwise":
         schedule_pointwise(sch, conv, epi, plan.tile, facts.threads)
     else:
-        _schedule_tiled(sch, conv, epi, plan.tile, regrouped=groups > 1 and cp != cout,
-                        padded_columns=wp != (hout * wout if flat else wout), flat=flat,
-                        tap_rows=channels_last and rw > 1 and int(attrs["dilation"][1]) == 1, chunk=plan.chunk)
+        schedule_tiled(sch, conv, epi, plan.tile, regrouped=groups > 1 and cp != cout,
+                       padded_columns=wp != (hout * wout if flat else wout), flat=flat,
+                       tap_rows=channels_last and rw > 1 and int(attrs["dilation"][1]) == 1, chunk=plan.chunk)

@@ -82,6 +82,7 @@ from tvm_fusion.hardware import CpuFacts
 from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import ConvPadding, affine_epilogue
+from tvm_fusion.schedules.llvm.blocks import ceil_to, loop_extent
 
 __all__ = ["PixelTile", "VectorRows", "channel_chunks", "choose_group_tile", "conv2d_grouped_pointwise", "grouped_pointwise",
            "padded_channels", "pixel_tiles", "schedule_grouped_pointwise", "schedule_pointwise"]
@@ -140,17 +141,9 @@ class PixelTile(VectorRows):
         return self.rows + self.vectors
 
 
-def _ceil_to(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
-def _extent(sch, loop) -> int:
-    return int(sch.get(loop).extent)
-
-
 def _flatten_epilogue(sch, epi) -> int:
     """The epilogue's (n, o, h, w) as (n, o, h * W + w), one pixel loop; returns H * W."""
-    height, width = (_extent(sch, loop) for loop in sch.get_loops(epi)[2:])
+    height, width = (loop_extent(sch, loop) for loop in sch.get_loops(epi)[2:])
     sch.transform_block_layout(epi, lambda n_, o_, h_, w_: (n_, o_, h_ * width + w_))
     return height * width
 
@@ -236,7 +229,7 @@ def padded_channels(cout: int, rows: int, reduction: int, pixels: int = 0) -> in
 
 def padded_pixels(pixels: int, tile: PixelTile) -> int:
     """The pixels the conv computes: whole tiles (the last one's pixels beyond `pixels` read zeros)."""
-    return _ceil_to(pixels, tile.cols)
+    return ceil_to(pixels, tile.cols)
 
 
 def _balanced_group(tiles: int, want: int, threads: int, chunks: int = 1) -> int:
@@ -291,8 +284,8 @@ def schedule_pointwise(sch, conv, epi, tile: PixelTile, threads: int = 1):
     A tail plan's pixel groups (sized for `threads`, the target's) are its outer, parallel loop."""
     pixels = _flatten_epilogue(sch, epi)
     n, o, p = sch.get_loops(epi)
-    reduction = _extent(sch, sch.get_loops(conv)[4])
-    chunks, blocks = channel_chunks(_extent(sch, o), tile.rows, reduction, pixels)
+    reduction = loop_extent(sch, sch.get_loops(conv)[4])
+    chunks, blocks = channel_chunks(loop_extent(sch, o), tile.rows, reduction, pixels)
     oc, ob, oi = sch.split(o, [chunks, blocks, tile.rows])
     tiles = -(-pixels // tile.cols)
     tail = pixels % tile.cols != 0
@@ -344,8 +337,8 @@ def choose_group_tile(opg: int, pixels: int, facts: CpuFacts) -> PixelTile | Non
     flat tiled kernel; here a tile's input vectors are not shared across its rows and the alternative is
     the tiled kernel's channel padding per group."""
     lanes = facts.float32_lanes
-    padded = _ceil_to(pixels, lanes)
-    if padded * opg >= _ceil_to(opg, lanes) * pixels:
+    padded = ceil_to(pixels, lanes)
+    if padded * opg >= ceil_to(opg, lanes) * pixels:
         return None
     best, best_key = None, None
     for vectors in range(1, padded // lanes + 1):
@@ -355,7 +348,7 @@ def choose_group_tile(opg: int, pixels: int, facts: CpuFacts) -> PixelTile | Non
             tile = PixelTile(channels, vectors, lanes)
             if 2 * tile.accumulators > facts.vector_registers:
                 break
-            real = tile.accumulators * opg / _ceil_to(opg, channels) * pixels / _ceil_to(pixels, tile.cols)
+            real = tile.accumulators * opg / ceil_to(opg, channels) * pixels / ceil_to(pixels, tile.cols)
             key = (round(real, 6), -vectors)
             if best_key is None or key > best_key:
                 best, best_key = tile, key

@@ -428,7 +428,7 @@ def test_schedule_dispatches_on_the_plan_of_its_operands(case, residual, kernel)
     W, b: the plan the compute padded to), not from the conv stage's loops."""
     func, attrs, _ = conv_primfunc(**case, residual=residual, target=AVX2_TARGET)
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    assert llvm_conv2d._scheduled_plan(sch, attrs, cpu_facts(AVX2_TARGET)).kernel == kernel
+    assert llvm_conv2d.scheduled_plan(sch, attrs, cpu_facts(AVX2_TARGET)).kernel == kernel
 
 
 def test_pixel_groups_balance_the_threads():

@@ -21,7 +21,8 @@ from tvm_fusion.schedules.llvm.conv2d import (COPY_CHANNELS, FLAT_COPY_CHANNELS,
                                               channel_depthwise, channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
                                               flat_taps, one_row_pixels, packs_taps_first, shared_tap_accumulators, step_cost,
                                               subsampled_pixels, tiled_accumulators,
-                                              _ceil_to, _plan)
+                                              plan_of)
+from tvm_fusion.schedules.llvm.blocks import ceil_to
 from tvm_fusion.schedules.conv2d import ConvPadding
 from tvm_fusion.schedules.llvm.conv2d_pointwise import grouped_pointwise
 from tvm_fusion.schedules.llvm.dense import schedule_dense_llvm
@@ -534,8 +535,8 @@ def test_subsampled_convs_match_numpy_and_the_strided_kernel_bit_for_bit(case, t
     whole vectors of pixels: 784 of them), else the strided tile as before."""
     executable, func, arrays, out_shape, reference = _packed_build(case, target)
     stride = case["stride"] if isinstance(case["stride"], tuple) else (case["stride"],) * 2
-    one_row = _plan(arrays[0].shape, case["oc"], (case["c"], 1, 1), stride, (0,) * 4, (1, 1), 1,
-                    cpu_facts(target)).flat
+    one_row = plan_of(arrays[0].shape, case["oc"], (case["c"], 1, 1), stride, (0,) * 4, (1, 1), 1,
+                      cpu_facts(target)).flat
     if one_row:  # the accumulators [n, 1, P, C] (flat tiled) or [n, C, 1, P] (pointwise)
         acc = re.search(r"conv_local = T.sblock_alloc_buffer\(\((\d+), (\d+), (\d+), (\d+)\)", func.script())
         assert 1 in [int(d) for d in acc.groups()[1:3]], f"the pixels as one row: {acc.group(0)}"
@@ -609,12 +610,12 @@ def _column_epilogue_build(case, target, activation):
     """`case` built with its epilogue vectorized along the tile's columns (the kernel before)."""
     import tvm_fusion.schedules.llvm.conv2d as llvm_conv
 
-    keep = llvm_conv._epilogue_by_channel_vectors
-    llvm_conv._epilogue_by_channel_vectors = llvm_conv._vectorize_own_inner_loop
+    keep = llvm_conv.epilogue_by_channel_vectors
+    llvm_conv.epilogue_by_channel_vectors = llvm_conv.vectorize_own_inner_loop
     try:
         return _packed_build(case, target, activation=activation)
     finally:
-        llvm_conv._epilogue_by_channel_vectors = keep
+        llvm_conv.epilogue_by_channel_vectors = keep
 
 
 @NO_AVX2
@@ -670,7 +671,7 @@ def test_strided_depthwise_convs_vectorize_their_channels():
     avx2, avx512 = cpu_facts(tvm.target.Target(AVX2)), cpu_facts(TILE_TARGETS["avx512"])
     plan = conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx2, strided=True)
     assert plan.kernel == "depthwise_channels" and plan.tile.oc_vectors == 1 and plan.tile.lanes == 8, plan
-    assert plan.padding == ConvPadding(1, _ceil_to(28, plan.tile.rows), _ceil_to(28, plan.tile.cols))
+    assert plan.padding == ConvPadding(1, ceil_to(28, plan.tile.rows), ceil_to(28, plan.tile.cols))
     assert plan.tile.accumulators <= tiled_accumulators(avx2, 1)
     wide = conv_plan(1, 112, 28, 28, 1, 3, 3, 112, avx512, strided=True)
     assert wide.kernel == "depthwise_channels" and wide.tile.lanes == 8, "blocks of `channel_depthwise_lanes`"
@@ -902,7 +903,7 @@ RESNET50_CHUNKS = {
 
 def _tiled_plan(case, target):
     n, c, h, w, oc, k, stride, pad = case
-    return _plan((n, c, h, w), oc, (c, k, k), (stride,) * 2, (pad,) * 4, (1, 1), 1, cpu_facts(target))
+    return plan_of((n, c, h, w), oc, (c, k, k), (stride,) * 2, (pad,) * 4, (1, 1), 1, cpu_facts(target))
 
 
 @pytest.mark.parametrize("case", RESNET50_CHUNKS, ids=str)
@@ -947,8 +948,8 @@ def test_chunked_convs_match_numpy(case, target_name, residual, monkeypatch):
     target's code (AVX-512 code elsewhere only compiles and is checked for its loop nest)."""
     target = _chunked_target(target_name, monkeypatch)
     executable, func, arrays, out_shape, reference = _packed_build(case, target, residual=residual)
-    plan = _plan((case["n"], case["c"], case["h"], case["w"]), case["oc"], (case["c"], case["k"], case["k"]),
-                 (case.get("stride", 1),) * 2, (case.get("pad", 0),) * 4, (1, 1), 1, cpu_facts(target))
+    plan = plan_of((case["n"], case["c"], case["h"], case["w"]), case["oc"], (case["c"], case["k"], case["k"]),
+                   (case.get("stride", 1),) * 2, (case.get("pad", 0),) * 4, (1, 1), 1, cpu_facts(target))
     assert plan.kernel == "tiled" and plan.chunk, plan
     loops = re.search(r"for (rh, rc_0, [^)]*) in T\.grid\(([^)]*)\):", func.script())
     assert loops, "the chunk loops (kernel row, channel chunk) surround the tile loops"

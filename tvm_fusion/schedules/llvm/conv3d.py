@@ -14,7 +14,7 @@ C/G * KD * KH * KW; the output planes count as tasks beside the batch. W is pack
 
 The padded input is written by its own parallel loop nest first (as conv2d's, measured ~10x faster than
 inlined on 3x3). The epilogue of a tile whose columns are all real runs its columns as vectors; with padded
-columns, by vectors of channels (conv2d's `_epilogue_by_channel_vectors`: a predicated column vector would be
+columns, by vectors of channels (conv2d's `epilogue_by_channel_vectors`: a predicated column vector would be
 scalarized). Measured on Zen 4 (AVX-512, one thread, conv3d + BN + ReLU, interleaved, wall time, a host shared
 with other jobs), channel vectors -> columns: 3 -> 32 channels 3x3x3 on 16x56x56 (tiles of 14 columns x 32
 channels) 7.42 -> 5.55 ms (the channel-vector stores extracted lane by lane: 240 vextracts in the kernel, 2
@@ -35,8 +35,8 @@ from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import ConvPadding, pack_channel_blocks
 from tvm_fusion.schedules.conv3d import CONV3D_FAMILY, conv3d_out_sizes, conv3d_padded, conv3d_taps
-from tvm_fusion.schedules.llvm.conv2d import (ConvTile, _ceil_to, _epilogue_by_channel_vectors, _extent,
-                                              _optional_block, _planned_batch, _vectorize_own_inner_loop, choose_tile)
+from tvm_fusion.schedules.llvm.blocks import ceil_to, loop_extent, optional_block, vectorize_own_inner_loop
+from tvm_fusion.schedules.llvm.conv2d import ConvTile, choose_tile, epilogue_by_channel_vectors, planned_batch
 
 #: a grouped conv3d whose channels padded to whole vectors per group would be more than this many times its
 #: real multiply-adds is declined (`supports`): TVM's kernel then runs it
@@ -57,9 +57,9 @@ def conv3d_plan(x_shape, cout: int, taps, strides, padding, dilation, groups: in
     cpg, *kernel = taps
     dout, hout, wout = conv3d_out_sizes(sizes, kernel, strides, padding, dilation)
     reduction = cpg * kernel[0] * kernel[1] * kernel[2]
-    tile = choose_tile(cout, hout, wout, reduction, _planned_batch(n) * dout, facts.threads, facts, groups)
-    padding_ = ConvPadding(_ceil_to(cout // groups, tile.channels), _ceil_to(hout, tile.rows),
-                           _ceil_to(wout, tile.cols), tile.channels)
+    tile = choose_tile(cout, hout, wout, reduction, planned_batch(n) * dout, facts.threads, facts, groups)
+    padding_ = ConvPadding(ceil_to(cout // groups, tile.channels), ceil_to(hout, tile.rows),
+                           ceil_to(wout, tile.cols), tile.channels)
     return Conv3dPlan(tile, padding_, dout)
 
 
@@ -117,12 +117,12 @@ def conv3d_llvm(x, w, b, residual=None, *, fast_math=True, target=None, **attrs)
 
 def _schedule_side_stages(sch):
     """The padded input and the padded weights (W not packed), each its own parallel loop nest."""
-    pad = _optional_block(sch, "pad")
+    pad = optional_block(sch, "pad")
     if pad is not None:
         n, c, d, _, w = sch.get_loops(pad)
         sch.parallel(sch.fuse(n, c, d))
         sch.vectorize(w)
-    weight = _optional_block(sch, "weight")
+    weight = optional_block(sch, "weight")
     if weight is not None:
         sch.parallel(sch.get_loops(weight)[0])
 
@@ -135,8 +135,8 @@ def schedule_conv3d_llvm(sch, attrs, target):
     plan = _plan_of(attrs, x, w, int(b[0]), target)
     tile, p, groups = plan.tile, plan.padding, attrs.get("groups", 1)
     n, o, d, h, ww, rc, rd, rh, rw = sch.get_loops(conv)
-    cp, hp, wp = (_extent(sch, loop) for loop in (o, h, ww))
-    cout, _, hout, wout = (_extent(sch, loop) for loop in sch.get_loops(epi)[1:])
+    cp, hp, wp = (loop_extent(sch, loop) for loop in (o, h, ww))
+    cout, _, hout, wout = (loop_extent(sch, loop) for loop in sch.get_loops(epi)[1:])
     if (cp, hp, wp) != (groups * p.group_channels, p.rows, p.cols):
         raise FusionError(f"conv3d llvm schedule: the conv stage computes {cp}x{hp}x{wp} outputs per plane, the "
                           f"plan for {target} pads {cout}x{hout}x{wout} to {groups * p.group_channels}x{p.rows}x"
@@ -162,11 +162,11 @@ def schedule_conv3d_llvm(sch, attrs, target):
     sch.unroll(hi)
     sch.decompose_reduction(conv, rd)  # after vectorize: the other order is "not compact dataflow"
     if regrouped:
-        _vectorize_own_inner_loop(sch, tile_epi, conv)
+        vectorize_own_inner_loop(sch, tile_epi, conv)
         n, o, d, h, ww = sch.get_loops(epi)
         sch.parallel(sch.fuse(n, o, d))
         sch.vectorize(ww)
     elif wp != wout:
-        _epilogue_by_channel_vectors(sch, tile_epi, conv)
+        epilogue_by_channel_vectors(sch, tile_epi, conv)
     else:  # every column real: the columns as vectors (a partial one where they are not whole vectors)
-        _vectorize_own_inner_loop(sch, tile_epi, conv)
+        vectorize_own_inner_loop(sch, tile_epi, conv)

@@ -28,8 +28,9 @@ from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import ConvOperands
 from tvm_fusion.schedules.conv_pool import POOL_FAMILY, PoolWindow, pool_stage, split_attrs
-from tvm_fusion.schedules.llvm.conv2d import (ConvPlan, _optional_block, _plan, _scheduled_plan, conv2d_llvm, pack_conv,
-                                             schedule_conv2d_llvm)
+from tvm_fusion.schedules.llvm.blocks import optional_block
+from tvm_fusion.schedules.llvm.conv2d import (ConvPlan, conv2d_llvm, pack_conv, plan_of, schedule_conv2d_llvm,
+                                             scheduled_plan)
 
 #: the conv kernels whose parallel loop is one (image, block of output channels) task over the whole plane
 WHOLE_PLANE_KERNELS = ("tiled", "depthwise", "depthwise_channels")
@@ -97,8 +98,8 @@ FUSION_LOSES = fusion_loses
 def supports(attrs: dict, shapes, target) -> str | None:
     ops = ConvOperands.of(shapes)
     x, w = dims(ops.x), dims(ops.w)
-    conv = _plan(x, int(w[0]), w[1:], attrs["strides"], attrs["padding"], attrs["dilation"], attrs.get("groups", 1),
-                 cpu_facts(target))
+    conv = plan_of(x, int(w[0]), w[1:], attrs["strides"], attrs["padding"], attrs["dilation"], attrs.get("groups", 1),
+                   cpu_facts(target))
     return pool_plan(conv, attrs).declined or None
 
 
@@ -114,7 +115,7 @@ def conv2d_pool_llvm(x, w, b, *, fast_math=True, target=None, **attrs):
 def schedule_conv2d_pool_llvm(sch, attrs, target):
     """The conv kernel's schedule, then the pool's loops merged into its parallel task loop: (image, block of
     `channels`) is the same task in both, so a task pools the planes its epilogue just wrote."""
-    plan = pool_plan(_scheduled_plan(sch, attrs, cpu_facts(target)), attrs)
+    plan = pool_plan(scheduled_plan(sch, attrs, cpu_facts(target)), attrs)
     schedule_conv2d_llvm(sch, attrs, target)
     task = sch.get_loops(sch.get_sblock("epilogue"))[0]  # the parallel (image, channel block) loop
     pool = sch.get_sblock("pool")
@@ -150,7 +151,7 @@ def _schedule_pool(sch, pool, attrs: dict, lanes: int):
         sch.unroll(tw)
         _vector_run(sch, inner, lanes, contiguous=window.strides[1] == 1 and width % lanes == 0)
         sch.decompose_reduction(pool, th)  # after vectorize: the other order is "not compact dataflow"
-    out = _optional_block(sch, "out")
+    out = optional_block(sch, "out")
     if out is not None:
         sch.reverse_compute_at(out, at)
         if window.kind != "global":

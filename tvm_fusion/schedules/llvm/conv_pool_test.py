@@ -12,7 +12,7 @@ from tvm_fusion.frontend.importer import import_onnx
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.patterns.conv_pool_test import conv_pool
 from tvm_fusion.schedules.conv_pool import PoolWindow
-from tvm_fusion.schedules.llvm.conv2d import ConvPlan, ConvPadding, ConvTile, _plan
+from tvm_fusion.schedules.llvm.conv2d import ConvPlan, ConvPadding, ConvTile, plan_of
 from tvm_fusion.schedules.llvm.conv_pool import MAX_PLANE_BYTES, pool_plan, supports
 
 AVX512 = resolve_target('{"kind": "llvm", "mcpu": "skylake-avx512"}')
@@ -24,8 +24,8 @@ STEM = dict(strides=(2, 2), padding=(3, 3, 3, 3), dilation=(1, 1), groups=1)
 
 
 def _stem(target):
-    conv = _plan((1, 3, 224, 224), 64, (3, 7, 7), STEM["strides"], STEM["padding"], STEM["dilation"], 1,
-                 cpu_facts(target))
+    conv = plan_of((1, 3, 224, 224), 64, (3, 7, 7), STEM["strides"], STEM["padding"], STEM["dilation"], 1,
+                   cpu_facts(target))
     return conv, pool_plan(conv, MAX)
 
 

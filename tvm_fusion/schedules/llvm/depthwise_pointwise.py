@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from tvm_fusion.errors import InternalError
 from tvm_fusion.hardware import CpuFacts, cpu_facts
 from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.llvm.conv2d import _optional_block
-from tvm_fusion.schedules.llvm.conv2d import _plan as _conv_plan
+from tvm_fusion.schedules.llvm.blocks import optional_block
+from tvm_fusion.schedules.llvm.conv2d import plan_of as conv_plan_of
 from tvm_fusion.schedules.depthwise_pointwise import DWPW_FAMILY, DwPwOperands, dw_out_size
 
 FLOAT_BYTES = 4
@@ -134,7 +134,7 @@ def _supports(attrs, shapes, target) -> str | None:
         return f"the fused depthwise -> pointwise CPU kernel has {plan}"
     ops = DwPwOperands.of(shapes)
     rows, cols = dw_out_size(ops.x, ops.wd, attrs["strides"], attrs["padding"])
-    pw = _conv_plan((ops.x[0], ops.wd[0], rows, cols), int(ops.wp[0]), (int(ops.wd[0]), 1, 1), (1, 1), (0, 0, 0, 0),
+    pw = conv_plan_of((ops.x[0], ops.wd[0], rows, cols), int(ops.wp[0]), (int(ops.wd[0]), 1, 1), (1, 1), (0, 0, 0, 0),
                     (1, 1), 1, cpu_facts(target))
     sizes = dict(d=int(ops.wd[0]), o=int(ops.wp[0]), stride=max(attrs["strides"]), pw_kernel=pw.kernel)
     for loses, measured in LOSES:
@@ -169,7 +169,7 @@ def schedule_dwpw_llvm(sch, attrs, target):
 
 def _schedule_pad(sch):
     """The padded input, parallel over (n, channel) before the tiles (absent without padding)."""
-    pad = _optional_block(sch, "pad")
+    pad = optional_block(sch, "pad")
     if pad is None:
         return
     n, c, *_ = sch.get_loops(pad)

@@ -26,8 +26,8 @@ from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import ConvPadding, conv2d_out_size
 from tvm_fusion.schedules.depthwise_pointwise import dw_out_size
-from tvm_fusion.schedules.llvm.conv2d import (ConvPlan, ConvTile, _ceil_to, _optional_block, _schedule_tiled,
-                                              choose_channel_tile)
+from tvm_fusion.schedules.llvm.blocks import ceil_to, optional_block
+from tvm_fusion.schedules.llvm.conv2d import ConvPlan, ConvTile, choose_channel_tile, schedule_tiled
 from tvm_fusion.schedules.pointwise_depthwise import (PWDW_FAMILY, PwDwOperands, pointwise_depthwise,
                                                       pointwise_depthwise_padded)
 
@@ -95,12 +95,12 @@ def pwdw_plan(d: int, hin: int, win: int, kernel, strides, padding, facts: CpuFa
     hout, wout = conv2d_out_size(hin, kh, sh, pt, pb, 1), conv2d_out_size(win, kw, sw, pl, pr, 1)
 
     def inside(tile: ConvTile) -> bool:  # its padded outputs read no row or column past the padded input
-        return ((_ceil_to(hout, tile.rows) - 1) * sh + kh <= hp
-                and (_ceil_to(wout, tile.cols) - 1) * sw + kw <= wp)
+        return ((ceil_to(hout, tile.rows) - 1) * sh + kh <= hp
+                and (ceil_to(wout, tile.cols) - 1) * sw + kw <= wp)
 
     tile = choose_channel_tile(hout, wout, facts, lanes, fits=inside)
-    padding_out = ConvPadding(1, _ceil_to(hout, tile.rows), _ceil_to(wout, tile.cols))
-    rows, cols = (_ceil_to(size, tile_size) for size, tile_size in zip((hp, wp), EXPAND_TILE))
+    padding_out = ConvPadding(1, ceil_to(hout, tile.rows), ceil_to(wout, tile.cols))
+    rows, cols = (ceil_to(size, tile_size) for size, tile_size in zip((hp, wp), EXPAND_TILE))
     if rows * cols * lanes * FLOAT_BYTES > MAX_BLOCK_BYTES:
         return (f"a block of {lanes} expanded channels over {rows} x {cols} padded pixels "
                 f"({rows * cols * lanes * FLOAT_BYTES // 1024} KiB), more than the "
@@ -177,18 +177,18 @@ def schedule_pwdw_llvm(sch, attrs, target):
     plan = _plan_of(attrs, ops, target)
     if isinstance(plan, str):
         raise InternalError(f"pointwise_depthwise llvm schedule: {plan}; its `supports` declines such a shape")
-    view = _optional_block(sch, "expand_view")
+    view = optional_block(sch, "expand_view")
     if view is not None:
         sch.compute_inline(view)
-    if _optional_block(sch, "pad") is not None:
+    if optional_block(sch, "pad") is not None:
         raise InternalError("pointwise_depthwise llvm schedule: the depthwise conv reads past its padded input")
     conv, epi, act = sch.get_sblock("conv"), sch.get_sblock("epilogue"), sch.get_sblock("expand_act")
     sch.transform_layout(act, ("write", 0), lambda n, d, y, z: (n, y, z, d))
     _, wout = dw_out_size(ops.x, ops.wd, attrs["strides"], attrs["padding"])
     tile = plan.dw.tile
-    _schedule_tiled(sch, conv, epi, tile, regrouped=False, padded_columns=plan.dw.padding.cols != wout)
+    schedule_tiled(sch, conv, epi, tile, regrouped=False, padded_columns=plan.dw.padding.cols != wout)
     _schedule_expand(sch, sch.get_loops(conv)[0])
-    xpad = _optional_block(sch, "expand_pad")
+    xpad = optional_block(sch, "expand_pad")
     if xpad is not None:
         n, c, *_, z = sch.get_loops(xpad)
         sch.parallel(sch.fuse(n, c))
