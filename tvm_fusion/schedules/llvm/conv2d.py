@@ -26,8 +26,9 @@ Depthwise convs (one input channel per output channel, `depthwise`): output colu
             out[n, c, real pixels] = epilogue(acc)
 
 A strided (or at most `channel_depthwise_columns` wide) depthwise conv whose channels are whole vectors, on an
-ISA whose step cost says `channel_depthwise` (AVX2, AVX-512): `depthwise_channels`, the tiled loop nest over one vector of channels, each channel block's padded input
-copied channels-last inside the parallel loop (every tap a contiguous vector load, no column gathers).
+ISA whose step cost says `channel_depthwise` (AVX2, AVX-512): `depthwise_channels`, the tiled loop nest over
+one vector of channels, each channel block's padded input copied channels-last inside the parallel loop (every
+tap a contiguous vector load, no column gathers).
 
 On an ISA whose step cost says `flat_taps_chains` (AVX2), a dense conv with a larger kernel (stride 1, or
 strided with a channels-last input copy) tiles its output pixels as one row (`flat_taps`, `ConvPlan.flat`):
@@ -168,9 +169,10 @@ class StepCost:
     # this many independent FMA chains (0: not at all)
     flat_taps_chains: int = 0
     # on an ISA whose 1x1 convs are not `flat_pointwise`, a 1x1 stride-1 unpadded conv may still take the
-    # pixel-vectorized kernel (`pixel_vector_pointwise`): one that does not narrow its channels, or a narrowing
-    # one with at least this many output pixels (0: none)
+    # pixel-vectorized kernel (`pixel_vector_pointwise`): one that does not narrow its channels, a narrowing
+    # one with at least this many output pixels (0: none), or one whose weights fit `narrowing_l1_share` of L1
     pointwise_narrowing_pixels: int = 0
+    narrowing_l1_share: int = 0  # 0: none
     # the most accumulators of a stride-1 depthwise tile (`RowTile.shared_taps`)
     shared_tap_accumulators: int = SHARED_TAP_ACCUMULATORS
     # tiled convs whose panel outgrows L1 accumulate over the reduction in chunks (`reduction_chunk`)
@@ -234,7 +236,7 @@ TILED_STEP_COSTS = {"avx2": StepCost(loads_per_fma=1, min_chains=9, taps_first=T
                     "avx512": StepCost(taps_first=True, panel_bytes=AVX512_PANEL_BYTES, max_oc_vectors=2,
                                        pixel_vectors=True, channel_depthwise=True, channel_depthwise_columns=7,
                                        channel_depthwise_lanes=8, pointwise_narrowing_pixels=56 * 56,
-                                       chunked_reduction=True)}
+                                       narrowing_l1_share=2, chunked_reduction=True)}
 
 
 def step_cost(facts: CpuFacts) -> StepCost:
@@ -332,8 +334,9 @@ def _tile_efficiency(tile: ConvTile, opg: int, hout: int, wout: int, cost: StepC
 def choose_tile(cout: int, hout: int, wout: int, reduction: int, batch: int, threads: int,
                 facts: CpuFacts, groups: int = 1, cost: StepCost | None = None) -> ConvTile:
     """The register tile with the most real outputs per FMA slot (`_efficiency` at `cost`, by default the ISA's
-    TILED_STEP_COSTS; the output padded to the tile: channels per group, rows, columns), ties to more accumulators, then to fewer loads per step.
-    Several rows per tile only when a tile covers whole rows (narrow outputs)."""
+    TILED_STEP_COSTS; the output padded to the tile: channels per group, rows, columns), ties to more
+    accumulators, then to fewer loads per step. Several rows per tile only when a tile covers whole rows (narrow
+    outputs)."""
     lanes, opg = facts.float32_lanes, cout // groups
     cost = cost or step_cost(facts)
     tasks_wanted = max(1, -(-threads // batch))
@@ -489,6 +492,23 @@ def pixel_vector_pointwise(kh: int, kw: int, strides, padding, groups: int, fact
             and all(int(s) == 1 for s in strides) and not any(int(p) for p in padding))
 
 
+def narrowing_keeps_tiles(cout: int, pixels: int, cpg: int, facts: CpuFacts) -> bool:
+    """Whether a `pixel_vector_pointwise` conv keeps the tiled kernel for narrowing its channels (fewer outputs
+    than inputs) on fewer than `pointwise_narrowing_pixels` pixels, unless its weights fit a `narrowing_l1_share`
+    of the target's L1d. Measured on Zen 4 (AVX-512, 32 KiB L1d, one conv + ReLU alone, one thread, CPU time,
+    tiled -> pixel vectors): 192 -> 32 on 28x28 0.134 -> 0.148 ms, 512 -> 128 on 28x28 1.02 -> 1.09 ms. On an
+    Intel Xeon with AVX-512 (48 KiB L1d, 2 MiB L2; the same, 9 interleaved rounds; then single calls after an
+    8 MiB write): MobileNetV2's 192 -> 32 on 28x28 (24 KiB of weights) 0.096 -> 0.085 (0.157 -> 0.140), 144 ->
+    32 (18 KiB) 0.074 -> 0.063 (0.129 -> 0.114), ResNet-50's 512 -> 128 (256 KiB) 0.724 -> 0.762 (0.790 ->
+    0.813), 512 -> 256 1.479 -> 1.499. Whole MobileNetV2 1.0 (one thread, CPU time, both builds in one process
+    interleaved with onnxruntime): new / old 0.978x, 1.011x, 1.005x (9 rounds), 0.997x (21): within noise."""
+    cost = step_cost(facts)
+    if not (cout < cpg and pixels < cost.pointwise_narrowing_pixels):
+        return False
+    fits = cost.narrowing_l1_share and cout * cpg * FLOAT_BYTES <= facts.l1d_bytes // cost.narrowing_l1_share
+    return not fits
+
+
 def one_row_pixels(kh: int, kw: int, strides, padding, groups: int, cpg: int, cout: int, facts: CpuFacts) -> bool:
     """`conv_plan`'s `flat`: a stride-1 (`flat_pixels`, `pixel_vector_pointwise`) or subsampled
     (`subsampled_pixels`) 1x1 conv, or a conv with a larger kernel (`flat_taps`)."""
@@ -590,7 +610,7 @@ def conv_plan(n: int, cout: int, hout: int, wout: int, cpg: int, kh: int, kw: in
     tile = choose_tile(cout, hout, wout, cpg * kh * kw, n, facts.threads, facts, groups)
     cost = step_cost(facts)
     if flat and hout > 1 and cpg > 1 and not cost.flat_pointwise:  # `pixel_vector_pointwise`, else rows of tiles
-        narrowing = cout < cpg and hout * wout < cost.pointwise_narrowing_pixels
+        narrowing = narrowing_keeps_tiles(cout, hout * wout, cpg, facts)
         pixels = None if narrowing or kh * kw > 1 else choose_pixel_tile(
             cout, hout * wout, cpg, facts, tail=pixel_tail(cout, hout * wout, tile, facts))
         if pixels is not None:

@@ -531,3 +531,38 @@ def test_silu_epilogue_rows_stay_rolled(target_name, monkeypatch):
     unrolled, unrolled_func, unrolled_arrays, _, _ = _packed_build(case, target, activation="silu")
     assert _epilogue_row_loop(unrolled_func, plan.tile.rows).kind == tvm.tirx.ForKind.UNROLLED
     np.testing.assert_array_equal(got, _run(unrolled, unrolled_arrays, out_shape))
+
+
+#: AVX-512 targets naming their caches (the host target's `model`): an Intel Xeon's 48 KiB L1d, Zen 4's 32 KiB
+AVX512_L1_48K = tvm.target.Target({**AVX512, "model": "l1d=48K,l2=2048K"})
+AVX512_L1_32K = tvm.target.Target({**AVX512, "model": "l1d=32K,l2=1024K"})
+
+
+@pytest.mark.parametrize("c,oc,hw,at_48k,at_32k", [
+    (192, 32, 28, "pointwise", "tiled"),  # MobileNetV2's projects: 24 KiB and 18 KiB of weights
+    (144, 32, 28, "pointwise", "tiled"),
+    (512, 128, 28, "tiled", "tiled"),  # ResNet-50's 256 KiB
+    (96, 24, 56, "pointwise", "pointwise"),  # 56x56: never kept tiled for narrowing
+    (32, 192, 28, "pointwise", "pointwise"),  # widening
+])
+def test_narrowing_convs_take_pixel_vectors_where_their_weights_fit_half_of_l1(c, oc, hw, at_48k, at_32k):
+    """`narrowing_keeps_tiles`: an AVX-512 1x1 conv that narrows its channels on fewer than 56x56 pixels keeps the
+    tiled kernel unless its weights fit half of the target's L1d."""
+    for target, want in ((AVX512_L1_48K, at_48k), (AVX512_L1_32K, at_32k)):
+        facts = cpu_facts(target)
+        assert llvm_conv2d.plan_of((1, c, hw, hw), oc, (c, 1, 1), (1, 1), (0,) * 4, (1, 1), 1, facts).kernel == want
+        assert llvm_conv2d.narrowing_keeps_tiles(oc, hw * hw, c, facts) == (oc < c and want == "tiled")
+
+
+def test_narrowing_pixel_kernel_with_a_residual_matches_numpy():
+    """MobileNetV2's 192 -> 32 + residual on 28x28 on the 48 KiB-L1d AVX-512 target (its pixel kernel), against
+    float64 numpy; run where the host executes AVX-512."""
+    from tvm_fusion.check.verify import _runs_here
+
+    if not _runs_here(AVX512_L1_48K):
+        pytest.skip("the host does not run AVX-512 code (the plan is checked above)")
+    case = dict(n=1, c=192, h=28, w=28, oc=32, k=1)
+    executable, func, arrays, out_shape, want = _packed_build(case, AVX512_L1_48K, residual=True)
+    assert "pointwise" == llvm_conv2d.plan_of((1, 192, 28, 28), 32, (192, 1, 1), (1, 1), (0,) * 4, (1, 1), 1,
+                                              cpu_facts(AVX512_L1_48K)).kernel
+    assert_close(_run(executable, arrays, out_shape), want.astype("float32"), _id(case))
