@@ -299,7 +299,9 @@ class ConvPlan:
     tile: ConvTile | RowTile | PixelTile
     padding: ConvPadding
     flat: bool = False  # the pixels tiled as one row (`flat_pixels`): padding.rows is 1
-    in_place: bool = False  # flat, x read where it is (NCHW), not copied channels-last (FLAT_COPY_CHANNELS)
+    # flat, x read where it is (NCHW), not copied channels-last (tiled: FLAT_COPY_CHANNELS) or into strips
+    # (pointwise: `conv2d_pointwise.strips_in_place`)
+    in_place: bool = False
     chunk: int = 0  # tiled: the input channels of one reduction chunk (`reduction_chunk`); 0: one pass
 
 
@@ -668,7 +670,7 @@ def reduction_chunk(tile: ConvTile, padding: ConvPadding, cpg: int, kh: int, kw:
 def _pointwise_plan(cout: int, pixels: int, cpg: int, tile: PixelTile) -> ConvPlan:
     """The pixel-vectorized kernel's plan: output channels padded to whole chunks, pixels to whole tiles."""
     padding = ConvPadding(padded_channels(cout, tile.rows, cpg, pixels), 1, padded_pixels(pixels, tile), tile.rows)
-    return ConvPlan("pointwise", tile, padding, flat=True)
+    return ConvPlan("pointwise", tile, padding, flat=True, in_place=pointwise.strips_in_place(cout, pixels, tile))
 
 
 def _llvm_facts(target) -> CpuFacts:

@@ -200,6 +200,9 @@ CASES = [
     dict(n=2, c=24, h=9, w=9, oc=40, k=1),
     dict(n=1, c=48, h=13, w=13, oc=200, k=1),
     dict(n=1, c=512, h=13, w=13, oc=1000, k=1),  # deep, channels the tiled kernel pads (`PADDED_PLANS`)
+    # fewer than STRIP_COPY_CHANNELS outputs on whole tiles: x read in place (`strips_in_place`), batch 2 too
+    dict(n=1, c=96, h=16, w=16, oc=24, k=1),
+    dict(n=2, c=32, h=8, w=16, oc=16, k=1),
     # one output channel: a one-row tile, whose conv has no channel loop (YOLOv8's DFL conv, 16 -> 1 on 4x2100)
     dict(n=1, c=16, h=4, w=2100, oc=1, k=1),
 ]
@@ -447,6 +450,7 @@ def test_pixel_groups_balance_the_threads():
 #: MobileNetV2's shapes that take the pixel kernel and the channel-vector depthwise kernel on AVX-512 too
 #: (a 1x1 expand, a 3x3/2 depthwise, a 3x3 depthwise on 7 columns), smaller maps
 MOBILENET_CASES = [(dict(n=1, c=16, h=28, w=28, oc=96, k=1), "pointwise"),
+                   (dict(n=1, c=96, h=28, w=28, oc=24, k=1), "pointwise"),  # a project: x read in place
                    (dict(n=1, c=32, h=28, w=28, oc=32, k=3, stride=2, pad=1, groups=32), "depthwise_channels"),
                    (dict(n=1, c=32, h=7, w=7, oc=32, k=3, stride=1, pad=1, groups=32), "depthwise_channels")]
 
@@ -566,3 +570,28 @@ def test_narrowing_pixel_kernel_with_a_residual_matches_numpy():
     assert "pointwise" == llvm_conv2d.plan_of((1, 192, 28, 28), 32, (192, 1, 1), (1, 1), (0,) * 4, (1, 1), 1,
                                               cpu_facts(AVX512_L1_48K)).kernel
     assert_close(_run(executable, arrays, out_shape), want.astype("float32"), _id(case))
+
+
+@pytest.mark.parametrize("target", [AVX2_TARGET, tvm.target.Target(AVX512)], ids=["avx2", "avx512"])
+@pytest.mark.parametrize("c,oc,hw,in_place", [(32, 16, 112, True), (96, 24, 56, True), (144, 24, 56, True),
+                                              (192, 32, 56, False), (64, 64, 56, False), (16, 24, 55, False)])
+def test_shallow_outputs_read_x_in_place(target, c, oc, hw, in_place):
+    """`strips_in_place`: fewer than 32 output channels on whole tiles of pixels read x where it is, so the
+    scheduled kernel has no `pad` stage (no strips); 32 or more, or a tail tile (55x55), copy the strips."""
+    from tvm_fusion.schedules.llvm.blocks import optional_block
+
+    facts = cpu_facts(target)
+    plan = llvm_conv2d.plan_of((1, c, hw, hw), oc, (c, 1, 1), (1, 1), (0,) * 4, (1, 1), 1, facts)
+    if plan.kernel != "pointwise":  # 16 -> 24 on 55x55 takes the tiled kernel on AVX-512
+        assert not in_place
+        return
+    assert plan.in_place == in_place, plan
+    case = dict(n=1, c=c, h=hw, w=hw, oc=oc, k=1)
+    _, attrs, _ = conv_primfunc(**case, residual=True, target=target)
+    scheduled = _schedule(_func_with_packed(case, attrs, _packed_shape(plan, c), target), attrs, target)
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": scheduled}))
+    assert (optional_block(sch, "pad") is None) == in_place
+
+
+def _packed_shape(plan, c):
+    return (plan.padding.group_channels // plan.tile.rows, 1, 1, c, plan.tile.rows)
