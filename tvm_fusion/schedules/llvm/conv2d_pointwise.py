@@ -271,8 +271,8 @@ def strips_in_place(cout: int, pixels: int, tile: PixelTile) -> bool:
     channels, whose few multiply-adds per input element do not pay for moving it, and pixels in whole tiles
     (a tail tile reads the copy's zero pixels). Measured on an Intel Xeon (one conv + ReLU alone, one thread,
     CPU time, strips -> in place, bit-identical; in brackets single calls after an 8 MiB write): AVX-512,
-    MobileNetV2's 32 -> 16 on 112x112 0.195 -> 0.173 ms (0.247 -> 0.226), 96 -> 24 on 56x56 0.143 -> 0.136
-    (0.245 -> 0.227), 144 -> 24 on 56x56 0.238 -> 0.234 (0.298 -> 0.289); the same for AVX2 (x86-64-v3) 0.240
+    MobileNetV2's 32 -> 16 on 112x112 0.201 -> 0.173 ms (0.262 -> 0.239), 96 -> 24 on 56x56 0.138 -> 0.134
+    (0.244 -> 0.227), 144 -> 24 on 56x56 0.241 -> 0.223 (0.330 -> 0.291); the same for AVX2 (x86-64-v3) 0.240
     -> 0.218 (0.285 -> 0.281), 0.208 -> 0.185 (0.341 -> 0.283), 0.369 -> 0.342 (0.478 -> 0.392). With 32 or
     more channels the copy holds its own: 192 -> 32 on 28x28 AVX-512 0.096 -> 0.088 (0.187 -> 0.205), AVX2
     0.113 -> 0.118 (0.199 -> 0.218); 64 -> 64 on 56x56 1.00x (1.03x) and 0.96x (0.87x); 256 -> 64, 64 -> 256,
