@@ -494,6 +494,10 @@ def pixel_vector_pointwise(kh: int, kw: int, strides, padding, groups: int, fact
             and all(int(s) == 1 for s in strides) and not any(int(p) for p in padding))
 
 
+#: the fewest output pixels a narrowing conv takes the pixel kernel at for fitting L1 (`narrowing_keeps_tiles`)
+NARROWING_L1_MIN_PIXELS = 28 * 28
+
+
 def narrowing_keeps_tiles(cout: int, pixels: int, cpg: int, facts: CpuFacts) -> bool:
     """Whether a `pixel_vector_pointwise` conv keeps the tiled kernel for narrowing its channels (fewer outputs
     than inputs) on fewer than `pointwise_narrowing_pixels` pixels, unless its weights fit a `narrowing_l1_share`
@@ -503,11 +507,15 @@ def narrowing_keeps_tiles(cout: int, pixels: int, cpg: int, facts: CpuFacts) -> 
     8 MiB write): MobileNetV2's 192 -> 32 on 28x28 (24 KiB of weights) 0.096 -> 0.085 (0.157 -> 0.140), 144 ->
     32 (18 KiB) 0.074 -> 0.063 (0.129 -> 0.114), ResNet-50's 512 -> 128 (256 KiB) 0.724 -> 0.762 (0.790 ->
     0.813), 512 -> 256 1.479 -> 1.499. Whole MobileNetV2 1.0 (one thread, CPU time, both builds in one process
-    interleaved with onnxruntime): new / old 0.978x, 1.011x, 1.005x (9 rounds), 0.997x (21): within noise."""
+    interleaved with onnxruntime): new / old 0.978x, 1.011x, 1.005x (9 rounds), 0.997x (21): within noise.
+    Maps under NARROWING_L1_MIN_PIXELS keep the tiled kernel (not measured with the pixel kernel; and there the
+    depthwise -> pointwise kernel, which declines a 1x1 the conv family runs on pixel vectors, won: MobileNetV3's
+    1x88x4x4 dw -> 24 + residual fused 0.004 ms against 0.010 as a depthwise and a pixel-kernel 1x1)."""
     cost = step_cost(facts)
     if not (cout < cpg and pixels < cost.pointwise_narrowing_pixels):
         return False
-    fits = cost.narrowing_l1_share and cout * cpg * FLOAT_BYTES <= facts.l1d_bytes // cost.narrowing_l1_share
+    fits = (cost.narrowing_l1_share and pixels >= NARROWING_L1_MIN_PIXELS
+            and cout * cpg * FLOAT_BYTES <= facts.l1d_bytes // cost.narrowing_l1_share)
     return not fits
 
 

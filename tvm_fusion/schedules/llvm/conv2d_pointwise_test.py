@@ -548,10 +548,11 @@ AVX512_L1_32K = tvm.target.Target({**AVX512, "model": "l1d=32K,l2=1024K"})
     (512, 128, 28, "tiled", "tiled"),  # ResNet-50's 256 KiB
     (96, 24, 56, "pointwise", "pointwise"),  # 56x56: never kept tiled for narrowing
     (32, 192, 28, "pointwise", "pointwise"),  # widening
+    (96, 24, 16, "tiled", "tiled"),  # under NARROWING_L1_MIN_PIXELS
 ])
 def test_narrowing_convs_take_pixel_vectors_where_their_weights_fit_half_of_l1(c, oc, hw, at_48k, at_32k):
     """`narrowing_keeps_tiles`: an AVX-512 1x1 conv that narrows its channels on fewer than 56x56 pixels keeps the
-    tiled kernel unless its weights fit half of the target's L1d."""
+    tiled kernel unless its weights fit half of the target's L1d, on maps of at least 28x28."""
     for target, want in ((AVX512_L1_48K, at_48k), (AVX512_L1_32K, at_32k)):
         facts = cpu_facts(target)
         assert llvm_conv2d.plan_of((1, c, hw, hw), oc, (c, 1, 1), (1, 1), (0,) * 4, (1, 1), 1, facts).kernel == want
