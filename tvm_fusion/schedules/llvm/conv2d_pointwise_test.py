@@ -588,11 +588,8 @@ def test_shallow_outputs_read_x_in_place(target, c, oc, hw, in_place):
         return
     assert plan.in_place == in_place, plan
     case = dict(n=1, c=c, h=hw, w=hw, oc=oc, k=1)
-    _, attrs, _ = conv_primfunc(**case, residual=True, target=target)
-    scheduled = _schedule(_func_with_packed(case, attrs, _packed_shape(plan, c), target), attrs, target)
+    _, attrs, shapes = conv_primfunc(**case, residual=True, target=target)
+    wp, _ = pack_conv([np.zeros(shapes[2], "float32"), np.zeros(shapes[3], "float32")], attrs, shapes, target)
+    scheduled = _schedule(_func_with_packed(case, attrs, wp.shape, target), attrs, target)
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": scheduled}))
     assert (optional_block(sch, "pad") is None) == in_place
-
-
-def _packed_shape(plan, c):
-    return (plan.padding.group_channels // plan.tile.rows, 1, 1, c, plan.tile.rows)
