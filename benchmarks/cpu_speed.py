@@ -9,6 +9,7 @@ the fly and cached).
     python benchmarks/cpu_speed.py --models alexnet,bert_ts14 --threads 1,2 --rounds 9
     python benchmarks/cpu_speed.py --models mobilenetv2_ts13,resnet_stem_ts17 --threads 1 --modes unfused,tvm,fused
     python benchmarks/cpu_speed.py --models resnet50 --threads 1,2 --clock both --modes fused,no-chunks
+    python benchmarks/cpu_speed.py --models resnet50,vgg19 --threads 1 --clock cpu --modes fused,nchw
 
 For each model (tvm_fusion.examples with seeded weights, and tests/zoo through the simplifier, on the
 corpus entries' own inputs) the fused build is checked element-wise against onnxruntime (the
@@ -184,7 +185,10 @@ NO_CROSS = "no-cross"
 #: a benchmark-only build: fused with the tiled convs' whole reduction per tile of pixels, their reduction
 #: chunks (`schedules/llvm/conv2d.reduction_chunk`) off
 NO_CHUNKS = "no-chunks"
-BENCH_MODES = (NO_CROSS, NO_CHUNKS)
+#: a benchmark-only build: fused with every kernel's tensors in NCHW, no conv chain in NCHW[x]c
+#: (`fusion/chain_layout.py`)
+NCHW_ONLY = "nchw"
+BENCH_MODES = (NO_CROSS, NO_CHUNKS, NCHW_ONLY)
 
 
 @contextlib.contextmanager
@@ -222,6 +226,8 @@ def _builds(mod, target, modes, args, ref, dev) -> tuple[dict, dict, list, list]
         elif mode == NO_CHUNKS:
             with reduction_chunks_off():
                 built = build(mod, target, "fused")
+        elif mode == NCHW_ONLY:
+            built = build(mod, target, "fused", blocked_layout=False)
         else:
             built = build(mod, target, mode)
         mains[mode] = relax.VirtualMachine(built.executable, dev)["main"]
@@ -317,7 +323,7 @@ def main(argv=None) -> int:
                     help="builds to time, comma separated, fused among them: fused (default), unfused (one kernel "
                          "per op), tvm (TVM's own FuseOps), no-cross (fused without the cross-layer rules: their "
                          "groups as two kernels), no-chunks (fused, the tiled convs' reductions in one pass per "
-                         "tile); more than fused prints one column of each")
+                         "tile), nchw (fused, no conv chain in NCHW[x]c); more than fused prints one column of each")
     ap.add_argument("--busy", type=int, default=0,
                     help="other processes spinning on the cores while timing (a shared host)")
     args = ap.parse_args(argv)

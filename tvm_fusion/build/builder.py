@@ -187,7 +187,8 @@ def legalize_traced(mod, target, mode: str):
 
 
 def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None, *,
-          external_weights: bool = False, cuda_graph: bool | None = None, tune=None) -> Built:
+          external_weights: bool = False, cuda_graph: bool | None = None, tune=None, blocked_layout: bool = True
+          ) -> Built:
     """Compile `mod` for `target` in `mode` ('unfused', 'tvm' or 'fused'). With `external_weights`, main's
     constant kernel arguments become parameters (weights.lift_weights) and `Built.weights` holds them.
     `cuda_graph` (default: on for a fused CUDA build with its weights inside) captures the kernels in a CUDA
@@ -195,7 +196,9 @@ def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None,
     what was done. A graph replays the weight tensors of the first call: with `external_weights` and
     cuda_graph=True, pass the same weight tensors to every call.
     `tune` (a tune.TuneOptions, fused mode only) tunes the fused kernels with MetaSchedule and keeps each
-    tuned schedule that measured faster than the hand schedule; `Built.tuning` reports it per kernel."""
+    tuned schedule that measured faster than the hand schedule; `Built.tuning` reports it per kernel.
+    `blocked_layout` (fused mode, llvm): chains of convs pass their activations in NCHW[x]c
+    (fusion/chain_layout.py); False keeps every kernel's tensors NCHW."""
     target = target if isinstance(target, tvm.target.Target) else resolve_target(target)
     if mode not in pipeline.MODES:
         raise FusionError(f"unknown build mode {mode!r}; use one of {', '.join(pipeline.MODES)}")
@@ -204,7 +207,7 @@ def build(mod, target="llvm", mode: str = "fused", rules: RuleSet | None = None,
     start = time.perf_counter()
     fused, tuning = None, None
     if mode == "fused":
-        fused = fuse(mod, target, rules if rules is not None else default_rules())
+        fused = fuse(mod, target, rules if rules is not None else default_rules(), blocked_layout=blocked_layout)
         mod = fused.mod
         if tune is not None:
             mod, tuning = tune_fused(mod, fused.plain, target, tune)

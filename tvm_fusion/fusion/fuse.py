@@ -21,7 +21,11 @@ from tvm_fusion.errors import FusionError, InternalError, LoweringError
 from tvm_fusion.frontend.importer import onnx_node_names
 from tvm_fusion.rules import (Decline, Lowering, Match, Rule, RuleSet, batch_shape, declared_batch_dims, dim_name,
                               shape_text, symbolic_reason, undeclared_dims)
+from tvm_fusion.fusion.chain_layout import ChainPlan, plan_chains
+from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.activations import fast_math_allowed
+from tvm_fusion.schedules.conv2d import CONV_FAMILY
+from tvm_fusion.schedules.conv2d_blocked import BLOCKED_CONV, blocked_shape
 
 __all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm", "unchanged"]
 
@@ -367,10 +371,13 @@ def _build_primfunc(lowering: Lowering, target, scheduled: bool = True, batch_di
     return sch.mod["main"].with_attr(_tvm.SCHEDULED_ATTR, True), out_ty, engine or "", func
 
 
-def _type_mismatch(rule: str, nodes: list[str], composite_call, shape, dtype) -> str | None:
-    """The lowered group must have exactly the type of the composite call it replaces: a rule whose kernel
-    (after its out_shape view) has another shape or dtype is a bug, never a silently different output."""
+def _type_mismatch(rule: str, nodes: list[str], composite_call, shape, dtype, block: int = 0) -> str | None:
+    """The lowered group must have exactly the type of the composite call it replaces (`block`: in NCHW[block]c):
+    a rule whose kernel (after its out_shape view) has another shape or dtype is a bug, never a silently
+    different output."""
     want_shape, want_dtype = batch_shape(composite_call), str(_tvm.expr_type(composite_call).dtype)
+    if block and want_shape is not None:
+        want_shape = blocked_shape(want_shape, block)
     dim = lambda d: int(d) if isinstance(d, (int, tirx.IntImm)) else dim_name(d)  # noqa: E731  (N compares by name)
     got_shape, got_dtype = tuple(map(dim, shape)), str(dtype)
     if want_shape is not None and (got_shape, got_dtype) == (tuple(map(dim, want_shape)), want_dtype):
@@ -409,7 +416,7 @@ def _in_caller(out_ty, params, args):
 @relax.expr_functor.mutator
 class _LowerComposites(relax.PyExprMutator):
     def __init__(self, mod, rules: RuleSet, target, members, any_target: bool = False,
-                 batch_dims: frozenset[str] | None = None):
+                 batch_dims: frozenset[str] | None = None, blocked_layout: bool = True):
         super().__init__(mod)
         self.batch_dims = batch_dims
         self.any_target = any_target
@@ -421,16 +428,18 @@ class _LowerComposites(relax.PyExprMutator):
         self.groups: list[Group] = []
         self.plain: dict[str, tirx.PrimFunc] = {}  # PrimFunc name -> the plain compute its hand schedule took
         self.errors: list[str] = []
+        self.blocked_layout = blocked_layout
+        self.composites: dict = {}  # composite call -> _composite(call), found while planning
+        self.plan = ChainPlan({})
 
-    def visit_call_(self, call):
-        original = call
-        call = super().visit_call_(call)
+    def _composite(self, call):
+        """(rule, composite function, its var2val, the match's Lowering) of a composite call; None otherwise."""
         if not isinstance(call.op, tvm.ir.GlobalVar):
-            return call
+            return None
         func = self.mod_[call.op]
         comp = (func.attrs or {}).get("Composite") if isinstance(func, relax.Function) else None
         if comp is None:
-            return call
+            return None
         rule = self.rules[str(comp)]
         spec = rule.spec
         var2val = relax.analysis.get_var2val(func)
@@ -439,11 +448,44 @@ class _LowerComposites(relax.PyExprMutator):
         if matched is None:
             raise FusionError(f"rule {rule.name}: composite function no longer matches its pattern")
         exprs = {n: matched[p] for n, p in spec.annotations.items() if p in matched}
-        lowering, scheduled = _scheduled(spec.lower(Match(rule.name, exprs, var2val, self.batch_dims)), self.target,
-                                         self.any_target)
-        params = {p: a for p, a in zip(func.params, call.args)}
-        outer = _caller_dims(func.params, call.args)
+        return rule, func, var2val, spec.lower(Match(rule.name, exprs, var2val, self.batch_dims))
+
+    def _plan(self, func) -> ChainPlan:
+        """The blocked-layout chains of `func`'s conv groups (chain_layout.py)."""
+        if not self.blocked_layout or self.any_target:
+            return ChainPlan({})
+        lowered = {}
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                call = binding.value
+                found = self._composite(call) if isinstance(call, relax.Call) else None
+                if found is None or found[3].compute != CONV_FAMILY:
+                    continue
+                self.composites[call] = found
+                params = {p: a for p, a in zip(found[1].params, call.args)}
+                lowering = found[3]
+                lowered[call] = (dataclasses.replace(lowering, inputs=[params.get(e, e) for e in lowering.inputs]),
+                                 batch_shape(call))
+        return plan_chains(func, lowered, self.target)
+
+    def visit_call_(self, call):
+        original = call
+        found = self.composites.get(original) or self._composite(call)
+        if found is None:
+            return super().visit_call_(call)
+        rule, func, var2val, lowering = found
+        # the operands as lowered (a blocked tensor no longer has the composite function's parameter type)
+        args = [self.visit_expr(a) for a in call.args]
+        out_blocked = self.plan.out_blocked(original)
+        if out_blocked is not None:
+            lowering = dataclasses.replace(lowering, compute=BLOCKED_CONV,
+                                           attrs={**lowering.attrs, "out_blocked": out_blocked})
+        lowering, scheduled = _scheduled(lowering, self.target, self.any_target)
+        params = {p: a for p, a in zip(func.params, args)}
+        outer = _caller_dims(func.params, args)
         inputs = [params.get(e, e) for e in lowering.inputs]
+        if out_blocked is not None:  # the kernel's operands are the call's (some of them blocked)
+            lowering = dataclasses.replace(lowering, inputs=inputs)
         inputs = [relax.op.reshape(e, _shape_in_caller(lowering.input_shapes[i], outer))
                   if i in lowering.input_shapes else e for i, e in enumerate(inputs)]
         # one PrimFunc per rule (named after it), operand types and attributes, even where rules share a compute
@@ -455,16 +497,17 @@ class _LowerComposites(relax.PyExprMutator):
                 self.plain[gv.name_hint] = plain
             self.cache[key] = (gv, out_ty, engine)
         gv, out_ty, engine = self.cache[key]
-        out_ty = _in_caller(out_ty, func.params, call.args)
+        out_ty = _in_caller(out_ty, func.params, args)
         consts = [_tvm.make_constant(c) for c in lowering.constants]
         nodes = sorted({m for v in var2val for m in self.members.get(v, [])})
         if not nodes:
             nodes = sorted({m for value in var2val.values() for a in getattr(value, "args", [])
                             for m in self.members.get(a, [])})
-        mismatch = _type_mismatch(rule.name, nodes, original, lowering.out_shape or out_ty.shape, out_ty.dtype)
+        block = cpu_facts(self.target).float32_lanes if out_blocked else 0
+        mismatch = _type_mismatch(rule.name, nodes, original, lowering.out_shape or out_ty.shape, out_ty.dtype, block)
         if mismatch:  # raised by run(): an exception raised here would cross TVM's FFI as a RuntimeError
             self.errors.append(mismatch)
-            return call
+            return original
         self.groups.append(Group(rule.name, gv.name_hint, nodes, lowering.compute, dict(lowering.attrs), engine,
                                  len(lowering.input_shapes) + bool(lowering.out_shape)))
         call = relax.call_tir(gv, [*inputs, *consts], out_ty)
@@ -473,6 +516,7 @@ class _LowerComposites(relax.PyExprMutator):
     def run(self):
         for gv, func in self.mod_.functions.items():
             if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
+                self.plan = self._plan(func)
                 self.builder_.update_func(gv, self.visit_expr(func))
         if self.errors:
             raise LoweringError(self.errors[0])
@@ -551,25 +595,29 @@ def match(mod: tvm.IRModule, target, rules: RuleSet) -> Matched:
     return Matched(matched, active, trace.members, list(trace.decisions.values()), batch_dims)
 
 
-def lower(matched: Matched, target, *, any_target: bool = False) -> tuple[tvm.IRModule, list[Group]]:
+def lower(matched: Matched, target, *, any_target: bool = False, blocked_layout: bool = True
+          ) -> tuple[tvm.IRModule, list[Group]]:
     """Replace each composite call by a call_tir of its rule's scheduled PrimFunc. `any_target`: the matches
-    were made for another target, so a group this target's schedule cannot take keeps its plain compute."""
-    out, groups, _ = _lower(matched, target, any_target)
+    were made for another target, so a group this target's schedule cannot take keeps its plain compute.
+    `blocked_layout`: conv chains pass their activations in NCHW[x]c (chain_layout.py)."""
+    out, groups, _ = _lower(matched, target, any_target, blocked_layout)
     return out, groups
 
 
-def _lower(matched: Matched, target, any_target: bool = False):
+def _lower(matched: Matched, target, any_target: bool = False, blocked_layout: bool = True):
     """(module, groups, {PrimFunc name: its plain compute} of the hand-scheduled PrimFuncs)."""
-    lowering = _LowerComposites(matched.mod, matched.rules, target, matched.members, any_target, matched.batch_dims)
+    lowering = _LowerComposites(matched.mod, matched.rules, target, matched.members, any_target, matched.batch_dims,
+                                blocked_layout)
     out = lowering.run()
     out = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(out))
     return out, lowering.groups, {name: f for name, f in lowering.plain.items() if name in {gv.name_hint for gv in out.get_global_vars()}}
 
 
-def fuse(mod: tvm.IRModule, target, rules: RuleSet) -> FuseResult:
-    """Run the fuse stage for `target` with `rules`; returns the module, per-rule counts and groups."""
+def fuse(mod: tvm.IRModule, target, rules: RuleSet, *, blocked_layout: bool = True) -> FuseResult:
+    """Run the fuse stage for `target` with `rules`; returns the module, per-rule counts and groups.
+    `blocked_layout`: conv chains pass their activations in NCHW[x]c where chain_layout.py finds it pays."""
     matched = match(mod, target, rules)
-    out, groups, plain = _lower(matched, target)
+    out, groups, plain = _lower(matched, target, blocked_layout=blocked_layout)
     counts = {r.name: 0 for r in matched.rules.ordered()}
     for g in groups:
         counts[g.rule] += 1

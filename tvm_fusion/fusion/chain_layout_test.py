@@ -1,0 +1,132 @@
+"""Conv chains in NCHW[x]c (`chain_layout.py`): which groups run blocked, which tensors stay NCHW and why, and
+the fused build against onnxruntime element by element with the chain, without it, and where it declines
+(a chain's tensor that is a graph output, a symbolic batch, half precision, an AVX2 target)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tvm_fusion._tvm import relax, tvm
+from tvm_fusion.build.builder import build
+from tvm_fusion.frontend.importer import import_onnx
+from tvm_fusion.fusion.chain_layout import BLOCKED_ISAS, MAX_UNBLOCK_SHARE
+from tvm_fusion.hardware import cpu_facts
+from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET
+from tvm_fusion.check.io import run_onnxruntime
+from tvm_fusion.frontend.importer import SymDim
+from tvm_fusion.testing import (GraphBuilder, assert_close, check_fused, check_half, check_symbolic_batch,
+                                random_inputs, run_build)
+
+BLOCKED = "blocked NCHW[x]c"
+#: the host target (or TVM_FUSION_CPU's) chains convs: AVX-512 does, AVX2 does not
+CHAINS = cpu_facts(TARGET).isa in BLOCKED_ISAS
+
+
+def bottlenecks(blocks: int = 2, c: int = 32, hw: int = 14, n: int = 1, extra_output: bool = False, seed: int = 3):
+    """`blocks` ResNet bottlenecks (1x1 c -> c/2, 3x3, 1x1 back + the residual, ReLU), then a global average
+    pool; `extra_output`: the first block's output is a graph output too."""
+    g = GraphBuilder(seed)
+    y = g.input("x", [n, c, hw, hw])
+    outs = []
+    for i in range(blocks):
+        h = g.op("Relu", [g.bn(g.conv(y, c, c // 2, k=1), c // 2)])
+        h = g.op("Relu", [g.bn(g.conv(h, c // 2, c // 2, k=3), c // 2)])
+        h = g.bn(g.conv(h, c // 2, c, k=1), c)
+        y = g.op("Relu", [g.op("Add", [h, y])])
+        if extra_output and i == 0:
+            outs.append(y)
+    return g.model([g.op("GlobalAveragePool", [y]), *outs])
+
+
+def _kernels(built) -> list[str]:
+    return [g.kernel for g in built.fused.groups]
+
+
+def _blocked_tensors(built) -> int:
+    """call_tir results of rank 5 in the fused module's main."""
+    count = 0
+
+    def visit(e):
+        nonlocal count
+        if isinstance(e, relax.Call) and e.op.same_as(tvm.ir.Op.get("relax.call_tir")):
+            count += len(e.ty.shape) == 5 if hasattr(e.ty, "shape") and e.ty.shape is not None else 0
+
+    relax.analysis.post_order_visit(built.fused.mod["main"], visit)
+    return count
+
+
+def test_bottleneck_chain_runs_blocked_and_matches_onnxruntime():
+    """Six convs joined by blocked tensors: on an AVX-512 target every one runs blocked, the last writes NCHW
+    for the pool (one end of six, under MAX_UNBLOCK_SHARE); an AVX2 target keeps NCHW. Fused matches
+    onnxruntime and the unfused build element by element."""
+    built = check_fused(bottlenecks())
+    assert _kernels(built).count(BLOCKED) == (6 if CHAINS else 0)
+    assert _blocked_tensors(built) == (5 if CHAINS else 0)
+    assert 1 / 6 <= MAX_UNBLOCK_SHARE
+
+
+def test_without_the_layout_every_tensor_is_nchw():
+    model = bottlenecks()
+    mod = import_onnx(model)
+    built = build(mod, "llvm", "fused", blocked_layout=False)
+    assert BLOCKED not in _kernels(built) and _blocked_tensors(built) == 0
+    inputs = random_inputs(model)
+    blocked = build(mod, "llvm", "fused")
+    for a, b in zip(run_build(built, [inputs["x"]]), run_build(blocked, [inputs["x"]])):
+        assert_close(b, a, "blocked vs NCHW build")
+
+
+def test_a_chain_tensor_read_outside_the_chain_stays_nchw():
+    """The first block's output is also a graph output: it stays NCHW, which leaves two chains of three convs
+    with one NCHW end each (1/3 > MAX_UNBLOCK_SHARE): nothing runs blocked."""
+    built = check_fused(bottlenecks(extra_output=True))
+    assert BLOCKED not in _kernels(built) and _blocked_tensors(built) == 0
+
+
+def test_symbolic_batch_and_half_precision_keep_nchw():
+    """The blocked conv takes static shapes and float32: a symbolic batch and float16 / bfloat16 keep every
+    kernel NCHW (where the same model in float32 with a static batch chains: test_batch_of_two_runs_blocked),
+    and both still match onnxruntime."""
+    model = bottlenecks(blocks=2, c=32, hw=8, n="N")  # static, the same model runs blocked
+    built = check_symbolic_batch(model, {"x": (SymDim("N"), 32, 8, 8)}, batches=(1, 2))
+    assert BLOCKED not in _kernels(built)
+    for dtype in ("float16", "bfloat16"):
+        assert BLOCKED not in _kernels(check_half(bottlenecks(blocks=2, c=32, hw=8), dtype))
+
+
+def test_batch_of_two_runs_blocked():
+    built = check_fused(bottlenecks(blocks=2, c=32, hw=8, n=2))
+    assert _kernels(built).count(BLOCKED) == (6 if CHAINS else 0)
+
+
+@NO_AVX2
+def test_avx2_targets_keep_nchw():
+    """An AVX2 target (`BLOCKED_ISAS`: measured slower chained) keeps every conv NCHW, and matches
+    onnxruntime."""
+    model = bottlenecks(c=32, hw=14)
+    target = tvm.target.Target(AVX2)
+    built = build(import_onnx(model), target, "fused")
+    assert BLOCKED not in _kernels(built)
+    inputs = random_inputs(model)
+    ref = run_onnxruntime(model, inputs)[0].run(None, inputs)
+    for got, want in zip(run_build(built, [inputs["x"]]), ref):
+        assert_close(got, want, "AVX2 build vs onnxruntime")
+
+
+@pytest.mark.parametrize("target", ["cuda"])
+def test_other_targets_plan_no_chain(target):
+    """The layout is an llvm schedule: a CUDA build's conv groups keep their NCHW kernels (compiled only)."""
+    from tvm_fusion.build.builder import resolve_target
+    from tvm_fusion.fusion.fuse import fuse
+    from tvm_fusion.fusion.loader import load_rules_for
+
+    result = fuse(import_onnx(bottlenecks()), resolve_target(target), load_rules_for())
+    assert all("blocked" not in g.compute for g in result.groups) and len(result.groups) >= 6
+
+
+def test_an_avx512_target_chains_whatever_the_host():
+    """The plan reads the target, not the host: an AVX-512 target chains the six convs (built here, nothing
+    runs: the host may lack AVX-512)."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    built = build(import_onnx(bottlenecks()), target, "fused")
+    assert _kernels(built).count(BLOCKED) == 6 and _blocked_tensors(built) == 5

@@ -1,0 +1,103 @@
+"""conv2d with the conv family's affine epilogue in the blocked channel layout NCHW[B]c, for a chain of convs
+that pass their activations to each other in it (`fusion/chain_layout.py` decides where):
+
+    out[n, ob, h, w, oi] = act( sum_{c, r, s} pad(x)[n, c, h*sh + r*dh, w*sw + s*dw] * W'[ob*B + oi, c, r, s]
+                                + b'[ob*B + oi] (+ residual) )
+
+B is the target's float32 vector lanes, so one output pixel's B channels are one vector register and one
+cache line (AVX-512), stored whole and in the order they are computed; the next conv of the chain reads its
+input channels B at a time from one line, a residual likewise. x is NCHW (the first conv of a chain: the
+`pad` stage, or the reduction itself for an unpadded conv, reads it) or NCHW[B]c (rank 5); the residual too.
+The output is NCHW[B]c, or NCHW with `out_blocked=False` (the chain's last conv: the blocked epilogue, then
+the `unblock` stage). W is packed at compile time (`pack_blocked`) as Wp[o // (B*OB), r, s, c, o // B % OB,
+o % B]: one tile of OB channel blocks reads one step's weights as OB contiguous vectors. Groups 1, float32.
+Stages, named for the schedule: `pad` (padded convs), `conv`, `epilogue`, `unblock`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tvm_fusion._tvm import te, tirx
+from tvm_fusion.registry import register_compute
+
+from . import dims
+from .activations import apply_activation
+from .conv2d import conv2d_out_size
+
+BLOCKED_CONV = "conv2d_affine_blocked"
+
+
+def pack_blocked(w: np.ndarray, block: int, tile_blocks: int) -> np.ndarray:
+    """W [O, C, KH, KW]  ==>  Wp [O / (block * tile_blocks), KH, KW, C, tile_blocks, block]."""
+    cout, cin, kh, kw = w.shape
+    tiles = w.reshape(cout // (block * tile_blocks), tile_blocks, block, cin, kh, kw)
+    return np.ascontiguousarray(tiles.transpose(0, 4, 5, 3, 1, 2))
+
+
+def blocked_shape(shape, block: int) -> tuple:
+    """(n, c, h, w) ==> (n, c / block, h, w, block)."""
+    n, c, h, w = shape
+    return (n, c // block, h, w, block)
+
+
+def _reader(t, block: int):
+    """t[n, c, h, w] of an NCHW or NCHW[B]c tensor (rank 4 or 5)."""
+    if len(t.shape) == 5:
+        return lambda n, c, h, w: t[n, c // block, h, w, c % block]
+    return lambda n, c, h, w: t[n, c, h, w]
+
+
+@register_compute(BLOCKED_CONV, target="llvm")
+def conv2d_blocked(x, w, b, residual=None, *, strides, padding, dilation, groups=1, out_blocked=True,
+                   activation=None, activation_params=None, residual_after_activation=False, fast_math=True,
+                   target=None, **_):
+    if groups != 1:
+        raise ValueError(f"the blocked conv takes groups 1, not {groups}")
+    tiles, kh, kw, cin, tile_blocks, block = (int(d) for d in w.shape)
+    n, _, hin, win = ((*dims(x.shape)[:1], cin, *dims(x.shape)[2:4]) if len(x.shape) == 5 else dims(x.shape))
+    cout = tiles * tile_blocks * block
+    sh, sw = strides
+    dh, dw = dilation
+    top, left, bottom, right = padding
+    hout = conv2d_out_size(hin, kh, sh, top, bottom, dh)
+    wout = conv2d_out_size(win, kw, sw, left, right, dw)
+    read_x = _reader(x, block)
+    if any(padding):
+        def padded(i, cb, h, ww, ci):
+            inside = tirx.all(h >= top, h < hin + top, ww >= left, ww < win + left)
+            return tirx.if_then_else(inside, read_x(i, cb * block + ci, h - top, ww - left), tirx.const(0, x.dtype))
+        pad = te.compute((n, cin // block, hin + top + bottom, win + left + right, block), padded, name="pad")
+        read = lambda i, c, h, ww: pad[i, c // block, h, ww, c % block]  # noqa: E731
+    else:
+        read = read_x
+    rco, rci = te.reduce_axis((0, cin // block), "rco"), te.reduce_axis((0, block), "rci")
+    if (kh, kw) == (1, 1):  # no tap loops (unit loops would stay in the schedule's way)
+        rh = rw = tirx.const(0, "int32")
+        axes = [rco, rci]
+    else:
+        rh, rw = te.reduce_axis((0, kh), "rh"), te.reduce_axis((0, kw), "rw")
+        axes = [rh, rw, rco, rci]
+    conv = te.compute(
+        (n, cout // block, hout, wout, block),
+        lambda i, ob, h, ww, oi: te.sum(
+            read(i, rco * block + rci, h * sh + rh * dh, ww * sw + rw * dw)
+            * w[ob // tile_blocks, rh, rw, rco * block + rci, ob % tile_blocks, oi], axis=axes),
+        name="conv")
+    read_residual = None if residual is None else _reader(residual, block)
+
+    def value(i, ob, h, ww, oi):
+        o = ob * block + oi
+        v = conv[i, ob, h, ww, oi] + b[o]
+        if read_residual is not None and not residual_after_activation:
+            v = v + read_residual(i, o, h, ww)
+        v = apply_activation(v, activation, activation_params, fast_math=fast_math, target=target)
+        if read_residual is not None and residual_after_activation:
+            v = v + read_residual(i, o, h, ww)
+        return v
+
+    epilogue = te.compute((n, cout // block, hout, wout, block), value, name="epilogue")
+    if out_blocked:
+        return epilogue
+    return te.compute((n, cout, hout, wout), lambda i, o, h, ww: epilogue[i, o // block, h, ww, o % block],
+                      name="unblock")

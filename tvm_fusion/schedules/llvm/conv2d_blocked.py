@@ -1,0 +1,143 @@
+"""llvm schedule of the blocked conv (`schedules/conv2d_blocked.py`): tiles of `tile_blocks` channel blocks x
+`cols` output pixels of one row, their accumulators in registers (one vector per block and pixel), the
+reduction over the taps, then the input channels (a block's channels unrolled), innermost; the epilogue
+stores each tile's vectors whole, in the layout the next conv of the chain reads. A deep conv on a small map
+takes its reduction in chunks (`reduction_chunk`, the tiled NCHW kernel's rule). The padded input is its own
+loop nest, a chain's last conv unblocks its output in its own loop nest too.
+
+The tile: two channel blocks where the output has an even number of them, and the most pixels of a row
+(a divisor of its width) that keep the accumulators within `BLOCKED_ACCUMULATORS` of the target's vector
+registers. Measured alone on an AVX-512 Xeon (one thread): 1x1 64 -> 256 on 56x56, 2 x 8 pixels 0.78 ms,
+3 x 8, 3 x 7, 2 x 7 within 3% of it; with 28 accumulators (2 x 14) LLVM kept them in memory: 1x1 and 3x3
+convs on 56x56 / 28x28 / 14x14 2.3-2.6x slower (`benchmarks/blocked_convs.py`); a block's input channels
+rolled -> unrolled: 3x3 256 on 14x14 1.43 -> 1.30 ms, 3x3 512 on 7x7 1.65 -> 1.51.
+"""
+
+from __future__ import annotations
+
+from tvm_fusion.hardware import CpuFacts, cpu_facts
+from tvm_fusion.registry import register_schedule
+from tvm_fusion.schedules.conv2d import conv2d_out_size
+from tvm_fusion.schedules.llvm.conv2d import ACC_L2_SHARE, CHUNK_L1_SHARE, FLOAT_BYTES, step_cost
+from tvm_fusion.schedules.conv2d_blocked import BLOCKED_CONV, pack_blocked
+from tvm_fusion.schedules.llvm.blocks import loop_extent, optional_block
+
+#: accumulator registers of one tile, per architectural vector register count (32 zmm: 16, measured above;
+#: 16 ymm: 12, leaving the weights and a broadcast their registers)
+BLOCKED_ACCUMULATORS = {32: 16, 16: 12}
+#: the fewest pixels a tile computes: a row whose width has no divisor between this and the register budget
+#: would run tiles too short to hide the loads (the conv keeps its NCHW kernel)
+MIN_TILE_COLS = 4
+
+
+def tile_of(cout_blocks: int, wout: int, facts: CpuFacts) -> tuple[int, int] | None:
+    """(channel blocks, pixels) of one tile, or None where no tile of MIN_TILE_COLS pixels or more fits: two
+    blocks where the output has an even number of them and a row gives them enough pixels, else one."""
+    budget = BLOCKED_ACCUMULATORS.get(facts.vector_registers, facts.vector_registers * 3 // 4)
+    for blocks in (2, 1):
+        if cout_blocks % blocks:
+            continue
+        cols = max(d for d in range(1, min(wout, budget // blocks) + 1) if wout % d == 0)
+        if cols >= MIN_TILE_COLS or cols == wout:
+            return blocks, cols
+    return None
+
+
+def reduction_chunk(blocks: int, block: int, cin: int, kh: int, kw: int, hout: int, wout: int, cols: int,
+                    facts: CpuFacts) -> int:
+    """Input channels per reduction chunk (0: the whole reduction per tile), by the tiled NCHW kernel's rule
+    (`conv2d.reduction_chunk`): where the ISA chunks, a tile's weights (its panel) are over half of L1 and the
+    task's accumulators (all its pixels) fit L1 (a 1x1 conv's, 1 / ACC_L2_SHARE of L2), each tile takes one
+    chunk (a kernel row x `chunk` channels, 1 / CHUNK_L1_SHARE of L1) before the next chunk."""
+    step = blocks * block * FLOAT_BYTES  # one reduction step's weights
+    accumulators = hout * wout * step
+    panel = cin * kh * kw * step  # a tile's weights
+    if not step_cost(facts).chunked_reduction or hout * wout // cols < 2 or panel <= facts.l1d_bytes // 2:
+        return 0
+    if accumulators > facts.l1d_bytes and (kh * kw > 1 or accumulators > facts.l2_bytes // ACC_L2_SHARE):
+        return 0
+    chunk = max(d for d in range(block, cin + 1, block)
+                if cin % d == 0 and d * step * kw <= max(facts.l1d_bytes // CHUNK_L1_SHARE, block * step * kw))
+    return chunk if chunk < cin or kh > 1 else 0
+
+
+def block_lanes(target) -> int:
+    """B of NCHW[B]c for `target`: its float32 vector lanes."""
+    return cpu_facts(target).float32_lanes
+
+
+def output_width(x_shape, w_shape, attrs) -> int:
+    """The conv's output width, from x (NCHW or NCHW[B]c) and W [O, C, KH, KW]."""
+    return conv2d_out_size(int(x_shape[3]), int(w_shape[3]), attrs["strides"][1], attrs["padding"][1],
+                           attrs["padding"][3], attrs["dilation"][1])
+
+
+def pack(constants, attrs, shapes, target):
+    """W [O, C, KH, KW] ==> pack_blocked's Wp for the tile `tile_of` picks; b as it is."""
+    w, b = constants
+    facts = cpu_facts(target)
+    block = facts.float32_lanes
+    blocks, _ = tile_of(int(w.shape[0]) // block, output_width(shapes[0], w.shape, attrs), facts)
+    return [pack_blocked(w, block, blocks), b]
+
+
+@register_schedule(BLOCKED_CONV, target="llvm", pack=pack)
+def schedule_blocked(sch, attrs, target):
+    pad, conv, epi = optional_block(sch, "pad"), sch.get_sblock("conv"), sch.get_sblock("epilogue")
+    unblock = optional_block(sch, "unblock")
+    # the packed W: the one rank-6 operand (the PrimFunc takes x, [residual], W, b, out)
+    w = next(p for p in sch.mod[sch.func_working_on].params if len(p.shape) == 6)
+    blocks = int(w.shape[4])
+    n, ob, h, ww, oi = sch.get_loops(epi)
+    facts = cpu_facts(target)
+    _, cols = tile_of(loop_extent(sch, ob), loop_extent(sch, ww), facts)
+    _, kh, kw, cin, _, block = (int(d) for d in w.shape)
+    wout = loop_extent(sch, ww)
+    chunk = reduction_chunk(blocks, block, cin, kh, kw, loop_extent(sch, h), wout, cols, facts)
+    obo, obi = sch.split(ob, [None, blocks])
+    wo, wi = sch.split(ww, [None, cols])
+    sch.reorder(n, obo, h, wo, obi, wi, oi)
+    reductions = 4 if kh * kw > 1 else 2  # (rh, rw,) rco, rci
+    if chunk:  # the task's accumulators for all its pixels; per chunk, every tile in turn
+        task = sch.fuse(n, obo)
+        sch.parallel(task)
+        sch.compute_at(conv, task)
+        sch.set_scope(conv, 0, "local")
+        own = sch.get_loops(conv)[1:]  # below the task: [obi], [h], [w], oi, [rh, rw], rco, rci (unit loops dropped)
+        named = [name for name, extent in (("obi", blocks), ("h", loop_extent(sch, h)), ("w", wout), ("oi", block))
+                 if extent > 1]
+        loops = dict(zip(named, own))
+        taps, (rco, rci) = own[len(named):-2], own[-2:]
+        cwo, cwi = sch.split(loops["w"], [None, cols])
+        rcoo, rcoi = sch.split(rco, [None, chunk // block])
+        outer = [*taps[:1], rcoo, *[loops[k] for k in ("h",) if k in loops], cwo, *taps[1:], rcoi, rci]
+        sch.reorder(*outer, *[loops[k] for k in ("obi",) if k in loops], cwi, loops["oi"])
+        sch.vectorize(loops["oi"])
+        sch.unroll(rci)
+        sch.unroll(cwi)
+        if "obi" in loops:
+            sch.unroll(loops["obi"])
+        sch.decompose_reduction(conv, taps[0] if taps else rcoo)
+    else:
+        sch.parallel(sch.fuse(n, obo, h))
+        sch.compute_at(conv, wo)
+        sch.set_scope(conv, 0, "local")
+        own = sch.get_loops(conv)[len(sch.get_loops(epi)) - 3:]  # below wo: the tile's pixels and blocks, the sums
+        spatial, reduction = own[:-reductions], own[-reductions:]
+        sch.reorder(*reduction, *spatial)
+        sch.unroll(reduction[-1])  # a block's input channels: 3x3 256 on 14x14 1.43 -> 1.30 ms rolled -> unrolled
+        sch.vectorize(spatial[-1])  # the block's channels
+        for loop in spatial[:-1]:
+            sch.unroll(loop)
+        sch.decompose_reduction(conv, reduction[0])
+    sch.vectorize(oi)
+    sch.unroll(wi)
+    if pad is not None:
+        pn, pc, ph, pw, pi = sch.get_loops(pad)
+        sch.parallel(sch.fuse(pn, pc, ph))
+        sch.vectorize(pi)
+    if unblock is not None:
+        un, uo, uh, uw = sch.get_loops(unblock)
+        sch.parallel(sch.fuse(un, uo))
+        sch.vectorize(uw)
+    return "blocked NCHW[x]c"

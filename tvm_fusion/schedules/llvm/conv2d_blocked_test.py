@@ -1,0 +1,145 @@
+"""The blocked conv (`conv2d_blocked`): its tiles and reduction chunks per target, and numerics against float64
+numpy for every operand layout (x, residual and output NCHW or NCHW[x]c), kernel size, stride, padding,
+activation and the chunked reduction, on the host target and on AVX2 (where the host runs AVX2 code)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_fusion import registry
+from tvm_fusion._tvm import te, tvm
+from tvm_fusion.hardware import cpu_facts
+from tvm_fusion.schedules.conv2d_blocked import BLOCKED_CONV, blocked_shape, pack_blocked
+from tvm_fusion.schedules.llvm.conv2d_blocked import (BLOCKED_ACCUMULATORS, MIN_TILE_COLS, block_lanes,
+                                                      reduction_chunk, tile_of)
+from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET, _build
+from tvm_fusion.testing import RESNET50_CONVS, assert_close
+
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2, "model": "l1d=48K,l2=2048K"})
+AVX2_TARGET = tvm.target.Target(AVX2)
+
+
+@pytest.mark.parametrize("target", [AVX512, AVX2_TARGET], ids=["avx512", "avx2"])
+def test_tiles_fit_the_registers_and_divide_the_row(target):
+    """Every ResNet-50 conv after its stem gets a tile: a divisor of its output width of MIN_TILE_COLS pixels
+    or more, its accumulators within the ISA's budget; two channel blocks on AVX-512, and on AVX2 where the
+    row has a divisor of 4-6 (56, 28), one block of 7 pixels on 14x14 and 7x7."""
+    facts = cpu_facts(target)
+    block = facts.float32_lanes
+    for n, c, h, w, oc, k, stride, pad in RESNET50_CONVS[1:]:
+        wout = (w + 2 * pad - k) // stride + 1
+        blocks, cols = tile_of(oc // block, wout, facts)
+        assert blocks == (2 if facts.isa == "avx512" or wout > 14 else 1), (oc, wout, blocks, cols)
+        assert wout % cols == 0 and cols >= MIN_TILE_COLS, (oc, wout, blocks, cols)
+        assert blocks * cols <= BLOCKED_ACCUMULATORS[facts.vector_registers]
+    # a 13-wide row: one block of 13 pixels where 13 accumulators fit (AVX-512), else none
+    assert tile_of(1000 // block, 13, facts) == ((1, 13) if facts.isa == "avx512" else None)
+    assert tile_of(3, 7, facts) == (1, 7)
+
+
+def test_reduction_chunks_follow_the_caches():
+    """AVX-512 with 48 KiB L1d: the deep 14x14 / 7x7 convs chunk their reduction (accumulators in L1, panels
+    over half of it); a 56x56 3x3 conv (accumulators past L1) and shallow 1x1 convs do not; AVX2 never does."""
+    avx512, avx2 = cpu_facts(AVX512), cpu_facts(AVX2_TARGET)
+    # a kernel row's chunk is 1 / CHUNK_L1_SHARE of L1: 8 KiB of 3 taps x 2 blocks of 16 floats per channel
+    assert reduction_chunk(2, 16, 256, 3, 3, 14, 14, 7, avx512) == 16
+    assert reduction_chunk(2, 16, 2048, 1, 1, 7, 7, 7, avx512) == 64
+    assert reduction_chunk(2, 16, 64, 3, 3, 56, 56, 8, avx512) == 0
+    assert reduction_chunk(2, 16, 64, 1, 1, 56, 56, 8, avx512) == 0
+    assert reduction_chunk(2, 8, 256, 3, 3, 14, 14, 7, avx2) == 0
+
+
+def test_pack_blocked_puts_a_tiles_blocks_innermost():
+    w = np.arange(64 * 32 * 3 * 3, dtype="float32").reshape(64, 32, 3, 3)
+    packed = pack_blocked(w, 16, 2)
+    assert packed.shape == (2, 3, 3, 32, 2, 16)
+    for o, c, r, s in [(0, 0, 0, 0), (17, 5, 1, 2), (63, 31, 2, 2), (40, 7, 0, 1)]:
+        assert packed[o // 32, r, s, c, o // 16 % 2, o % 16] == w[o, c, r, s]
+
+
+def _to_blocked(a: np.ndarray, block: int) -> np.ndarray:
+    n, c, h, w = a.shape
+    return np.ascontiguousarray(a.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def _from_blocked(a: np.ndarray) -> np.ndarray:
+    n, cb, h, w, b = a.shape
+    return a.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
+
+
+def _reference(x, wt, b, residual, stride, pad, activation, after):
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oc, _, k, _ = wt.shape
+    oh, ow = (xp.shape[2] - k) // stride + 1, (xp.shape[3] - k) // stride + 1
+    out = np.zeros((x.shape[0], oc, oh, ow))
+    for r in range(k):
+        for s in range(k):
+            patch = xp[:, :, r:r + stride * (oh - 1) + 1:stride, s:s + stride * (ow - 1) + 1:stride]
+            out += np.einsum("nchw,oc->nohw", patch, wt[:, :, r, s].astype(np.float64))
+    out += b[None, :, None, None]
+    act = {None: lambda v: v, "relu": lambda v: np.maximum(v, 0), "relu6": lambda v: np.clip(v, 0, 6)}[activation]
+    if residual is not None and not after:
+        out += residual
+    out = act(out)
+    if residual is not None and after:
+        out += residual
+    return out
+
+
+#: (n, c, h, w, oc, k, stride, pad, x blocked, residual: None / "blocked" / "nchw", out blocked, activation,
+#:  residual after the activation)
+CASES = [
+    (1, 64, 56, 56, 128, 1, 1, 0, True, "blocked", True, "relu", False),  # a chain's 1x1 with its residual
+    (1, 32, 28, 28, 64, 3, 1, 1, False, None, True, "relu", False),  # a chain's first conv: NCHW in, padded
+    (2, 32, 14, 14, 32, 3, 2, 1, True, "nchw", False, "relu6", False),  # strided, batch 2, a chain's end
+    (1, 48, 7, 7, 48, 1, 1, 0, True, "blocked", True, None, True),  # odd blocks: one block per tile
+    (1, 256, 14, 14, 64, 3, 1, 1, True, None, True, "relu", False),  # AVX-512: the chunked reduction
+    (1, 1024, 7, 7, 64, 1, 1, 0, True, "blocked", False, "relu", False),  # chunked 1x1, unblocked output
+    (1, 64, 8, 12, 32, 1, 2, 0, False, "nchw", True, "relu", False),  # a strided 1x1 reading NCHW
+]
+
+
+def _case_id(case) -> str:
+    n, c, h, w, oc, k, stride, pad, xb, res, ob, act, after = case
+    return (f"{n}x{c}x{h}x{w}-{oc}-k{k}s{stride}p{pad}-x{'b' if xb else 'n'}-r{res or 'none'}-o{'b' if ob else 'n'}"
+            f"-{act}{'-after' if after else ''}")
+
+
+def _run_case(case, target):
+    n, c, h, w, oc, k, stride, pad, x_blocked, res, out_blocked, activation, after = case
+    block = block_lanes(target)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((n, c, h, w)).astype("float32")
+    wt = (rng.standard_normal((oc, c, k, k)) / np.sqrt(c * k * k)).astype("float32")
+    b = rng.standard_normal(oc).astype("float32")
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    residual = rng.standard_normal((n, oc, oh, ow)).astype("float32") if res else None
+    attrs = dict(strides=(stride, stride), padding=(pad,) * 4, dilation=(1, 1), groups=1, out_blocked=out_blocked,
+                 activation=activation, residual_after_activation=after)
+    xs = _to_blocked(x, block) if x_blocked else x
+    sched = registry.get_schedule(BLOCKED_CONV, "llvm")
+    wp, bias = sched.packed([wt, b], attrs, [xs.shape], target)
+    rs = None if residual is None else (_to_blocked(residual, block) if res == "blocked" else residual)
+    operands = [xs, *([] if rs is None else [rs]), wp, bias]
+    holders = [te.placeholder(a.shape, "float32", name=f"in{i}") for i, a in enumerate(operands)]
+    xh, *rh, wh, bh = holders
+    out = registry.get_compute(BLOCKED_CONV, "llvm")(xh, wh, bh, rh[0] if rh else None, **attrs, target=target)
+    func = te.create_prim_func([*holders, out])
+    out_shape = tuple(int(d) for d in out.shape)
+    assert out_shape == (blocked_shape((n, oc, oh, ow), block) if out_blocked else (n, oc, oh, ow))
+    got = tvm.runtime.tensor(np.full(out_shape, np.nan, "float32"))
+    _build(func, sched.apply, attrs, target)["main"](*[tvm.runtime.tensor(a) for a in operands], got)
+    got = _from_blocked(got.numpy()) if out_blocked else got.numpy()
+    assert_close(got, _reference(x, wt, b, residual, stride, pad, activation, after), "blocked conv", "float32")
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_blocked_conv_matches_numpy(case):
+    _run_case(case, TARGET)
+
+
+@NO_AVX2
+@pytest.mark.parametrize("case", CASES[:4], ids=_case_id)
+def test_avx2_blocked_conv_matches_numpy(case):
+    _run_case(case, AVX2_TARGET)
