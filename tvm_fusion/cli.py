@@ -143,6 +143,9 @@ def _compile_parser(sub) -> None:
                             "first call's weight tensors, so every call must pass the same ones)")
     c.add_argument("--external-weights", action="store_true",
                    help="write the weights to <output>.weights instead of into the library")
+    c.add_argument("--no-blocked-layout", dest="blocked_layout", action="store_false",
+                   help="keep every kernel's tensors NCHW (by default an AVX-512 CPU target's conv chains pass "
+                        "their activations in NCHW16c)")
     _tune_flags(c)
 
 
@@ -303,7 +306,8 @@ def _compile(args, model, target, shapes, rules) -> int:
                            counts_of_other_builds=not args.no_counts, verify=not args.no_verify,
                            seed=args.seed, external_weights=args.external_weights, inputs=args.inputs,
                            cuda_graph=args.cuda_graph, precision=args.precision, tune=tune,
-                           strict=args.strict, search_timeout=timeout, simplify=not args.no_simplify)
+                           strict=args.strict, search_timeout=timeout, simplify=not args.no_simplify,
+                           blocked_layout=args.blocked_layout)
     warning = (result.manifest.verification or {}).get("warning")
     if warning:
         print(f"warning: {warning}", file=sys.stderr)

@@ -251,7 +251,8 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
                   seed: int = 0, cc: str | None = None, external_weights: bool = False,
                   inputs=None, cuda_graph: bool | None = None, precision: str | None = None,
                   tune: TuneOptions | None = None, strict: bool = False,
-                  search_timeout: float = DEFAULT_SEARCH_TIMEOUT, simplify: bool = True) -> CompileResult:
+                  search_timeout: float = DEFAULT_SEARCH_TIMEOUT, simplify: bool = True,
+                  blocked_layout: bool = True) -> CompileResult:
     """Fuse and build `model` for `target`, verify it against onnxruntime on inputs seeded with `seed`
     and the `inputs` given (a dict or an .npz path, as for compare), export the library to `output`, write
     `<output>.json` (manifest.Manifest; verify.py: nothing is written when fusion changed the result; a
@@ -268,6 +269,8 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
     `tune` (tune.TuneOptions: trials per kernel, database folder, RPC tracker) tunes the fused kernels with
     MetaSchedule first; the manifest's `tuning` and the result's `tuning` say what each kernel gained.
     `simplify=False` imports the model as given, without the ONNX simplifier (the verify step's checks too).
+    `blocked_layout=False` keeps every kernel's tensors NCHW (by default an AVX-512 target's conv chains pass
+    theirs in NCHW[x]c: fusion/chain_layout.py).
     `model`: a path, a ModelProto, or a prepared.PreparedModel (its target, shapes, inputs, precision and
     simplifier choice are used)."""
     start = time.perf_counter()
@@ -290,7 +293,7 @@ def compile_model(model, output, target="cuda", *, arch: str = "sm_90", shapes: 
         precision, simplify = prepared.precision, prepared.simplify
         bar.update()
         built = build(mod, tgt, "fused", rules=rules, external_weights=external_weights, cuda_graph=cuda_graph,
-                      tune=tune)
+                      tune=tune, blocked_layout=blocked_layout)
         symbolic = symbolic_record(built, shapes)  # a bound past int32 indexing: refused before any work
         bar.update()
         verification = (verify_fused(proto, built, shapes=shapes, rules=rules, seed=seed, inputs=given,

@@ -130,3 +130,24 @@ def test_an_avx512_target_chains_whatever_the_host():
     target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
     built = build(import_onnx(bottlenecks()), target, "fused")
     assert _kernels(built).count(BLOCKED) == 6 and _blocked_tensors(built) == 5
+
+
+def test_compile_writes_the_chain_and_turns_it_off(tmp_path):
+    """`tvm-fusion compile` (compile_model) on an AVX-512 target: the manifest's groups name the blocked
+    kernel; `--no-blocked-layout` (blocked_layout=False) none; both libraries verified and loadable."""
+    from tvm_fusion.deploy.compile import compile_model
+    from tvm_fusion.runtime import load
+
+    target = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
+    model = bottlenecks(blocks=2, c=32, hw=8)
+    engines = {}
+    for on in (True, False):
+        out = tmp_path / f"chain_{on}.so"
+        result = compile_model(model, out, target if not CHAINS else "llvm", counts_of_other_builds=False,
+                               verify=CHAINS, blocked_layout=on)
+        engines[on] = [g.get("engine", "") for g in result.manifest.groups]
+        if CHAINS:  # the host runs AVX-512 code: the library loads and runs
+            x = random_inputs(model)["x"]
+            assert_close(load(out)(x)[0], run_onnxruntime(model, {"x": x})[0].run(None, {"x": x})[0],
+                         "the compiled library vs onnxruntime")
+    assert engines[True].count(BLOCKED) == 6 and BLOCKED not in engines[False]
