@@ -140,4 +140,10 @@ def schedule_blocked(sch, attrs, target):
         un, uo, uh, uw = sch.get_loops(unblock)
         sch.parallel(sch.fuse(un, uo))
         sch.vectorize(uw)
-    return "blocked NCHW[x]c"
+    return chain_note(block, len(sch.mod[sch.func_working_on].params[0].shape) == 5, unblock is None)
+
+
+def chain_note(block: int, x_blocked: bool, out_blocked: bool) -> str:
+    """What explain and the manifest say the kernel runs on: 'NCHW16c chain (NCHW in, NCHW16c out)'."""
+    layout = f"NCHW{block}c"
+    return (f"{layout} chain ({layout if x_blocked else 'NCHW'} in, {layout if out_blocked else 'NCHW'} out)")
