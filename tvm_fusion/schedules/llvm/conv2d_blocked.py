@@ -97,33 +97,38 @@ def schedule_blocked(sch, attrs, target):
     obo, obi = sch.split(ob, [None, blocks])
     wo, wi = sch.split(ww, [None, cols])
     sch.reorder(n, obo, h, wo, obi, wi, oi)
-    reductions = 4 if kh * kw > 1 else 2  # (rh, rw,) rco, rci
+    # the conv's loops below the tile (or task) loop, by name: a loop of extent 1 is not there
+    taps = (kh, kw) if kh * kw > 1 else (1, 1)  # a 1x1 compute has no tap loops
+    sums = [name for name, extent in (("rh", taps[0]), ("rw", taps[1]), ("rco", cin // block), ("rci", block))
+            if extent > 1]
     if chunk:  # the task's accumulators for all its pixels; per chunk, every tile in turn
         task = sch.fuse(n, obo)
         sch.parallel(task)
         sch.compute_at(conv, task)
         sch.set_scope(conv, 0, "local")
-        own = sch.get_loops(conv)[1:]  # below the task: [obi], [h], [w], oi, [rh, rw], rco, rci (unit loops dropped)
         named = [name for name, extent in (("obi", blocks), ("h", loop_extent(sch, h)), ("w", wout), ("oi", block))
-                 if extent > 1]
-        loops = dict(zip(named, own))
-        taps, (rco, rci) = own[len(named):-2], own[-2:]
+                 if extent > 1] + sums
+        loops = dict(zip(named, sch.get_loops(conv)[1:]))
         cwo, cwi = sch.split(loops["w"], [None, cols])
-        rcoo, rcoi = sch.split(rco, [None, chunk // block])
-        outer = [*taps[:1], rcoo, *[loops[k] for k in ("h",) if k in loops], cwo, *taps[1:], rcoi, rci]
-        sch.reorder(*outer, *[loops[k] for k in ("obi",) if k in loops], cwi, loops["oi"])
+        rcoo = rcoi = None
+        if "rco" in loops and chunk < cin:
+            rcoo, rcoi = sch.split(loops["rco"], [None, chunk // block])
+        get = lambda *names: [loops[k] for k in names if k in loops]  # noqa: E731
+        outer = [*get("rh"), *[x for x in (rcoo,) if x is not None], *get("h"), cwo, *get("rw"),
+                 *([rcoi] if rcoi is not None else get("rco")), loops["rci"]]
+        sch.reorder(*outer, *get("obi"), cwi, loops["oi"])
         sch.vectorize(loops["oi"])
-        sch.unroll(rci)
+        sch.unroll(loops["rci"])
         sch.unroll(cwi)
-        if "obi" in loops:
-            sch.unroll(loops["obi"])
-        sch.decompose_reduction(conv, taps[0] if taps else rcoo)
+        for loop in get("obi"):
+            sch.unroll(loop)
+        sch.decompose_reduction(conv, outer[0])
     else:
         sch.parallel(sch.fuse(n, obo, h))
         sch.compute_at(conv, wo)
         sch.set_scope(conv, 0, "local")
         own = sch.get_loops(conv)[len(sch.get_loops(epi)) - 3:]  # below wo: the tile's pixels and blocks, the sums
-        spatial, reduction = own[:-reductions], own[-reductions:]
+        spatial, reduction = own[:-len(sums)], own[-len(sums):]
         sch.reorder(*reduction, *spatial)
         sch.unroll(reduction[-1])  # a block's input channels: 3x3 256 on 14x14 1.43 -> 1.30 ms rolled -> unrolled
         sch.vectorize(spatial[-1])  # the block's channels
