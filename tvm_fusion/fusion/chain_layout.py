@@ -8,8 +8,9 @@ the conv group that writes it and every group that reads it (as its input or its
 layout (`blockable`); a group reading an NCHW tensor converts while it reads (the pad stage or the reduction
 itself), a group whose output has another reader writes NCHW (its `unblock` stage). A set of groups joined
 by blocked tensors is a chain; a chain whose NCHW outputs (unblocks, each a pass over its output) number
-more than `MAX_UNBLOCK_SHARE` of its groups is left in NCHW: a 1x1 pair of an inverted residual block
-between two depthwise convs gains less than its unblock costs.
+more than `MAX_UNBLOCK_SHARE` of its groups is left in NCHW. That share is a judgement, not a measurement:
+it keeps ResNet-50's one chain (1 end of 52) and drops VGG19's chains of three convs between its conv -> pool
+groups (1 end of 3), whose 3x3 512 on 28x28 ran 1.05x the NCHW kernel's time blocked.
 
 Measured (one thread, an AVX-512 Xeon; docs/cpu_conv_kernels.md): alone, after an 8 MiB write as inside a
 model, ResNet-50's 1x1 convs 0.81-0.99x the NCHW kernel's time, its 3x3 0.93-1.04x (`benchmarks/blocked_convs.py`);
