@@ -28,21 +28,16 @@ from tvm_fusion import _tvm, registry  # noqa: E402
 from tvm_fusion._tvm import te, tvm  # noqa: E402
 from tvm_fusion.build.builder import resolve_target  # noqa: E402
 from tvm_fusion.schedules import load  # noqa: E402
-from tvm_fusion.schedules.conv2d_blocked import BLOCKED_CONV, blocked_shape  # noqa: E402
-from tvm_fusion.schedules.llvm.conv2d_blocked import block_lanes  # noqa: E402
+from tvm_fusion.hardware import cpu_facts  # noqa: E402
+from tvm_fusion.schedules.conv2d_blocked import BLOCKED_CONV, blocked_shape, from_blocked, to_blocked  # noqa: E402
 
 RESNET50 = [name for name in strided_convs.SHAPES if name.startswith("resnet50_") and name != "resnet50_stem"]
-
-
-def to_blocked(a: np.ndarray, block: int) -> np.ndarray:
-    n, c, h, w = a.shape
-    return np.ascontiguousarray(a.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
 
 
 def blocked_build(shape, arrays, target):
     """(a call of the blocked kernel on `arrays` (x, W, b as the NCHW build's), its output as NCHW)."""
     n, c, h, w, oc, k, stride, pad = shape[:8]
-    block = block_lanes(target)
+    block = cpu_facts(target).float32_lanes
     attrs = dict(strides=(stride, stride), padding=(pad,) * 4, dilation=(1, 1), groups=1, out_blocked=True,
                  activation="relu")
     x = to_blocked(arrays[0], block)
@@ -61,11 +56,7 @@ def blocked_build(shape, arrays, target):
     args.append(tvm.runtime.tensor(np.zeros(blocked_shape((n, oc, *[int(d) for d in out.shape[2:4]]), block),
                                             "float32")))
 
-    def nchw():
-        b = args[-1].numpy()
-        return b.transpose(0, 1, 4, 2, 3).reshape(b.shape[0], -1, b.shape[2], b.shape[3])
-
-    return (lambda: lib["main"](*args)), nchw
+    return (lambda: lib["main"](*args)), (lambda: from_blocked(args[-1].numpy()))
 
 
 def main(argv=None) -> int:

@@ -49,10 +49,6 @@ class ChainPlan:
         """True / False for a chain's group (its output blocked or NCHW), None for any other call."""
         return self.members.get(call)
 
-    @property
-    def groups(self) -> int:
-        return len(self.members)
-
 
 def blockable(lowering: Lowering, out_shape, target) -> str | None:
     """Why a lowered conv group cannot run blocked (None: it can)."""

@@ -35,6 +35,18 @@ def pack_blocked(w: np.ndarray, block: int, tile_blocks: int) -> np.ndarray:
     return np.ascontiguousarray(tiles.transpose(0, 4, 5, 3, 1, 2))
 
 
+def to_blocked(a: np.ndarray, block: int) -> np.ndarray:
+    """An NCHW array in NCHW[block]c."""
+    n, c, h, w = a.shape
+    return np.ascontiguousarray(a.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def from_blocked(a: np.ndarray) -> np.ndarray:
+    """An NCHW[B]c array in NCHW."""
+    n, cb, h, w, b = a.shape
+    return a.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
+
+
 def blocked_shape(shape, block: int) -> tuple:
     """(n, c, h, w) ==> (n, c / block, h, w, block)."""
     n, c, h, w = shape
@@ -55,7 +67,7 @@ def conv2d_blocked(x, w, b, residual=None, *, strides, padding, dilation, groups
     if groups != 1:
         raise ValueError(f"the blocked conv takes groups 1, not {groups}")
     tiles, kh, kw, cin, tile_blocks, block = (int(d) for d in w.shape)
-    n, _, hin, win = ((*dims(x.shape)[:1], cin, *dims(x.shape)[2:4]) if len(x.shape) == 5 else dims(x.shape))
+    n, _, hin, win = dims(x.shape)[:4]  # NCHW and NCHW[B]c alike
     cout = tiles * tile_blocks * block
     sh, sw = strides
     dh, dw = dilation

@@ -61,11 +61,6 @@ def reduction_chunk(blocks: int, block: int, cin: int, kh: int, kw: int, hout: i
     return chunk if chunk < cin or kh > 1 else 0
 
 
-def block_lanes(target) -> int:
-    """B of NCHW[B]c for `target`: its float32 vector lanes."""
-    return cpu_facts(target).float32_lanes
-
-
 def output_width(x_shape, w_shape, attrs) -> int:
     """The conv's output width, from x (NCHW or NCHW[B]c) and W [O, C, KH, KW]."""
     return conv2d_out_size(int(x_shape[3]), int(w_shape[3]), attrs["strides"][1], attrs["padding"][1],
@@ -87,11 +82,10 @@ def schedule_blocked(sch, attrs, target):
     unblock = optional_block(sch, "unblock")
     # the packed W: the one rank-6 operand (the PrimFunc takes x, [residual], W, b, out)
     w = next(p for p in sch.mod[sch.func_working_on].params if len(p.shape) == 6)
-    blocks = int(w.shape[4])
+    _, kh, kw, cin, blocks, block = (int(d) for d in w.shape)
     n, ob, h, ww, oi = sch.get_loops(epi)
     facts = cpu_facts(target)
     _, cols = tile_of(loop_extent(sch, ob), loop_extent(sch, ww), facts)
-    _, kh, kw, cin, _, block = (int(d) for d in w.shape)
     wout = loop_extent(sch, ww)
     chunk = reduction_chunk(blocks, block, cin, kh, kw, loop_extent(sch, h), wout, cols, facts)
     obo, obi = sch.split(ob, [None, blocks])

@@ -10,9 +10,8 @@ import pytest
 from tvm_fusion import registry
 from tvm_fusion._tvm import te, tvm
 from tvm_fusion.hardware import cpu_facts
-from tvm_fusion.schedules.conv2d_blocked import BLOCKED_CONV, blocked_shape, pack_blocked
-from tvm_fusion.schedules.llvm.conv2d_blocked import (BLOCKED_ACCUMULATORS, MIN_TILE_COLS, block_lanes,
-                                                      reduction_chunk, tile_of)
+from tvm_fusion.schedules.conv2d_blocked import BLOCKED_CONV, blocked_shape, from_blocked, pack_blocked, to_blocked
+from tvm_fusion.schedules.llvm.conv2d_blocked import BLOCKED_ACCUMULATORS, MIN_TILE_COLS, reduction_chunk, tile_of
 from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET, _build
 from tvm_fusion.testing import RESNET50_CONVS, assert_close
 
@@ -58,16 +57,6 @@ def test_pack_blocked_puts_a_tiles_blocks_innermost():
         assert packed[o // 32, r, s, c, o // 16 % 2, o % 16] == w[o, c, r, s]
 
 
-def _to_blocked(a: np.ndarray, block: int) -> np.ndarray:
-    n, c, h, w = a.shape
-    return np.ascontiguousarray(a.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
-
-
-def _from_blocked(a: np.ndarray) -> np.ndarray:
-    n, cb, h, w, b = a.shape
-    return a.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
-
-
 def _reference(x, wt, b, residual, stride, pad, activation, after):
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     oc, _, k, _ = wt.shape
@@ -109,7 +98,7 @@ def _case_id(case) -> str:
 
 def _run_case(case, target):
     n, c, h, w, oc, k, stride, pad, x_blocked, res, out_blocked, activation, after = case
-    block = block_lanes(target)
+    block = cpu_facts(target).float32_lanes
     rng = np.random.default_rng(7)
     x = rng.standard_normal((n, c, h, w)).astype("float32")
     wt = (rng.standard_normal((oc, c, k, k)) / np.sqrt(c * k * k)).astype("float32")
@@ -118,10 +107,10 @@ def _run_case(case, target):
     residual = rng.standard_normal((n, oc, oh, ow)).astype("float32") if res else None
     attrs = dict(strides=(stride, stride), padding=(pad,) * 4, dilation=(1, 1), groups=1, out_blocked=out_blocked,
                  activation=activation, residual_after_activation=after)
-    xs = _to_blocked(x, block) if x_blocked else x
+    xs = to_blocked(x, block) if x_blocked else x
     sched = registry.get_schedule(BLOCKED_CONV, "llvm")
     wp, bias = sched.packed([wt, b], attrs, [xs.shape], target)
-    rs = None if residual is None else (_to_blocked(residual, block) if res == "blocked" else residual)
+    rs = None if residual is None else (to_blocked(residual, block) if res == "blocked" else residual)
     operands = [xs, *([] if rs is None else [rs]), wp, bias]
     holders = [te.placeholder(a.shape, "float32", name=f"in{i}") for i, a in enumerate(operands)]
     xh, *rh, wh, bh = holders
@@ -131,7 +120,7 @@ def _run_case(case, target):
     assert out_shape == (blocked_shape((n, oc, oh, ow), block) if out_blocked else (n, oc, oh, ow))
     got = tvm.runtime.tensor(np.full(out_shape, np.nan, "float32"))
     _build(func, sched.apply, attrs, target)["main"](*[tvm.runtime.tensor(a) for a in operands], got)
-    got = _from_blocked(got.numpy()) if out_blocked else got.numpy()
+    got = from_blocked(got.numpy()) if out_blocked else got.numpy()
     assert_close(got, _reference(x, wt, b, residual, stride, pad, activation, after), "blocked conv", "float32")
 
 
