@@ -6,8 +6,9 @@ single calls after an 8 MiB write (`--evict`, as inside a model: weights and inp
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/blocked_convs.py resnet50_3x3_256 --evict 64
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/blocked_convs.py --target '{"kind":"llvm","mcpu":"x86-64-v3"}'
 
-Shapes are `strided_convs.py`'s (conv + ReLU, no residual); the blocked kernel reads its input in NCHW[x]c
-and writes its output so (a conv inside a chain), x the target's float32 lanes. Both are checked against
+Shapes are `strided_convs.py`'s (conv + ReLU, no residual; a depthwise shape runs the blocked depthwise
+kernel); the blocked kernel reads its input in NCHW[x]c and writes its output so (a conv inside a chain), x
+the target's float32 lanes. Both are checked against
 each other (float32 sums in another order: within 1e-4 relative).
 """
 
@@ -29,7 +30,8 @@ from tvm_fusion._tvm import te, tvm  # noqa: E402
 from tvm_fusion.build.builder import resolve_target  # noqa: E402
 from tvm_fusion.schedules import load  # noqa: E402
 from tvm_fusion.hardware import cpu_facts  # noqa: E402
-from tvm_fusion.schedules.conv2d_blocked import BLOCKED_CONV, blocked_shape, from_blocked, to_blocked  # noqa: E402
+from tvm_fusion.schedules.conv2d_blocked import (BLOCKED_CONV, BLOCKED_DEPTHWISE, blocked_shape,  # noqa: E402
+                                                 from_blocked, to_blocked)
 
 RESNET50 = [name for name in strided_convs.SHAPES if name.startswith("resnet50_") and name != "resnet50_stem"]
 
@@ -37,17 +39,19 @@ RESNET50 = [name for name in strided_convs.SHAPES if name.startswith("resnet50_"
 def blocked_build(shape, arrays, target):
     """(a call of the blocked kernel on `arrays` (x, W, b as the NCHW build's), its output as NCHW)."""
     n, c, h, w, oc, k, stride, pad = shape[:8]
+    groups = shape[8] if len(shape) > 8 else 1
+    compute = BLOCKED_CONV if groups == 1 else BLOCKED_DEPTHWISE
     block = cpu_facts(target).float32_lanes
-    attrs = dict(strides=(stride, stride), padding=(pad,) * 4, dilation=(1, 1), groups=1, out_blocked=True,
+    attrs = dict(strides=(stride, stride), padding=(pad,) * 4, dilation=(1, 1), groups=groups, out_blocked=True,
                  activation="relu")
     x = to_blocked(arrays[0], block)
     rng = np.random.default_rng(2)  # the draws of conv2d_test._packed_build: x, then W, then b
     rng.standard_normal(arrays[0].shape)
-    wt = rng.standard_normal((oc, c, k, k)).astype("float32")
-    sched = registry.get_schedule(BLOCKED_CONV, "llvm")
+    wt = rng.standard_normal((oc, c // groups, k, k)).astype("float32")
+    sched = registry.get_schedule(compute, "llvm")
     consts = sched.packed([wt, arrays[2]], attrs, [x.shape], target)
     tensors = [te.placeholder(a.shape, "float32", name=f"in{i}") for i, a in enumerate([x, *consts])]
-    out = registry.get_compute(BLOCKED_CONV, "llvm")(*tensors, None, **attrs, target=target)
+    out = registry.get_compute(compute, "llvm")(*tensors, None, **attrs, target=target)
     sch = _tvm.Schedule(tvm.IRModule({"main": te.create_prim_func([*tensors, out])}))
     with target:
         sched.apply(sch, attrs, target)
@@ -72,10 +76,10 @@ def main(argv=None) -> int:
     print(f"target {target}; ms per call, one thread: hot (blocks of ~100 ms) | after a {args.evict} MiB write")
     for name in args.shapes or RESNET50:
         shape = strided_convs.SHAPES[name]
-        if len(shape) > 8 and shape[8] != 1:
-            print(f"{name:26s} skipped: grouped (the blocked conv takes groups 1)")
+        if len(shape) > 8 and shape[8] not in (1, shape[1]) or len(shape) > 8 and shape[1] != shape[4]:
+            print(f"{name:26s} skipped: grouped (the blocked convs take groups 1 or depthwise)")
             continue
-        case = dict(zip(("n", "c", "h", "w", "oc", "k", "stride", "pad"), shape), activation="relu")
+        case = dict(zip(("n", "c", "h", "w", "oc", "k", "stride", "pad", "groups"), shape), activation="relu")
         nchw, out, arrays = strided_convs._build(case, target, {})
         blocked, blocked_out = blocked_build(shape, arrays, target)
         runs = {"nchw": nchw, "blocked": blocked}

@@ -145,16 +145,28 @@ def in_model_sites(executable, args, runs: int, clock: str, ort_run=None) -> tup
     return sites, {k: statistics.median(v) for k, v in totals.items()}
 
 
+def _nchw(shape: tuple) -> tuple:
+    """An NCHW[x]c shape (a conv chain's tensor: rank 5) as NCHW, the shape onnxruntime reports; others as
+    they are."""
+    if len(shape) == 5:
+        n, cb, h, w, x = shape
+        return (n, cb * x, h, w)
+    return shape
+
+
 def pair_ort(sites: list[dict], nodes: list[dict]) -> None:
     """Sets site["ort"] to the onnxruntime node run at the same place: nodes (in execution order) and sites
-    paired in order by (first input, output) shape, else by output shape; a node is paired once."""
+    paired in order by (first input, output) shape, else by output shape (a conv chain's NCHW[x]c shapes
+    compared as NCHW where they match nothing as they are); a node is paired once."""
     queues = defaultdict(list)
     for n in nodes:
         queues[n["input"], n["shape"]].append(n)
         queues[n["shape"]].append(n)
     used = set()
     for site in sites:
-        for key in ((site["input"], site["shape"]), site["shape"]):
+        exact = ((site["input"], site["shape"]), site["shape"])
+        logical = ((_nchw(site["input"]), _nchw(site["shape"])), _nchw(site["shape"]))
+        for key in exact + tuple(k for k in logical if k not in exact):
             queue = queues.get(key, [])
             while queue and queue[0]["name"] in used:
                 queue.pop(0)

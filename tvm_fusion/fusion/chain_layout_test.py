@@ -14,8 +14,8 @@ from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET
 from tvm_fusion.check.io import run_onnxruntime
 from tvm_fusion.frontend.importer import SymDim
-from tvm_fusion.testing import (GraphBuilder, assert_close, check_fused, check_half, check_symbolic_batch,
-                                random_inputs, run_build)
+from tvm_fusion.testing import (GraphBuilder, apply_activation_onnx, assert_close, check_fused, check_half,
+                                check_symbolic_batch, random_inputs, run_build)
 
 BLOCKED = "chain ("  # in every chain group's kernel note (conv2d_blocked.chain_note)
 #: the host target (or TVM_FUSION_CPU's) chains convs: AVX-512 does, AVX2 does not
@@ -36,6 +36,21 @@ def bottlenecks(blocks: int = 2, c: int = 32, hw: int = 14, n: int = 1, extra_ou
         if extra_output and i == 0:
             outs.append(y)
     return g.model([g.op("GlobalAveragePool", [y]), *outs])
+
+
+def inverted_residuals(c: int = 16, hidden: int = 64, hw: int = 14, kernels=(3, 5), dw_groups=None, seed: int = 5):
+    """MobileNetV2 blocks (1x1 c -> hidden, ReLU6; depthwise k x k, ReLU6; 1x1 back + the residual), one per
+    kernel size, then a global average pool; `dw_groups` makes the last block's depthwise conv a grouped conv
+    of that many groups instead."""
+    g = GraphBuilder(seed)
+    y = g.input("x", [1, c, hw, hw])
+    relu6 = lambda v: apply_activation_onnx(g, v, "Clip")  # noqa: E731
+    for i, k in enumerate(kernels):
+        groups = dw_groups if dw_groups and i == len(kernels) - 1 else hidden
+        h = relu6(g.bn(g.conv(y, c, hidden, k=1), hidden))
+        h = relu6(g.bn(g.conv(h, hidden, hidden, k=k, groups=groups), hidden))
+        y = g.op("Add", [g.bn(g.conv(h, hidden, c, k=1), c), y])
+    return g.model([g.op("GlobalAveragePool", [y])])
 
 
 def _kernels(built) -> list[str]:
@@ -70,6 +85,29 @@ def test_bottleneck_chain_runs_blocked_and_matches_onnxruntime():
         assert notes[0] == f"NCHW{lanes}c chain (NCHW in, NCHW{lanes}c out)"
         assert notes[-1] == f"NCHW{lanes}c chain (NCHW{lanes}c in, NCHW out)"
         assert notes[1:-1] == [f"NCHW{lanes}c chain (NCHW{lanes}c in, NCHW{lanes}c out)"] * 4
+
+
+def test_inverted_residuals_chain_their_depthwise_convs():
+    """MobileNetV2 blocks: the depthwise convs (3x3 and 5x5) run blocked between the 1x1 convs
+    (`depthwise_blocked`), all six convs in one chain whose last writes NCHW for the pool; fused matches
+    onnxruntime and the unfused build element by element."""
+    built = check_fused(inverted_residuals())
+    assert _kernels(built).count(BLOCKED) == (6 if CHAINS else 0)
+    assert _blocked_tensors(built) == (5 if CHAINS else 0)
+    if CHAINS:
+        lanes = cpu_facts(TARGET).float32_lanes
+        depthwise = [g.kernel for g in built.fused.groups if g.compute == "depthwise_conv2d_affine_blocked"]
+        assert depthwise == [f"depthwise NCHW{lanes}c chain (NCHW{lanes}c in, NCHW{lanes}c out)"] * 2
+
+
+def test_a_grouped_conv_is_not_chained():
+    """A grouped conv (two input channels per group) has no blocked kernel: it reads and writes NCHW, so the
+    1x1 conv before it writes NCHW and the one after it reads NCHW and writes NCHW for the pool: two NCHW ends
+    of the five other convs (over MAX_UNBLOCK_SHARE), nothing chains; the build still matches onnxruntime."""
+    built = check_fused(inverted_residuals(dw_groups=32))
+    grouped = [g for g in built.fused.groups if g.attrs.get("groups") == 32]
+    assert len(grouped) == 1 and BLOCKED not in grouped[0].kernel
+    assert 2 / 5 > MAX_UNBLOCK_SHARE and BLOCKED not in _kernels(built)
 
 
 def test_without_the_layout_every_tensor_is_nchw():

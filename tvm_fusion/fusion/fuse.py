@@ -25,7 +25,7 @@ from tvm_fusion.fusion.chain_layout import ChainPlan, plan_chains
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.activations import fast_math_allowed
 from tvm_fusion.schedules.conv2d import CONV_FAMILY
-from tvm_fusion.schedules.conv2d_blocked import BLOCKED_CONV, blocked_shape
+from tvm_fusion.schedules.conv2d_blocked import BLOCKED_CONV, BLOCKED_DEPTHWISE, blocked_shape
 
 __all__ = ["Decision", "FuseResult", "Group", "Matched", "fuse", "lower", "match", "normalize_batch_norm", "unchanged"]
 
@@ -478,7 +478,8 @@ class _LowerComposites(relax.PyExprMutator):
         args = [self.visit_expr(a) for a in call.args]
         out_blocked = self.plan.out_blocked(original)
         if out_blocked is not None:
-            lowering = dataclasses.replace(lowering, compute=BLOCKED_CONV,
+            compute = BLOCKED_CONV if lowering.attrs.get("groups", 1) == 1 else BLOCKED_DEPTHWISE
+            lowering = dataclasses.replace(lowering, compute=compute,
                                            attrs={**lowering.attrs, "out_blocked": out_blocked})
         lowering, scheduled = _scheduled(lowering, self.target, self.any_target)
         params = {p: a for p, a in zip(func.params, args)}

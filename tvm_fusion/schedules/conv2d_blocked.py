@@ -12,6 +12,11 @@ The output is NCHW[B]c, or NCHW with `out_blocked=False` (the chain's last conv:
 the `unblock` stage). W is packed at compile time (`pack_blocked`) as Wp[o // (B*OB), r, s, c, o // B % OB,
 o % B]: one tile of OB channel blocks reads one step's weights as OB contiguous vectors. Groups 1, float32.
 Stages, named for the schedule: `pad` (padded convs), `conv`, `epilogue`, `unblock`.
+
+A depthwise conv of the chain (`depthwise_conv2d_affine_blocked`: groups = channels, one output channel per
+input channel) reads and writes the same blocks: out[n, cb, h, w, ci] sums x[n, cb, h*sh + r*dh, w*sw + s*dw,
+ci] * Wp[cb, r, s, ci] over the taps, each tap one multiply-add of whole vectors (W packed by
+`pack_depthwise_blocked` as Wp[C / B, KH, KW, B]); the same stages and epilogue.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from .activations import apply_activation
 from .conv2d import conv2d_out_size
 
 BLOCKED_CONV = "conv2d_affine_blocked"
+BLOCKED_DEPTHWISE = "depthwise_conv2d_affine_blocked"
 
 
 def pack_blocked(w: np.ndarray, block: int, tile_blocks: int) -> np.ndarray:
@@ -33,6 +39,12 @@ def pack_blocked(w: np.ndarray, block: int, tile_blocks: int) -> np.ndarray:
     cout, cin, kh, kw = w.shape
     tiles = w.reshape(cout // (block * tile_blocks), tile_blocks, block, cin, kh, kw)
     return np.ascontiguousarray(tiles.transpose(0, 4, 5, 3, 1, 2))
+
+
+def pack_depthwise_blocked(w: np.ndarray, block: int) -> np.ndarray:
+    """W [C, 1, KH, KW]  ==>  Wp [C / block, KH, KW, block]."""
+    c, _, kh, kw = w.shape
+    return np.ascontiguousarray(w.reshape(c // block, block, kh, kw).transpose(0, 2, 3, 1))
 
 
 def to_blocked(a: np.ndarray, block: int) -> np.ndarray:
@@ -60,6 +72,51 @@ def _reader(t, block: int):
     return lambda n, c, h, w: t[n, c, h, w]
 
 
+def _padded_reader(x, block: int, cin: int, hin: int, win: int, padding):
+    """(read(n, c, h, w) of x padded, the `pad` stage or None): an unpadded conv reads x itself."""
+    read_x = _reader(x, block)
+    if not any(padding):
+        return read_x
+    top, left, bottom, right = padding
+    n = dims(x.shape)[0]
+
+    def padded(i, cb, h, ww, ci):
+        inside = tirx.all(h >= top, h < hin + top, ww >= left, ww < win + left)
+        return tirx.if_then_else(inside, read_x(i, cb * block + ci, h - top, ww - left), tirx.const(0, x.dtype))
+
+    pad = te.compute((n, cin // block, hin + top + bottom, win + left + right, block), padded, name="pad")
+    return lambda i, c, h, ww: pad[i, c // block, h, ww, c % block]
+
+
+def _epilogue(conv, b, residual, block: int, out_blocked: bool, *, activation, activation_params,
+              residual_after_activation, fast_math, target):
+    """The conv family's affine epilogue on the blocked sums, stored blocked (or NCHW: the `unblock` stage)."""
+    n, cout_blocks, hout, wout, _ = conv.shape
+    read_residual = None if residual is None else _reader(residual, block)
+
+    def value(i, ob, h, ww, oi):
+        o = ob * block + oi
+        v = conv[i, ob, h, ww, oi] + b[o]
+        if read_residual is not None and not residual_after_activation:
+            v = v + read_residual(i, o, h, ww)
+        v = apply_activation(v, activation, activation_params, fast_math=fast_math, target=target)
+        if read_residual is not None and residual_after_activation:
+            v = v + read_residual(i, o, h, ww)
+        return v
+
+    epilogue = te.compute(conv.shape, value, name="epilogue")
+    if out_blocked:
+        return epilogue
+    return te.compute((n, cout_blocks * block, hout, wout),
+                      lambda i, o, h, ww: epilogue[i, o // block, h, ww, o % block], name="unblock")
+
+
+def _out_size(hin, win, kh, kw, strides, padding, dilation):
+    top, left, bottom, right = padding
+    return (conv2d_out_size(hin, kh, strides[0], top, bottom, dilation[0]),
+            conv2d_out_size(win, kw, strides[1], left, right, dilation[1]))
+
+
 @register_compute(BLOCKED_CONV, target="llvm")
 def conv2d_blocked(x, w, b, residual=None, *, strides, padding, dilation, groups=1, out_blocked=True,
                    activation=None, activation_params=None, residual_after_activation=False, fast_math=True,
@@ -71,18 +128,8 @@ def conv2d_blocked(x, w, b, residual=None, *, strides, padding, dilation, groups
     cout = tiles * tile_blocks * block
     sh, sw = strides
     dh, dw = dilation
-    top, left, bottom, right = padding
-    hout = conv2d_out_size(hin, kh, sh, top, bottom, dh)
-    wout = conv2d_out_size(win, kw, sw, left, right, dw)
-    read_x = _reader(x, block)
-    if any(padding):
-        def padded(i, cb, h, ww, ci):
-            inside = tirx.all(h >= top, h < hin + top, ww >= left, ww < win + left)
-            return tirx.if_then_else(inside, read_x(i, cb * block + ci, h - top, ww - left), tirx.const(0, x.dtype))
-        pad = te.compute((n, cin // block, hin + top + bottom, win + left + right, block), padded, name="pad")
-        read = lambda i, c, h, ww: pad[i, c // block, h, ww, c % block]  # noqa: E731
-    else:
-        read = read_x
+    hout, wout = _out_size(hin, win, kh, kw, strides, padding, dilation)
+    read = _padded_reader(x, block, cin, hin, win, padding)
     rco, rci = te.reduce_axis((0, cin // block), "rco"), te.reduce_axis((0, block), "rci")
     if (kh, kw) == (1, 1):  # no tap loops (unit loops would stay in the schedule's way)
         rh = rw = tirx.const(0, "int32")
@@ -96,20 +143,29 @@ def conv2d_blocked(x, w, b, residual=None, *, strides, padding, dilation, groups
             read(i, rco * block + rci, h * sh + rh * dh, ww * sw + rw * dw)
             * w[ob // tile_blocks, rh, rw, rco * block + rci, ob % tile_blocks, oi], axis=axes),
         name="conv")
-    read_residual = None if residual is None else _reader(residual, block)
+    return _epilogue(conv, b, residual, block, out_blocked, activation=activation,
+                     activation_params=activation_params, residual_after_activation=residual_after_activation,
+                     fast_math=fast_math, target=target)
 
-    def value(i, ob, h, ww, oi):
-        o = ob * block + oi
-        v = conv[i, ob, h, ww, oi] + b[o]
-        if read_residual is not None and not residual_after_activation:
-            v = v + read_residual(i, o, h, ww)
-        v = apply_activation(v, activation, activation_params, fast_math=fast_math, target=target)
-        if read_residual is not None and residual_after_activation:
-            v = v + read_residual(i, o, h, ww)
-        return v
 
-    epilogue = te.compute((n, cout // block, hout, wout, block), value, name="epilogue")
-    if out_blocked:
-        return epilogue
-    return te.compute((n, cout, hout, wout), lambda i, o, h, ww: epilogue[i, o // block, h, ww, o % block],
-                      name="unblock")
+@register_compute(BLOCKED_DEPTHWISE, target="llvm")
+def depthwise_blocked(x, w, b, residual=None, *, strides, padding, dilation, groups, out_blocked=True,
+                      activation=None, activation_params=None, residual_after_activation=False, fast_math=True,
+                      target=None, **_):
+    cblocks, kh, kw, block = (int(d) for d in w.shape)
+    if groups != cblocks * block:
+        raise ValueError(f"the blocked depthwise conv takes groups = channels ({cblocks * block}), not {groups}")
+    n, _, hin, win = dims(x.shape)[:4]
+    sh, sw = strides
+    dh, dw = dilation
+    hout, wout = _out_size(hin, win, kh, kw, strides, padding, dilation)
+    read = _padded_reader(x, block, groups, hin, win, padding)
+    rh, rw = te.reduce_axis((0, kh), "rh"), te.reduce_axis((0, kw), "rw")
+    conv = te.compute(
+        (n, cblocks, hout, wout, block),
+        lambda i, cb, h, ww, ci: te.sum(read(i, cb * block + ci, h * sh + rh * dh, ww * sw + rw * dw)
+                                        * w[cb, rh, rw, ci], axis=[rh, rw]),
+        name="conv")
+    return _epilogue(conv, b, residual, block, out_blocked, activation=activation,
+                     activation_params=activation_params, residual_after_activation=residual_after_activation,
+                     fast_math=fast_math, target=target)

@@ -1,6 +1,7 @@
-"""The blocked conv (`conv2d_blocked`): its tiles and reduction chunks per target, and numerics against float64
-numpy for every operand layout (x, residual and output NCHW or NCHW[x]c), kernel size, stride, padding,
-activation and the chunked reduction, on the host target and on AVX2 (where the host runs AVX2 code)."""
+"""The blocked convs (`conv2d_blocked`, `depthwise_blocked`): their tiles and reduction chunks per target, and
+numerics against float64 numpy for every operand layout (x, residual and output NCHW or NCHW[x]c), kernel
+size, stride, padding, activation and the chunked reduction, on the host target and on AVX2 (where the host
+runs AVX2 code)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from tvm_fusion import registry
 from tvm_fusion._tvm import te, tvm
 from tvm_fusion.hardware import cpu_facts
-from tvm_fusion.schedules.conv2d_blocked import BLOCKED_CONV, blocked_shape, from_blocked, pack_blocked, to_blocked
+from tvm_fusion.schedules.conv2d_blocked import (BLOCKED_CONV, BLOCKED_DEPTHWISE, blocked_shape, from_blocked,
+                                                 pack_blocked, pack_depthwise_blocked, to_blocked)
 from tvm_fusion.schedules.llvm.conv2d_blocked import BLOCKED_ACCUMULATORS, MIN_TILE_COLS, reduction_chunk, tile_of
 from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET, _build
 from tvm_fusion.testing import RESNET50_CONVS, assert_close
@@ -57,15 +59,28 @@ def test_pack_blocked_puts_a_tiles_blocks_innermost():
         assert packed[o // 32, r, s, c, o // 16 % 2, o % 16] == w[o, c, r, s]
 
 
-def _reference(x, wt, b, residual, stride, pad, activation, after):
+def test_pack_depthwise_blocked_puts_a_blocks_channels_innermost():
+    w = np.arange(48 * 3 * 3, dtype="float32").reshape(48, 1, 3, 3)
+    packed = pack_depthwise_blocked(w, 16)
+    assert packed.shape == (3, 3, 3, 16)
+    for c, r, s in [(0, 0, 0), (17, 1, 2), (47, 2, 2), (30, 0, 1)]:
+        assert packed[c // 16, r, s, c % 16] == w[c, 0, r, s]
+
+
+def _reference(x, wt, b, residual, stride, pad, activation, after, dilation=1):
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oc, _, k, _ = wt.shape
-    oh, ow = (xp.shape[2] - k) // stride + 1, (xp.shape[3] - k) // stride + 1
+    oc, cpg, k, _ = wt.shape
+    span = dilation * (k - 1) + 1
+    oh, ow = (xp.shape[2] - span) // stride + 1, (xp.shape[3] - span) // stride + 1
     out = np.zeros((x.shape[0], oc, oh, ow))
     for r in range(k):
         for s in range(k):
-            patch = xp[:, :, r:r + stride * (oh - 1) + 1:stride, s:s + stride * (ow - 1) + 1:stride]
-            out += np.einsum("nchw,oc->nohw", patch, wt[:, :, r, s].astype(np.float64))
+            r0, s0 = r * dilation, s * dilation
+            patch = xp[:, :, r0:r0 + stride * (oh - 1) + 1:stride, s0:s0 + stride * (ow - 1) + 1:stride]
+            if cpg == 1 and oc == x.shape[1] and oc > 1:  # depthwise
+                out += patch * wt[None, :, 0, r, s, None, None].astype(np.float64)
+            else:
+                out += np.einsum("nchw,oc->nohw", patch, wt[:, :, r, s].astype(np.float64))
     out += b[None, :, None, None]
     act = {None: lambda v: v, "relu": lambda v: np.maximum(v, 0), "relu6": lambda v: np.clip(v, 0, 6)}[activation]
     if residual is not None and not after:
@@ -96,32 +111,36 @@ def _case_id(case) -> str:
             f"-{act}{'-after' if after else ''}")
 
 
-def _run_case(case, target):
+def _run_case(case, target, depthwise=False, dilation=1):
     n, c, h, w, oc, k, stride, pad, x_blocked, res, out_blocked, activation, after = case
     block = cpu_facts(target).float32_lanes
     rng = np.random.default_rng(7)
     x = rng.standard_normal((n, c, h, w)).astype("float32")
-    wt = (rng.standard_normal((oc, c, k, k)) / np.sqrt(c * k * k)).astype("float32")
+    cpg = 1 if depthwise else c
+    wt = (rng.standard_normal((oc, cpg, k, k)) / np.sqrt(cpg * k * k)).astype("float32")
     b = rng.standard_normal(oc).astype("float32")
-    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    span = dilation * (k - 1) + 1
+    oh, ow = (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1
     residual = rng.standard_normal((n, oc, oh, ow)).astype("float32") if res else None
-    attrs = dict(strides=(stride, stride), padding=(pad,) * 4, dilation=(1, 1), groups=1, out_blocked=out_blocked,
-                 activation=activation, residual_after_activation=after)
+    attrs = dict(strides=(stride, stride), padding=(pad,) * 4, dilation=(dilation,) * 2, groups=c if depthwise else 1,
+                 out_blocked=out_blocked, activation=activation, residual_after_activation=after)
     xs = to_blocked(x, block) if x_blocked else x
-    sched = registry.get_schedule(BLOCKED_CONV, "llvm")
+    compute = BLOCKED_DEPTHWISE if depthwise else BLOCKED_CONV
+    sched = registry.get_schedule(compute, "llvm")
     wp, bias = sched.packed([wt, b], attrs, [xs.shape], target)
     rs = None if residual is None else (to_blocked(residual, block) if res == "blocked" else residual)
     operands = [xs, *([] if rs is None else [rs]), wp, bias]
     holders = [te.placeholder(a.shape, "float32", name=f"in{i}") for i, a in enumerate(operands)]
     xh, *rh, wh, bh = holders
-    out = registry.get_compute(BLOCKED_CONV, "llvm")(xh, wh, bh, rh[0] if rh else None, **attrs, target=target)
+    out = registry.get_compute(compute, "llvm")(xh, wh, bh, rh[0] if rh else None, **attrs, target=target)
     func = te.create_prim_func([*holders, out])
     out_shape = tuple(int(d) for d in out.shape)
     assert out_shape == (blocked_shape((n, oc, oh, ow), block) if out_blocked else (n, oc, oh, ow))
     got = tvm.runtime.tensor(np.full(out_shape, np.nan, "float32"))
     _build(func, sched.apply, attrs, target)["main"](*[tvm.runtime.tensor(a) for a in operands], got)
     got = from_blocked(got.numpy()) if out_blocked else got.numpy()
-    assert_close(got, _reference(x, wt, b, residual, stride, pad, activation, after), "blocked conv", "float32")
+    assert_close(got, _reference(x, wt, b, residual, stride, pad, activation, after, dilation), "blocked conv",
+                 "float32")
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -133,6 +152,63 @@ def test_blocked_conv_matches_numpy(case):
 @pytest.mark.parametrize("case", CASES[:4], ids=_case_id)
 def test_avx2_blocked_conv_matches_numpy(case):
     _run_case(case, AVX2_TARGET)
+
+
+#: depthwise convs, as CASES (c == oc): MobileNetV2's inside a chain (stride 1 and 2, ReLU6), a 5x5, an
+#: unpadded one, a chain's first (NCHW in) and last (NCHW out), a residual, rows of 7 and of 13
+DEPTHWISE_CASES = [
+    (1, 64, 14, 14, 64, 3, 1, 1, True, None, True, "relu6", False),
+    (1, 96, 14, 14, 96, 3, 2, 1, True, None, True, "relu6", False),
+    (2, 32, 28, 28, 32, 5, 1, 2, True, None, True, "relu", False),
+    (1, 48, 9, 9, 48, 3, 1, 0, False, None, False, None, False),
+    (1, 32, 7, 7, 32, 3, 1, 1, True, "blocked", True, "relu", True),
+    (1, 16, 13, 13, 16, 3, 2, 1, False, "nchw", False, "relu6", False),
+]
+
+
+@pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=_case_id)
+def test_blocked_depthwise_conv_matches_numpy(case):
+    _run_case(case, TARGET, depthwise=True)
+
+
+@NO_AVX2
+@pytest.mark.parametrize("case", DEPTHWISE_CASES[:4], ids=_case_id)
+def test_avx2_blocked_depthwise_conv_matches_numpy(case):
+    _run_case(case, AVX2_TARGET, depthwise=True)
+
+
+@pytest.mark.parametrize("depthwise", [False, True], ids=["conv", "depthwise"])
+def test_dilated_blocked_convs_match_numpy(depthwise):
+    """Dilation 2 (a DeepLab-style conv inside a chain): the taps step over the padded input."""
+    _run_case((1, 32, 20, 20, 32, 3, 1, 2, True, None, True, "relu", False), TARGET, depthwise, dilation=2)
+
+
+@pytest.mark.parametrize("target", [AVX512, AVX2_TARGET], ids=["avx512", "avx2"])
+@pytest.mark.parametrize("hw,k,stride", [(14, 3, 1), (7, 3, 1), (14, 3, 2), (28, 5, 1)])
+def test_the_depthwise_taps_run_outside_the_tile(target, hw, k, stride):
+    """The blocked depthwise conv's update: taps outermost, then the tile's pixels unrolled, then the block's
+    channels as one vector; the tile divides the row (one vector accumulator per pixel)."""
+    block = cpu_facts(target).float32_lanes
+    c = 4 * block
+    attrs = dict(strides=(stride, stride), padding=(k // 2,) * 4, dilation=(1, 1), groups=c, out_blocked=True,
+                 activation="relu6")
+    sched = registry.get_schedule(BLOCKED_DEPTHWISE, "llvm")
+    xs = (1, c // block, hw, hw, block)
+    wp, bias = sched.packed([np.zeros((c, 1, k, k), "float32"), np.zeros(c, "float32")], attrs, [xs], target)
+    assert wp.shape == (c // block, k, k, block)
+    holders = [te.placeholder(s, "float32", name=f"in{i}") for i, s in enumerate([xs, wp.shape, bias.shape])]
+    out = registry.get_compute(BLOCKED_DEPTHWISE, "llvm")(*holders, None, **attrs, target=target)
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([*holders, out])}))
+    with target:
+        note = sched.apply(sch, attrs, target)
+    assert note == f"depthwise NCHW{block}c chain (NCHW{block}c in, NCHW{block}c out)"
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("conv_update"))]
+    kinds = [int(loop.kind) for loop in loops]  # ForKind: 0 serial, 1 parallel, 2 vectorized, 3 unrolled
+    assert kinds[0] == 1, kinds  # one task per channel block
+    assert int(loops[-1].extent) == block and kinds[-1] == 2, loops[-1]
+    wout = (hw + 2 * (k // 2) - k) // stride + 1
+    _, cols = tile_of(1, wout, cpu_facts(target))
+    assert [int(loop.extent) for loop in loops[-4:-1]] == [k, k, cols] and kinds[-4:-1] == [3, 3, 3], loops
 
 
 #: (c, oc, k, hw): one input and output block on AVX-512, a 1x1, a chunked 3x3 and 1x1; AVX2 adds one block
