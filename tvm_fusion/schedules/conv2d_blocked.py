@@ -9,8 +9,10 @@ cache line (AVX-512), stored whole and in the order they are computed; the next 
 input channels B at a time from one line, a residual likewise. x is NCHW (the first conv of a chain: the
 `pad` stage, or the reduction itself for an unpadded conv, reads it) or NCHW[B]c (rank 5); the residual too.
 The output is NCHW[B]c, or NCHW with `out_blocked=False` (the chain's last conv: the blocked epilogue, then
-the `unblock` stage). W is packed at compile time (`pack_blocked`) as Wp[o // (B*OB), r, s, c, o // B % OB,
-o % B]: one tile of OB channel blocks reads one step's weights as OB contiguous vectors. Groups 1, float32.
+the `unblock` stage). W is packed at compile time (`pack_blocked`) as Wp[o // (B*OB), r, c // K, s, c % K,
+o // B % OB, o % B], K the schedule's reduction chunk (all of C where it does not chunk): one tile of OB
+channel blocks reads one step's weights as OB contiguous vectors, and all its weights as one run in the
+order it reads them. Groups 1, float32.
 Stages, named for the schedule: `pad` (padded convs), `conv`, `epilogue`, `unblock`.
 
 A depthwise conv of the chain (`depthwise_conv2d_affine_blocked`: groups = channels, one output channel per
@@ -34,11 +36,14 @@ BLOCKED_CONV = "conv2d_affine_blocked"
 BLOCKED_DEPTHWISE = "depthwise_conv2d_affine_blocked"
 
 
-def pack_blocked(w: np.ndarray, block: int, tile_blocks: int) -> np.ndarray:
-    """W [O, C, KH, KW]  ==>  Wp [O / (block * tile_blocks), KH, KW, C, tile_blocks, block]."""
+def pack_blocked(w: np.ndarray, block: int, tile_blocks: int, chunk: int = 0) -> np.ndarray:
+    """W [O, C, KH, KW]  ==>  Wp [O / (block * tile_blocks), KH, C / chunk, KW, chunk, tile_blocks, block]: a
+    tile's weights in the order a chunked reduction reads them (per kernel row, per chunk of `chunk` input
+    channels, 0: all of them), one contiguous run."""
     cout, cin, kh, kw = w.shape
-    tiles = w.reshape(cout // (block * tile_blocks), tile_blocks, block, cin, kh, kw)
-    return np.ascontiguousarray(tiles.transpose(0, 4, 5, 3, 1, 2))
+    chunk = chunk or cin
+    tiles = w.reshape(cout // (block * tile_blocks), tile_blocks, block, cin // chunk, chunk, kh, kw)
+    return np.ascontiguousarray(tiles.transpose(0, 5, 3, 6, 4, 1, 2))
 
 
 def pack_depthwise_blocked(w: np.ndarray, block: int) -> np.ndarray:
@@ -123,7 +128,8 @@ def conv2d_blocked(x, w, b, residual=None, *, strides, padding, dilation, groups
                    target=None, **_):
     if groups != 1:
         raise ValueError(f"the blocked conv takes groups 1, not {groups}")
-    tiles, kh, kw, cin, tile_blocks, block = (int(d) for d in w.shape)
+    tiles, kh, chunks, kw, chunk, tile_blocks, block = (int(d) for d in w.shape)
+    cin, blocks_per_chunk = chunks * chunk, chunk // block
     n, _, hin, win = dims(x.shape)[:4]  # NCHW and NCHW[B]c alike
     cout = tiles * tile_blocks * block
     sh, sw = strides
@@ -141,7 +147,8 @@ def conv2d_blocked(x, w, b, residual=None, *, strides, padding, dilation, groups
         (n, cout // block, hout, wout, block),
         lambda i, ob, h, ww, oi: te.sum(
             read(i, rco * block + rci, h * sh + rh * dh, ww * sw + rw * dw)
-            * w[ob // tile_blocks, rh, rw, rco * block + rci, ob % tile_blocks, oi], axis=axes),
+            * w[ob // tile_blocks, rh, rco // blocks_per_chunk, rw, rco % blocks_per_chunk * block + rci,
+                ob % tile_blocks, oi], axis=axes),
         name="conv")
     return _epilogue(conv, b, residual, block, out_blocked, activation=activation,
                      activation_params=activation_params, residual_after_activation=residual_after_activation,

@@ -8,7 +8,8 @@ loop nest, a chain's last conv unblocks its output in its own loop nest too.
 The tile: two channel blocks where the output has an even number of them, and the most pixels of a row
 (a divisor of its width) that keep the accumulators within `BLOCKED_ACCUMULATORS` of the target's vector
 registers. Measured alone on an AVX-512 Xeon (one thread): 1x1 64 -> 256 on 56x56, 2 x 8 pixels 0.78 ms,
-3 x 8, 3 x 7, 2 x 7 within 3% of it; with 28 accumulators (2 x 14) LLVM kept them in memory: 1x1 and 3x3
+3 x 8, 3 x 7, 2 x 7 within 3% of it (W packed per tile and chunk in the order the reduction reads it:
+`pack`); with 28 accumulators (2 x 14) LLVM kept them in memory: 1x1 and 3x3
 convs on 56x56 / 28x28 / 14x14 2.3-2.6x slower (`benchmarks/blocked_convs.py`); a block's input channels
 rolled -> unrolled: 3x3 256 on 14x14 1.43 -> 1.30 ms, 3x3 512 on 7x7 1.65 -> 1.51.
 
@@ -75,21 +76,27 @@ def output_width(x_shape, w_shape, attrs) -> int:
 
 
 def pack(constants, attrs, shapes, target):
-    """W [O, C, KH, KW] ==> pack_blocked's Wp for the tile `tile_of` picks; b as it is."""
+    """W [O, C, KH, KW] ==> pack_blocked's Wp for the tile `tile_of` picks and the chunk `reduction_chunk`
+    takes; b as it is."""
     w, b = constants
     facts = cpu_facts(target)
     block = facts.float32_lanes
-    blocks, _ = tile_of(int(w.shape[0]) // block, output_width(shapes[0], w.shape, attrs), facts)
-    return [pack_blocked(w, block, blocks), b]
+    cout, cin, kh, kw = (int(d) for d in w.shape)
+    wout = output_width(shapes[0], w.shape, attrs)
+    hout = conv2d_out_size(int(shapes[0][2]), kh, attrs["strides"][0], attrs["padding"][0], attrs["padding"][2],
+                           attrs["dilation"][0])
+    blocks, cols = tile_of(cout // block, wout, facts)
+    chunk = reduction_chunk(blocks, block, cin, kh, kw, hout, wout, cols, facts)
+    return [pack_blocked(w, block, blocks, chunk), b]
 
 
 @register_schedule(BLOCKED_CONV, target="llvm", pack=pack)
 def schedule_blocked(sch, attrs, target):
     pad, conv, epi = optional_block(sch, "pad"), sch.get_sblock("conv"), sch.get_sblock("epilogue")
     unblock = optional_block(sch, "unblock")
-    # the packed W: the one rank-6 operand (the PrimFunc takes x, [residual], W, b, out)
-    w = next(p for p in sch.mod[sch.func_working_on].params if len(p.shape) == 6)
-    _, kh, kw, cin, blocks, block = (int(d) for d in w.shape)
+    w = sch.mod[sch.func_working_on].params[-3]  # the PrimFunc takes x, [residual], Wp, b, out
+    _, kh, chunks, kw, chunk_size, blocks, block = (int(d) for d in w.shape)
+    cin = chunks * chunk_size
     n, ob, h, ww, oi = sch.get_loops(epi)
     facts = cpu_facts(target)
     _, cols = tile_of(loop_extent(sch, ob), loop_extent(sch, ww), facts)

@@ -54,9 +54,19 @@ def test_reduction_chunks_follow_the_caches():
 def test_pack_blocked_puts_a_tiles_blocks_innermost():
     w = np.arange(64 * 32 * 3 * 3, dtype="float32").reshape(64, 32, 3, 3)
     packed = pack_blocked(w, 16, 2)
-    assert packed.shape == (2, 3, 3, 32, 2, 16)
+    assert packed.shape == (2, 3, 1, 3, 32, 2, 16)
     for o, c, r, s in [(0, 0, 0, 0), (17, 5, 1, 2), (63, 31, 2, 2), (40, 7, 0, 1)]:
-        assert packed[o // 32, r, s, c, o // 16 % 2, o % 16] == w[o, c, r, s]
+        assert packed[o // 32, r, 0, s, c, o // 16 % 2, o % 16] == w[o, c, r, s]
+
+
+def test_pack_blocked_lays_each_chunk_out_in_one_run():
+    """Chunks of 16 input channels: a tile's weights for one kernel row and chunk (all its columns) are one
+    contiguous run, the runs in the order the chunked reduction reads them (kernel row, then chunk)."""
+    w = np.arange(32 * 64 * 3 * 3, dtype="float32").reshape(32, 64, 3, 3)
+    packed = pack_blocked(w, 16, 2, chunk=16)
+    assert packed.shape == (1, 3, 4, 3, 16, 2, 16)
+    for o, c, r, s in [(0, 0, 0, 0), (17, 5, 1, 2), (31, 63, 2, 2), (20, 40, 0, 1)]:
+        assert packed[0, r, c // 16, s, c % 16, o // 16, o % 16] == w[o, c, r, s]
 
 
 def test_pack_depthwise_blocked_puts_a_blocks_channels_innermost():
