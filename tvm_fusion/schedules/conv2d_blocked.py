@@ -78,7 +78,8 @@ def _reader(t, block: int):
 
 
 def _padded_reader(x, block: int, cin: int, hin: int, win: int, padding):
-    """(read(n, c, h, w) of x padded, the `pad` stage or None): an unpadded conv reads x itself."""
+    """read(n, c, h, w) of x padded: through the `pad` stage (NCHW[B]c, whatever x's layout); an unpadded conv
+    reads x itself."""
     read_x = _reader(x, block)
     if not any(padding):
         return read_x
