@@ -375,10 +375,12 @@ def check_rule_property(model, rules, rule_name: str, seed: int = 0) -> bool:
 
 def block_in_if_branches(g: "GraphBuilder", x: str, block, name: str = "branch/0") -> str:
     """An If node on a condition computed from `x` (nothing folds it) whose two branches each run `block(b,
-    x)` (b: the branch's own GraphBuilder, seeded 1 and 2; x read from the outer graph). Returns its output."""
+    x)` (b: the branch's own GraphBuilder, seeded 1 and 2, its names numbered past the outer graph's and
+    the other branch's: ONNX names are unique across scopes; x read from the outer graph). Returns its output."""
     def branch(graph_name, seed):
         b = GraphBuilder(seed)
         b.nodes, b.inits = [], []
+        b.n = g.n + 100_000 * seed
         out = b.op("Identity", [block(b, x)])
         outputs = [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)]
         return helper.make_graph(b.nodes, graph_name, [], outputs, b.inits)

@@ -14,25 +14,30 @@ from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.conv2d_test import AVX2, NO_AVX2, TARGET
 from tvm_fusion.check.io import run_onnxruntime
 from tvm_fusion.frontend.importer import SymDim
-from tvm_fusion.testing import (GraphBuilder, apply_activation_onnx, assert_close, check_fused, check_half,
-                                check_symbolic_batch, random_inputs, run_build)
+from tvm_fusion.testing import (GraphBuilder, apply_activation_onnx, assert_close, block_in_if_branches,
+                                check_fused, check_half, check_symbolic_batch, random_inputs, run_build)
 
 BLOCKED = "chain ("  # in every chain group's kernel note (conv2d_blocked.chain_note)
 #: the host target (or TVM_FUSION_CPU's) chains convs: AVX-512 does, AVX2 does not
 CHAINS = cpu_facts(TARGET).isa in BLOCKED_ISAS
 
 
+def bottleneck(g: GraphBuilder, y: str, c: int) -> str:
+    """A ResNet bottleneck on y (1x1 c -> c/2, 3x3, 1x1 back + the residual, ReLU)."""
+    h = g.op("Relu", [g.bn(g.conv(y, c, c // 2, k=1), c // 2)])
+    h = g.op("Relu", [g.bn(g.conv(h, c // 2, c // 2, k=3), c // 2)])
+    h = g.bn(g.conv(h, c // 2, c, k=1), c)
+    return g.op("Relu", [g.op("Add", [h, y])])
+
+
 def bottlenecks(blocks: int = 2, c: int = 32, hw: int = 14, n: int = 1, extra_output: bool = False, seed: int = 3):
-    """`blocks` ResNet bottlenecks (1x1 c -> c/2, 3x3, 1x1 back + the residual, ReLU), then a global average
-    pool; `extra_output`: the first block's output is a graph output too."""
+    """`blocks` ResNet bottlenecks, then a global average pool; `extra_output`: the first block's output is a
+    graph output too."""
     g = GraphBuilder(seed)
     y = g.input("x", [n, c, hw, hw])
     outs = []
     for i in range(blocks):
-        h = g.op("Relu", [g.bn(g.conv(y, c, c // 2, k=1), c // 2)])
-        h = g.op("Relu", [g.bn(g.conv(h, c // 2, c // 2, k=3), c // 2)])
-        h = g.bn(g.conv(h, c // 2, c, k=1), c)
-        y = g.op("Relu", [g.op("Add", [h, y])])
+        y = bottleneck(g, y, c)
         if extra_output and i == 0:
             outs.append(y)
     return g.model([g.op("GlobalAveragePool", [y]), *outs])
@@ -108,6 +113,20 @@ def test_a_grouped_conv_is_not_chained():
     grouped = [g for g in built.fused.groups if g.attrs.get("groups") == 32]
     assert len(grouped) == 1 and BLOCKED not in grouped[0].kernel
     assert 2 / 5 > MAX_UNBLOCK_SHARE and BLOCKED not in _kernels(built)
+
+
+def test_a_chain_beside_if_branches():
+    """Two bottlenecks, then an If whose branches each run a bottleneck on their output: the six convs before
+    the If chain (the If reads their last output, which stays NCHW); the convs inside the branches (nested
+    functions' bindings, not the function's own) keep NCHW; fused matches onnxruntime either way."""
+    g = GraphBuilder(3)
+    y = g.input("x", [1, 32, 14, 14])
+    for _ in range(2):
+        y = bottleneck(g, y, 32)
+    z = block_in_if_branches(g, y, lambda b, x: bottleneck(b, x, 32))
+    built = check_fused(g.model([g.op("GlobalAveragePool", [z])]))
+    kernels = _kernels(built)
+    assert len(kernels) == 12 and kernels.count(BLOCKED) == (6 if CHAINS else 0)
 
 
 def test_without_the_layout_every_tensor_is_nchw():
