@@ -249,3 +249,35 @@ def test_the_sums_run_outside_the_tile_and_its_channels_are_one_vector(target, c
     assert int(loops[-1].extent) == block and kinds[-1] == 2, loops[-1]
     first = next(i for i, kind in enumerate(kinds) if kind in (2, 3))  # the block's input channels, unrolled
     assert all(kind in (2, 3) for kind in kinds[first:]), kinds  # then the tile: no loop of sums inside it
+
+
+from hypothesis import assume, given, strategies as st  # noqa: E402
+
+
+@st.composite
+def blocked_cases(draw):
+    """A conv a chain may run blocked on the host target: whole channel blocks (1-4 in, 1-6 out; depthwise:
+    the same), kernel 1, 3, 5 or 7, stride 1-2, dilation 1-2, padding 0 to 'same', x / residual / output in
+    either layout, an activation, the residual before or after it, a batch of 1-2; a row the tile divides."""
+    block = cpu_facts(TARGET).float32_lanes
+    depthwise = draw(st.booleans())
+    c = block * draw(st.integers(1, 4))
+    oc = c if depthwise else block * draw(st.integers(1, 6))
+    k = draw(st.sampled_from([1, 3, 3, 5, 7]))
+    dilation = 1 if k == 1 else draw(st.sampled_from([1, 1, 2]))
+    pad = draw(st.integers(0, dilation * (k // 2)))
+    stride = draw(st.sampled_from([1, 1, 2]))
+    h, w = draw(st.integers(dilation * (k - 1) + 1, 20)), draw(st.integers(dilation * (k - 1) + 1, 30))
+    wout = (w + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+    assume(tile_of(1 if depthwise else oc // block, wout, cpu_facts(TARGET)) is not None)
+    case = (draw(st.integers(1, 2)), c, h, w, oc, k, stride, pad, draw(st.booleans()),
+            draw(st.sampled_from([None, "blocked", "nchw"])), draw(st.booleans()),
+            draw(st.sampled_from([None, "relu", "relu6"])), draw(st.booleans()))
+    return case, depthwise, dilation
+
+
+@given(blocked_cases())
+def test_drawn_blocked_convs_match_numpy(drawn):
+    """Drawn shapes and options through both blocked kernels, against float64 numpy."""
+    case, depthwise, dilation = drawn
+    _run_case(case, TARGET, depthwise=depthwise, dilation=dilation)
