@@ -13,9 +13,9 @@ windows read it), the planes run in parallel, each output row is split into runs
 outside the run; stride 1 runs of whole vectors are vectorized (contiguous loads), other runs are
 unrolled (a stride-2 vector load is a per-lane gather in TVM's codegen, measured slower than TVM's loop;
 unrolled, LLVM's SLP pass packs the copies), and the average's division follows each plane. A stride-1 row
-that is not whole vectors (Inception v2's 28 / 14 columns) runs its whole vectors, then its last pixels one
-at a time (`loop_partition`, sums and division alike); one shorter than a vector (its 7 columns), pixel by
-pixel with the padding per plane.
+that is not whole vectors (Inception v2's 28 columns) runs its whole vectors, then its last pixels one at a
+time (`loop_partition`, sums and division alike); one shorter than a vector (its 14 and 7 columns on
+AVX-512) runs as one vector of its width, the padding per plane (a max pool's only up to half a vector: `_run`).
 Measured on one AVX2 core (Zen 2), each pool alone (`benchmarks/pooling.py`): the four models' stride-2
 pools up to 40% faster than TVM's default (the 112 x 112 max pools tie with warm caches and were 25-45%
 faster inside the models, where TVM's whole padded copy goes through memory); Inception v2's stride-1 3 x 3
@@ -141,15 +141,23 @@ def match_pool(func) -> PoolMatch:
     return PoolMatch(reduce.name_hint, pad, divide, strides[0], int(extents[3]))
 
 
-def _run(width: int, stride: int, lanes: int) -> int:
+def _run(width: int, stride: int, lanes: int, average: bool = True) -> int:
     """Output pixels computed together, the taps outside them: whole vectors (vectorized for stride 1; a
     stride-1 row that is not whole vectors runs its whole vectors, then its last `width % lanes` pixels one at
-    a time), a row of at most two vectors (stride > 1, unrolled), else one (each pixel's taps in turn, as TVM;
-    a run of a smaller divisor, 7 of 28, measured slower)."""
+    a time), a stride-1 row shorter than a vector as one vector of its width (a max pool's only up to half a
+    vector), a row of at most two vectors (stride > 1, unrolled), else one (each pixel's taps in turn, as TVM;
+    a run of a smaller divisor, 7 of 28, measured slower).
+
+    The short rows, measured on an Intel Xeon (AVX-512, one thread, CPU time, each pool alone,
+    `benchmarks/pooling.py`, pixel by pixel -> one vector, bit-identical): Inception v2's 3 x 3 average pools
+    576 x 14 x 14 0.094-0.097 -> 0.072-0.080 ms, 1024 x 7 x 7 0.060 -> 0.028, its max pool 1024 x 7 x 7
+    0.039 -> 0.027, Inception v1's 832 x 7 x 7 0.030 -> 0.023; built for AVX2 the 7 x 7 average 0.046 ->
+    0.029 and max 0.034 -> 0.023. Inception v1's max pool 512 x 14 x 14 (14 of 16 lanes) ran 0.049 -> 0.053
+    -0.054, so a max pool's row over half a vector keeps its pixels one at a time."""
     if width >= lanes and (stride == 1 or width % lanes == 0):
         return lanes
     if stride == 1:
-        return 1
+        return width if 1 < width <= (lanes if average else lanes // 2) else 1
     return width if width <= 2 * lanes else 1
 
 
@@ -162,7 +170,7 @@ def pool_plan(func, target) -> PoolMatch:
     if match.stride == 1 and _dtype(func, match) == "bfloat16":
         return match._replace(declined="a bfloat16 max pool of stride 1 would run as bfloat16 vectors, which TVM's "
                                        "bfloat16 legalization cannot store (BufferStore dtype mismatch): TVM's loop")
-    run = _run(match.width, match.stride, cpu_facts(target).float32_lanes)
+    run = _run(match.width, match.stride, cpu_facts(target).float32_lanes, average=bool(match.divide))
     if run == 1 and not match.pad:
         if _taps(func, match) >= PARALLEL_TAPS:
             return match._replace(run=1, planes_only=True)
@@ -201,7 +209,7 @@ class LeftoverPool(CpuRule):
             sch.parallel(plane)
         if match.planes_only:
             return sch
-        if match.stride == 1 and match.width % lanes:
+        if match.stride == 1 and match.width % lanes and match.run != match.width:
             return _stride_1_rows(sch, match, plane, lanes)
         vector = match.stride == 1
         if match.run > 1:
@@ -217,7 +225,7 @@ class LeftoverPool(CpuRule):
             divide = sch.get_sblock(match.divide)
             sch.reverse_compute_at(divide, plane)
             if vector:
-                sch.vectorize(sch.split(sch.get_loops(divide)[-1], [None, lanes])[1])
+                sch.vectorize(sch.split(sch.get_loops(divide)[-1], [None, match.run])[1])
         if match.pad:
             sch.compute_at(sch.get_sblock(match.pad), plane)
         return sch

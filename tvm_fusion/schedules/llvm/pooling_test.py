@@ -116,17 +116,27 @@ def test_stride_1_rows_of_whole_vectors_are_vectorized_and_planes_parallel():
 
 def test_stride_1_rows_run_whole_vectors_then_a_scalar_tail():
     """Inception v2's 14-pixel rows on AVX2: one vector of 8 (the taps outside it) and 6 pixels one at a time,
-    for the window sums and the division; 7-pixel rows run pixel by pixel, the padding per plane."""
+    for the window sums and the division."""
     func = _pool_func("avg", (1, 576, 14, 14), 3, 1, (1, 1, 1, 1))
     assert pool_plan(func, AVX2).run == 8 and pool_plan(func, SSE).run == 4
     script = LeftoverPool().apply(func, AVX2, False).mod["main"].script()
     assert len(re.findall(r"T\.vectorized\((T\.int64\()?8\)", script)) == 3, script  # init, taps, division
     assert len(re.findall(r"in range\((T\.int64\()?8\), (T\.int64\()?14\)", script)) == 2, script  # sums, division
     assert script.index('T.sblock("pad_temp")') > script.index("T.parallel"), script
-    short = _pool_func("avg", (1, 1024, 7, 7), 3, 1, (1, 1, 1, 1))
-    assert pool_plan(short, AVX2).run == 1
-    script = LeftoverPool().apply(short, AVX2, False).mod["main"].script()
-    assert "T.vectorized" not in script and script.index('T.sblock("pad_temp")') > script.index("T.parallel")
+
+
+@pytest.mark.parametrize("op,width,target,run", [
+    ("avg", 7, AVX2, 7), ("max", 7, AVX2, 1),  # a max pool's row over half a vector: pixel by pixel
+    ("avg", 14, AVX512, 14), ("max", 14, AVX512, 1), ("max", 7, AVX512, 7), ("avg", 3, SSE, 3)])
+def test_stride_1_rows_shorter_than_a_vector_run_as_one_vector(op, width, target, run):
+    """A stride-1 row shorter than a vector runs as one vector of its width, the taps outside it and the
+    padding per plane (a max pool's only up to half a vector); else pixel by pixel."""
+    func = _pool_func(op, (1, 1024, width, width), 3, 1, (1, 1, 1, 1))
+    assert pool_plan(func, target).run == run
+    script = LeftoverPool().apply(func, target, False).mod["main"].script()
+    vectors = len(re.findall(rf"T\.vectorized\((T\.int64\()?{width}\)", script))
+    assert vectors == ((3 if op == "avg" else 2) if run > 1 else 0), script  # init, taps (, division)
+    assert script.index('T.sblock("pad_temp")') > script.index("T.parallel"), script
 
 
 def test_stride_2_rows_are_unrolled_runs_with_the_padding_per_plane():
@@ -254,3 +264,22 @@ def test_bfloat16_max_pool_builds_and_matches_the_float32_model(stride):
     got = run_build(build(mod, "llvm", "fused"), [values])[0]
     assert got.dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(got.astype(np.float32), ref)
+
+
+@pytest.mark.parametrize("case", [("avg", 8, (14, 14), 3, 1, (1, 1, 1, 1), 0, 0),
+                                  ("avg", 8, (7, 7), 3, 1, (1, 1, 1, 1), 0, 1),
+                                  ("max", 8, (7, 7), 3, 1, (1, 1, 1, 1), 0, 0),
+                                  ("max", 8, (10, 10), 5, 1, (2, 2, 2, 2), 0, 0)],
+                         ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
+def test_host_target_pools_are_bit_identical_to_the_unfused_build(case):
+    """The host's own vector width (16 lanes on AVX-512: its 14-, 10- and 7-pixel rows run as one vector or
+    pixel by pixel), against the unfused build bit for bit and onnxruntime."""
+    op, c, hw = case[:3]
+    model = _model(*case)
+    host = resolve_target("llvm")
+    fused = build(frontend.import_onnx(model), host, "fused")
+    x = np.random.default_rng(4).normal(size=(1, c, *hw)).astype(np.float32)
+    out = run_build(fused, [x])[0]
+    np.testing.assert_array_equal(out, run_build(build(frontend.import_onnx(model), host, "unfused"), [x])[0])
+    sess, _ = run_onnxruntime(model, {"x": x})
+    assert_close(out, sess.run(None, {"x": x})[0], f"{op} pool {case}")
