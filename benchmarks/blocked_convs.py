@@ -76,7 +76,8 @@ def main(argv=None) -> int:
     print(f"target {target}; ms per call, one thread: hot (blocks of ~100 ms) | after a {args.evict} MiB write")
     for name in args.shapes or RESNET50:
         shape = strided_convs.SHAPES[name]
-        if len(shape) > 8 and shape[8] not in (1, shape[1]) or len(shape) > 8 and shape[1] != shape[4]:
+        groups = shape[8] if len(shape) > 8 else 1
+        if groups != 1 and not groups == shape[1] == shape[4]:
             print(f"{name:26s} skipped: grouped (the blocked convs take groups 1 or depthwise)")
             continue
         case = dict(zip(("n", "c", "h", "w", "oc", "k", "stride", "pad", "groups"), shape), activation="relu")

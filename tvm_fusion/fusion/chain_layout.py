@@ -29,7 +29,7 @@ from tvm_fusion._tvm import relax
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.rules import Lowering, batch_shape
 from tvm_fusion.schedules.conv2d import CONV_FAMILY
-from tvm_fusion.schedules.llvm.conv2d_blocked import output_width, tile_of
+from tvm_fusion.schedules.llvm.conv2d_blocked import output_size, tile_of
 
 __all__ = ["ChainPlan", "MAX_UNBLOCK_SHARE", "blockable", "plan_chains"]
 
@@ -79,7 +79,7 @@ def blockable(lowering: Lowering, out_shape, target) -> str | None:
     if shapes[0][1] % block or int(w.shape[0]) % block:
         return f"channels {shapes[0][1]} -> {int(w.shape[0])} are not whole blocks of {block}"
     tile_blocks = 1 if groups != 1 else int(w.shape[0]) // block  # a depthwise tile is one block
-    if tile_of(tile_blocks, output_width(shapes[0], w.shape, attrs), facts) is None:
+    if tile_of(tile_blocks, output_size(shapes[0], w.shape, attrs)[1], facts) is None:
         return "no tile of the output row"
     return None
 

@@ -69,10 +69,11 @@ def reduction_chunk(blocks: int, block: int, cin: int, kh: int, kw: int, hout: i
     return chunk if chunk < cin or kh > 1 else 0
 
 
-def output_width(x_shape, w_shape, attrs) -> int:
-    """The conv's output width, from x (NCHW or NCHW[B]c) and W [O, C, KH, KW]."""
-    return conv2d_out_size(int(x_shape[3]), int(w_shape[3]), attrs["strides"][1], attrs["padding"][1],
-                           attrs["padding"][3], attrs["dilation"][1])
+def output_size(x_shape, w_shape, attrs) -> tuple[int, int]:
+    """The conv's output (height, width), from x (NCHW or NCHW[B]c: H and W at the same places) and W [O, C,
+    KH, KW]."""
+    return tuple(conv2d_out_size(int(x_shape[2 + a]), int(w_shape[2 + a]), attrs["strides"][a], attrs["padding"][a],
+                                 attrs["padding"][2 + a], attrs["dilation"][a]) for a in (0, 1))
 
 
 def pack(constants, attrs, shapes, target):
@@ -82,9 +83,7 @@ def pack(constants, attrs, shapes, target):
     facts = cpu_facts(target)
     block = facts.float32_lanes
     cout, cin, kh, kw = (int(d) for d in w.shape)
-    wout = output_width(shapes[0], w.shape, attrs)
-    hout = conv2d_out_size(int(shapes[0][2]), kh, attrs["strides"][0], attrs["padding"][0], attrs["padding"][2],
-                           attrs["dilation"][0])
+    hout, wout = output_size(shapes[0], w.shape, attrs)
     blocks, cols = tile_of(cout // block, wout, facts)
     chunk = reduction_chunk(blocks, block, cin, kh, kw, hout, wout, cols, facts)
     return [pack_blocked(w, block, blocks, chunk), b]
@@ -149,11 +148,7 @@ def schedule_blocked(sch, attrs, target):
         pn, pc, ph, pw, pi = sch.get_loops(pad)
         sch.parallel(sch.fuse(pn, pc, ph))
         sch.vectorize(pi)
-    if unblock is not None:
-        un, uo, uh, uw = sch.get_loops(unblock)
-        sch.parallel(sch.fuse(un, uo))
-        sch.vectorize(uw)
-    return chain_note(block, len(sch.mod[sch.func_working_on].params[0].shape) == 5, unblock is None)
+    return _unblock_and_note(sch, unblock, block)
 
 
 def pack_depthwise(constants, attrs, shapes, target):
@@ -193,12 +188,16 @@ def schedule_depthwise_blocked(sch, attrs, target):
         sch.decompose_reduction(conv, order[0])
     sch.vectorize(ci)
     sch.unroll(wi)
+    return "depthwise " + _unblock_and_note(sch, unblock, block)
+
+
+def _unblock_and_note(sch, unblock, block: int) -> str:
+    """A chain end's `unblock` stage (NCHW planes in parallel, rows in vectors) scheduled; the kernel's note."""
     if unblock is not None:
         un, uo, uh, uw = sch.get_loops(unblock)
         sch.parallel(sch.fuse(un, uo))
         sch.vectorize(uw)
-    x_blocked = len(sch.mod[sch.func_working_on].params[0].shape) == 5
-    return "depthwise " + chain_note(block, x_blocked, unblock is None)
+    return chain_note(block, len(sch.mod[sch.func_working_on].params[0].shape) == 5, unblock is None)
 
 
 def chain_note(block: int, x_blocked: bool, out_blocked: bool) -> str:
