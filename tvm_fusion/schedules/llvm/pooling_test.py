@@ -92,15 +92,21 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
 def test_scheduled_pool_is_bit_identical_to_the_unfused_build(case):
+    _check_bit_identical(case, AVX2, seed=3)
+
+
+def _check_bit_identical(case, target, seed: int) -> None:
+    """The pool of `case` scheduled for `target`, equal to the unfused build bit for bit (the same taps in the
+    same order) and close to onnxruntime."""
     op, c, hw = case[:3]
     model = _model(*case)
-    fused = build(frontend.import_onnx(model), AVX2, "fused")
+    fused = build(frontend.import_onnx(model), target, "fused")
     (func,) = _pools(fused)
     assert func.attrs["tirx.is_scheduled"], func.script()
-    x = np.random.default_rng(3).normal(size=(1, c, *hw)).astype(np.float32)
+    x = np.random.default_rng(seed).normal(size=(1, c, *hw)).astype(np.float32)
     out = run_build(fused, [x])[0]
-    unfused = build(frontend.import_onnx(model), AVX2, "unfused")
-    np.testing.assert_array_equal(out, run_build(unfused, [x])[0])  # same taps in the same order
+    unfused = build(frontend.import_onnx(model), target, "unfused")
+    np.testing.assert_array_equal(out, run_build(unfused, [x])[0])
     sess, _ = run_onnxruntime(model, {"x": x})
     assert_close(out, sess.run(None, {"x": x})[0], f"{op} pool {case}")
 
@@ -274,12 +280,4 @@ def test_bfloat16_max_pool_builds_and_matches_the_float32_model(stride):
 def test_host_target_pools_are_bit_identical_to_the_unfused_build(case):
     """The host's own vector width (16 lanes on AVX-512: its 14-, 10- and 7-pixel rows run as one vector or
     pixel by pixel), against the unfused build bit for bit and onnxruntime."""
-    op, c, hw = case[:3]
-    model = _model(*case)
-    host = resolve_target("llvm")
-    fused = build(frontend.import_onnx(model), host, "fused")
-    x = np.random.default_rng(4).normal(size=(1, c, *hw)).astype(np.float32)
-    out = run_build(fused, [x])[0]
-    np.testing.assert_array_equal(out, run_build(build(frontend.import_onnx(model), host, "unfused"), [x])[0])
-    sess, _ = run_onnxruntime(model, {"x": x})
-    assert_close(out, sess.run(None, {"x": x})[0], f"{op} pool {case}")
+    _check_bit_identical(case, resolve_target("llvm"), seed=4)
