@@ -242,7 +242,8 @@ def unknown_llvm_cpu(target) -> str | None:
 def cpu_target(num_cores: int | None = None, *, cpuinfo: str | None = None, mcpu: str | None = None,
                mtriple: str | None = None, caches: dict[str, int] | None = None):
     """The host CPU as a TVM target: its real mcpu (plain `llvm` is ~7x slower), an `mattr` turning off
-    each vector feature the mcpu implies but the host does not expose (AVX-512 hidden by a hypervisor), and
+    each vector feature the mcpu implies but the host does not expose (AVX-512 hidden by a hypervisor) and
+    turning on the AMX features the host has and the mcpu does not imply (`added_features`), and
     its per-core cache sizes in `model` ('l1d=48K,l2=2048K': a CPU name does not tell them, and a VM may
     name a CPU it is not).
 
@@ -261,9 +262,11 @@ def cpu_target(num_cores: int | None = None, *, cpuinfo: str | None = None, mcpu
     else:
         available = llvm_host_features() or cpu_features.host_features()
     if available is not None:
-        hidden = cpu_features.hidden_features(target_cpu_features(tvm.target.Target(spec)), available, arch)
-        if hidden:
-            spec["mattr"] = [f"-{f}" for f in hidden]
+        implied = target_cpu_features(tvm.target.Target(spec))
+        mattr = [f"-{f}" for f in cpu_features.hidden_features(implied, available, arch)]
+        mattr += [f"+{f}" for f in cpu_features.added_features(implied, available, arch)]
+        if mattr:
+            spec["mattr"] = mattr
     return tvm.target.Target(spec)
 
 

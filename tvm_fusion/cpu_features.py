@@ -84,6 +84,18 @@ def hidden_features(implied, available, arch: str | None = None) -> list[str]:
     return sorted(f for f in set(implied) if f in table and f not in available)
 
 
+#: features a target turns on where the host has them and its CPU name does not imply them (a VM may name an
+#: older CPU than it runs on: LLVM calls a Sapphire Rapids guest `rocketlake`, which has no AMX); only ones a
+#: schedule asks for (`hardware.CpuFacts.amx_bf16`)
+ADDED_WHEN_PRESENT = {"x86_64": ("amx-tile", "amx-bf16")}
+
+
+def added_features(implied, available, arch: str | None = None) -> list[str]:
+    """ADDED_WHEN_PRESENT features the host exposes but the CPU name does not imply, sorted: the ones to turn
+    on with `mattr=+feature`."""
+    return sorted(f for f in ADDED_WHEN_PRESENT.get(arch_of(arch), ()) if f in available and f not in set(implied))
+
+
 def missing_features(required, available, arch: str | None = None) -> list[str]:
     """Tracked features in `required` (e.g. a library's manifest) that `available` lacks, sorted."""
     return hidden_features(required, available, arch)

@@ -58,6 +58,7 @@ from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvOperands, ConvPadding, conv2d_out_size, conv2d_padded,
                                          pack_channel_blocks, packed_taps)
+from tvm_fusion.schedules.llvm import conv2d_amx as amx
 from tvm_fusion.schedules.llvm import conv2d_pointwise as pointwise
 from tvm_fusion.schedules.llvm.blocks import ceil_to, loop_extent, optional_block, vectorize_own_inner_loop
 from tvm_fusion.schedules.llvm.conv2d_pointwise import (PixelTile, VectorRows, padded_channels, padded_pixels,
@@ -691,9 +692,14 @@ def _llvm_facts(target) -> CpuFacts:
 @register_compute(CONV_FAMILY, target="llvm")
 def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, fast_math=True, target=None,
                 **attrs):
-    """The conv2d_affine compute over the output padded to `conv_plan`'s tile for `target`."""
+    """The conv2d_affine compute over the output padded to `conv_plan`'s tile for `target`; a bfloat16 conv on
+    a target with AMX tiles: `conv2d_amx`."""
     cout = int(b.shape[0])  # W may be packed (pack_conv)
     facts = _llvm_facts(target)
+    if amx.why_not(w.dtype, groups, int(x.shape[1]), x.shape[0], target) is None:
+        return amx.conv2d_amx(x, w, b, residual, strides=strides, padding=padding, dilation=dilation,
+                              activation=attrs.get("activation"), activation_params=attrs.get("activation_params"),
+                              residual_after_activation=attrs.get("residual_after_activation", False), target=target)
     taps_first = step_cost(facts).taps_first
     taps = packed_taps(w.shape, taps_first)
     plan = plan_of(dims(x.shape), cout, taps, strides, padding, dilation, groups, facts)
@@ -730,7 +736,10 @@ def pack_conv(constants, attrs, shapes, target):
     `packs_taps_first`), packed once at compile time so the kernel reads each reduction step's weights as one
     vector per `lanes` channels; None for the depthwise and grouped "pixels" kernels, which read W as it is."""
     w, b = constants
-    plan = plan_of(ConvOperands.of(shapes).x, int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"],
+    x_shape = ConvOperands.of(shapes).x
+    if amx.why_not(w.dtype, attrs.get("groups", 1), int(x_shape[1]), x_shape[0], target) is None:
+        return [amx.pack_amx(w), b]
+    plan = plan_of(x_shape, int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"],
                    attrs["dilation"], attrs.get("groups", 1), cpu_facts(target))
     if plan.kernel not in ("tiled", "pointwise"):  # depthwise broadcasts W per tap; "pixels" reads OIHW
         return None
@@ -978,6 +987,8 @@ def _schedule_depthwise_channels(sch, conv, epi, pad, tile: ConvTile, padded_col
 
 @register_schedule(CONV_FAMILY, target="llvm", pack=pack_conv)
 def schedule_conv2d_llvm(sch, attrs, target):
+    if optional_block(sch, amx.AMX_BLOCK) is not None:
+        return amx.schedule_amx(sch)
     conv = sch.get_sblock("conv")
     epi = sch.get_sblock("epilogue")
     planned = scheduled_plan(sch, attrs, cpu_facts(target))

@@ -1,0 +1,281 @@
+"""llvm conv2d on AMX tiles: bfloat16 x and W (`--precision bf16`), float32 sums, on an x86 target with
+`amx-tile` and `amx-bf16` (`CpuFacts.amx_bf16`; the host's target carries them where the host has them).
+
+One tile instruction (`tdpbf16ps`) adds a 16 x 32 bfloat16 block of W times a 32 x 16 block of x into a 16 x 16
+float32 tile: 8192 multiply-adds, where an AVX-512 FMA does 16. The conv is an implicit GEMM with the output
+channels as the tiles' rows and the output pixels as their columns, in three stages of one PrimFunc:
+
+    pack[n, phase, c / 2, row, col] = x[n, c:c+2, row * sh + a - top, col * sw + b - left]   (0 outside)
+        phase (a, b) of the stride: a tap (r, s) reads phase (r*dh % sh, s*dw % sw) at the output pixel's
+        (row, col) + (r*dh // sh, s*dw // sw), so a tap's pixels are one run of the phase plane; each pixel
+        holds a pair of channels, the tiles' "VNNI" layout, as one uint32 of their bfloat16 bits (a vector of
+        pixels is two loads of x's rows; TVM legalizes a bfloat16 buffer it allocates into another, which the
+        tile loads' addresses would not follow)
+    amx: parallel over (image, 32 output channels, rows of the output):
+        for 32 pixels q of the rows, as q = row * P + col (P the plane's width: P - wout columns are computed
+        and dropped, 2 of 58 for a 3x3 conv on 56x56):
+            C[2 x 2 tiles] = 0
+            for tap, 32 input channels:  C[i, j] += W tile i (packed: `pack_amx`) . pack tile j at the tap's run
+            store the 4 tiles to the task's float32 buffer
+        epilogue from that buffer: out[n, o, h, w] = act(sum + b[o] (+ residual)), rounded to bfloat16 once
+
+Input channels are padded to 32 and output channels to 32 with zeros. The task asks the OS for the tile
+registers first (Linux: `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, process-wide and idempotent;
+refused, the kernel fails with an error instead of the CPU's fault) and loads its tile configuration (8
+tiles of 16 rows x 64 bytes). Declines (the conv keeps its AVX-512 kernel): not bfloat16, grouped, fewer than
+`MIN_CHANNELS` input channels (a 3-channel stem fills 3 of a tile row's 32), a symbolic batch, no AMX, not
+x86-64 Linux.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tvm_fusion._tvm import te, tirx
+from tvm_fusion.hardware import cpu_facts
+from tvm_fusion.precision import accumulator_dtype, cast_to
+from tvm_fusion.schedules.activations import apply_activation
+from tvm_fusion.schedules.conv2d import conv2d_out_size
+from tvm_fusion.schedules.llvm.blocks import optional_block
+
+AMX_BLOCK = "amx"
+TILE_ROWS = 16  # rows of a tile; a row is 64 bytes: 32 bfloat16 or 16 float32
+TILE_K = 32  # bfloat16 products per tile row
+MIN_CHANNELS = 16  # input channels below which the tile rows are mostly padding
+ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18  # Linux x86-64
+
+
+def why_not(w_dtype, groups: int, cin: int, batch, target) -> str | None:
+    """Why the conv does not run on AMX tiles for `target` (None: it does)."""
+    facts = cpu_facts(target)
+    triple = str(target.attrs.get("mtriple") or "")
+    if not facts.amx_bf16:
+        return "the target has no AMX bfloat16 tiles (amx-tile, amx-bf16)"
+    if triple and "linux" not in triple:
+        return f"AMX tile permission is requested the Linux way; the target is {triple}"
+    if str(w_dtype) != "bfloat16":
+        return f"AMX tiles take bfloat16 convs; this one is {w_dtype}"
+    if groups != 1:
+        return f"the AMX conv takes groups 1, not {groups}"
+    if cin < MIN_CHANNELS:
+        return f"{cin} input channels would fill {cin} of a tile row's {TILE_K} products"
+    if not isinstance(batch, (int, tirx.IntImm)):
+        return "the AMX conv plans its tasks for a static batch"
+    return None
+
+
+def pack_amx(w: np.ndarray) -> np.ndarray:
+    """W [O, C, KH, KW] ==> Wa [O' / 16, KH, KW, C' / 32, 16, 32] (O', C': padded to 32 with zeros): one tile
+    of 16 output channels x 32 input channels per (tap, channel chunk), 1 KiB contiguous."""
+    cout, cin, kh, kw = w.shape
+    op, cp = _ceil_to(cout, 2 * TILE_ROWS), _ceil_to(cin, TILE_K)
+    padded = np.zeros((op, cp, kh, kw), w.dtype)
+    padded[:cout, :cin] = w
+    tiles = padded.reshape(op // TILE_ROWS, TILE_ROWS, cp // TILE_K, TILE_K, kh, kw)
+    return np.ascontiguousarray(tiles.transpose(0, 4, 5, 2, 1, 3))
+
+
+def _ceil_to(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
+def conv2d_amx(x, w, b, residual=None, *, strides, padding, dilation, activation=None, activation_params=None,
+               residual_after_activation=False, target=None):
+    """The conv family's compute on AMX tiles (stages `pack`, `amx`; W packed by `pack_amx` or [O, C, KH, KW],
+    then the `weight` stage packs it per call)."""
+    n, cin, hin, win = (int(d) for d in x.shape)
+    cout = int(b.shape[0])
+    if len(w.shape) == 6:
+        ot, kh, kw, kc = (int(d) for d in w.shape[:4])
+    else:
+        kh, kw = int(w.shape[2]), int(w.shape[3])
+        ot, kc = _ceil_to(cout, 2 * TILE_ROWS) // TILE_ROWS, _ceil_to(cin, TILE_K) // TILE_K
+        w = _weight_stage(w, ot, kc)
+    sh, sw = strides
+    dh, dw = dilation
+    top, left, bottom, right = padding
+    hout = conv2d_out_size(hin, kh, sh, top, bottom, dh)
+    wout = conv2d_out_size(win, kw, sw, left, right, dw)
+    row_phases = sorted({r * dh % sh for r in range(kh)})
+    col_phases = sorted({s * dw % sw for s in range(kw)})
+    na, nb = row_phases[-1] + 1, col_phases[-1] + 1  # phases 0.. the last one a tap reads
+    plane_w = -(-(win + left + right) // sw)
+    reach = max((r * dh // sh) * plane_w + s * dw // sw for r in range(kh) for s in range(kw))
+    plane_h = -(-(hout * plane_w + 2 * TILE_ROWS + reach) // plane_w)
+    pairs = kc * TILE_K // 2
+
+    def packed(i, ph, k2, row, col):
+        hh = row * sh + ph // nb - top
+        ww = col * sw + ph % nb - left
+
+        def bits(c):  # channel c's bfloat16 bits, 0 past the channels
+            value = tirx.reinterpret("uint16", x[i, tirx.min(c, cin - 1), hh, ww]).astype("uint32")
+            return value if cin % 2 == 0 else tirx.if_then_else(c < cin, value, tirx.const(0, "uint32"))
+
+        inside = tirx.all(hh >= 0, hh < hin, ww >= 0, ww < win)
+        pair = bits(k2 * 2) | (bits(k2 * 2 + 1) << tirx.const(16, "uint32"))
+        return tirx.if_then_else(inside, pair, tirx.const(0, "uint32"))
+
+    pack = te.compute((n, na * nb, pairs, plane_h, plane_w), packed, name="pack")
+    tasks = _Tasks(n, ot // 2, hout, plane_w, cpu_facts(target).threads)
+    out_dtype = x.dtype
+    acc = accumulator_dtype(out_dtype)
+    inputs = [pack, w, b] + ([residual] if residual is not None else [])
+
+    def body(ins, outs):
+        xb, wb, bb = ins[:3]
+        rb = ins[3] if residual is not None else None
+
+        def value(v, i, o, h, ww):
+            v = v + cast_to(bb[o], acc)
+            if rb is not None and not residual_after_activation:
+                v = v + cast_to(rb[i, o, h, ww], acc)
+            v = apply_activation(v, activation, activation_params, fast_math=False, target=target)
+            if rb is not None and residual_after_activation:
+                v = v + cast_to(rb[i, o, h, ww], acc)
+            return cast_to(v, out_dtype)
+
+        return _amx_body(xb, wb, outs[0], value, n=n, ot=ot, kh=kh, kw=kw, kc=kc, strides=strides,
+                         dilation=dilation, nb=nb, plane_w=plane_w, plane_h=plane_h, cout=cout, hout=hout,
+                         wout=wout, tasks=tasks)
+
+    return te.extern([(n, cout, hout, wout)], inputs, body, name=AMX_BLOCK, dtype=str(out_dtype))
+
+
+def schedule_amx(sch) -> str:
+    """The `pack` stage (and a `weight` stage) as parallel loops, a plane row per vector; the `amx` stage is
+    its own loop nest. Returns the kernel's note."""
+    pack = sch.get_sblock("pack")
+    n, ph, k2, row, col = sch.get_loops(pack)
+    sch.parallel(sch.fuse(n, ph, k2))
+    sch.vectorize(col)
+    weight = optional_block(sch, "weight")
+    if weight is not None:
+        t, r, s, k, i, j = sch.get_loops(weight)
+        sch.parallel(sch.fuse(t, r, s, k))
+        sch.vectorize(j)
+    return "AMX bfloat16 tiles"
+
+
+def _weight_stage(w, ot: int, kc: int):
+    """`pack_amx` as a stage (a W left unpacked: the compute called alone), bfloat16 bits as uint16."""
+    cout, cin, kh, kw = (int(d) for d in w.shape)
+
+    def packed(t, r, s, k, i, j):
+        o, c = t * TILE_ROWS + i, k * TILE_K + j
+        return tirx.if_then_else(tirx.all(o < cout, c < cin),
+                                 tirx.reinterpret("uint16", w[tirx.min(o, cout - 1), tirx.min(c, cin - 1), r, s]),
+                                 tirx.const(0, "uint16"))
+
+    return te.compute((ot, kh, kw, kc, TILE_ROWS, TILE_K), packed, name="weight")
+
+
+def _tile(name: str, *args):
+    """One AMX instruction (LLVM's intrinsics naming tiles by number: `llvm.x86.tileloadd64` ...)."""
+    return tirx.call_llvm_intrin("void", f"llvm.x86.{name}", *args)
+
+
+def _amx_body(xb, wb, out, value, *, n, ot, kh, kw, kc, strides, dilation, nb, plane_w, plane_h, cout, hout, wout,
+              tasks):
+    """The `amx` stage's statement: TVMScript over the extern's buffers, `value(sum, n, o, h, w)` the epilogue.
+    Tiles 0-3 sum (2 W tiles) x (2 pack tiles), 4-5 hold W, 6-7 the pack."""
+    from tvm.script import tirx as T
+
+    sh, sw = strides
+    dh, dw = dilation
+    u8 = lambda i: tirx.const(i, "uint8")  # noqa: E731  (a tile's number)
+    pairs, rows, parts, cols = ot // 2, tasks.rows, tasks.parts, tasks.pixels
+    b_stride = plane_h * plane_w * 4  # bytes from one channel pair's plane to the next
+    c_stride = cols * 4  # bytes from one output channel's sums to the next
+    whole, rest = wout // TILE_ROWS * TILE_ROWS, wout % TILE_ROWS
+    phases, half = int(xb.ty.shape[1]), TILE_ROWS
+
+    def b_tile(number, i, ph, k, q):  # 16 channel pairs x 16 pixels from pixel q of a phase plane
+        return _tile("tileloadd64", u8(number), T.address_of(xb[i, ph, k * half, q // plane_w, q % plane_w]),
+                     T.int64(b_stride))
+
+    def a_tile(number, o, r, s, k):  # 16 output channels x 32 input channels of tap (r, s)
+        return _tile("tileloadd64", u8(number), T.address_of(wb[o, r, s, k, 0, 0]), T.int64(64))
+
+    def store(number, sums, o, q):
+        return _tile("tilestored64", u8(number), T.address_of(sums[o, q]), T.int64(c_stride))
+
+    @T.prim_func(private=True, check_well_formed=False, s_tir=True)
+    def amx():
+        with T.sblock("amx_tiles"):
+            T.reads(xb[0:n, 0:phases, 0:kc * half, 0:plane_h, 0:plane_w],
+                    wb[0:ot, 0:kh, 0:kw, 0:kc, 0:TILE_ROWS, 0:TILE_K])
+            T.writes(out[0:n, 0:cout, 0:hout, 0:wout])
+            granted = T.call_extern("int64", "syscall", T.int64(ARCH_PRCTL), T.int64(ARCH_REQ_XCOMP_PERM),
+                                    T.int64(XFEATURE_XTILEDATA))
+            assert granted == T.int64(0), ("the OS refused this process the AMX tile registers (arch_prctl "
+                                           "ARCH_REQ_XCOMP_PERM); build for a target without amx-tile")
+            for task in T.parallel(tasks.count):
+                cfg = T.alloc_buffer((64,), "uint8", scope="local")
+                sums = T.alloc_buffer((2 * TILE_ROWS, cols), "float32")
+                # the tile stores write `sums` through addresses TVM's buffer compaction does not follow: this
+                # store spans it to the last column, so its rows keep the stride the stores use
+                sums[2 * TILE_ROWS - 1, cols - 1] = T.float32(0)
+                for j in range(64):
+                    cfg[j] = T.uint8(0)
+                cfg[0] = T.uint8(1)  # palette 1
+                for t8 in range(8):  # 8 tiles of 16 rows x 64 bytes
+                    cfg[16 + 2 * t8] = T.uint8(64)
+                    cfg[48 + t8] = T.uint8(TILE_ROWS)
+                T.evaluate(_tile("ldtilecfg", T.address_of(cfg[0])))
+                i = task // (pairs * parts)
+                o2 = task // parts % pairs
+                h0 = task % parts * rows
+                for mb in range(tasks.blocks):
+                    if h0 * plane_w + mb * 32 < T.min(h0 + rows, hout) * plane_w:
+                        q0 = h0 * plane_w + mb * 32
+                        T.evaluate(_tile("tilezero", u8(0)))
+                        T.evaluate(_tile("tilezero", u8(1)))
+                        T.evaluate(_tile("tilezero", u8(2)))
+                        T.evaluate(_tile("tilezero", u8(3)))
+                        for t in range(kh * kw):
+                            ph = t // kw * dh % sh * nb + t % kw * dw % sw  # the tap's phase and run
+                            q = q0 + t // kw * dh // sh * plane_w + t % kw * dw // sw
+                            for k in range(kc):
+                                T.evaluate(a_tile(4, o2 * 2, t // kw, t % kw, k))
+                                T.evaluate(a_tile(5, o2 * 2 + 1, t // kw, t % kw, k))
+                                T.evaluate(b_tile(6, i, ph, k, q))
+                                T.evaluate(b_tile(7, i, ph, k, q + half))
+                                T.evaluate(_tile("tdpbf16ps", u8(0), u8(4), u8(6)))
+                                T.evaluate(_tile("tdpbf16ps", u8(1), u8(4), u8(7)))
+                                T.evaluate(_tile("tdpbf16ps", u8(2), u8(5), u8(6)))
+                                T.evaluate(_tile("tdpbf16ps", u8(3), u8(5), u8(7)))
+                        T.evaluate(store(0, sums, 0, mb * 32))
+                        T.evaluate(store(1, sums, 0, mb * 32 + half))
+                        T.evaluate(store(2, sums, half, mb * 32))
+                        T.evaluate(store(3, sums, half, mb * 32 + half))
+                T.evaluate(_tile("tilerelease"))
+                for oo in range(32):  # the epilogue, a row of the output per vector
+                    if o2 * 32 + oo < cout:
+                        for hh in range(rows):
+                            if h0 + hh < hout:
+                                for wo in range(whole // 16):
+                                    for wi in T.vectorized(16):
+                                        out[i, o2 * 32 + oo, h0 + hh, wo * 16 + wi] = value(
+                                            sums[oo, hh * plane_w + wo * 16 + wi], i, o2 * 32 + oo, h0 + hh,
+                                            wo * 16 + wi)
+                                if rest > 0:
+                                    for wi in T.vectorized(rest):
+                                        out[i, o2 * 32 + oo, h0 + hh, whole + wi] = value(
+                                            sums[oo, hh * plane_w + whole + wi], i, o2 * 32 + oo, h0 + hh,
+                                            whole + wi)
+
+    return amx.body
+
+
+class _Tasks:
+    """The parallel tasks: (image, pair of output-channel tiles, `rows` output rows), at least two per thread
+    where the rows can be split; `blocks` of 32 pixels cover a task's rows (`pixels` of sums)."""
+
+    def __init__(self, n: int, pairs: int, hout: int, plane_w: int, threads: int):
+        parts = min(hout, max(1, -(-2 * threads // (n * pairs))))
+        self.rows = -(-hout // parts)
+        self.parts = -(-hout // self.rows)
+        self.count = n * pairs * self.parts
+        self.blocks = -(-(self.rows * plane_w) // (2 * TILE_ROWS))
+        self.pixels = self.blocks * 2 * TILE_ROWS

@@ -1,0 +1,180 @@
+"""The AMX conv (`conv2d_amx`): when it takes a conv and why it declines, its packing, the host target's AMX
+features, the kernel's tile instructions in every build, and numerics against float64 NumPy (bfloat16's
+tolerance) where the host has AMX tiles."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tvm_fusion import _tvm, registry
+from tvm_fusion._tvm import te, tirx, tvm
+from tvm_fusion.cpu_features import added_features, host_features
+from tvm_fusion.hardware import cpu_facts
+from tvm_fusion.schedules.conv2d import CONV_FAMILY
+from tvm_fusion.schedules.llvm.conv2d_amx import MIN_CHANNELS, pack_amx, why_not
+from tvm_fusion.schedules.llvm.conv2d_test import conv_reference
+from tvm_fusion.testing import assert_close
+
+BF16 = ml_dtypes.bfloat16
+#: an AMX server core as LLVM names it, and the same core named as an older one with AMX added (a VM's CPU)
+SAPPHIRE = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2, "model": "l1d=48K,l2=2048K"})
+ADDED = tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake", "mattr": ["+amx-bf16", "+amx-tile"], "num-cores": 2})
+NO_AMX = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+HOST = _tvm.cpu_target()
+HOST_HAS_AMX = {"amx-tile", "amx-bf16"} <= set(host_features() or ())
+NEEDS_AMX = pytest.mark.skipif(not HOST_HAS_AMX, reason="this host has no AMX tiles to run the kernel on")
+
+
+def test_facts_say_amx_only_with_both_features():
+    assert cpu_facts(SAPPHIRE).amx_bf16 and cpu_facts(ADDED).amx_bf16
+    assert not cpu_facts(NO_AMX).amx_bf16
+    only_tile = tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake", "mattr": ["+amx-tile"]})
+    assert not cpu_facts(only_tile).amx_bf16
+
+
+def test_the_host_target_adds_amx_the_cpu_name_lacks():
+    """A guest LLVM calls `rocketlake` that has AMX gets +amx-tile, +amx-bf16; a name that implies them gets
+    nothing added; a host without them gets nothing."""
+    amx = {"amx-tile", "amx-bf16", "avx512f"}
+    assert added_features({"avx512f"}, amx, "x86_64") == ["amx-bf16", "amx-tile"]
+    assert added_features({"avx512f", "amx-tile", "amx-bf16"}, amx, "x86_64") == []
+    assert added_features({"avx512f"}, {"avx512f"}, "x86_64") == []
+    assert added_features(set(), {"amx-tile", "amx-bf16"}, "aarch64") == []
+    flags = "flags : fpu sse2 avx avx2 fma avx512f avx512dq avx512cd avx512bw avx512vl amx_tile amx_bf16\n"
+    target = _tvm.cpu_target(2, cpuinfo=flags, mcpu="rocketlake", caches={})
+    assert {"+amx-tile", "+amx-bf16"} <= set(target.attrs["mattr"]) and cpu_facts(target).amx_bf16
+    target = _tvm.cpu_target(2, cpuinfo=flags.replace(" amx_tile amx_bf16", ""), mcpu="rocketlake", caches={})
+    assert not any(str(f).startswith("+") for f in target.attrs.get("mattr", [])) and not cpu_facts(target).amx_bf16
+    assert cpu_facts(HOST).amx_bf16 == HOST_HAS_AMX
+
+
+@pytest.mark.parametrize("args,reason", [
+    (("float32", 1, 64, 1, SAPPHIRE), "take bfloat16 convs; this one is float32"),
+    (("float16", 1, 64, 1, SAPPHIRE), "this one is float16"),
+    (("bfloat16", 2, 64, 1, SAPPHIRE), "groups 1, not 2"),
+    (("bfloat16", 1, 3, 1, SAPPHIRE), "3 input channels would fill 3 of a tile row's 32"),
+    (("bfloat16", 1, 64, tirx.Var("N", "int64"), SAPPHIRE), "static batch"),
+    (("bfloat16", 1, 64, 1, NO_AMX), "no AMX bfloat16 tiles"),
+    (("bfloat16", 1, 64, 1, tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids",
+                                               "mtriple": "x86_64-pc-windows-msvc"})), "the Linux way"),
+])
+def test_declines_with_a_reason(args, reason):
+    assert reason in why_not(*args)
+
+
+def test_takes_bfloat16_convs_on_amx_targets():
+    assert why_not("bfloat16", 1, MIN_CHANNELS, 1, SAPPHIRE) is None
+    assert why_not("bfloat16", 1, 512, 2, ADDED) is None
+
+
+def test_pack_amx_lays_out_one_tile_per_tap_and_channel_chunk():
+    w = np.arange(48 * 40 * 3 * 2, dtype="float32").reshape(48, 40, 3, 2)
+    packed = pack_amx(w)
+    assert packed.shape == (4, 3, 2, 2, 16, 32)  # 48 -> 64 output channels, 40 -> 64 input channels
+    for o, c, r, s in [(0, 0, 0, 0), (17, 5, 1, 1), (47, 39, 2, 0), (33, 32, 0, 1)]:
+        assert packed[o // 16, r, s, c // 32, o % 16, c % 32] == w[o, c, r, s]
+    assert not packed[3].any() and not packed[:, :, :, 1, :, 8:].any()  # the padding is zeros
+
+
+# (n, c, h, w, oc, k, stride, pad, dilation, residual, after): strides, padding, dilation, channels that are
+# not whole tiles, a residual before and after the activation, a batch of two
+CASES = [
+    (1, 64, 14, 14, 64, 3, 1, 1, 1, False, False),
+    (1, 32, 15, 13, 48, 3, 2, 1, 1, False, False),
+    (2, 40, 9, 9, 24, 1, 1, 0, 1, True, False),
+    (1, 16, 12, 10, 32, 5, 1, 2, 2, True, True),
+    (1, 33, 16, 16, 80, 1, 2, 0, 1, False, False),
+    (1, 64, 7, 7, 96, 7, 2, 3, 1, False, False),
+]
+
+
+def _compute(case, target, packed=True):
+    n, c, h, w, oc, k, stride, pad, dil, res, after = case
+    rng = np.random.default_rng(sum(case[:9]))
+    x = rng.standard_normal((n, c, h, w)).astype(BF16)
+    wt = (rng.standard_normal((oc, c, k, k)) / np.sqrt(c * k * k)).astype(BF16)
+    b = rng.standard_normal(oc).astype("float32")
+    attrs = {"strides": (stride, stride), "padding": (pad,) * 4, "dilation": (dil, dil), "groups": 1,
+             "activation": "relu", "residual_after_activation": after}
+    oh = (h + 2 * pad - dil * (k - 1) - 1) // stride + 1
+    ow = (w + 2 * pad - dil * (k - 1) - 1) // stride + 1
+    residual = rng.standard_normal((n, oc, oh, ow)).astype(BF16) if res else None
+    wv = registry.get_schedule(CONV_FAMILY, "llvm").packed([wt, b], attrs, [x.shape, wt.shape, b.shape], target)[0] \
+        if packed else wt
+    xs = te.placeholder(x.shape, "bfloat16", name="x")
+    ws = te.placeholder(wv.shape, "bfloat16", name="w")
+    bs = te.placeholder(b.shape, "float32", name="b")
+    rs = [te.placeholder(residual.shape, "bfloat16", name="r")] if res else []
+    out = registry.get_compute(CONV_FAMILY, "llvm")(xs, ws, bs, *rs, target=target, fast_math=False, **attrs)
+    func = te.create_prim_func([xs, *rs, ws, bs, out])
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    with target:
+        note = registry.get_schedule(CONV_FAMILY, "llvm").apply(sch, attrs, target)
+    arrays = [x, *([residual] if res else []), wv, b]
+    func = sch.mod["main"].with_attr("global_symbol", "main")
+    return func, note, arrays, (n, oc, oh, ow), (x, wt, b, residual, attrs)
+
+
+@pytest.mark.parametrize("target", [SAPPHIRE, ADDED], ids=["sapphirerapids", "rocketlake+amx"])
+def test_every_amx_build_runs_tile_instructions(target):
+    """Built (not run) for AMX targets wherever the tests run: one tile multiply per tile pair, the OS asked
+    for the tile registers, W packed in tiles, the note saying so."""
+    func, note, arrays, _, _ = _compute(CASES[0], target)
+    script = func.script()
+    assert note == "AMX bfloat16 tiles"
+    assert script.count("llvm.x86.tdpbf16ps") == 4 and "llvm.x86.ldtilecfg" in script
+    assert '"syscall"' in script and "llvm.x86.tilerelease" in script
+    assert arrays[1].shape == (4, 3, 3, 2, 16, 32)
+    tvm.compile(tvm.IRModule({"main": func}), target)
+
+
+def test_a_target_without_amx_keeps_the_avx512_kernel():
+    func, note, arrays, _, _ = _compute(CASES[0], NO_AMX)
+    assert "tdpbf16ps" not in func.script() and arrays[1].ndim == 5 and "AMX" not in (note or "")
+
+
+@NEEDS_AMX
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "weight-stage"])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[1]}-{c[4]}-k{c[5]}s{c[6]}d{c[8]}" for c in CASES])
+def test_amx_conv_matches_float64(case, packed):
+    """On this host's target (AMX tiles): the conv + bias (+ residual) + ReLU within bfloat16's tolerance of
+    float64 NumPy over the bfloat16 inputs; W packed at compile time, or left unpacked (the `weight` stage)."""
+    func, note, arrays, out_shape, (x, wt, b, residual, attrs) = _compute(case, HOST, packed)
+    assert note == "AMX bfloat16 tiles"
+    lib = tvm.compile(tvm.IRModule({"main": func}), HOST)
+    out = tvm.runtime.tensor(np.full(out_shape, np.nan, BF16))
+    lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
+    f64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
+    if attrs["residual_after_activation"]:
+        want = conv_reference(f64(x), f64(wt), f64(b), None, attrs) + f64(residual)
+    else:
+        want = conv_reference(f64(x), f64(wt), f64(b), f64(residual), attrs)
+    assert_close(out.numpy().astype(np.float64), want, f"AMX conv {case}", dtype="bfloat16")
+
+
+@NEEDS_AMX
+def test_bf16_model_runs_its_convs_on_tiles_and_matches_the_float32_model():
+    """`--precision bf16` of a ResNet basic block (32 channels) and a 3-channel stem before it: the block's
+    convs on AMX tiles, the stem (3 input channels) on the AVX-512 kernel; the output within bfloat16's
+    tolerance of onnxruntime's float32 model."""
+    from tvm_fusion.build.builder import build
+    from tvm_fusion.build.mixed_precision import convert
+    from tvm_fusion.check.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.frontend.importer import import_onnx
+    from tvm_fusion.testing import GraphBuilder, run_build
+
+    g = GraphBuilder(5)
+    x = g.input("x", [1, 3, 20, 20])
+    stem = g.op("Relu", [g.bn(g.conv(x, 3, 32), 32)])
+    y = g.op("Relu", [g.bn(g.conv(stem, 32, 32), 32)])
+    y = g.bn(g.conv(y, 32, 32), 32)
+    model = g.model([g.op("Relu", [g.op("Add", [y, stem])])])
+    built = build(convert(import_onnx(model), "bf16"), "llvm", "fused")
+    kernels = sorted(grp.kernel for grp in built.fused.groups if grp.compute == CONV_FAMILY)
+    assert kernels.count("AMX bfloat16 tiles") == 2 and len(kernels) == 3, kernels
+    inputs = random_inputs(model)
+    (got,) = run_build(built, [inputs["x"]])
+    (want,) = run_onnxruntime(model, inputs)[0].run(None, inputs)
+    assert_close(got, want, "bf16 residual block vs the float32 model", dtype="bfloat16")
