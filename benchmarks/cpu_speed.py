@@ -10,6 +10,7 @@ the fly and cached).
     python benchmarks/cpu_speed.py --models mobilenetv2_ts13,resnet_stem_ts17 --threads 1 --modes unfused,tvm,fused
     python benchmarks/cpu_speed.py --models resnet50 --threads 1,2 --clock both --modes fused,no-chunks
     python benchmarks/cpu_speed.py --models resnet50,vgg19 --threads 1 --clock cpu --modes fused,nchw
+    python benchmarks/cpu_speed.py --models resnet50 --threads 1,2 --modes fused,bf16      # bfloat16 (AMX)
 
 For each model (tvm_fusion.examples with seeded weights, and tests/zoo through the simplifier, on the
 corpus entries' own inputs) the fused build is checked element-wise against onnxruntime (the
@@ -45,6 +46,8 @@ sys.path.insert(0, str(ROOT / "tests" / "zoo"))
 
 from tvm_fusion._tvm import relax, tvm  # noqa: E402
 from tvm_fusion.build.builder import build, resolve_target  # noqa: E402
+from tvm_fusion.build.mixed_precision import convert  # noqa: E402
+from tvm_fusion.precision import PRECISIONS  # noqa: E402
 from tvm_fusion.check.compare import as_arrays, check_modes  # noqa: E402
 from tvm_fusion.check.numerics import error_stats  # noqa: E402
 
@@ -188,7 +191,11 @@ NO_CHUNKS = "no-chunks"
 #: a benchmark-only build: fused with every kernel's tensors in NCHW, no conv chain in NCHW[x]c
 #: (`fusion/chain_layout.py`)
 NCHW_ONLY = "nchw"
-BENCH_MODES = (NO_CROSS, NO_CHUNKS, NCHW_ONLY)
+#: benchmark-only builds: the float32 model converted (`--precision bf16` / `fp16`: build.mixed_precision) and
+#: fused; their error against onnxruntime's float32 model is reported, not judged (`compare --precision` judges
+#: a converted model, per group where the dtype cannot carry the whole model: ResNet-50 in bfloat16)
+HALF_MODES = ("bf16", "fp16")
+BENCH_MODES = (NO_CROSS, NO_CHUNKS, NCHW_ONLY, *HALF_MODES)
 
 
 @contextlib.contextmanager
@@ -228,11 +235,14 @@ def _builds(mod, target, modes, args, ref, dev) -> tuple[dict, dict, list, list]
                 built = build(mod, target, "fused")
         elif mode == NCHW_ONLY:
             built = build(mod, target, "fused", blocked_layout=False)
+        elif mode in HALF_MODES:
+            built = build(convert(mod, mode), target, "fused")
         else:
             built = build(mod, target, mode)
         mains[mode] = relax.VirtualMachine(built.executable, dev)["main"]
         calls[mode], outs[mode] = built.kernel_calls, as_arrays(mains[mode](*args))
-        stats += [(mode, error_stats(a, r)) for a, r in zip(outs[mode], ref)]
+        dtype = PRECISIONS.get(mode)
+        stats += [(mode, error_stats(a.astype("float32") if dtype else a, r, dtype)) for a, r in zip(outs[mode], ref)]
     return mains, calls, outs["fused"], stats
 
 
@@ -248,12 +258,17 @@ def measure(name: str, kind: str, target, threads: list[int], rounds: int, block
     ref = ort_session(proto, max(threads)).run(None, feeds)
     mains, calls, out, stats = _builds(mod, target, modes, args, ref, dev)
     named = lambda mode, s: s.describe() if mode == "fused" else f"{mode}: {s.describe()}"  # noqa: E731
-    row = {"model": name, "kind": kind, "ok": all(s.ok for _, s in stats), "calls": calls,
-           "error": "; ".join(named(m, s) for m, s in stats if not s.ok), "ms": {c: {} for c in CLOCKS},
+    judged = [(m, s) for m, s in stats if m not in HALF_MODES]
+    row = {"model": name, "kind": kind, "ok": all(s.ok for _, s in judged), "calls": calls,
+           "error": "; ".join(named(m, s) for m, s in judged if not s.ok), "ms": {c: {} for c in CLOCKS},
            **{c: {} for c in CLOCKS}}
+    half = [f"{m} vs onnxruntime's float32 model: max rel err {s.max_rel:.2g} (reported)" for m, s in stats
+            if m in HALF_MODES]
     note = None if row["ok"] else _within_reference_noise(proto, feeds, out, row["error"])
     if note:
         row.update(ok=True, error="", note=note)
+    if half:
+        row["note"] = "; ".join(filter(None, [row.get("note"), *dict.fromkeys(half)]))
     for n in threads:
         set_tvm_threads(n)
         sess = ort_session(proto, n)
@@ -323,7 +338,8 @@ def main(argv=None) -> int:
                     help="builds to time, comma separated, fused among them: fused (default), unfused (one kernel "
                          "per op), tvm (TVM's own FuseOps), no-cross (fused without the cross-layer rules: their "
                          "groups as two kernels), no-chunks (fused, the tiled convs' reductions in one pass per "
-                         "tile), nchw (fused, no conv chain in NCHW[x]c); more than fused prints one column of each")
+                         "tile), nchw (fused, no conv chain in NCHW[x]c), bf16 / fp16 (the model converted, then fused: "
+                         "AMX tiles for its convs where the CPU has them); more than fused prints one column of each")
     ap.add_argument("--busy", type=int, default=0,
                     help="other processes spinning on the cores while timing (a shared host)")
     args = ap.parse_args(argv)

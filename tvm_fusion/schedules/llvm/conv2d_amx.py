@@ -45,16 +45,24 @@ MIN_CHANNELS = 16  # input channels below which the tile rows are mostly padding
 ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18  # Linux x86-64
 
 
-def why_not(w_dtype, groups: int, cin: int, batch, target) -> str | None:
-    """Why the conv does not run on AMX tiles for `target` (None: it does)."""
+def target_reason(dtype, target) -> str | None:
+    """Why `target` does not run `dtype` products on AMX tiles (None: it does); the conv and dense kernels'."""
     facts = cpu_facts(target)
     triple = str(target.attrs.get("mtriple") or "")
     if not facts.amx_bf16:
         return "the target has no AMX bfloat16 tiles (amx-tile, amx-bf16)"
     if triple and "linux" not in triple:
         return f"AMX tile permission is requested the Linux way; the target is {triple}"
-    if str(w_dtype) != "bfloat16":
-        return f"AMX tiles take bfloat16 convs; this one is {w_dtype}"
+    if str(dtype) != "bfloat16":
+        return f"AMX tiles take bfloat16 products; this one is {dtype}"
+    return None
+
+
+def why_not(w_dtype, groups: int, cin: int, batch, target) -> str | None:
+    """Why the conv does not run on AMX tiles for `target` (None: it does)."""
+    reason = target_reason(w_dtype, target)
+    if reason:
+        return reason
     if groups != 1:
         return f"the AMX conv takes groups 1, not {groups}"
     if cin < MIN_CHANNELS:
@@ -85,7 +93,7 @@ def conv2d_amx(x, w, b, residual=None, *, strides, padding, dilation, activation
     then the `weight` stage packs it per call)."""
     n, cin, hin, win = (int(d) for d in x.shape)
     cout = int(b.shape[0])
-    if len(w.shape) == 6:
+    if len(w.shape) == 6:  # packed by pack_amx
         ot, kh, kw, kc = (int(d) for d in w.shape[:4])
     else:
         kh, kw = int(w.shape[2]), int(w.shape[3])

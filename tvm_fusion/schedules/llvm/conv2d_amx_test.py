@@ -51,7 +51,7 @@ def test_the_host_target_adds_amx_the_cpu_name_lacks():
 
 
 @pytest.mark.parametrize("args,reason", [
-    (("float32", 1, 64, 1, SAPPHIRE), "take bfloat16 convs; this one is float32"),
+    (("float32", 1, 64, 1, SAPPHIRE), "take bfloat16 products; this one is float32"),
     (("float16", 1, 64, 1, SAPPHIRE), "this one is float16"),
     (("bfloat16", 2, 64, 1, SAPPHIRE), "groups 1, not 2"),
     (("bfloat16", 1, 3, 1, SAPPHIRE), "3 input channels would fill 3 of a tile row's 32"),

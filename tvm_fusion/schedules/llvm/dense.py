@@ -2,7 +2,8 @@
 
 W is packed at compile time into column tiles Wp[N / COLS, K, COLS] (`pack_columns`), so the kernel
 streams each tile from memory front to back; the output columns of a tile are vectorized, and tiles run
-in parallel. At batch 1 this is a GEMV: memory-bound, one pass over W in the order it is stored.
+in parallel. At batch 1 this is a GEMV: memory-bound, one pass over W in the order it is stored. A bfloat16
+dense of 16 rows or more on a target with AMX tiles runs on them instead (`dense_amx.py`).
 
     parallel for tile t (COLS columns, COLS a divisor of N and a multiple of half a vector of the
                          target, at most 4 vectors: `hardware.cpu_facts`; an N without one, or whose
@@ -18,8 +19,11 @@ from __future__ import annotations
 
 from tvm_fusion._tvm import tirx
 from tvm_fusion.hardware import cpu_facts
-from tvm_fusion.registry import register_schedule
-from tvm_fusion.schedules.dense import DENSE_FAMILY, pack_columns
+from tvm_fusion.registry import register_compute, register_schedule
+from tvm_fusion.schedules import dims
+from tvm_fusion.schedules.dense import DENSE_FAMILY, dense_affine, pack_columns
+from tvm_fusion.schedules.llvm import dense_amx as amx
+from tvm_fusion.schedules.llvm.blocks import optional_block
 
 ACCUMULATOR_VECTORS = 4  # vector accumulators per column block: enough to hide the FMA latency
 #: an N whose column block is not whole vectors (1000 classes: 20 columns for 8 lanes, 40 for 16) is padded to
@@ -63,15 +67,29 @@ def packed_columns(n: int, lanes: int) -> int:
     return min(full, -(-n // lanes) * lanes)
 
 
+@register_compute(DENSE_FAMILY, target="llvm")
+def dense_llvm(x, w, b, *, activation=None, activation_params=None, fast_math=True, target=None, **attrs):
+    """The dense family's compute; a bfloat16 dense of 16 rows or more on a target with AMX tiles: `dense_amx`."""
+    if target is not None and amx.why_not(w.dtype, dims(x.shape)[0], target) is None:
+        return amx.dense_amx(x, w, b, activation=activation, activation_params=activation_params, target=target)
+    return dense_affine(x, w, b, activation=activation, activation_params=activation_params, fast_math=fast_math,
+                        target=target, **attrs)
+
+
 def pack_dense(constants, attrs, shapes, target):
-    """W [K, N]  ==>  Wp [ceil(N / COLS), K, COLS] (`packed_columns`; None when 1: W stays as it is)."""
+    """W [K, N]  ==>  Wp [ceil(N / COLS), K, COLS] (`packed_columns`; None when 1: W stays as it is); for the
+    AMX dense (`dense_amx.why_not`), its tiles (`pack_amx_dense`)."""
     w, b = constants
+    if amx.why_not(w.dtype, shapes[0][0], target) is None:
+        return [amx.pack_amx_dense(w), b]
     cols = packed_columns(w.shape[1], cpu_facts(target).float32_lanes)
     return None if cols <= 1 else [pack_columns(w, cols), b]
 
 
 @register_schedule(DENSE_FAMILY, target="llvm", pack=pack_dense)
 def schedule_dense_llvm(sch, attrs, target):
+    if optional_block(sch, amx.AMX_BLOCK) is not None:
+        return amx.schedule_amx_dense(sch)
     facts = cpu_facts(target)
     dense = sch.get_sblock("dense")
     epi = sch.get_sblock("epilogue")

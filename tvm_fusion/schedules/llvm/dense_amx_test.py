@@ -1,0 +1,85 @@
+"""The AMX dense (`dense_amx`): when it takes a dense and why it declines, its packing, the tile instructions
+in every AMX build, and numerics against float64 NumPy (bfloat16's tolerance) where the host has AMX tiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_fusion import registry
+from tvm_fusion._tvm import te, tirx, tvm
+from tvm_fusion.schedules.dense import DENSE_FAMILY
+from tvm_fusion.schedules.llvm.conv2d_amx_test import BF16, HOST, NEEDS_AMX, NO_AMX, SAPPHIRE
+from tvm_fusion.schedules.llvm.dense_amx import MIN_ROWS, pack_amx_dense, why_not
+from tvm_fusion.testing import assert_close
+
+
+@pytest.mark.parametrize("args,reason", [
+    (("float32", 64, SAPPHIRE), "take bfloat16 products; this one is float32"),
+    (("bfloat16", 1, SAPPHIRE), "1 rows of x would fill 1 of a tile's 16 rows"),
+    (("bfloat16", tirx.Var("N", "int64"), SAPPHIRE), "static number of rows"),
+    (("bfloat16", 64, NO_AMX), "no AMX bfloat16 tiles"),
+])
+def test_declines_with_a_reason(args, reason):
+    assert reason in why_not(*args)
+
+
+def test_takes_bfloat16_denses_of_a_tile_of_rows():
+    assert why_not("bfloat16", MIN_ROWS, SAPPHIRE) is None
+
+
+def test_pack_amx_dense_pairs_k_inside_a_tile():
+    w = np.arange(50 * 40, dtype="float32").reshape(50, 40)
+    packed = pack_amx_dense(w)
+    assert packed.shape == (4, 2, 16, 16, 2)  # 40 -> 64 columns, 50 -> 64 of K
+    for k, n in [(0, 0), (1, 0), (17, 5), (49, 39), (33, 20)]:
+        assert packed[n // 16, k // 32, k % 32 // 2, n % 16, k % 2] == w[k, n]
+    assert not packed[3].any() and not packed[:, 1, 9:].any()  # the padding is zeros
+
+
+def _dense(m, k, n, target, activation="relu", packed=True):
+    rng = np.random.default_rng(m * 7 + k + n)
+    x = rng.standard_normal((m, k)).astype(BF16)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(BF16)
+    b = rng.standard_normal(n).astype("float32")
+    attrs = {"activation": activation}
+    sched = registry.get_schedule(DENSE_FAMILY, "llvm")
+    wv = sched.packed([w, b], attrs, [x.shape, w.shape, b.shape], target)[0] if packed else w
+    xs, ws, bs = (te.placeholder(a.shape, str(a.dtype), name=nm) for a, nm in ((x, "x"), (wv, "w"), (b, "b")))
+    out = registry.get_compute(DENSE_FAMILY, "llvm")(xs, ws, bs, target=target, fast_math=False, **attrs)
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([xs, ws, bs, out])}))
+    with target:
+        note = sched.apply(sch, attrs, target)
+    return sch.mod["main"].with_attr("global_symbol", "main"), note, (x, wv, b), (x, w, b)
+
+
+def test_every_amx_build_runs_tile_instructions():
+    func, note, arrays, _ = _dense(64, 96, 80, SAPPHIRE)
+    script = func.script()
+    assert note == "AMX bfloat16 tiles" and script.count("llvm.x86.tdpbf16ps") == 4
+    assert arrays[1].shape == (6, 3, 16, 16, 2)
+    tvm.compile(tvm.IRModule({"main": func}), SAPPHIRE)
+
+
+def test_one_row_keeps_the_avx512_kernel():
+    func, note, _, _ = _dense(1, 96, 80, SAPPHIRE)
+    assert "tdpbf16ps" not in func.script() and "AMX" not in (note or "")
+
+
+@NEEDS_AMX
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "weight-stage"])
+@pytest.mark.parametrize("m,k,n,activation", [(16, 32, 32, None), (40, 50, 40, "relu"), (128, 768, 96, "gelu_erf"),
+                                              (33, 64, 1000, None)])
+def test_amx_dense_matches_float64(m, k, n, activation, packed):
+    func, note, arrays, (x, w, b) = _dense(m, k, n, HOST, activation, packed)
+    assert note == "AMX bfloat16 tiles"
+    lib = tvm.compile(tvm.IRModule({"main": func}), HOST)
+    out = tvm.runtime.tensor(np.full((m, n), np.nan, BF16))
+    lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
+    want = x.astype(np.float64) @ w.astype(np.float64) + b
+    if activation == "relu":
+        want = np.maximum(want, 0)
+    elif activation == "gelu_erf":
+        from scipy.special import erf
+        want = 0.5 * want * (1 + erf(want / np.sqrt(2)))
+    assert_close(out.numpy().astype(np.float64), want, f"AMX dense {m}x{k}x{n}", dtype="bfloat16")
