@@ -178,9 +178,35 @@ def _weight_stage(w, ot: int, kc: int):
     return te.compute((ot, kh, kw, kc, TILE_ROWS, TILE_K), packed, name="weight")
 
 
-def _tile(name: str, *args):
+def tile_op(name: str, *args):
     """One AMX instruction (LLVM's intrinsics naming tiles by number: `llvm.x86.tileloadd64` ...)."""
     return tirx.call_llvm_intrin("void", f"llvm.x86.{name}", *args)
+
+
+def tile_macros():
+    """(ask, configure): TVMScript macros the AMX kernels share. `ask()`: the tile registers requested from
+    the OS, an error if refused; `configure(cfg)`: a task's tile configuration (palette 1, 8 tiles of 16 rows x
+    64 bytes) written to `cfg` (64 bytes, local) and loaded."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def ask():
+        granted = T.call_extern("int64", "syscall", T.int64(ARCH_PRCTL), T.int64(ARCH_REQ_XCOMP_PERM),
+                                T.int64(XFEATURE_XTILEDATA))
+        assert granted == T.int64(0), ("the OS refused this process the AMX tile registers (arch_prctl "
+                                       "ARCH_REQ_XCOMP_PERM); build for a target without amx-tile")
+
+    @T.macro
+    def configure(cfg):
+        for j in range(64):
+            cfg[j] = T.uint8(0)
+        cfg[0] = T.uint8(1)
+        for t8 in range(8):
+            cfg[16 + 2 * t8] = T.uint8(64)
+            cfg[48 + t8] = T.uint8(TILE_ROWS)
+        T.evaluate(tile_op("ldtilecfg", T.address_of(cfg[0])))
+
+    return ask, configure
 
 
 def _amx_body(xb, wb, out, value, *, n, ot, kh, kw, kc, strides, dilation, nb, plane_w, plane_h, cout, hout, wout,
@@ -197,16 +223,17 @@ def _amx_body(xb, wb, out, value, *, n, ot, kh, kw, kc, strides, dilation, nb, p
     c_stride = cols * 4  # bytes from one output channel's sums to the next
     whole, rest = wout // TILE_ROWS * TILE_ROWS, wout % TILE_ROWS
     phases, half = int(xb.ty.shape[1]), TILE_ROWS
+    ask, configure = tile_macros()
 
     def b_tile(number, i, ph, k, q):  # 16 channel pairs x 16 pixels from pixel q of a phase plane
-        return _tile("tileloadd64", u8(number), T.address_of(xb[i, ph, k * half, q // plane_w, q % plane_w]),
+        return tile_op("tileloadd64", u8(number), T.address_of(xb[i, ph, k * half, q // plane_w, q % plane_w]),
                      T.int64(b_stride))
 
     def a_tile(number, o, r, s, k):  # 16 output channels x 32 input channels of tap (r, s)
-        return _tile("tileloadd64", u8(number), T.address_of(wb[o, r, s, k, 0, 0]), T.int64(64))
+        return tile_op("tileloadd64", u8(number), T.address_of(wb[o, r, s, k, 0, 0]), T.int64(64))
 
     def store(number, sums, o, q):
-        return _tile("tilestored64", u8(number), T.address_of(sums[o, q]), T.int64(c_stride))
+        return tile_op("tilestored64", u8(number), T.address_of(sums[o, q]), T.int64(c_stride))
 
     @T.prim_func(private=True, check_well_formed=False, s_tir=True)
     def amx():
@@ -214,33 +241,24 @@ def _amx_body(xb, wb, out, value, *, n, ot, kh, kw, kc, strides, dilation, nb, p
             T.reads(xb[0:n, 0:phases, 0:kc * half, 0:plane_h, 0:plane_w],
                     wb[0:ot, 0:kh, 0:kw, 0:kc, 0:TILE_ROWS, 0:TILE_K])
             T.writes(out[0:n, 0:cout, 0:hout, 0:wout])
-            granted = T.call_extern("int64", "syscall", T.int64(ARCH_PRCTL), T.int64(ARCH_REQ_XCOMP_PERM),
-                                    T.int64(XFEATURE_XTILEDATA))
-            assert granted == T.int64(0), ("the OS refused this process the AMX tile registers (arch_prctl "
-                                           "ARCH_REQ_XCOMP_PERM); build for a target without amx-tile")
+            ask()
             for task in T.parallel(tasks.count):
                 cfg = T.alloc_buffer((64,), "uint8", scope="local")
                 sums = T.alloc_buffer((2 * TILE_ROWS, cols), "float32")
                 # the tile stores write `sums` through addresses TVM's buffer compaction does not follow: this
                 # store spans it to the last column, so its rows keep the stride the stores use
                 sums[2 * TILE_ROWS - 1, cols - 1] = T.float32(0)
-                for j in range(64):
-                    cfg[j] = T.uint8(0)
-                cfg[0] = T.uint8(1)  # palette 1
-                for t8 in range(8):  # 8 tiles of 16 rows x 64 bytes
-                    cfg[16 + 2 * t8] = T.uint8(64)
-                    cfg[48 + t8] = T.uint8(TILE_ROWS)
-                T.evaluate(_tile("ldtilecfg", T.address_of(cfg[0])))
+                configure(cfg)
                 i = task // (pairs * parts)
                 o2 = task // parts % pairs
                 h0 = task % parts * rows
                 for mb in range(tasks.blocks):
                     if h0 * plane_w + mb * 32 < T.min(h0 + rows, hout) * plane_w:
                         q0 = h0 * plane_w + mb * 32
-                        T.evaluate(_tile("tilezero", u8(0)))
-                        T.evaluate(_tile("tilezero", u8(1)))
-                        T.evaluate(_tile("tilezero", u8(2)))
-                        T.evaluate(_tile("tilezero", u8(3)))
+                        T.evaluate(tile_op("tilezero", u8(0)))
+                        T.evaluate(tile_op("tilezero", u8(1)))
+                        T.evaluate(tile_op("tilezero", u8(2)))
+                        T.evaluate(tile_op("tilezero", u8(3)))
                         for t in range(kh * kw):
                             ph = t // kw * dh % sh * nb + t % kw * dw % sw  # the tap's phase and run
                             q = q0 + t // kw * dh // sh * plane_w + t % kw * dw // sw
@@ -249,15 +267,15 @@ def _amx_body(xb, wb, out, value, *, n, ot, kh, kw, kc, strides, dilation, nb, p
                                 T.evaluate(a_tile(5, o2 * 2 + 1, t // kw, t % kw, k))
                                 T.evaluate(b_tile(6, i, ph, k, q))
                                 T.evaluate(b_tile(7, i, ph, k, q + half))
-                                T.evaluate(_tile("tdpbf16ps", u8(0), u8(4), u8(6)))
-                                T.evaluate(_tile("tdpbf16ps", u8(1), u8(4), u8(7)))
-                                T.evaluate(_tile("tdpbf16ps", u8(2), u8(5), u8(6)))
-                                T.evaluate(_tile("tdpbf16ps", u8(3), u8(5), u8(7)))
+                                T.evaluate(tile_op("tdpbf16ps", u8(0), u8(4), u8(6)))
+                                T.evaluate(tile_op("tdpbf16ps", u8(1), u8(4), u8(7)))
+                                T.evaluate(tile_op("tdpbf16ps", u8(2), u8(5), u8(6)))
+                                T.evaluate(tile_op("tdpbf16ps", u8(3), u8(5), u8(7)))
                         T.evaluate(store(0, sums, 0, mb * 32))
                         T.evaluate(store(1, sums, 0, mb * 32 + half))
                         T.evaluate(store(2, sums, half, mb * 32))
                         T.evaluate(store(3, sums, half, mb * 32 + half))
-                T.evaluate(_tile("tilerelease"))
+                T.evaluate(tile_op("tilerelease"))
                 for oo in range(32):  # the epilogue, a row of the output per vector
                     if o2 * 32 + oo < cout:
                         for hh in range(rows):

@@ -21,8 +21,7 @@ import numpy as np
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.schedules.activations import apply_activation
-from tvm_fusion.schedules.llvm.conv2d_amx import (AMX_BLOCK, ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, TILE_K, TILE_ROWS,
-                                                  XFEATURE_XTILEDATA, _tile, target_reason)
+from tvm_fusion.schedules.llvm.conv2d_amx import AMX_BLOCK, TILE_K, TILE_ROWS, tile_op, target_reason, tile_macros
 
 MIN_ROWS = TILE_ROWS  # rows of x below which the tiles would be mostly padding
 PAIRS_PER_TASK = 8  # column-tile pairs of one task: 256 output columns
@@ -111,52 +110,44 @@ def _amx_body(xb, wb, out, value, *, m, n, rows, nt, kc):
     per_task = -(-pairs // chunks)
     blocks = rows // 32
     a_stride = kc * TILE_K * 2  # bytes from one row of x to the next
+    ask, configure = tile_macros()
 
     def a_tile(number, row, c):
-        return _tile("tileloadd64", u8(number), T.address_of(xb[row, c * TILE_K]), T.int64(a_stride))
+        return tile_op("tileloadd64", u8(number), T.address_of(xb[row, c * TILE_K]), T.int64(a_stride))
 
     def b_tile(number, t, c):
-        return _tile("tileloadd64", u8(number), T.address_of(wb[t, c, 0, 0, 0]), T.int64(64))
+        return tile_op("tileloadd64", u8(number), T.address_of(wb[t, c, 0, 0, 0]), T.int64(64))
 
     def store(number, sums, r, j):
-        return _tile("tilestored64", u8(number), T.address_of(sums[r, j]), T.int64(128))
+        return tile_op("tilestored64", u8(number), T.address_of(sums[r, j]), T.int64(128))
 
     @T.prim_func(private=True, check_well_formed=False, s_tir=True)
     def amx():
         with T.sblock("amx_tiles"):
             T.reads(xb[0:rows, 0:kc * TILE_K], wb[0:nt, 0:kc, 0:TILE_ROWS, 0:TILE_ROWS, 0:2])
             T.writes(out[0:m, 0:n])
-            granted = T.call_extern("int64", "syscall", T.int64(ARCH_PRCTL), T.int64(ARCH_REQ_XCOMP_PERM),
-                                    T.int64(XFEATURE_XTILEDATA))
-            assert granted == T.int64(0), ("the OS refused this process the AMX tile registers (arch_prctl "
-                                           "ARCH_REQ_XCOMP_PERM); build for a target without amx-tile")
+            ask()
             for task in T.parallel(blocks * chunks):
                 cfg = T.alloc_buffer((64,), "uint8", scope="local")
                 sums = T.alloc_buffer((32, 32), "float32")
-                for j in range(64):
-                    cfg[j] = T.uint8(0)
-                cfg[0] = T.uint8(1)  # palette 1
-                for t8 in range(8):  # 8 tiles of 16 rows x 64 bytes
-                    cfg[16 + 2 * t8] = T.uint8(64)
-                    cfg[48 + t8] = T.uint8(TILE_ROWS)
-                T.evaluate(_tile("ldtilecfg", T.address_of(cfg[0])))
+                configure(cfg)
                 r0 = task // chunks * 32
                 for p in range(per_task):
                     if task % chunks * per_task + p < pairs:
                         t0 = (task % chunks * per_task + p) * 2
-                        T.evaluate(_tile("tilezero", u8(0)))
-                        T.evaluate(_tile("tilezero", u8(1)))
-                        T.evaluate(_tile("tilezero", u8(2)))
-                        T.evaluate(_tile("tilezero", u8(3)))
+                        T.evaluate(tile_op("tilezero", u8(0)))
+                        T.evaluate(tile_op("tilezero", u8(1)))
+                        T.evaluate(tile_op("tilezero", u8(2)))
+                        T.evaluate(tile_op("tilezero", u8(3)))
                         for c in range(kc):
                             T.evaluate(a_tile(4, r0, c))
                             T.evaluate(a_tile(5, r0 + 16, c))
                             T.evaluate(b_tile(6, t0, c))
                             T.evaluate(b_tile(7, t0 + 1, c))
-                            T.evaluate(_tile("tdpbf16ps", u8(0), u8(4), u8(6)))
-                            T.evaluate(_tile("tdpbf16ps", u8(1), u8(4), u8(7)))
-                            T.evaluate(_tile("tdpbf16ps", u8(2), u8(5), u8(6)))
-                            T.evaluate(_tile("tdpbf16ps", u8(3), u8(5), u8(7)))
+                            T.evaluate(tile_op("tdpbf16ps", u8(0), u8(4), u8(6)))
+                            T.evaluate(tile_op("tdpbf16ps", u8(1), u8(4), u8(7)))
+                            T.evaluate(tile_op("tdpbf16ps", u8(2), u8(5), u8(6)))
+                            T.evaluate(tile_op("tdpbf16ps", u8(3), u8(5), u8(7)))
                         T.evaluate(store(0, sums, 0, 0))
                         T.evaluate(store(1, sums, 0, 16))
                         T.evaluate(store(2, sums, 16, 0))
@@ -173,7 +164,7 @@ def _amx_body(xb, wb, out, value, *, m, n, rows, nt, kc):
                                             if t0 * 16 + half * 16 + j < n:
                                                 out[r0 + r, t0 * 16 + half * 16 + j] = value(
                                                     sums[r, half * 16 + j], t0 * 16 + half * 16 + j)
-                T.evaluate(_tile("tilerelease"))
+                T.evaluate(tile_op("tilerelease"))
 
     return amx.body
 
