@@ -125,7 +125,8 @@ def conv2d_amx(x, w, b, residual=None, *, strides, padding, dilation, activation
         return tirx.if_then_else(inside, pair, tirx.const(0, "uint32"))
 
     pack = te.compute((n, na * nb, pairs, plane_h, plane_w), packed, name="pack")
-    tasks = _Tasks(n, ot // 2, hout, plane_w, cpu_facts(target).threads)
+    facts = cpu_facts(target)
+    tasks = _Tasks(n, ot // 2, hout, plane_w, facts.threads, facts.l2_bytes)
     out_dtype = x.dtype
     acc = accumulator_dtype(out_dtype)
     inputs = [pack, w, b] + ([residual] if residual is not None else [])
@@ -296,10 +297,13 @@ def _amx_body(xb, wb, out, value, *, n, ot, kh, kw, kc, strides, dilation, nb, p
 
 class _Tasks:
     """The parallel tasks: (image, pair of output-channel tiles, `rows` output rows), at least two per thread
-    where the rows can be split; `blocks` of 32 pixels cover a task's rows (`pixels` of sums)."""
+    where the rows can be split, and rows few enough that a task's float32 sums (32 channels x its pixels) fit
+    in a quarter of L2, where its epilogue reads them back; `blocks` of 32 pixels cover a task's rows
+    (`pixels` of sums)."""
 
-    def __init__(self, n: int, pairs: int, hout: int, plane_w: int, threads: int):
-        parts = min(hout, max(1, -(-2 * threads // (n * pairs))))
+    def __init__(self, n: int, pairs: int, hout: int, plane_w: int, threads: int, l2_bytes: int):
+        most_rows = max(1, l2_bytes // 4 // (2 * TILE_ROWS * plane_w * 4))
+        parts = min(hout, max(1, -(-2 * threads // (n * pairs)), -(-hout // most_rows)))
         self.rows = -(-hout // parts)
         self.parts = -(-hout // self.rows)
         self.count = n * pairs * self.parts

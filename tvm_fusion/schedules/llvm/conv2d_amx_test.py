@@ -178,3 +178,18 @@ def test_bf16_model_runs_its_convs_on_tiles_and_matches_the_float32_model():
     (got,) = run_build(built, [inputs["x"]])
     (want,) = run_onnxruntime(model, inputs)[0].run(None, inputs)
     assert_close(got, want, "bf16 residual block vs the float32 model", dtype="bfloat16")
+
+
+def test_tasks_split_rows_for_threads_and_for_l2():
+    """Two tasks per thread where the channels give fewer; rows whose sums (32 channels) outgrow a quarter of
+    L2 split further: VGG's 224x224 convs into 13 parts of 18 rows with 2 MiB of L2, 25 of 9 with 1 MiB."""
+    from tvm_fusion.schedules.llvm.conv2d_amx import _Tasks
+
+    mib = 1024 * 1024
+    t = _Tasks(1, 2, 56, 58, 2, 2 * mib)
+    assert (t.parts, t.rows, t.count, t.pixels) == (2, 28, 4, 28 * 58 + 8)
+    t = _Tasks(1, 8, 14, 16, 2, 2 * mib)
+    assert (t.parts, t.rows, t.count) == (1, 14, 8)
+    assert (_Tasks(1, 2, 224, 226, 2, 2 * mib).parts, _Tasks(1, 2, 224, 226, 2, mib).parts) == (13, 25)
+    for t in (_Tasks(1, 2, 224, 226, 2, 2 * mib), _Tasks(2, 1, 7, 9, 16, 2 * mib)):
+        assert t.rows * (t.parts - 1) < (224 if t.rows > 7 else 7) <= t.rows * t.parts
