@@ -293,3 +293,19 @@ def test_chain_peak_activation_memory_from_tvms_plan(chain):
     html = page.read_text()
     assert 'id="memory"' in html and "<td>unfused</td><td>0.098</td><td>2</td><td>0.066</td><td>8</td>" in html
     assert "peak saved MB" in html and html.count("<td>0.07</td></tr>") >= 2  # each group's last column
+
+
+def test_profile_at_a_precision(tmp_path, capsys):
+    """`profile --precision bf16` converts the float32 model first, as compare does: the kernels take bfloat16
+    tensors, the report says so, and the profile compare prints to follow up keeps the flag."""
+    from tvm_fusion.testing import conv_bn_relu
+
+    model = tmp_path / "conv.onnx"
+    onnx.save(conv_bn_relu(cin=16, cout=32, hw=(16, 16)), str(model))
+    assert main(["profile", str(model), "--repeat", "1", "--precision", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "precision bf16 (converted from float32)" in out.splitlines()[0]
+    report = profile(str(model), repeat=1, precision="bf16")
+    assert report.precision == "bf16" and report.counts["conv2d_bn_relu"] == 1
+    assert main(["compare", str(model), "--repeat", "0", "--precision", "bf16", "--modes", "fused"]) == 0
+    assert "tvm-fusion profile" in (hint := capsys.readouterr().out) and "--precision bf16" in hint

@@ -186,6 +186,7 @@ def _profile_parser(sub) -> None:
     pr.add_argument("--repeat", type=int, default=5, help="timed inferences per build (medians)")
     pr.add_argument("--json", metavar="OUT.json", help="write the profile's data as JSON")
     pr.add_argument("--html", metavar="REPORT.html", help="write a self-contained HTML report")
+    _precision(pr)
 
 
 def _rules(args):
@@ -320,7 +321,8 @@ def _profile_hint(args) -> str:
     """The profile command for the same model, target and shapes: where the time and the traffic go."""
     model = ["--example", args.example] if args.example else [args.model]
     shapes = [a for s in args.shape for a in ("--shape", s)]
-    cmd = ["tvm-fusion", "profile", *model, *shapes, "--target", args.target, "--html", "report.html"]
+    precision = ["--precision", args.precision] if getattr(args, "precision", "fp32") != "fp32" else []
+    cmd = ["tvm-fusion", "profile", *model, *shapes, "--target", args.target, *precision, "--html", "report.html"]
     return "per-kernel time, memory traffic and what to fuse next: " + shlex.join(cmd)
 
 
@@ -328,7 +330,8 @@ def _profile(args, model, target, shapes, rules) -> int:
     from tvm_fusion.profile.measure import profile
 
     report = profile(model, target, shapes=shapes, rules=rules, modes=[m for m in args.modes.split(",") if m],
-                     repeat=args.repeat, seed=args.seed, arch=args.arch, simplify=not args.no_simplify)
+                     repeat=args.repeat, seed=args.seed, arch=args.arch, simplify=not args.no_simplify,
+                     precision=args.precision)
     print(report)
     for path, write in ((args.json, report.write_json), (args.html, report.write_html)):
         if path:

@@ -464,6 +464,7 @@ class ProfileReport:
     unscheduled: list[dict] = field(default_factory=list)
     #: the sizes symbolic dims were bound to for profiling ("N=3"); "" when the model's shapes are static
     bound_at: str = ""
+    precision: str = ""  # "fp16" / "bf16": the float32 model converted before the builds
 
     @property
     def bytes_saved(self) -> int:
@@ -594,11 +595,12 @@ def _build(mod, target, mode: str, rules: RuleSet):
 
 def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet | None = None,
             modes=("unfused", "fused"), repeat: int = 5, seed: int = 0, arch: str = "sm_90",
-            simplify: bool = True) -> ProfileReport:
+            simplify: bool = True, precision: str | None = None) -> ProfileReport:
     """Build `model` in `modes`, time every kernel over `repeat` inferences on the same seeded inputs, and
     model the memory traffic and what is left to fuse. Needs the unfused and fused builds for before/after.
     `simplify=False`: import the model as given (no ONNX simplifier). `model`: a path, a ModelProto, or a
-    prepared.PreparedModel (its target, shapes and simplifier choice are used; symbolic dims bound)."""
+    prepared.PreparedModel (its target, shapes and simplifier choice are used; symbolic dims bound).
+    `precision` "fp16" / "bf16": the float32 model converted first, as compare and compile do."""
     modes = list(dict.fromkeys(modes))
     for m in modes:
         if m not in MODES:
@@ -611,7 +613,7 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     # the traffic model and the FLOP counts need static shapes
     declared = (model.shapes, model.given) if isinstance(model, PreparedModel) else (shapes or {}, {})
     bound_at = frontend.sizes_text(frontend.check_sizes(*declared)[-1])
-    prepared = prepare(model, target, arch=arch, shapes=shapes, simplify=simplify, bound=True)
+    prepared = prepare(model, target, arch=arch, shapes=shapes, simplify=simplify, bound=True, precision=precision)
     name, proto, mod, tgt, shapes = prepared.name, prepared.proto, prepared.mod, prepared.target, prepared.shapes
     names = frontend.onnx_node_names(mod)
     dev, device, peaks = _device(tgt.kind.name)
@@ -647,7 +649,8 @@ def profile(model, target="llvm", *, shapes: dict | None = None, rules: RuleSet 
     candidates = _candidates(builds["unfused"], builds["fused"], result, site_vars, users, peaks, reasons)
     declined = [{"rule": d.rule, "onnx_node": d.onnx_node, "reason": d.reason} for d in result.decisions if d.reason]
     return ProfileReport(name, str(tgt), device, repeat, peaks, builds, groups, candidates, dict(result.counts),
-                         declined, _graph(proto), [u.record() for u in unscheduled["fused"]], bound_at)
+                         declined, _graph(proto), [u.record() for u in unscheduled["fused"]], bound_at,
+                         prepared.precision or "")
 
 
 # ---------------------------------------------------------------- text
@@ -661,7 +664,8 @@ def _nodes(nodes: list[str], limit: int = 4) -> str:
 
 def render_text(r: ProfileReport, top: int = 12) -> str:
     p = r.peaks
-    lines = [f"model {r.model}  target {r.target}  device {r.device}",
+    lines = [f"model {r.model}  target {r.target}  device {r.device}"
+             + (f"  precision {r.precision} (converted from float32)" if r.precision else ""),
              f"roofs: {p.bandwidth / 1e9:.1f} GB/s, {p.flops / 1e9:.1f} GFLOP/s (ridge {p.ridge:.1f} FLOP/byte); "
              f"{p.source}",
              f"medians of {r.repeat} inferences; instrument + VM dispatch per kernel call (outside the kernels): "
