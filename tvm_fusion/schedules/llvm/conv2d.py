@@ -696,7 +696,9 @@ def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, f
     a target with AMX tiles: `conv2d_amx`."""
     cout = int(b.shape[0])  # W may be packed (pack_conv)
     facts = _llvm_facts(target)
-    if amx.why_not(w.dtype, groups, int(x.shape[1]), x.shape[0], target) is None:
+    kw = {4: 3, 6: 2}.get(len(w.shape))  # OIHW, or packed by pack_amx
+    if kw is not None and amx.why_not(w.dtype, groups, int(x.shape[1]), int(w.shape[kw]), x.shape[0],
+                                      target) is None:
         return amx.conv2d_amx(x, w, b, residual, strides=strides, padding=padding, dilation=dilation,
                               activation=attrs.get("activation"), activation_params=attrs.get("activation_params"),
                               residual_after_activation=attrs.get("residual_after_activation", False), target=target)
@@ -737,8 +739,9 @@ def pack_conv(constants, attrs, shapes, target):
     vector per `lanes` channels; None for the depthwise and grouped "pixels" kernels, which read W as it is."""
     w, b = constants
     x_shape = ConvOperands.of(shapes).x
-    if amx.why_not(w.dtype, attrs.get("groups", 1), int(x_shape[1]), x_shape[0], target) is None:
-        return [amx.pack_amx(w), b]
+    cin, kw = int(x_shape[1]), int(w.shape[3])
+    if amx.why_not(w.dtype, attrs.get("groups", 1), cin, kw, x_shape[0], target) is None:
+        return None if amx.folds(cin, kw) else [amx.pack_amx(w), b]  # a folded W is folded per call
     plan = plan_of(x_shape, int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"],
                    attrs["dilation"], attrs.get("groups", 1), cpu_facts(target))
     if plan.kernel not in ("tiled", "pointwise"):  # depthwise broadcasts W per tap; "pixels" reads OIHW

@@ -19,12 +19,13 @@ channels as the tiles' rows and the output pixels as their columns, in three sta
             store the 4 tiles to the task's float32 buffer
         epilogue from that buffer: out[n, o, h, w] = act(sum + b[o] (+ residual)), rounded to bfloat16 once
 
-Input channels are padded to 32 and output channels to 32 with zeros. The task asks the OS for the tile
+Input channels are padded to 32 and output channels to 32 with zeros. A conv of fewer than 32 input channels
+with a wider kernel (`folds`: stems) takes a kernel row's columns x channels as the products instead: the
+pack holds them per output pixel, the taps loop over the kernel's rows only. The task asks the OS for the tile
 registers first (Linux: `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, process-wide and idempotent;
 refused, the kernel fails with an error instead of the CPU's fault) and loads its tile configuration (8
-tiles of 16 rows x 64 bytes). Declines (the conv keeps its AVX-512 kernel): not bfloat16, grouped, fewer than
-`MIN_CHANNELS` input channels (a 3-channel stem fills 3 of a tile row's 32), a symbolic batch, no AMX, not
-x86-64 Linux.
+tiles of 16 rows x 64 bytes). Declines (the conv keeps its AVX-512 kernel): not bfloat16, grouped, 1x1 convs
+of fewer than `MIN_CHANNELS` input channels, a symbolic batch, no AMX, not x86-64 Linux.
 """
 
 from __future__ import annotations
@@ -58,18 +59,26 @@ def target_reason(dtype, target) -> str | None:
     return None
 
 
-def why_not(w_dtype, groups: int, cin: int, batch, target) -> str | None:
-    """Why the conv does not run on AMX tiles for `target` (None: it does)."""
+def why_not(w_dtype, groups: int, cin: int, kw: int, batch, target) -> str | None:
+    """Why the conv (`cin` input channels, kernel `kw` wide) does not run on AMX tiles for `target` (None: it
+    does)."""
     reason = target_reason(w_dtype, target)
     if reason:
         return reason
     if groups != 1:
         return f"the AMX conv takes groups 1, not {groups}"
-    if cin < MIN_CHANNELS:
-        return f"{cin} input channels would fill {cin} of a tile row's {TILE_K} products"
+    if cin < MIN_CHANNELS and not folds(cin, kw):
+        return f"{cin} input channels of a 1-wide kernel would fill {cin} of a tile row's {TILE_K} products"
     if not isinstance(batch, (int, tirx.IntImm)):
         return "the AMX conv plans its tasks for a static batch"
     return None
+
+
+def folds(cin: int, kw: int) -> bool:
+    """Whether a kernel row's columns share the tile rows' products (`cin` < 32, `kw` > 1: a 3-channel 7x7
+    stem runs 7 steps of 21 products, not 49 of 3): the pack then holds, per output pixel, the row's columns x
+    channels, and W stays [O, C, KH, KW] (its `weight` stage folds it per call: a stem's W is a few KiB)."""
+    return cin < TILE_K and kw > 1
 
 
 def pack_amx(w: np.ndarray) -> np.ndarray:
@@ -93,36 +102,43 @@ def conv2d_amx(x, w, b, residual=None, *, strides, padding, dilation, activation
     then the `weight` stage packs it per call)."""
     n, cin, hin, win = (int(d) for d in x.shape)
     cout = int(b.shape[0])
-    if len(w.shape) == 6:  # packed by pack_amx
-        ot, kh, kw, kc = (int(d) for d in w.shape[:4])
-    else:
-        kh, kw = int(w.shape[2]), int(w.shape[3])
-        ot, kc = _ceil_to(cout, 2 * TILE_ROWS) // TILE_ROWS, _ceil_to(cin, TILE_K) // TILE_K
-        w = _weight_stage(w, ot, kc)
     sh, sw = strides
     dh, dw = dilation
     top, left, bottom, right = padding
+    if len(w.shape) == 6:  # packed by pack_amx
+        ot, kh, kw, kc = (int(d) for d in w.shape[:4])
+        fold = False
+    else:
+        kh, kw = int(w.shape[2]), int(w.shape[3])
+        fold = folds(cin, kw)
+        ot = _ceil_to(cout, 2 * TILE_ROWS) // TILE_ROWS
+        kc = _ceil_to(cin * kw if fold else cin, TILE_K) // TILE_K
+        w = _weight_stage(w, ot, kc, fold)
     hout = conv2d_out_size(hin, kh, sh, top, bottom, dh)
     wout = conv2d_out_size(win, kw, sw, left, right, dw)
-    row_phases = sorted({r * dh % sh for r in range(kh)})
-    col_phases = sorted({s * dw % sw for s in range(kw)})
-    na, nb = row_phases[-1] + 1, col_phases[-1] + 1  # phases 0.. the last one a tap reads
-    plane_w = -(-(win + left + right) // sw)
-    reach = max((r * dh // sh) * plane_w + s * dw // sw for r in range(kh) for s in range(kw))
+    na = max(r * dh % sh for r in range(kh)) + 1  # row phases 0.. the last one a tap reads
+    nb = 1 if fold else max(s * dw % sw for s in range(kw)) + 1  # column phases
+    # a folded pack's planes are the output's columns (each pixel holds its kernel row's columns)
+    plane_w = wout if fold else -(-(win + left + right) // sw)
+    taps_w = 1 if fold else kw
+    reach = max((r * dh // sh) * plane_w + s * dw // sw for r in range(kh) for s in range(taps_w))
     plane_h = -(-(hout * plane_w + 2 * TILE_ROWS + reach) // plane_w)
     pairs = kc * TILE_K // 2
 
     def packed(i, ph, k2, row, col):
         hh = row * sh + ph // nb - top
-        ww = col * sw + ph % nb - left
 
-        def bits(c):  # channel c's bfloat16 bits, 0 past the channels
-            value = tirx.reinterpret("uint16", x[i, tirx.min(c, cin - 1), hh, ww]).astype("uint32")
-            return value if cin % 2 == 0 else tirx.if_then_else(c < cin, value, tirx.const(0, "uint32"))
+        def bits(k):  # product k's bfloat16 bits (channel k, or column k // C and channel k % C), 0 outside
+            c, s = (k % cin, k // cin) if fold else (k, 0)
+            ww = col * sw + (s * dw if fold else ph % nb) - left
+            inside = tirx.all(hh >= 0, hh < hin, ww >= 0, ww < win)
+            if fold or cin % 2:
+                inside = tirx.all(inside, k < (cin * kw if fold else cin))
+            read = x[i, tirx.min(c, cin - 1), hh, tirx.max(tirx.min(ww, win - 1), 0) if fold else ww]
+            return tirx.if_then_else(inside, tirx.reinterpret("uint16", read).astype("uint32"),
+                                     tirx.const(0, "uint32"))
 
-        inside = tirx.all(hh >= 0, hh < hin, ww >= 0, ww < win)
-        pair = bits(k2 * 2) | (bits(k2 * 2 + 1) << tirx.const(16, "uint32"))
-        return tirx.if_then_else(inside, pair, tirx.const(0, "uint32"))
+        return bits(k2 * 2) | (bits(k2 * 2 + 1) << tirx.const(16, "uint32"))
 
     pack = te.compute((n, na * nb, pairs, plane_h, plane_w), packed, name="pack")
     facts = cpu_facts(target)
@@ -144,7 +160,7 @@ def conv2d_amx(x, w, b, residual=None, *, strides, padding, dilation, activation
                 v = v + cast_to(rb[i, o, h, ww], acc)
             return cast_to(v, out_dtype)
 
-        return _amx_body(xb, wb, outs[0], value, n=n, ot=ot, kh=kh, kw=kw, kc=kc, strides=strides,
+        return _amx_body(xb, wb, outs[0], value, n=n, ot=ot, kh=kh, kw=taps_w, kc=kc, strides=strides,
                          dilation=dilation, nb=nb, plane_w=plane_w, plane_h=plane_h, cout=cout, hout=hout,
                          wout=wout, tasks=tasks)
 
@@ -166,17 +182,19 @@ def schedule_amx(sch) -> str:
     return "AMX bfloat16 tiles"
 
 
-def _weight_stage(w, ot: int, kc: int):
-    """`pack_amx` as a stage (a W left unpacked: the compute called alone), bfloat16 bits as uint16."""
+def _weight_stage(w, ot: int, kc: int, fold: bool = False):
+    """`pack_amx` as a stage (a W left unpacked: the compute called alone, or a folded conv), bfloat16 bits as
+    uint16; `fold`: [O' / 16, KH, 1, kc, 16, 32], product k of a kernel row the column k // C, channel k % C."""
     cout, cin, kh, kw = (int(d) for d in w.shape)
 
     def packed(t, r, s, k, i, j):
-        o, c = t * TILE_ROWS + i, k * TILE_K + j
-        return tirx.if_then_else(tirx.all(o < cout, c < cin),
-                                 tirx.reinterpret("uint16", w[tirx.min(o, cout - 1), tirx.min(c, cin - 1), r, s]),
-                                 tirx.const(0, "uint16"))
+        o, kk = t * TILE_ROWS + i, k * TILE_K + j
+        c, col = (kk % cin, kk // cin) if fold else (kk, s)
+        inside = tirx.all(o < cout, kk < cin * kw) if fold else tirx.all(o < cout, kk < cin)
+        read = w[tirx.min(o, cout - 1), tirx.min(c, cin - 1), r, tirx.min(col, kw - 1)]
+        return tirx.if_then_else(inside, tirx.reinterpret("uint16", read), tirx.const(0, "uint16"))
 
-    return te.compute((ot, kh, kw, kc, TILE_ROWS, TILE_K), packed, name="weight")
+    return te.compute((ot, kh, 1 if fold else kw, kc, TILE_ROWS, TILE_K), packed, name="weight")
 
 
 def tile_op(name: str, *args):

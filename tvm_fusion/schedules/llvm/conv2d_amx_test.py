@@ -13,7 +13,7 @@ from tvm_fusion._tvm import te, tirx, tvm
 from tvm_fusion.cpu_features import added_features, host_features
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.conv2d import CONV_FAMILY
-from tvm_fusion.schedules.llvm.conv2d_amx import MIN_CHANNELS, pack_amx, why_not
+from tvm_fusion.schedules.llvm.conv2d_amx import MIN_CHANNELS, folds, pack_amx, why_not
 from tvm_fusion.schedules.llvm.conv2d_test import conv_reference
 from tvm_fusion.testing import assert_close
 
@@ -51,22 +51,25 @@ def test_the_host_target_adds_amx_the_cpu_name_lacks():
 
 
 @pytest.mark.parametrize("args,reason", [
-    (("float32", 1, 64, 1, SAPPHIRE), "take bfloat16 products; this one is float32"),
-    (("float16", 1, 64, 1, SAPPHIRE), "this one is float16"),
-    (("bfloat16", 2, 64, 1, SAPPHIRE), "groups 1, not 2"),
-    (("bfloat16", 1, 3, 1, SAPPHIRE), "3 input channels would fill 3 of a tile row's 32"),
-    (("bfloat16", 1, 64, tirx.Var("N", "int64"), SAPPHIRE), "static batch"),
-    (("bfloat16", 1, 64, 1, NO_AMX), "no AMX bfloat16 tiles"),
-    (("bfloat16", 1, 64, 1, tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids",
-                                               "mtriple": "x86_64-pc-windows-msvc"})), "the Linux way"),
+    (("float32", 1, 64, 3, 1, SAPPHIRE), "take bfloat16 products; this one is float32"),
+    (("float16", 1, 64, 3, 1, SAPPHIRE), "this one is float16"),
+    (("bfloat16", 2, 64, 3, 1, SAPPHIRE), "groups 1, not 2"),
+    (("bfloat16", 1, 3, 1, 1, SAPPHIRE), "3 input channels of a 1-wide kernel would fill 3 of a tile row's 32"),
+    (("bfloat16", 1, 64, 3, tirx.Var("N", "int64"), SAPPHIRE), "static batch"),
+    (("bfloat16", 1, 64, 3, 1, NO_AMX), "no AMX bfloat16 tiles"),
+    (("bfloat16", 1, 64, 3, 1, tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids",
+                                                  "mtriple": "x86_64-pc-windows-msvc"})), "the Linux way"),
 ])
 def test_declines_with_a_reason(args, reason):
     assert reason in why_not(*args)
 
 
 def test_takes_bfloat16_convs_on_amx_targets():
-    assert why_not("bfloat16", 1, MIN_CHANNELS, 1, SAPPHIRE) is None
-    assert why_not("bfloat16", 1, 512, 2, ADDED) is None
+    """Convs of 16 input channels or more, and convs with fewer whose kernel rows fold into the products."""
+    assert why_not("bfloat16", 1, MIN_CHANNELS, 1, 1, SAPPHIRE) is None
+    assert why_not("bfloat16", 1, 512, 3, 2, ADDED) is None
+    assert why_not("bfloat16", 1, 3, 7, 1, SAPPHIRE) is None and folds(3, 7) and folds(8, 3)
+    assert not folds(3, 1) and not folds(32, 3)
 
 
 def test_pack_amx_lays_out_one_tile_per_tap_and_channel_chunk():
@@ -79,7 +82,8 @@ def test_pack_amx_lays_out_one_tile_per_tap_and_channel_chunk():
 
 
 # (n, c, h, w, oc, k, stride, pad, dilation, residual, after): strides, padding, dilation, channels that are
-# not whole tiles, a residual before and after the activation, a batch of two
+# not whole tiles, a residual before and after the activation, a batch of two; the last three fold their
+# kernel rows into the products (fewer than 32 channels: a 3-channel 7x7/2 stem, 3x3/2 unpadded, dilated)
 CASES = [
     (1, 64, 14, 14, 64, 3, 1, 1, 1, False, False),
     (1, 32, 15, 13, 48, 3, 2, 1, 1, False, False),
@@ -87,6 +91,9 @@ CASES = [
     (1, 16, 12, 10, 32, 5, 1, 2, 2, True, True),
     (1, 33, 16, 16, 80, 1, 2, 0, 1, False, False),
     (1, 64, 7, 7, 96, 7, 2, 3, 1, False, False),
+    (1, 3, 30, 28, 64, 7, 2, 3, 1, False, False),
+    (2, 3, 15, 17, 40, 3, 2, 0, 1, True, False),
+    (1, 8, 12, 12, 16, 3, 1, 2, 2, False, False),
 ]
 
 
@@ -156,9 +163,9 @@ def test_amx_conv_matches_float64(case, packed):
 
 @NEEDS_AMX
 def test_bf16_model_runs_its_convs_on_tiles_and_matches_the_float32_model():
-    """`--precision bf16` of a ResNet basic block (32 channels) and a 3-channel stem before it: the block's
-    convs on AMX tiles, the stem (3 input channels) on the AVX-512 kernel; the output within bfloat16's
-    tolerance of onnxruntime's float32 model."""
+    """`--precision bf16` of a ResNet basic block (32 channels) and a 3-channel stem before it: every conv on
+    AMX tiles (the stem's kernel rows folded into the products), a 1x1 conv of 3 channels on the AVX-512
+    kernel; the output within bfloat16's tolerance of onnxruntime's float32 model."""
     from tvm_fusion.build.builder import build
     from tvm_fusion.build.mixed_precision import convert
     from tvm_fusion.check.compare import random_inputs, run_onnxruntime
@@ -170,14 +177,16 @@ def test_bf16_model_runs_its_convs_on_tiles_and_matches_the_float32_model():
     stem = g.op("Relu", [g.bn(g.conv(x, 3, 32), 32)])
     y = g.op("Relu", [g.bn(g.conv(stem, 32, 32), 32)])
     y = g.bn(g.conv(y, 32, 32), 32)
-    model = g.model([g.op("Relu", [g.op("Add", [y, stem])])])
+    y = g.op("Relu", [g.op("Add", [y, stem])])
+    model = g.model([y, g.op("Relu", [g.conv(x, 3, 16, k=1)])])
     built = build(convert(import_onnx(model), "bf16"), "llvm", "fused")
     kernels = sorted(grp.kernel for grp in built.fused.groups if grp.compute == CONV_FAMILY)
-    assert kernels.count("AMX bfloat16 tiles") == 2 and len(kernels) == 3, kernels
+    assert kernels.count("AMX bfloat16 tiles") == 3 and len(kernels) == 4, kernels
     inputs = random_inputs(model)
-    (got,) = run_build(built, [inputs["x"]])
-    (want,) = run_onnxruntime(model, inputs)[0].run(None, inputs)
-    assert_close(got, want, "bf16 residual block vs the float32 model", dtype="bfloat16")
+    got = run_build(built, [inputs["x"]])
+    want = run_onnxruntime(model, inputs)[0].run(None, inputs)
+    for i, (a, r) in enumerate(zip(got, want)):
+        assert_close(a, r, f"bf16 residual block output {i} vs the float32 model", dtype="bfloat16")
 
 
 def test_tasks_split_rows_for_threads_and_for_l2():
