@@ -202,3 +202,27 @@ def test_tasks_split_rows_for_threads_and_for_l2():
     assert (_Tasks(1, 2, 224, 226, 2, 2 * mib).parts, _Tasks(1, 2, 224, 226, 2, mib).parts) == (13, 25)
     for t in (_Tasks(1, 2, 224, 226, 2, 2 * mib), _Tasks(2, 1, 7, 9, 16, 2 * mib)):
         assert t.rows * (t.parts - 1) < (224 if t.rows > 7 else 7) <= t.rows * t.parts
+
+
+@NEEDS_AMX
+@pytest.mark.parametrize("pool", ["MaxPool", "AveragePool"])
+def test_bf16_conv_pool_group_runs_the_conv_on_tiles(pool):
+    """A conv -> ReLU -> 2x2/2 pool (VGG's blocks), `--precision bf16`: the cross-layer group keeps its pool,
+    computed after the AMX conv in the same kernel; within bfloat16's tolerance of the float32 model."""
+    from tvm_fusion.build.builder import build
+    from tvm_fusion.build.mixed_precision import convert
+    from tvm_fusion.check.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.frontend.importer import import_onnx
+    from tvm_fusion.testing import GraphBuilder, run_build
+
+    g = GraphBuilder(7)
+    x = g.input("x", [1, 16, 24, 24])
+    y = g.op("Relu", [g.conv(x, 16, 32)])
+    model = g.model([g.op(pool, [y], kernel_shape=[2, 2], strides=[2, 2])])
+    built = build(convert(import_onnx(model), "bf16"), HOST, "fused")
+    (group,) = [grp for grp in built.fused.groups if grp.rule.endswith("_pool")]
+    assert group.kernel == "AMX bfloat16 tiles", (group.rule, group.kernel)
+    inputs = random_inputs(model)
+    (got,) = run_build(built, [inputs["x"]])
+    (want,) = run_onnxruntime(model, inputs)[0].run(None, inputs)
+    assert_close(got, want, f"bf16 conv -> {pool} vs the float32 model", dtype="bfloat16")

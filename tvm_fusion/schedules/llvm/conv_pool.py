@@ -29,6 +29,7 @@ from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import ConvOperands
 from tvm_fusion.schedules.conv_pool import POOL_FAMILY, PoolWindow, pool_stage, split_attrs
 from tvm_fusion.schedules.llvm.blocks import optional_block
+from tvm_fusion.schedules.llvm.conv2d_amx import AMX_BLOCK
 from tvm_fusion.schedules.llvm.conv2d import (ConvPlan, conv2d_llvm, pack_conv, plan_of, schedule_conv2d_llvm,
                                              scheduled_plan)
 
@@ -115,6 +116,13 @@ def conv2d_pool_llvm(x, w, b, *, fast_math=True, target=None, **attrs):
 def schedule_conv2d_pool_llvm(sch, attrs, target):
     """The conv kernel's schedule, then the pool's loops merged into its parallel task loop: (image, block of
     `channels`) is the same task in both, so a task pools the planes its epilogue just wrote."""
+    if optional_block(sch, AMX_BLOCK) is not None:  # a bfloat16 conv on AMX tiles: its pool after it, planes
+        note = schedule_conv2d_llvm(sch, attrs, target)  # in parallel (the tiles' tasks are not channel blocks)
+        pool = sch.get_sblock("pool")
+        n, c, *_ = sch.get_loops(pool)
+        sch.parallel(sch.fuse(n, c))
+        _schedule_pool(sch, pool, attrs, cpu_facts(target).float32_lanes)
+        return note
     plan = pool_plan(scheduled_plan(sch, attrs, cpu_facts(target)), attrs)
     schedule_conv2d_llvm(sch, attrs, target)
     task = sch.get_loops(sch.get_sblock("epilogue"))[0]  # the parallel (image, channel block) loop
