@@ -40,6 +40,7 @@ from tvm.s_tir.analysis import estimate_tir_flops  # noqa: F401
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock  # noqa: F401  (tune's builder)
 from tvm.support import nvcc  # noqa: F401
 from tvm import tirx  # noqa: F401
+from tvm.script import tirx as tvmscript  # noqa: F401  (TVMScript's T: `T.prim_func`, `T.macro`; the AMX kernels)
 
 from . import cpu_features, quiet  # noqa: E402
 

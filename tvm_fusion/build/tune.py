@@ -28,6 +28,7 @@ from tvm_fusion._tvm import tvm
 from tvm_fusion.console import progress, table
 from tvm_fusion.errors import FusionError
 from tvm_fusion.rules import close_names
+from tvm_fusion.schedules.llvm.conv2d_amx import runs_on_tiles
 
 __all__ = ["KernelTuning", "TuneOptions", "TuneReport", "check_options", "parse_rpc", "tune_fused"]
 
@@ -356,6 +357,8 @@ def tune_fused(mod, plain: dict, target, options: TuneOptions):
     choices = _Choices(db_dir, target)
     plain = _selected(plain, options.kernels)
     skipped = {name: "a symbolic dim: MetaSchedule measures fixed shapes" for name, f in plain.items() if _symbolic(f)}
+    skipped.update({name: "AMX tiles: a hand-written loop nest of tile instructions, not a compute MetaSchedule "
+                          "schedules" for name, f in plain.items() if name not in skipped and runs_on_tiles(f)})
     workloads = {name: _workload(f) for name, f in sorted(plain.items()) if name not in skipped}
     keys = {name: f"{_tvm.structural_hash(w):016x}" for name, w in workloads.items()}
     had = {name: (choices.get(keys[name]) or {}).get("trials", 0) for name in workloads}

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_fusion._tvm import te, tirx
+from tvm_fusion._tvm import Schedule, te, tirx, tvm
+from tvm_fusion._tvm import tvmscript as T
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.schedules.activations import apply_activation
@@ -44,6 +45,11 @@ TILE_ROWS = 16  # rows of a tile; a row is 64 bytes: 32 bfloat16 or 16 float32
 TILE_K = 32  # bfloat16 products per tile row
 MIN_CHANNELS = 16  # input channels below which the tile rows are mostly padding
 ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18  # Linux x86-64
+
+
+def runs_on_tiles(func) -> bool:
+    """Whether a PrimFunc holds an AMX stage (conv or dense: the `amx` block)."""
+    return optional_block(Schedule(tvm.IRModule({"main": func})), AMX_BLOCK) is not None
 
 
 def target_reason(dtype, target) -> str | None:
@@ -206,8 +212,6 @@ def tile_macros():
     """(ask, configure): TVMScript macros the AMX kernels share. `ask()`: the tile registers requested from
     the OS, an error if refused; `configure(cfg)`: a task's tile configuration (palette 1, 8 tiles of 16 rows x
     64 bytes) written to `cfg` (64 bytes, local) and loaded."""
-    from tvm.script import tirx as T
-
     @T.macro
     def ask():
         granted = T.call_extern("int64", "syscall", T.int64(ARCH_PRCTL), T.int64(ARCH_REQ_XCOMP_PERM),
@@ -232,8 +236,6 @@ def _amx_body(xb, wb, out, value, *, n, ot, kh, kw, kc, strides, dilation, nb, p
               tasks):
     """The `amx` stage's statement: TVMScript over the extern's buffers, `value(sum, n, o, h, w)` the epilogue.
     Tiles 0-3 sum (2 W tiles) x (2 pack tiles), 4-5 hold W, 6-7 the pack."""
-    from tvm.script import tirx as T
-
     sh, sw = strides
     dh, dw = dilation
     u8 = lambda i: tirx.const(i, "uint8")  # noqa: E731  (a tile's number)

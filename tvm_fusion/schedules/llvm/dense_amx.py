@@ -19,8 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 from tvm_fusion._tvm import te, tirx
+from tvm_fusion._tvm import tvmscript as T
 from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.schedules.activations import apply_activation
+from tvm_fusion.schedules.llvm.blocks import optional_block
 from tvm_fusion.schedules.llvm.conv2d_amx import AMX_BLOCK, TILE_K, TILE_ROWS, tile_op, target_reason, tile_macros
 
 MIN_ROWS = TILE_ROWS  # rows of x below which the tiles would be mostly padding
@@ -102,8 +104,6 @@ def _weight_stage(w):
 
 def _amx_body(xb, wb, out, value, *, m, n, rows, nt, kc):
     """The `amx` stage's statement: tiles 0-3 sum (2 pack tiles) x (2 W tiles), 4-5 hold x, 6-7 W."""
-    from tvm.script import tirx as T
-
     u8 = lambda i: tirx.const(i, "uint8")  # noqa: E731  (a tile's number)
     pairs = nt // 2
     chunks = -(-pairs // PAIRS_PER_TASK)
@@ -172,8 +172,6 @@ def _amx_body(xb, wb, out, value, *, m, n, rows, nt, kc):
 def schedule_amx_dense(sch) -> str:
     """The `pack` stage (and a `weight` stage) as parallel loops of vectors; the `amx` stage is its own loop
     nest. Returns the kernel's note."""
-    from tvm_fusion.schedules.llvm.blocks import optional_block
-
     pack = sch.get_sblock("pack")
     i, j = sch.get_loops(pack)
     sch.parallel(i)
