@@ -108,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
         add(sub)
     e = sub.add_parser("explain", help="which rule took each chain, why others declined, what is left to TVM")
     _common(e)
+    _precision(e)
     r = sub.add_parser("rules", help="list the rules in priority order")
     _rule_selection(r, documented=False)
     _debug(r)
@@ -259,7 +260,8 @@ def _run(args) -> int:
     if args.command == "explain":
         from tvm_fusion.check.explain import explain
 
-        print(explain(model, target, shapes=shapes, rules=rules, simplify=not args.no_simplify))  # --arch included
+        print(explain(model, target, shapes=shapes, rules=rules, simplify=not args.no_simplify,  # --arch included
+                      precision=args.precision))
         return 0
     if args.command == "profile":
         return _profile(args, model, target, shapes, rules)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from tvm_fusion._tvm import relax, tvm
 from tvm_fusion.build.builder import legalize_traced, resolve_target
+from tvm_fusion.build.mixed_precision import convert
 from tvm_fusion.fusion.fuse import Decision, FuseResult, fuse, normalize_batch_norm
 from tvm_fusion.rules import RuleSet
 from tvm_fusion.patterns.qdq import fake_quant_notes
@@ -110,10 +111,13 @@ def _by_node(items: list) -> dict[str, list]:
     return out
 
 
-def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None, simplify: bool = True) -> Explanation:
+def explain(model, target="llvm", *, shapes=None, rules: RuleSet | None = None, simplify: bool = True,
+            precision: str | None = None) -> Explanation:
     """Fuse `model` (path, ModelProto or Relax IRModule) and explain every decision (`simplify=False`: an ONNX
-    model imported as given, without the ONNX simplifier)."""
+    model imported as given, without the ONNX simplifier; `precision` "fp16" / "bf16": the float32 model
+    converted first, as compile does, so each group's kernel is the one its library runs)."""
     mod = model if isinstance(model, tvm.IRModule) else frontend.import_onnx(model, shapes, simplify=simplify)
+    mod = convert(mod, precision)
     rules = rules if rules is not None else load_rules_for()
     target = resolve_target(target)
     result = fuse(mod, target, rules)

@@ -226,3 +226,14 @@ def test_bf16_conv_pool_group_runs_the_conv_on_tiles(pool):
     (got,) = run_build(built, [inputs["x"]])
     (want,) = run_onnxruntime(model, inputs)[0].run(None, inputs)
     assert_close(got, want, f"bf16 conv -> {pool} vs the float32 model", dtype="bfloat16")
+
+
+def test_explain_at_bf16_names_the_tiles_for_an_amx_target():
+    """`explain --precision bf16` for an AMX target (built, not run: any host) says which groups run on tiles;
+    the same model at float32 does not."""
+    from tvm_fusion.check.explain import explain
+    from tvm_fusion.testing import conv_bn_relu
+
+    model = conv_bn_relu(cin=16, cout=32, hw=(14, 14))
+    assert "kernel: AMX bfloat16 tiles" in str(explain(model, SAPPHIRE, precision="bf16"))
+    assert "AMX" not in str(explain(model, SAPPHIRE))
