@@ -6,6 +6,7 @@
     python benchmarks/kernels.py --model squeezenet --ort               # and onnxruntime's nodes
     python benchmarks/kernels.py --model squeezenet --ort --threads 2   # both at 2 threads, wall time
     python benchmarks/kernels.py --model resnet50 --ort --in-model      # each call inside the model too
+    python benchmarks/kernels.py --model resnet50 --match conv --ort --precision bf16   # AMX convs vs fp32 nodes
 
 Builds the model fused, takes every PrimFunc whose name contains `--match` (as the fused build scheduled
 it: rules' kernels and leftovers alike), compiles it alone and times it on random inputs of its parameter
@@ -48,6 +49,8 @@ from cpu_speed import LOADERS, _block, model_names, ort_session, set_tvm_threads
 
 from tvm_fusion._tvm import relax, tirx, tvm
 from tvm_fusion.build.builder import build, resolve_target
+from tvm_fusion.build.mixed_precision import convert
+from tvm_fusion.precision import numpy_dtype
 
 
 def _median_ms(fn, rounds: int, block_ms: float, clock: str = "cpu") -> float:
@@ -210,7 +213,7 @@ def _print_in_model(sites: list[dict], summary: dict, alone: dict, nodes: list[d
 def _random(shape, dtype: str, rng) -> np.ndarray:
     if dtype.startswith(("int", "uint")):
         return rng.integers(0, 2, size=shape).astype(dtype)  # indices and masks: 0 / 1 stay in bounds
-    return rng.normal(size=shape).astype(dtype)
+    return rng.normal(size=shape).astype(numpy_dtype(dtype))  # bfloat16: ml_dtypes'
 
 
 def main(argv=None) -> int:
@@ -225,6 +228,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ort-runs", type=int, default=60)
     ap.add_argument("--in-model", action="store_true", help="also time each kernel call inside the model")
     ap.add_argument("--in-model-runs", type=int, default=40)
+    ap.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
+                    help="the float32 model converted first (bf16: its convs on AMX tiles where the CPU has them); "
+                         "onnxruntime runs the float32 model")
     args = ap.parse_args(argv)
     kinds = model_names()
     if args.model not in kinds:
@@ -238,7 +244,7 @@ def main(argv=None) -> int:
     for n in nodes:
         by_shape[n["input"], n["shape"]].append(n)
         by_shape[n["shape"]].append(n)
-    built = build(mod, target, "fused")
+    built = build(convert(mod, args.precision), target, "fused")
     set_tvm_threads(args.threads)
     clock = "cpu" if args.threads == 1 else "wall"
     rng, dev = np.random.default_rng(0), tvm.cpu()
