@@ -140,7 +140,9 @@ def conv2d_amx(x, w, b, residual=None, *, strides, padding, dilation, activation
             inside = tirx.all(hh >= 0, hh < hin, ww >= 0, ww < win)
             if fold or cin % 2:
                 inside = tirx.all(inside, k < (cin * kw if fold else cin))
-            read = x[i, tirx.min(c, cin - 1), hh, tirx.max(tirx.min(ww, win - 1), 0) if fold else ww]
+            # the row clamped into x (the vector of columns reads one row; `inside` drops what is outside)
+            read = x[i, tirx.min(c, cin - 1), tirx.max(tirx.min(hh, hin - 1), 0),
+                     tirx.max(tirx.min(ww, win - 1), 0) if fold else ww]
             return tirx.if_then_else(inside, tirx.reinterpret("uint16", read).astype("uint32"),
                                      tirx.const(0, "uint32"))
 
