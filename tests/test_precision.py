@@ -570,7 +570,7 @@ def test_precision_keeps_the_batch_norm_in_float32_for_the_fold(precision):
     float32 around the conv (the form of a half model's BatchNorm), so the fold reads float32 s: the folded
     weights are round(W_half * s) with W_half the converted model's weight (ToMixedPrecision rounds it),
     packed for the llvm kernel in channel blocks Wp[o // B, c, r, s, o % B] (pack_conv; AVX2: Wp[o // B, r, s, c,
-    o % B]) in the half dtype."""
+    o % B]) in the half dtype; bfloat16 on AMX tiles: W as it is (the AMX conv folds it per call)."""
     model = conv_bn_relu(bias=False)
     dtype = {"fp16": "float16", "bf16": "bfloat16"}[precision]
     mod = convert(import_onnx(model), precision)
@@ -587,11 +587,19 @@ def test_precision_keeps_the_batch_norm_in_float32_for_the_fold(precision):
     scale = gamma / np.sqrt(var + 1e-5)
     w_half = w.astype(numpy_dtype(dtype)).astype(np.float64)
     want = (w_half * scale.astype(np.float32).astype(np.float64)[:, None, None, None]).astype(numpy_dtype(dtype))
+    from tvm_fusion.build.builder import resolve_target
+    from tvm_fusion.hardware import cpu_facts
+    from tvm_fusion.schedules.llvm.conv2d import packs_taps_first
+
+    if dtype == "bfloat16" and cpu_facts(resolve_target("llvm")).amx_bf16:
+        # on AMX tiles: a conv of 8 channels folds its kernel rows into the products per call, W stays OIHW
+        (folded,) = [c for c in _call_constants(built.fused.mod) if c.ndim == 4]
+        assert folded.dtype == numpy_dtype(dtype)
+        np.testing.assert_array_equal(folded.astype(np.float64), want.astype(np.float64))
+        return
     packed = [c for c in _call_constants(built.fused.mod) if c.ndim == 5]
     assert len(packed) == 1 and packed[0].dtype == numpy_dtype(dtype)
     cout, cpg, kh, kw = w.shape
-    from tvm_fusion.build.builder import resolve_target
-    from tvm_fusion.schedules.llvm.conv2d import packs_taps_first
 
     blocks = packed[0].transpose(0, 3, 1, 2, 4) if packs_taps_first(resolve_target("llvm")) else packed[0]
     folded = blocks.transpose(0, 4, 1, 2, 3).reshape(-1, cpg, kh, kw)  # padded channels, zero weights
