@@ -237,3 +237,28 @@ def test_explain_at_bf16_names_the_tiles_for_an_amx_target():
     model = conv_bn_relu(cin=16, cout=32, hw=(14, 14))
     assert "kernel: AMX bfloat16 tiles" in str(explain(model, SAPPHIRE, precision="bf16"))
     assert "AMX" not in str(explain(model, SAPPHIRE))
+
+
+#: this host's CPU without its AMX features: the AVX-512 bfloat16 kernels, runnable here
+HOST_WITHOUT_AMX = tvm.target.Target({k: v for k, v in HOST.export().items() if k != "mattr"})
+
+
+def _run_conv(case, target):
+    func, note, arrays, out_shape, _ = _compute(case, target)
+    lib = tvm.compile(tvm.IRModule({"main": func}), target)
+    out = tvm.runtime.tensor(np.full(out_shape, np.nan, BF16))
+    lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
+    return note, out.numpy().astype(np.float64)
+
+
+@NEEDS_AMX
+@pytest.mark.parametrize("case", CASES[::2], ids=[f"{c[1]}-{c[4]}-k{c[5]}s{c[6]}" for c in CASES[::2]])
+def test_amx_conv_within_one_ulp_of_the_avx512_kernel(case):
+    """The AMX conv and the AVX-512 bfloat16 kernel both sum bfloat16 products in float32 and round once: they
+    differ by the summation order alone, at most one bfloat16 ulp per element (a far tighter check than the
+    dtype's tolerance against float64)."""
+    note, tiles = _run_conv(case, HOST)
+    plain_note, plain = _run_conv(case, HOST_WITHOUT_AMX)
+    assert note == "AMX bfloat16 tiles" and "AMX" not in (plain_note or "")
+    ulp = np.maximum(np.abs(tiles), np.abs(plain)) * 2.0 ** -7
+    assert (np.abs(tiles - plain) <= ulp).all(), np.abs(tiles - plain).max()

@@ -83,3 +83,21 @@ def test_amx_dense_matches_float64(m, k, n, activation, packed):
         from scipy.special import erf
         want = 0.5 * want * (1 + erf(want / np.sqrt(2)))
     assert_close(out.numpy().astype(np.float64), want, f"AMX dense {m}x{k}x{n}", dtype="bfloat16")
+
+
+@NEEDS_AMX
+@pytest.mark.parametrize("m,k,n", [(40, 50, 40), (128, 768, 96)])
+def test_amx_dense_within_one_ulp_of_the_avx512_kernel(m, k, n):
+    """Both sum bfloat16 products in float32 and round once: at most one bfloat16 ulp apart per element."""
+    from tvm_fusion.schedules.llvm.conv2d_amx_test import HOST_WITHOUT_AMX
+
+    outs = []
+    for target in (HOST, HOST_WITHOUT_AMX):
+        func, note, arrays, _ = _dense(m, k, n, target, "relu")
+        lib = tvm.compile(tvm.IRModule({"main": func}), target)
+        out = tvm.runtime.tensor(np.full((m, n), np.nan, BF16))
+        lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
+        outs.append((note, out.numpy().astype(np.float64)))
+    (note, tiles), (plain_note, plain) = outs
+    assert note == "AMX bfloat16 tiles" and "AMX" not in (plain_note or "")
+    assert (np.abs(tiles - plain) <= np.maximum(np.abs(tiles), np.abs(plain)) * 2.0 ** -7).all()
