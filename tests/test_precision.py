@@ -614,3 +614,25 @@ def _call_constants(mod):
     relax.analysis.post_order_visit(mod["main"], lambda e: found.append(_tvm.constant_value(e))
                                     if _tvm.is_constant(e) else None)
     return found
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_precision_converts_transposed_and_1d_convs(precision):
+    """ToMixedPrecision gives every conv a float16 out_dtype; for bf16 each is retyped (a ConvTranspose left
+    float16 met a bfloat16 bias add and stopped the conversion): Conv -> ConvTranspose -> Add and a Conv1d,
+    within the half dtype's tolerance of the float32 model."""
+    g = GraphBuilder(11)
+    x = g.input("x", [1, 8, 6, 6])
+    y = g.op("Relu", [g.conv(x, 8, 16)])
+    w = g.const(g.rng.normal(0, 0.2, (16, 8, 2, 2)).astype(np.float32), "wt")
+    up = g.op("ConvTranspose", [y, w], strides=[2, 2])
+    up = g.op("Add", [up, g.const(g.rng.normal(0, 0.1, (1, 8, 1, 1)).astype(np.float32), "bias")])
+    s = g.input("s", [1, 4, 20])
+    w1 = g.const(g.rng.normal(0, 0.3, (6, 4, 3)).astype(np.float32), "w1")
+    model = g.model([up, g.op("Conv", [s, w1], pads=[1, 1])])
+    dtype = {"fp16": "float16", "bf16": "bfloat16"}[precision]
+    built = build(convert(import_onnx(model), precision), "llvm", "fused")
+    inputs = random_inputs(model)
+    got = run_build(built, [inputs[i.name] for i in model.graph.input])
+    for i, (a, r) in enumerate(zip(got, _onnxruntime(model, inputs))):
+        assert_close(a, r, f"--precision {precision} output {i} vs the float32 model", dtype=dtype)
