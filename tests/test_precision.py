@@ -370,6 +370,24 @@ def test_precision_bad_input(tmp_path, capsys):
     assert "--precision: invalid choice: 'fp8'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_precision_of_a_model_with_kernels_made_at_import_is_refused_in_one_line(tmp_path, capsys, precision):
+    """TVM's ToMixedPrecision cannot type a call_tir (a GRU's scan kernel, made at import): exit 2 with one
+    error line naming the kernel and the remedy, not a TVM traceback."""
+    from onnx import save
+
+    from tests.test_recurrent import recurrent_model
+
+    model, _ = recurrent_model("GRU")
+    path = tmp_path / "gru.onnx"
+    save(model, path)
+    assert main(["compare", str(path), "--precision", precision, "--repeat", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --precision {precision}: this model has kernels made at "
+                                                    "import (gru_scan: an LSTM / GRU scan"), err
+    assert "run it without --precision (float32)" in err
+
+
 # ---------------------------------------------------------------- the verdict: well- or ill-conditioned for half
 @pytest.fixture()
 def wrong_by_10_percent(tmp_path):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_fusion._tvm import constant_value, dpl, expr_type, make_constant, relax
+from tvm_fusion._tvm import constant_value, dpl, expr_type, make_constant, relax, tvm
 from tvm_fusion.errors import FusionError
 from tvm_fusion.frontend.importer import min_of_max_to_clip, onnx_node_names
 from tvm_fusion.fusion.fuse import normalize_batch_norm
@@ -39,6 +39,12 @@ def convert(mod, precision: str | None):
         if have in HALF_DTYPES:
             raise FusionError(f"--precision {precision}: input {p.name} is already {have}; --precision converts "
                               "a float32 model (run a half model without it: it fuses in its own dtype)")
+    kernels = sorted(gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc))
+    if kernels:  # ToMixedPrecision stops on a call_tir ("Expected TensorType, but got R.Callable")
+        raise FusionError(f"--precision {precision}: this model has kernels made at import ({', '.join(kernels[:3])}"
+                          f"{', ...' if len(kernels) > 3 else ''}: an LSTM / GRU scan, a Pad TVM's importer lowers "
+                          "itself), which TVM's mixed-precision conversion cannot type; run it without --precision "
+                          "(float32)")
     mod = normalize_batch_norm(mod, onnx_node_names(mod))
     mod = rewrite(mod, *_clip_to_min_max())  # ToMixedPrecision fails on clip's PrimValue bounds
     mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
