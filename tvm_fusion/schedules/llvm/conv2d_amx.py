@@ -38,7 +38,7 @@ from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.schedules.activations import apply_activation
 from tvm_fusion.schedules.conv2d import conv2d_out_size
-from tvm_fusion.schedules.llvm.blocks import optional_block
+from tvm_fusion.schedules.llvm.blocks import ceil_to, optional_block
 
 AMX_BLOCK = "amx"
 TILE_ROWS = 16  # rows of a tile; a row is 64 bytes: 32 bfloat16 or 16 float32
@@ -91,15 +91,11 @@ def pack_amx(w: np.ndarray) -> np.ndarray:
     """W [O, C, KH, KW] ==> Wa [O' / 16, KH, KW, C' / 32, 16, 32] (O', C': padded to 32 with zeros): one tile
     of 16 output channels x 32 input channels per (tap, channel chunk), 1 KiB contiguous."""
     cout, cin, kh, kw = w.shape
-    op, cp = _ceil_to(cout, 2 * TILE_ROWS), _ceil_to(cin, TILE_K)
+    op, cp = ceil_to(cout, 2 * TILE_ROWS), ceil_to(cin, TILE_K)
     padded = np.zeros((op, cp, kh, kw), w.dtype)
     padded[:cout, :cin] = w
     tiles = padded.reshape(op // TILE_ROWS, TILE_ROWS, cp // TILE_K, TILE_K, kh, kw)
     return np.ascontiguousarray(tiles.transpose(0, 4, 5, 2, 1, 3))
-
-
-def _ceil_to(v: int, m: int) -> int:
-    return -(-v // m) * m
 
 
 def conv2d_amx(x, w, b, residual=None, *, strides, padding, dilation, activation=None, activation_params=None,
@@ -117,8 +113,8 @@ def conv2d_amx(x, w, b, residual=None, *, strides, padding, dilation, activation
     else:
         kh, kw = int(w.shape[2]), int(w.shape[3])
         fold = folds(cin, kw)
-        ot = _ceil_to(cout, 2 * TILE_ROWS) // TILE_ROWS
-        kc = _ceil_to(cin * kw if fold else cin, TILE_K) // TILE_K
+        ot = ceil_to(cout, 2 * TILE_ROWS) // TILE_ROWS
+        kc = ceil_to(cin * kw if fold else cin, TILE_K) // TILE_K
         w = _weight_stage(w, ot, kc, fold)
     hout = conv2d_out_size(hin, kh, sh, top, bottom, dh)
     wout = conv2d_out_size(win, kw, sw, left, right, dw)

@@ -22,7 +22,7 @@ from tvm_fusion._tvm import te, tirx
 from tvm_fusion._tvm import tvmscript as T
 from tvm_fusion.precision import accumulator_dtype, cast_to
 from tvm_fusion.schedules.activations import apply_activation
-from tvm_fusion.schedules.llvm.blocks import optional_block
+from tvm_fusion.schedules.llvm.blocks import ceil_to, optional_block
 from tvm_fusion.schedules.llvm.conv2d_amx import AMX_BLOCK, TILE_K, TILE_ROWS, tile_op, target_reason, tile_macros
 
 MIN_ROWS = TILE_ROWS  # rows of x below which the tiles would be mostly padding
@@ -45,15 +45,11 @@ def pack_amx_dense(w: np.ndarray) -> np.ndarray:
     """W [K, N] ==> Wb [N' / 16, K' / 32, 16, 16, 2] (N', K': padded to 32 with zeros): Wb[t, c, r, j, e] =
     W[32c + 2r + e, 16t + j], one tile of 16 pairs of K x 16 columns per (column tile, chunk of K)."""
     k, n = w.shape
-    kp, np_ = _ceil_to(k, TILE_K), _ceil_to(n, 2 * TILE_ROWS)
+    kp, np_ = ceil_to(k, TILE_K), ceil_to(n, 2 * TILE_ROWS)
     padded = np.zeros((kp, np_), w.dtype)
     padded[:k, :n] = w
     tiles = padded.reshape(kp // TILE_K, TILE_ROWS, 2, np_ // TILE_ROWS, TILE_ROWS)
     return np.ascontiguousarray(tiles.transpose(3, 0, 1, 4, 2))
-
-
-def _ceil_to(v: int, m: int) -> int:
-    return -(-v // m) * m
 
 
 def dense_amx(x, w, b, *, activation=None, activation_params=None, target=None):
@@ -64,7 +60,7 @@ def dense_amx(x, w, b, *, activation=None, activation_params=None, target=None):
     if len(w.shape) != 5:
         w = _weight_stage(w)
     nt, kc = int(w.shape[0]), int(w.shape[1])
-    rows = _ceil_to(m, 2 * TILE_ROWS)
+    rows = ceil_to(m, 2 * TILE_ROWS)
 
     def packed(i, j):
         inside = tirx.all(i < m, j < k)
@@ -91,7 +87,7 @@ def dense_amx(x, w, b, *, activation=None, activation_params=None, target=None):
 def _weight_stage(w):
     """`pack_amx_dense` as a stage (a W left unpacked), bfloat16 bits as uint16."""
     k, n = (int(d) for d in w.shape)
-    nt, kc = _ceil_to(n, 2 * TILE_ROWS) // TILE_ROWS, _ceil_to(k, TILE_K) // TILE_K
+    nt, kc = ceil_to(n, 2 * TILE_ROWS) // TILE_ROWS, ceil_to(k, TILE_K) // TILE_K
 
     def packed(t, c, r, j, e):
         kk, nn = c * TILE_K + 2 * r + e, t * TILE_ROWS + j
