@@ -257,20 +257,29 @@ def affine_epilogue(shape, conv_value, b, residual, out_dtype, *, activation, ac
     """The `epilogue` stage: out[i, o, h, w] = act(conv_value(i, o, h, w) + b[o] (+ residual)) (a conv3d's
     out[i, o, d, h, w] likewise), in the
     accumulator dtype, rounded once to `out_dtype`; `fast_math` and `target` as `apply_activation` takes them."""
-    acc = accumulator_dtype(out_dtype)
-
     def value(i, o, *pixel):  # (h, w); a conv3d's (d, h, w)
-        v = conv_value(i, o, *pixel) + cast_to(b[o], acc)
-        if residual is not None and not residual_after_activation:
-            v = v + cast_to(residual[(i, o, *pixel)], acc)
-        v = apply_activation(v, activation, activation_params, fast_math=fast_math, target=target)
-        if residual is not None and residual_after_activation:  # YOLO's bottleneck: act(conv) + skip
-            v = v + cast_to(residual[(i, o, *pixel)], acc)
-        return cast_to(v, out_dtype)
+        return affine_value(conv_value(i, o, *pixel), b[o], None if residual is None else residual[(i, o, *pixel)],
+                            out_dtype, activation=activation, activation_params=activation_params,
+                            residual_after_activation=residual_after_activation, fast_math=fast_math, target=target)
 
     if len(shape) == 5:
         return te.compute(shape, lambda i, o, d, h, ww: value(i, o, d, h, ww), name="epilogue")
     return te.compute(shape, lambda i, o, h, ww: value(i, o, h, ww), name="epilogue")
+
+
+def affine_value(v, bias, residual, out_dtype, *, activation, activation_params, residual_after_activation,
+                 fast_math, target=None):
+    """One element of the conv family's epilogue: act(v + bias (+ residual)) (+ residual, after the activation
+    where `residual_after_activation`: YOLO's bottleneck act(conv) + skip), in the accumulator dtype of
+    `out_dtype`, rounded once to it; `residual` the element's residual value, or None."""
+    acc = accumulator_dtype(out_dtype)
+    v = v + cast_to(bias, acc)
+    if residual is not None and not residual_after_activation:
+        v = v + cast_to(residual, acc)
+    v = apply_activation(v, activation, activation_params, fast_math=fast_math, target=target)
+    if residual is not None and residual_after_activation:
+        v = v + cast_to(residual, acc)
+    return cast_to(v, out_dtype)
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,7 @@ from tvm_fusion._tvm import te, tirx
 from tvm_fusion.registry import register_compute
 
 from . import dims
-from .activations import apply_activation
-from .conv2d import conv2d_out_size
+from .conv2d import affine_value, conv2d_out_size
 
 BLOCKED_CONV = "conv2d_affine_blocked"
 BLOCKED_DEPTHWISE = "depthwise_conv2d_affine_blocked"
@@ -102,13 +101,9 @@ def _epilogue(conv, b, residual, block: int, out_blocked: bool, *, activation, a
 
     def value(i, ob, h, ww, oi):
         o = ob * block + oi
-        v = conv[i, ob, h, ww, oi] + b[o]
-        if read_residual is not None and not residual_after_activation:
-            v = v + read_residual(i, o, h, ww)
-        v = apply_activation(v, activation, activation_params, fast_math=fast_math, target=target)
-        if read_residual is not None and residual_after_activation:
-            v = v + read_residual(i, o, h, ww)
-        return v
+        return affine_value(conv[i, ob, h, ww, oi], b[o], None if read_residual is None else read_residual(i, o, h, ww),
+                            conv.dtype, activation=activation, activation_params=activation_params,
+                            residual_after_activation=residual_after_activation, fast_math=fast_math, target=target)
 
     epilogue = te.compute(conv.shape, value, name="epilogue")
     if out_blocked:

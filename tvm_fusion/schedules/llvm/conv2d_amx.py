@@ -35,9 +35,7 @@ import numpy as np
 from tvm_fusion._tvm import Schedule, te, tirx, tvm
 from tvm_fusion._tvm import tvmscript as T
 from tvm_fusion.hardware import cpu_facts
-from tvm_fusion.precision import accumulator_dtype, cast_to
-from tvm_fusion.schedules.activations import apply_activation
-from tvm_fusion.schedules.conv2d import conv2d_out_size
+from tvm_fusion.schedules.conv2d import affine_value, conv2d_out_size
 from tvm_fusion.schedules.llvm.blocks import ceil_to, optional_block
 
 AMX_BLOCK = "amx"
@@ -148,7 +146,6 @@ def conv2d_amx(x, w, b, residual=None, *, strides, padding, dilation, activation
     facts = cpu_facts(target)
     tasks = _Tasks(n, ot // 2, hout, plane_w, facts.threads, facts.l2_bytes)
     out_dtype = x.dtype
-    acc = accumulator_dtype(out_dtype)
     inputs = [pack, w, b] + ([residual] if residual is not None else [])
 
     def body(ins, outs):
@@ -156,13 +153,9 @@ def conv2d_amx(x, w, b, residual=None, *, strides, padding, dilation, activation
         rb = ins[3] if residual is not None else None
 
         def value(v, i, o, h, ww):
-            v = v + cast_to(bb[o], acc)
-            if rb is not None and not residual_after_activation:
-                v = v + cast_to(rb[i, o, h, ww], acc)
-            v = apply_activation(v, activation, activation_params, fast_math=False, target=target)
-            if rb is not None and residual_after_activation:
-                v = v + cast_to(rb[i, o, h, ww], acc)
-            return cast_to(v, out_dtype)
+            return affine_value(v, bb[o], None if rb is None else rb[i, o, h, ww], out_dtype, activation=activation,
+                                activation_params=activation_params,
+                                residual_after_activation=residual_after_activation, fast_math=False, target=target)
 
         return _amx_body(xb, wb, outs[0], value, n=n, ot=ot, kh=kh, kw=taps_w, kc=kc, strides=strides,
                          dilation=dilation, nb=nb, plane_w=plane_w, plane_h=plane_h, cout=cout, hout=hout,
