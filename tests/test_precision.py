@@ -588,7 +588,8 @@ def test_precision_keeps_the_batch_norm_in_float32_for_the_fold(precision):
     float32 around the conv (the form of a half model's BatchNorm), so the fold reads float32 s: the folded
     weights are round(W_half * s) with W_half the converted model's weight (ToMixedPrecision rounds it),
     packed for the llvm kernel in channel blocks Wp[o // B, c, r, s, o % B] (pack_conv; AVX2: Wp[o // B, r, s, c,
-    o % B]) in the half dtype; bfloat16 on AMX tiles: W as it is (the AMX conv folds it per call)."""
+    o % B]) in the half dtype; bfloat16 on AMX tiles: W as it is (the AMX conv folds it per call); on AVX512-BF16:
+    channel pairs of 32 output channels (pack_dpbf16)."""
     model = conv_bn_relu(bias=False)
     dtype = {"fp16": "float16", "bf16": "bfloat16"}[precision]
     mod = convert(import_onnx(model), precision)
@@ -614,6 +615,17 @@ def test_precision_keeps_the_batch_norm_in_float32_for_the_fold(precision):
         (folded,) = [c for c in _call_constants(built.fused.mod) if c.ndim == 4]
         assert folded.dtype == numpy_dtype(dtype)
         np.testing.assert_array_equal(folded.astype(np.float64), want.astype(np.float64))
+        return
+    if dtype == "bfloat16" and cpu_facts(resolve_target("llvm")).avx512_bf16:
+        # AVX512-BF16 dot products: W [O' / 32, KH, KW, C' / 2, 32] as uint32 channel pairs (pack_dpbf16)
+        (pairs,) = [c for c in _call_constants(built.fused.mod) if c.ndim == 5]
+        assert pairs.dtype == np.uint32
+        t, kh, kw, k2, lanes = pairs.shape
+        halves = pairs.view(np.uint16).reshape(t, kh, kw, k2, lanes, 2).transpose(0, 4, 3, 5, 1, 2)
+        folded = halves.reshape(t * lanes, k2 * 2, kh, kw).view(numpy_dtype(dtype)).astype(np.float64)
+        cout, cin = w.shape[:2]
+        np.testing.assert_array_equal(folded[:cout, :cin], want.astype(np.float64))
+        assert not folded[cout:].any() and not folded[:, cin:].any()
         return
     packed = [c for c in _call_constants(built.fused.mod) if c.ndim == 5]
     assert len(packed) == 1 and packed[0].dtype == numpy_dtype(dtype)

@@ -86,14 +86,17 @@ def hidden_features(implied, available, arch: str | None = None) -> list[str]:
 
 #: features a target turns on where the host has them and its CPU name does not imply them (a VM may name an
 #: older CPU than it runs on: LLVM calls a Sapphire Rapids guest `rocketlake`, which has no AMX); only ones a
-#: schedule asks for (`hardware.CpuFacts.amx_bf16`)
-ADDED_WHEN_PRESENT = {"x86_64": ("amx-tile", "amx-bf16")}
+#: schedule asks for (`hardware.CpuFacts.amx_bf16`, `avx512_bf16`), each with the features the CPU name must
+#: imply for it to be added (LLVM's `+avx512bf16` turns AVX-512 on: a target named for AVX2 stays AVX2)
+ADDED_WHEN_PRESENT = {"x86_64": {"amx-tile": (), "amx-bf16": (), "avx512bf16": ("avx512f", "avx512bw")}}
 
 
 def added_features(implied, available, arch: str | None = None) -> list[str]:
-    """ADDED_WHEN_PRESENT features the host exposes but the CPU name does not imply, sorted: the ones to turn
-    on with `mattr=+feature`."""
-    return sorted(f for f in ADDED_WHEN_PRESENT.get(arch_of(arch), ()) if f in available and f not in set(implied))
+    """ADDED_WHEN_PRESENT features the host exposes but the CPU name does not imply (where it implies what
+    they need), sorted: the ones to turn on with `mattr=+feature`."""
+    implied, available = set(implied), set(available)
+    return sorted(f for f, needs in ADDED_WHEN_PRESENT.get(arch_of(arch), {}).items()
+                  if f in available and f not in implied and implied & available >= set(needs))
 
 
 def missing_features(required, available, arch: str | None = None) -> list[str]:

@@ -47,6 +47,7 @@ class CpuFacts:
     l1d_bytes: int = OTHER_CACHES[0]  # one core's L1 data cache: the target's `model`, else DEFAULT_CACHES
     l2_bytes: int = OTHER_CACHES[1]  # one core's L2
     amx_bf16: bool = False  # AMX tiles with bfloat16 products (x86 `amx-tile` and `amx-bf16`)
+    avx512_bf16: bool = False  # AVX-512 bfloat16 dot products (x86 `avx512bf16`)
 
     def lanes(self, dtype_bits: int = 32) -> int:
         return max(1, self.vector_bits // dtype_bits)
@@ -77,9 +78,10 @@ def _ask_cpu_target(target) -> CpuFacts:
     features = _tvm.target_cpu_features(target)
     named = parse_cache_model(str(target.attrs.get("model") or ""))
     amx = arch == "x86_64" and {"amx-tile", "amx-bf16"} <= features
+    dot = arch == "x86_64" and {"avx512f", "avx512bf16"} <= features
     for feature, isa, bits, registers in CPU_VECTOR_ISAS.get(arch, ()):
         if feature in features:
-            return CpuFacts(isa, int(width) if width else bits, registers, threads, *_caches(named, isa), amx)
+            return CpuFacts(isa, int(width) if width else bits, registers, threads, *_caches(named, isa), amx, dot)
     bits = int(width) if width else _tvm.llvm_vector_width(target)
     return CpuFacts(arch, bits if bits > 0 else 128, OTHER_VECTOR_REGISTERS, threads, *_caches(named, arch))
 

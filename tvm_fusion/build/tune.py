@@ -29,6 +29,7 @@ from tvm_fusion.console import progress, table
 from tvm_fusion.errors import FusionError
 from tvm_fusion.rules import close_names
 from tvm_fusion.schedules.llvm.conv2d_amx import runs_on_tiles
+from tvm_fusion.schedules.llvm.conv2d_dpbf16 import runs_dot_products
 
 __all__ = ["KernelTuning", "TuneOptions", "TuneReport", "check_options", "parse_rpc", "tune_fused"]
 
@@ -359,6 +360,9 @@ def tune_fused(mod, plain: dict, target, options: TuneOptions):
     skipped = {name: "a symbolic dim: MetaSchedule measures fixed shapes" for name, f in plain.items() if _symbolic(f)}
     skipped.update({name: "AMX tiles: a hand-written loop nest of tile instructions, not a compute MetaSchedule "
                           "schedules" for name, f in plain.items() if name not in skipped and runs_on_tiles(f)})
+    skipped.update({name: "AVX512-BF16: a hand-written loop nest of dot-product instructions, not a compute "
+                          "MetaSchedule schedules" for name, f in plain.items()
+                    if name not in skipped and runs_dot_products(f)})
     workloads = {name: _workload(f) for name, f in sorted(plain.items()) if name not in skipped}
     keys = {name: f"{_tvm.structural_hash(w):016x}" for name, w in workloads.items()}
     had = {name: (choices.get(keys[name]) or {}).get("trials", 0) for name in workloads}

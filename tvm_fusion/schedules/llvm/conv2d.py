@@ -59,6 +59,7 @@ from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvOperands, ConvPadding, conv2d_out_size, conv2d_padded,
                                          pack_channel_blocks, packed_taps)
 from tvm_fusion.schedules.llvm import conv2d_amx as amx
+from tvm_fusion.schedules.llvm import conv2d_dpbf16 as dpbf16
 from tvm_fusion.schedules.llvm import conv2d_pointwise as pointwise
 from tvm_fusion.schedules.llvm.blocks import ceil_to, loop_extent, optional_block, vectorize_own_inner_loop
 from tvm_fusion.schedules.llvm.conv2d_pointwise import (PixelTile, VectorRows, padded_channels, padded_pixels,
@@ -693,15 +694,18 @@ def _llvm_facts(target) -> CpuFacts:
 def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, fast_math=True, target=None,
                 **attrs):
     """The conv2d_affine compute over the output padded to `conv_plan`'s tile for `target`; a bfloat16 conv on
-    a target with AMX tiles: `conv2d_amx`."""
+    a target with AMX tiles: `conv2d_amx`; on one with AVX512-BF16 and no AMX: `conv2d_dpbf16`."""
     cout = int(b.shape[0])  # W may be packed (pack_conv)
     facts = _llvm_facts(target)
     kw = {4: 3, 6: 2}.get(len(w.shape))  # OIHW, or packed by pack_amx
+    epilogue = dict(activation=attrs.get("activation"), activation_params=attrs.get("activation_params"),
+                    residual_after_activation=attrs.get("residual_after_activation", False), target=target)
     if kw is not None and amx.why_not(w.dtype, groups, int(x.shape[1]), int(w.shape[kw]), x.shape[0],
                                       target) is None:
-        return amx.conv2d_amx(x, w, b, residual, strides=strides, padding=padding, dilation=dilation,
-                              activation=attrs.get("activation"), activation_params=attrs.get("activation_params"),
-                              residual_after_activation=attrs.get("residual_after_activation", False), target=target)
+        return amx.conv2d_amx(x, w, b, residual, strides=strides, padding=padding, dilation=dilation, **epilogue)
+    if dpbf16.is_packed(w) or (len(w.shape) == 4 and dpbf16.why_not(w.dtype, groups, x.shape[0], target) is None):
+        return dpbf16.conv2d_dpbf16(x, w, b, residual, strides=strides, padding=padding, dilation=dilation,
+                                    **epilogue)
     taps_first = step_cost(facts).taps_first
     taps = packed_taps(w.shape, taps_first)
     plan = plan_of(dims(x.shape), cout, taps, strides, padding, dilation, groups, facts)
@@ -742,6 +746,8 @@ def pack_conv(constants, attrs, shapes, target):
     cin, kw = int(x_shape[1]), int(w.shape[3])
     if amx.why_not(w.dtype, attrs.get("groups", 1), cin, kw, x_shape[0], target) is None:
         return None if amx.folds(cin, kw) else [amx.pack_amx(w), b]  # a folded W is folded per call
+    if dpbf16.why_not(w.dtype, attrs.get("groups", 1), x_shape[0], target) is None:
+        return [dpbf16.pack_dpbf16(w), b]
     plan = plan_of(x_shape, int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"],
                    attrs["dilation"], attrs.get("groups", 1), cpu_facts(target))
     if plan.kernel not in ("tiled", "pointwise"):  # depthwise broadcasts W per tap; "pixels" reads OIHW
@@ -992,6 +998,8 @@ def _schedule_depthwise_channels(sch, conv, epi, pad, tile: ConvTile, padded_col
 def schedule_conv2d_llvm(sch, attrs, target):
     if optional_block(sch, amx.AMX_BLOCK) is not None:
         return amx.schedule_amx(sch)
+    if optional_block(sch, dpbf16.DOT_BLOCK) is not None:
+        return dpbf16.schedule_dpbf16(sch)
     conv = sch.get_sblock("conv")
     epi = sch.get_sblock("epilogue")
     planned = scheduled_plan(sch, attrs, cpu_facts(target))

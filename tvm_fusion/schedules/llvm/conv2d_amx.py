@@ -5,12 +5,7 @@ One tile instruction (`tdpbf16ps`) adds a 16 x 32 bfloat16 block of W times a 32
 float32 tile: 8192 multiply-adds, where an AVX-512 FMA does 16. The conv is an implicit GEMM with the output
 channels as the tiles' rows and the output pixels as their columns, in three stages of one PrimFunc:
 
-    pack[n, phase, c / 2, row, col] = x[n, c:c+2, row * sh + a - top, col * sw + b - left]   (0 outside)
-        phase (a, b) of the stride: a tap (r, s) reads phase (r*dh % sh, s*dw % sw) at the output pixel's
-        (row, col) + (r*dh // sh, s*dw // sw), so a tap's pixels are one run of the phase plane; each pixel
-        holds a pair of channels, the tiles' "VNNI" layout, as one uint32 of their bfloat16 bits (a vector of
-        pixels is two loads of x's rows; TVM legalizes a bfloat16 buffer it allocates into another, which the
-        tile loads' addresses would not follow)
+    pack: x in phase planes of channel pairs (`pair_planes`: a pair is the tiles' "VNNI" layout)
     amx: parallel over (image, 32 output channels, rows of the output):
         for 32 pixels q of the rows, as q = row * P + col (P the plane's width: P - wout columns are computed
         and dropped, 2 of 58 for a 3x3 conv on 56x56):
@@ -35,8 +30,9 @@ import numpy as np
 from tvm_fusion._tvm import Schedule, te, tirx, tvm
 from tvm_fusion._tvm import tvmscript as T
 from tvm_fusion.hardware import cpu_facts
-from tvm_fusion.schedules.conv2d import affine_value, conv2d_out_size
 from tvm_fusion.schedules.llvm.blocks import ceil_to, optional_block
+from tvm_fusion.schedules.llvm.pair_planes import (
+    Planes, Tasks, epilogue_macro, kernel_stage, pack_stage, planes, schedule_pack)
 
 AMX_BLOCK = "amx"
 TILE_ROWS = 16  # rows of a tile; a row is 64 bytes: 32 bfloat16 or 16 float32
@@ -100,11 +96,8 @@ def conv2d_amx(x, w, b, residual=None, *, strides, padding, dilation, activation
                residual_after_activation=False, target=None):
     """The conv family's compute on AMX tiles (stages `pack`, `amx`; W packed by `pack_amx` or [O, C, KH, KW],
     then the `weight` stage packs it per call)."""
-    n, cin, hin, win = (int(d) for d in x.shape)
+    n, cin = int(x.shape[0]), int(x.shape[1])
     cout = int(b.shape[0])
-    sh, sw = strides
-    dh, dw = dilation
-    top, left, bottom, right = padding
     if len(w.shape) == 6:  # packed by pack_amx
         ot, kh, kw, kc = (int(d) for d in w.shape[:4])
         fold = False
@@ -114,68 +107,22 @@ def conv2d_amx(x, w, b, residual=None, *, strides, padding, dilation, activation
         ot = ceil_to(cout, 2 * TILE_ROWS) // TILE_ROWS
         kc = ceil_to(cin * kw if fold else cin, TILE_K) // TILE_K
         w = _weight_stage(w, ot, kc, fold)
-    hout = conv2d_out_size(hin, kh, sh, top, bottom, dh)
-    wout = conv2d_out_size(win, kw, sw, left, right, dw)
-    na = max(r * dh % sh for r in range(kh)) + 1  # row phases 0.. the last one a tap reads
-    nb = 1 if fold else max(s * dw % sw for s in range(kw)) + 1  # column phases
-    # a folded pack's planes are the output's columns (each pixel holds its kernel row's columns)
-    plane_w = wout if fold else -(-(win + left + right) // sw)
-    taps_w = 1 if fold else kw
-    reach = max((r * dh // sh) * plane_w + s * dw // sw for r in range(kh) for s in range(taps_w))
-    plane_h = -(-(hout * plane_w + 2 * TILE_ROWS + reach) // plane_w)
-    pairs = kc * TILE_K // 2
-
-    def packed(i, ph, k2, row, col):
-        hh = row * sh + ph // nb - top
-
-        def bits(k):  # product k's bfloat16 bits (channel k, or column k // C and channel k % C), 0 outside
-            c, s = (k % cin, k // cin) if fold else (k, 0)
-            ww = col * sw + (s * dw if fold else ph % nb) - left
-            inside = tirx.all(hh >= 0, hh < hin, ww >= 0, ww < win)
-            if fold or cin % 2:
-                inside = tirx.all(inside, k < (cin * kw if fold else cin))
-            # the row clamped into x (the vector of columns reads one row; `inside` drops what is outside)
-            read = x[i, tirx.min(c, cin - 1), tirx.max(tirx.min(hh, hin - 1), 0),
-                     tirx.max(tirx.min(ww, win - 1), 0) if fold else ww]
-            return tirx.if_then_else(inside, tirx.reinterpret("uint16", read).astype("uint32"),
-                                     tirx.const(0, "uint32"))
-
-        return bits(k2 * 2) | (bits(k2 * 2 + 1) << tirx.const(16, "uint32"))
-
-    pack = te.compute((n, na * nb, pairs, plane_h, plane_w), packed, name="pack")
+    geo = planes(x.shape, kh, kw, strides, padding, dilation, fold, 2 * TILE_ROWS)
+    pack = pack_stage(x, geo, kc * TILE_K // 2, kw, strides, padding, dilation, fold)
     facts = cpu_facts(target)
-    tasks = _Tasks(n, ot // 2, hout, plane_w, facts.threads, facts.l2_bytes)
-    out_dtype = x.dtype
-    inputs = [pack, w, b] + ([residual] if residual is not None else [])
-
-    def body(ins, outs):
-        xb, wb, bb = ins[:3]
-        rb = ins[3] if residual is not None else None
-
-        def value(v, i, o, h, ww):
-            return affine_value(v, bb[o], None if rb is None else rb[i, o, h, ww], out_dtype, activation=activation,
-                                activation_params=activation_params,
-                                residual_after_activation=residual_after_activation, fast_math=False, target=target)
-
-        return _amx_body(xb, wb, outs[0], value, n=n, ot=ot, kh=kh, kw=taps_w, kc=kc, strides=strides,
-                         dilation=dilation, nb=nb, plane_w=plane_w, plane_h=plane_h, cout=cout, hout=hout,
-                         wout=wout, tasks=tasks)
-
-    return te.extern([(n, cout, hout, wout)], inputs, body, name=AMX_BLOCK, dtype=str(out_dtype))
+    tasks = Tasks(n, ot // 2, geo.hout, geo.plane_w, facts.threads, facts.l2_bytes, 2 * TILE_ROWS)
+    epilogue = dict(activation=activation, activation_params=activation_params,
+                    residual_after_activation=residual_after_activation, target=target)
+    return kernel_stage(AMX_BLOCK, pack, w, b, residual, (n, cout, geo.hout, geo.wout), x.dtype, epilogue,
+                        lambda xb, wb, out, value: _amx_body(xb, wb, out, value, n=n, ot=ot, kh=kh, kc=kc,
+                                                             strides=strides, dilation=dilation, cout=cout, geo=geo,
+                                                             tasks=tasks))
 
 
 def schedule_amx(sch) -> str:
-    """The `pack` stage (and a `weight` stage) as parallel loops, a plane row per vector; the `amx` stage is
-    its own loop nest. Returns the kernel's note."""
-    pack = sch.get_sblock("pack")
-    n, ph, k2, row, col = sch.get_loops(pack)
-    sch.parallel(sch.fuse(n, ph, k2))
-    sch.vectorize(col)
-    weight = optional_block(sch, "weight")
-    if weight is not None:
-        t, r, s, k, i, j = sch.get_loops(weight)
-        sch.parallel(sch.fuse(t, r, s, k))
-        sch.vectorize(j)
+    """The `pack` (and `weight`) stages as parallel loops (`pair_planes.schedule_pack`); the `amx` stage is its
+    own loop nest. Returns the kernel's note."""
+    schedule_pack(sch)
     return "AMX bfloat16 tiles"
 
 
@@ -223,19 +170,17 @@ def tile_macros():
     return ask, configure
 
 
-def _amx_body(xb, wb, out, value, *, n, ot, kh, kw, kc, strides, dilation, nb, plane_w, plane_h, cout, hout, wout,
-              tasks):
+def _amx_body(xb, wb, out, value, *, n, ot, kh, kc, strides, dilation, cout, geo: Planes, tasks: Tasks):
     """The `amx` stage's statement: TVMScript over the extern's buffers, `value(sum, n, o, h, w)` the epilogue.
     Tiles 0-3 sum (2 W tiles) x (2 pack tiles), 4-5 hold W, 6-7 the pack."""
-    sh, sw = strides
-    dh, dw = dilation
+    kw, plane_w, plane_h, hout, wout = geo.taps_w, geo.plane_w, geo.plane_h, geo.hout, geo.wout
     u8 = lambda i: tirx.const(i, "uint8")  # noqa: E731  (a tile's number)
-    pairs, rows, parts, cols = ot // 2, tasks.rows, tasks.parts, tasks.pixels
+    rows, cols = tasks.rows, tasks.pixels
     b_stride = plane_h * plane_w * 4  # bytes from one channel pair's plane to the next
     c_stride = cols * 4  # bytes from one output channel's sums to the next
-    whole, rest = wout // TILE_ROWS * TILE_ROWS, wout % TILE_ROWS
-    phases, half = int(xb.ty.shape[1]), TILE_ROWS
+    phases, half = geo.phases, TILE_ROWS
     ask, configure = tile_macros()
+    epilogue = epilogue_macro(out, value, cout, geo)
 
     def b_tile(number, i, ph, k, q):  # 16 channel pairs x 16 pixels from pixel q of a phase plane
         return tile_op("tileloadd64", u8(number), T.address_of(xb[i, ph, k * half, q // plane_w, q % plane_w]),
@@ -261,9 +206,7 @@ def _amx_body(xb, wb, out, value, *, n, ot, kh, kw, kc, strides, dilation, nb, p
                 # store spans it to the last column, so its rows keep the stride the stores use
                 sums[2 * TILE_ROWS - 1, cols - 1] = T.float32(0)
                 configure(cfg)
-                i = task // (pairs * parts)
-                o2 = task // parts % pairs
-                h0 = task % parts * rows
+                i, o2, h0 = tasks.of(task)
                 for mb in range(tasks.blocks):
                     if h0 * plane_w + mb * 32 < T.min(h0 + rows, hout) * plane_w:
                         q0 = h0 * plane_w + mb * 32
@@ -272,8 +215,8 @@ def _amx_body(xb, wb, out, value, *, n, ot, kh, kw, kc, strides, dilation, nb, p
                         T.evaluate(tile_op("tilezero", u8(2)))
                         T.evaluate(tile_op("tilezero", u8(3)))
                         for t in range(kh * kw):
-                            ph = t // kw * dh % sh * nb + t % kw * dw % sw  # the tap's phase and run
-                            q = q0 + t // kw * dh // sh * plane_w + t % kw * dw // sw
+                            ph, run = geo.tap(t, strides, dilation)
+                            q = q0 + run
                             for k in range(kc):
                                 T.evaluate(a_tile(4, o2 * 2, t // kw, t % kw, k))
                                 T.evaluate(a_tile(5, o2 * 2 + 1, t // kw, t % kw, k))
@@ -288,35 +231,8 @@ def _amx_body(xb, wb, out, value, *, n, ot, kh, kw, kc, strides, dilation, nb, p
                         T.evaluate(store(2, sums, half, mb * 32))
                         T.evaluate(store(3, sums, half, mb * 32 + half))
                 T.evaluate(tile_op("tilerelease"))
-                for oo in range(32):  # the epilogue, a row of the output per vector
-                    if o2 * 32 + oo < cout:
-                        for hh in range(rows):
-                            if h0 + hh < hout:
-                                for wo in range(whole // 16):
-                                    for wi in T.vectorized(16):
-                                        out[i, o2 * 32 + oo, h0 + hh, wo * 16 + wi] = value(
-                                            sums[oo, hh * plane_w + wo * 16 + wi], i, o2 * 32 + oo, h0 + hh,
-                                            wo * 16 + wi)
-                                if rest > 0:
-                                    for wi in T.vectorized(rest):
-                                        out[i, o2 * 32 + oo, h0 + hh, whole + wi] = value(
-                                            sums[oo, hh * plane_w + whole + wi], i, o2 * 32 + oo, h0 + hh,
-                                            whole + wi)
+                epilogue(sums, i, o2 * 32, h0, rows)
 
     return amx.body
 
 
-class _Tasks:
-    """The parallel tasks: (image, pair of output-channel tiles, `rows` output rows), at least two per thread
-    where the rows can be split, and rows few enough that a task's float32 sums (32 channels x its pixels) fit
-    in a quarter of L2, where its epilogue reads them back; `blocks` of 32 pixels cover a task's rows
-    (`pixels` of sums)."""
-
-    def __init__(self, n: int, pairs: int, hout: int, plane_w: int, threads: int, l2_bytes: int):
-        most_rows = max(1, l2_bytes // 4 // (2 * TILE_ROWS * plane_w * 4))
-        parts = min(hout, max(1, -(-2 * threads // (n * pairs)), -(-hout // most_rows)))
-        self.rows = -(-hout // parts)
-        self.parts = -(-hout // self.rows)
-        self.count = n * pairs * self.parts
-        self.blocks = -(-(self.rows * plane_w) // (2 * TILE_ROWS))
-        self.pixels = self.blocks * 2 * TILE_ROWS

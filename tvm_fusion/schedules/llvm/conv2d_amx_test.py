@@ -5,19 +5,18 @@ whole models against onnxruntime's float32 run."""
 
 from __future__ import annotations
 
-import zlib
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from tvm_fusion import _tvm, registry
-from tvm_fusion._tvm import te, tirx, tvm
+from tvm_fusion import _tvm
+from tvm_fusion._tvm import tirx, tvm
 from tvm_fusion.cpu_features import added_features, host_features
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.conv2d import CONV_FAMILY
 from tvm_fusion.schedules.llvm.conv2d_amx import MIN_CHANNELS, folds, pack_amx, why_not
-from tvm_fusion.schedules.llvm.conv2d_test import conv_reference
+from tvm_fusion.schedules.llvm.pair_planes_test import CONV_CASES, bf16_conv, matches_float64, run_bf16_conv
 from tvm_fusion.testing import assert_close
 
 BF16 = ml_dtypes.bfloat16
@@ -88,11 +87,7 @@ def test_pack_amx_lays_out_one_tile_per_tap_and_channel_chunk():
 # not whole tiles, a residual before and after the activation, a batch of two; the last three fold their
 # kernel rows into the products (fewer than 32 channels: a 3-channel 7x7/2 stem, 3x3/2 unpadded, dilated)
 CASES = [
-    (1, 64, 14, 14, 64, 3, 1, 1, 1, False, False),
-    (1, 32, 15, 13, 48, 3, 2, 1, 1, False, False),
-    (2, 40, 9, 9, 24, 1, 1, 0, 1, True, False),
-    (1, 16, 12, 10, 32, 5, 1, 2, 2, True, True),
-    (1, 33, 16, 16, 80, 1, 2, 0, 1, False, False),
+    *CONV_CASES,
     (1, 64, 7, 7, 96, 7, 2, 3, 1, False, False),
     (1, 3, 30, 28, 64, 7, 2, 3, 1, False, False),
     (2, 3, 15, 17, 40, 3, 2, 0, 1, True, False),
@@ -100,39 +95,11 @@ CASES = [
 ]
 
 
-def _compute(case, target, packed=True):
-    n, c, h, w, oc, k, stride, pad, dil, res, after = case
-    kh, kw = k if isinstance(k, tuple) else (k, k)
-    rng = np.random.default_rng(zlib.crc32(repr(case[:9]).encode()))
-    x = rng.standard_normal((n, c, h, w)).astype(BF16)
-    wt = (rng.standard_normal((oc, c, kh, kw)) / np.sqrt(c * kh * kw)).astype(BF16)
-    b = rng.standard_normal(oc).astype("float32")
-    attrs = {"strides": (stride, stride), "padding": (pad,) * 4, "dilation": (dil, dil), "groups": 1,
-             "activation": "relu", "residual_after_activation": after}
-    oh = (h + 2 * pad - dil * (kh - 1) - 1) // stride + 1
-    ow = (w + 2 * pad - dil * (kw - 1) - 1) // stride + 1
-    residual = rng.standard_normal((n, oc, oh, ow)).astype(BF16) if res else None
-    wv = registry.get_schedule(CONV_FAMILY, "llvm").packed([wt, b], attrs, [x.shape, wt.shape, b.shape], target)[0] \
-        if packed else wt
-    xs = te.placeholder(x.shape, "bfloat16", name="x")
-    ws = te.placeholder(wv.shape, "bfloat16", name="w")
-    bs = te.placeholder(b.shape, "float32", name="b")
-    rs = [te.placeholder(residual.shape, "bfloat16", name="r")] if res else []
-    out = registry.get_compute(CONV_FAMILY, "llvm")(xs, ws, bs, *rs, target=target, fast_math=False, **attrs)
-    func = te.create_prim_func([xs, *rs, ws, bs, out])
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    with target:
-        note = registry.get_schedule(CONV_FAMILY, "llvm").apply(sch, attrs, target)
-    arrays = [x, *([residual] if res else []), wv, b]
-    func = sch.mod["main"].with_attr("global_symbol", "main")
-    return func, note, arrays, (n, oc, oh, ow), (x, wt, b, residual, attrs)
-
-
 @pytest.mark.parametrize("target", [SAPPHIRE, ADDED], ids=["sapphirerapids", "rocketlake+amx"])
 def test_every_amx_build_runs_tile_instructions(target):
     """Built (not run) for AMX targets wherever the tests run: one tile multiply per tile pair, the OS asked
     for the tile registers, W packed in tiles, the note saying so."""
-    func, note, arrays, _, _ = _compute(CASES[0], target)
+    func, note, arrays, _, _ = bf16_conv(CASES[0], target)
     script = func.script()
     assert note == "AMX bfloat16 tiles"
     assert script.count("llvm.x86.tdpbf16ps") == 4 and "llvm.x86.ldtilecfg" in script
@@ -142,7 +109,7 @@ def test_every_amx_build_runs_tile_instructions(target):
 
 
 def test_a_target_without_amx_keeps_the_avx512_kernel():
-    func, note, arrays, _, _ = _compute(CASES[0], NO_AMX)
+    func, note, arrays, _, _ = bf16_conv(CASES[0], NO_AMX)
     assert "tdpbf16ps" not in func.script() and arrays[1].ndim == 5 and "AMX" not in (note or "")
 
 
@@ -152,17 +119,7 @@ def test_a_target_without_amx_keeps_the_avx512_kernel():
 def test_amx_conv_matches_float64(case, packed):
     """On this host's target (AMX tiles): the conv + bias (+ residual) + ReLU within bfloat16's tolerance of
     float64 NumPy over the bfloat16 inputs; W packed at compile time, or left unpacked (the `weight` stage)."""
-    func, note, arrays, out_shape, (x, wt, b, residual, attrs) = _compute(case, HOST, packed)
-    assert note == "AMX bfloat16 tiles"
-    lib = tvm.compile(tvm.IRModule({"main": func}), HOST)
-    out = tvm.runtime.tensor(np.full(out_shape, np.nan, BF16))
-    lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
-    f64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
-    if attrs["residual_after_activation"]:
-        want = conv_reference(f64(x), f64(wt), f64(b), None, attrs) + f64(residual)
-    else:
-        want = conv_reference(f64(x), f64(wt), f64(b), f64(residual), attrs)
-    assert_close(out.numpy().astype(np.float64), want, f"AMX conv {case}", dtype="bfloat16")
+    matches_float64(case, HOST, packed, "AMX bfloat16 tiles")
 
 
 @NEEDS_AMX
@@ -191,21 +148,6 @@ def test_bf16_model_runs_its_convs_on_tiles_and_matches_the_float32_model():
     want = run_onnxruntime(model, inputs)[0].run(None, inputs)
     for i, (a, r) in enumerate(zip(got, want)):
         assert_close(a, r, f"bf16 residual block output {i} vs the float32 model", dtype="bfloat16")
-
-
-def test_tasks_split_rows_for_threads_and_for_l2():
-    """Two tasks per thread where the channels give fewer; rows whose sums (32 channels) outgrow a quarter of
-    L2 split further: VGG's 224x224 convs into 13 parts of 18 rows with 2 MiB of L2, 25 of 9 with 1 MiB."""
-    from tvm_fusion.schedules.llvm.conv2d_amx import _Tasks
-
-    mib = 1024 * 1024
-    t = _Tasks(1, 2, 56, 58, 2, 2 * mib)
-    assert (t.parts, t.rows, t.count, t.pixels) == (2, 28, 4, 28 * 58 + 8)
-    t = _Tasks(1, 8, 14, 16, 2, 2 * mib)
-    assert (t.parts, t.rows, t.count) == (1, 14, 8)
-    assert (_Tasks(1, 2, 224, 226, 2, 2 * mib).parts, _Tasks(1, 2, 224, 226, 2, mib).parts) == (13, 25)
-    for t in (_Tasks(1, 2, 224, 226, 2, 2 * mib), _Tasks(2, 1, 7, 9, 16, 2 * mib)):
-        assert t.rows * (t.parts - 1) < (224 if t.rows > 7 else 7) <= t.rows * t.parts
 
 
 @NEEDS_AMX
@@ -247,22 +189,14 @@ def test_explain_at_bf16_names_the_tiles_for_an_amx_target():
 HOST_WITHOUT_AMX = tvm.target.Target({k: v for k, v in HOST.export().items() if k != "mattr"})
 
 
-def _run_conv(case, target):
-    func, note, arrays, out_shape, _ = _compute(case, target)
-    lib = tvm.compile(tvm.IRModule({"main": func}), target)
-    out = tvm.runtime.tensor(np.full(out_shape, np.nan, BF16))
-    lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
-    return note, out.numpy().astype(np.float64)
-
-
 @NEEDS_AMX
 @pytest.mark.parametrize("case", CASES[::2], ids=[f"{c[1]}-{c[4]}-k{c[5]}s{c[6]}" for c in CASES[::2]])
 def test_amx_conv_within_one_ulp_of_the_avx512_kernel(case):
     """The AMX conv and the AVX-512 bfloat16 kernel both sum bfloat16 products in float32 and round once: they
     differ by the summation order alone, at most one bfloat16 ulp per element (a far tighter check than the
     dtype's tolerance against float64)."""
-    note, tiles = _run_conv(case, HOST)
-    plain_note, plain = _run_conv(case, HOST_WITHOUT_AMX)
+    note, tiles = run_bf16_conv(case, HOST)
+    plain_note, plain = run_bf16_conv(case, HOST_WITHOUT_AMX)
     assert note == "AMX bfloat16 tiles" and "AMX" not in (plain_note or "")
     ulp = np.maximum(np.abs(tiles), np.abs(plain)) * 2.0 ** -7
     assert (np.abs(tiles - plain) <= ulp).all(), np.abs(tiles - plain).max()
@@ -291,8 +225,8 @@ def amx_cases(draw):
 @given(amx_cases())
 def test_drawn_amx_convs_within_one_ulp_of_the_avx512_kernel(case):
     """Drawn shapes through the AMX conv (packed or folded) and the AVX-512 bfloat16 kernel: one ulp apart."""
-    note, tiles = _run_conv(case, HOST)
-    _, plain = _run_conv(case, HOST_WITHOUT_AMX)
+    note, tiles = run_bf16_conv(case, HOST)
+    _, plain = run_bf16_conv(case, HOST_WITHOUT_AMX)
     assert note == "AMX bfloat16 tiles"
     assert (np.abs(tiles - plain) <= np.maximum(np.abs(tiles), np.abs(plain)) * 2.0 ** -7).all(), \
         (case, np.abs(tiles - plain).max())
