@@ -1,6 +1,6 @@
 """llvm schedule of the blocked conv (`schedules/conv2d_blocked.py`): tiles of `tile_blocks` channel blocks x
 `cols` output pixels of one row, their accumulators in registers (one vector per block and pixel), the
-reduction over the taps, then the input channels (a block's channels unrolled), innermost; the epilogue
+reduction over the taps, then the input channels (a block's channels rolled), innermost; the epilogue
 stores each tile's vectors whole, in the layout the next conv of the chain reads. A deep conv on a small map
 takes its reduction in chunks (`reduction_chunk`, the tiled NCHW kernel's rule). The padded input is its own
 loop nest, a chain's last conv unblocks its output in its own loop nest too.
@@ -10,8 +10,17 @@ The tile: two channel blocks where the output has an even number of them, and th
 registers. Measured alone on an AVX-512 Xeon (one thread): 1x1 64 -> 256 on 56x56, 2 x 8 pixels 0.78 ms,
 3 x 8, 3 x 7, 2 x 7 within 3% of it (W packed per tile and chunk in the order the reduction reads it:
 `pack`); with 28 accumulators (2 x 14) LLVM kept them in memory: 1x1 and 3x3
-convs on 56x56 / 28x28 / 14x14 2.3-2.6x slower (`benchmarks/blocked_convs.py`); a block's input channels
-rolled -> unrolled: 3x3 256 on 14x14 1.43 -> 1.30 ms, 3x3 512 on 7x7 1.65 -> 1.51.
+convs on 56x56 / 28x28 / 14x14 2.3-2.6x slower (`benchmarks/blocked_convs.py`).
+
+A block's input channels stay rolled (the loop of 16 or 8 steps). Unrolled, LLVM scheduled the steps'
+weight and input loads ahead and spilled vector registers to the stack: ResNet-50's AVX-512 build had 2,055
+zmm spill and reload instructions in its blocked convs, 7 rolled. TVM's stack frames are 16-byte aligned,
+so a 64-byte spill slot straddles two cache lines unless the thread's stack happens to be 32-byte aligned
+at the kernel, which Linux's stack randomization decides once per process: measured on Zen 4 (one thread,
+CPU time), the same kernel alone took 2.34 or 4.6-5.0 ms per call depending on the process (3x3 256 on
+14x14), the whole of ResNet-50 95-97 or 120-130 ms (never the slow mode with randomization off, `setarch
+-R`). Rolled: 2.04-2.12 ms in every process (onnxruntime's node 2.06), ResNet-50 79-85 ms. (On an Intel
+AVX-512 core, unrolled had measured 1.30 against 1.43 ms rolled for that conv, in one process.)
 
 The depthwise conv (`schedule_depthwise_blocked`): one task per channel block, its padded plane copied first
 (in L1 / L2: 16 KiB for 14x14), tiles of `tile_of(1, ...)`'s pixels of a row, one vector accumulator each,
@@ -125,8 +134,7 @@ def schedule_blocked(sch, attrs, target):
                  *([rcoi] if rcoi is not None else get("rco")), loops["rci"]]
         sch.reorder(*outer, *get("obi"), cwi, loops["oi"])
         sch.vectorize(loops["oi"])
-        sch.unroll(loops["rci"])
-        sch.unroll(cwi)
+        sch.unroll(cwi)  # a block's input channels stay rolled: see the module's docstring
         for loop in get("obi"):
             sch.unroll(loop)
         sch.decompose_reduction(conv, outer[0])
@@ -137,7 +145,6 @@ def schedule_blocked(sch, attrs, target):
         own = sch.get_loops(conv)[len(sch.get_loops(epi)) - 3:]  # below wo: the tile's pixels and blocks, the sums
         spatial, reduction = own[:-len(sums)], own[-len(sums):]
         sch.reorder(*reduction, *spatial)
-        sch.unroll(reduction[-1])  # a block's input channels: 3x3 256 on 14x14 1.43 -> 1.30 ms rolled -> unrolled
         sch.vectorize(spatial[-1])  # the block's channels
         for loop in spatial[:-1]:
             sch.unroll(loop)
