@@ -44,6 +44,13 @@ def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(k, padded // cols, cols).transpose(1, 0, 2))
 
 
+def dense_value(total, bias, out_dtype, activation=None, activation_params=None, fast_math=True, target=None):
+    """One output element from its sum: act(sum + b) in the accumulator dtype, rounded once to `out_dtype`."""
+    acc = accumulator_dtype(out_dtype)
+    return cast_to(apply_activation(total + cast_to(bias, acc), activation, activation_params, fast_math=fast_math,
+                                    target=target), out_dtype)
+
+
 @register_compute(DENSE_FAMILY)
 def dense_affine(x, w, b, *, activation=None, activation_params=None, fast_math=True, target=None, **_):
     m, k = dims(x.shape)  # m may be a symbolic batch
@@ -63,7 +70,5 @@ def dense_affine(x, w, b, *, activation=None, activation_params=None, fast_math=
         weight = lambda r, j: w[r, j]  # noqa: E731
     dense = te.compute((m, computed), lambda i, j: te.sum(wide(x[i, rk]) * wide(weight(rk, j)), axis=rk),
                        name="dense")
-    return te.compute((m, n), lambda i, j: cast_to(apply_activation(dense[i, j] + wide(b[j]), activation,
-                                                                    activation_params, fast_math=fast_math,
-                                                                    target=target),
-                                                   x.dtype), name="epilogue")
+    return te.compute((m, n), lambda i, j: dense_value(dense[i, j], b[j], x.dtype, activation, activation_params,
+                                                       fast_math, target), name="epilogue")

@@ -3,7 +3,8 @@
 W is packed at compile time into column tiles Wp[N / COLS, K, COLS] (`pack_columns`), so the kernel
 streams each tile from memory front to back; the output columns of a tile are vectorized, and tiles run
 in parallel. At batch 1 this is a GEMV: memory-bound, one pass over W in the order it is stored. A bfloat16
-dense of 16 rows or more on a target with AMX tiles runs on them instead (`dense_amx.py`).
+dense of 16 rows or more on a target with AMX tiles runs on them instead (`dense_amx.py`), another bfloat16
+dense on a target with AVX512-BF16 on its dot products (`dense_dpbf16.py`).
 
     parallel for tile t (COLS columns, COLS a divisor of N and a multiple of half a vector of the
                          target, at most 4 vectors: `hardware.cpu_facts`; an N without one, or whose
@@ -23,6 +24,7 @@ from tvm_fusion.registry import register_compute, register_schedule
 from tvm_fusion.schedules import dims
 from tvm_fusion.schedules.dense import DENSE_FAMILY, dense_affine, pack_columns
 from tvm_fusion.schedules.llvm import dense_amx as amx
+from tvm_fusion.schedules.llvm import dense_dpbf16 as dpbf16
 from tvm_fusion.schedules.llvm.blocks import optional_block
 
 ACCUMULATOR_VECTORS = 4  # vector accumulators per column block: enough to hide the FMA latency
@@ -69,19 +71,26 @@ def packed_columns(n: int, lanes: int) -> int:
 
 @register_compute(DENSE_FAMILY, target="llvm")
 def dense_llvm(x, w, b, *, activation=None, activation_params=None, fast_math=True, target=None, **attrs):
-    """The dense family's compute; a bfloat16 dense of 16 rows or more on a target with AMX tiles: `dense_amx`."""
+    """The dense family's compute; a bfloat16 dense of 16 rows or more on a target with AMX tiles: `dense_amx`;
+    else one on a target with AVX512-BF16: `dense_dpbf16`."""
     if target is not None and amx.why_not(w.dtype, dims(x.shape)[0], target) is None:
         return amx.dense_amx(x, w, b, activation=activation, activation_params=activation_params, target=target)
+    if target is not None and (dpbf16.is_packed(w) or dpbf16.why_not(w.dtype, dims(x.shape)[0], target) is None):
+        return dpbf16.dense_dpbf16(x, w, b, activation=activation, activation_params=activation_params,
+                                   target=target)
     return dense_affine(x, w, b, activation=activation, activation_params=activation_params, fast_math=fast_math,
                         target=target, **attrs)
 
 
 def pack_dense(constants, attrs, shapes, target):
     """W [K, N]  ==>  Wp [ceil(N / COLS), K, COLS] (`packed_columns`; None when 1: W stays as it is); for the
-    AMX dense (`dense_amx.why_not`), its tiles (`pack_amx_dense`)."""
+    AMX dense (`dense_amx.why_not`), its tiles (`pack_amx_dense`); for AVX512-BF16, pairs of K
+    (`pack_dpbf16_dense`)."""
     w, b = constants
     if amx.why_not(w.dtype, shapes[0][0], target) is None:
         return [amx.pack_amx_dense(w), b]
+    if dpbf16.why_not(w.dtype, shapes[0][0], target) is None:
+        return [dpbf16.pack_dpbf16_dense(w), b]
     cols = packed_columns(w.shape[1], cpu_facts(target).float32_lanes)
     return None if cols <= 1 else [pack_columns(w, cols), b]
 
@@ -90,6 +99,8 @@ def pack_dense(constants, attrs, shapes, target):
 def schedule_dense_llvm(sch, attrs, target):
     if optional_block(sch, amx.AMX_BLOCK) is not None:
         return amx.schedule_amx_dense(sch)
+    if optional_block(sch, dpbf16.DOT_BLOCK) is not None:
+        return dpbf16.schedule_dpbf16_dense(sch)
     facts = cpu_facts(target)
     dense = sch.get_sblock("dense")
     epi = sch.get_sblock("epilogue")

@@ -20,8 +20,7 @@ import numpy as np
 
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion._tvm import tvmscript as T
-from tvm_fusion.precision import accumulator_dtype, cast_to
-from tvm_fusion.schedules.activations import apply_activation
+from tvm_fusion.schedules.dense import dense_value
 from tvm_fusion.schedules.llvm.blocks import ceil_to, optional_block
 from tvm_fusion.schedules.llvm.conv2d_amx import AMX_BLOCK, TILE_K, TILE_ROWS, tile_op, target_reason, tile_macros
 
@@ -69,15 +68,12 @@ def dense_amx(x, w, b, *, activation=None, activation_params=None, target=None):
 
     pack = te.compute((rows, kc * TILE_K), packed, name="pack")
     out_dtype = str(x.dtype)
-    acc = accumulator_dtype(out_dtype)
 
     def body(ins, outs):
         xb, wb, bb = ins
 
         def value(v, j):
-            v = apply_activation(v + cast_to(bb[j], acc), activation, activation_params, fast_math=False,
-                                 target=target)
-            return cast_to(v, out_dtype)
+            return dense_value(v, bb[j], out_dtype, activation, activation_params, fast_math=False, target=target)
 
         return _amx_body(xb, wb, outs[0], value, m=m, n=n, rows=rows, nt=nt, kc=kc)
 

@@ -37,7 +37,9 @@ def test_pack_amx_dense_pairs_k_inside_a_tile():
     assert not packed[3].any() and not packed[:, 1, 9:].any()  # the padding is zeros
 
 
-def _dense(m, k, n, target, activation="relu", packed=True):
+def bf16_dense(m, k, n, target, activation="relu", packed=True):
+    """(scheduled PrimFunc, its note, its arguments, (x, W, b)) of a bfloat16 dense + bias + activation through
+    the llvm dense family for `target`; W packed as the build packs it, or left [K, N]."""
     rng = np.random.default_rng(m * 7 + k + n)
     x = rng.standard_normal((m, k)).astype(BF16)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(BF16)
@@ -54,26 +56,23 @@ def _dense(m, k, n, target, activation="relu", packed=True):
 
 
 def test_every_amx_build_runs_tile_instructions():
-    func, note, arrays, _ = _dense(64, 96, 80, SAPPHIRE)
+    func, note, arrays, _ = bf16_dense(64, 96, 80, SAPPHIRE)
     script = func.script()
     assert note == "AMX bfloat16 tiles" and script.count("llvm.x86.tdpbf16ps") == 4
     assert arrays[1].shape == (6, 3, 16, 16, 2)
     tvm.compile(tvm.IRModule({"main": func}), SAPPHIRE)
 
 
-def test_one_row_keeps_the_avx512_kernel():
-    func, note, _, _ = _dense(1, 96, 80, SAPPHIRE)
-    assert "tdpbf16ps" not in func.script() and "AMX" not in (note or "")
+def test_one_row_leaves_the_tiles():
+    """A GEMV is not a tile's work: on an AMX core (which has AVX512-BF16 too) it takes the dot products."""
+    func, note, _, _ = bf16_dense(1, 96, 80, SAPPHIRE)
+    assert "tdpbf16ps" not in func.script() and note == "AVX512-BF16 dot products"
 
 
-@NEEDS_AMX
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "weight-stage"])
-@pytest.mark.parametrize("m,k,n,activation", [(16, 32, 32, None), (40, 50, 40, "relu"), (128, 768, 96, "gelu_erf"),
-                                              (33, 64, 1000, None)])
-def test_amx_dense_matches_float64(m, k, n, activation, packed):
-    func, note, arrays, (x, w, b) = _dense(m, k, n, HOST, activation, packed)
-    assert note == "AMX bfloat16 tiles"
-    lib = tvm.compile(tvm.IRModule({"main": func}), HOST)
+def run_dense(m, k, n, target, activation, packed=True):
+    """(note, output as float64, float64 NumPy's result) of `bf16_dense` built and run for `target`."""
+    func, note, arrays, (x, w, b) = bf16_dense(m, k, n, target, activation, packed)
+    lib = tvm.compile(tvm.IRModule({"main": func}), target)
     out = tvm.runtime.tensor(np.full((m, n), np.nan, BF16))
     lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
     want = x.astype(np.float64) @ w.astype(np.float64) + b
@@ -82,7 +81,17 @@ def test_amx_dense_matches_float64(m, k, n, activation, packed):
     elif activation == "gelu_erf":
         from scipy.special import erf
         want = 0.5 * want * (1 + erf(want / np.sqrt(2)))
-    assert_close(out.numpy().astype(np.float64), want, f"AMX dense {m}x{k}x{n}", dtype="bfloat16")
+    return note, out.numpy().astype(np.float64), want
+
+
+@NEEDS_AMX
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "weight-stage"])
+@pytest.mark.parametrize("m,k,n,activation", [(16, 32, 32, None), (40, 50, 40, "relu"), (128, 768, 96, "gelu_erf"),
+                                              (33, 64, 1000, None)])
+def test_amx_dense_matches_float64(m, k, n, activation, packed):
+    note, got, want = run_dense(m, k, n, HOST, activation, packed)
+    assert note == "AMX bfloat16 tiles"
+    assert_close(got, want, f"AMX dense {m}x{k}x{n}", dtype="bfloat16")
 
 
 @NEEDS_AMX
@@ -91,13 +100,7 @@ def test_amx_dense_within_one_ulp_of_the_avx512_kernel(m, k, n):
     """Both sum bfloat16 products in float32 and round once: at most one bfloat16 ulp apart per element."""
     from tvm_fusion.schedules.llvm.conv2d_amx_test import HOST_WITHOUT_AMX
 
-    outs = []
-    for target in (HOST, HOST_WITHOUT_AMX):
-        func, note, arrays, _ = _dense(m, k, n, target, "relu")
-        lib = tvm.compile(tvm.IRModule({"main": func}), target)
-        out = tvm.runtime.tensor(np.full((m, n), np.nan, BF16))
-        lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
-        outs.append((note, out.numpy().astype(np.float64)))
+    outs = [run_dense(m, k, n, target, "relu")[:2] for target in (HOST, HOST_WITHOUT_AMX)]
     (note, tiles), (plain_note, plain) = outs
     assert note == "AMX bfloat16 tiles" and "AMX" not in (plain_note or "")
     assert (np.abs(tiles - plain) <= np.maximum(np.abs(tiles), np.abs(plain)) * 2.0 ** -7).all()
