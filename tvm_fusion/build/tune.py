@@ -33,6 +33,10 @@ from tvm_fusion.schedules.llvm.conv2d_dpbf16 import runs_dot_products
 
 __all__ = ["KernelTuning", "TuneOptions", "TuneReport", "check_options", "parse_rpc", "tune_fused"]
 
+#: kernels whose stage is a hand-written loop nest of instructions (no TE compute to schedule): not tuned
+HAND_WRITTEN = ((runs_on_tiles, "AMX tiles: a hand-written loop nest of tile instructions"),
+                (runs_dot_products, "AVX512-BF16: a hand-written loop nest of dot-product instructions"))
+
 CHOICES_FILE = "tvm_fusion_choices.json"
 #: side-by-side rounds of (hand, tuned) when choosing between them; each round is one runner measurement
 COMPARE_ROUNDS = 3
@@ -358,11 +362,9 @@ def tune_fused(mod, plain: dict, target, options: TuneOptions):
     choices = _Choices(db_dir, target)
     plain = _selected(plain, options.kernels)
     skipped = {name: "a symbolic dim: MetaSchedule measures fixed shapes" for name, f in plain.items() if _symbolic(f)}
-    skipped.update({name: "AMX tiles: a hand-written loop nest of tile instructions, not a compute MetaSchedule "
-                          "schedules" for name, f in plain.items() if name not in skipped and runs_on_tiles(f)})
-    skipped.update({name: "AVX512-BF16: a hand-written loop nest of dot-product instructions, not a compute "
-                          "MetaSchedule schedules" for name, f in plain.items()
-                    if name not in skipped and runs_dot_products(f)})
+    for runs_on, what in HAND_WRITTEN:
+        skipped.update({name: f"{what}, not a compute MetaSchedule schedules" for name, f in plain.items()
+                        if name not in skipped and runs_on(f)})
     workloads = {name: _workload(f) for name, f in sorted(plain.items()) if name not in skipped}
     keys = {name: f"{_tvm.structural_hash(w):016x}" for name, w in workloads.items()}
     had = {name: (choices.get(keys[name]) or {}).get("trials", 0) for name in workloads}

@@ -35,7 +35,8 @@ from tvm_fusion._tvm import tvmscript as T
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.blocks import ceil_to, optional_block
 from tvm_fusion.schedules.llvm.pair_planes import (
-    LANES, TASK_CHANNELS, Planes, Tasks, epilogue_macro, kernel_stage, pack_stage, planes, schedule_pack)
+    LANES, TASK_CHANNELS, Planes, Tasks, as_pairs, epilogue_macro, half_bits, kernel_stage, pack_stage, pair_bits,
+    planes, schedule_pack, vector)
 
 DOT_BLOCK = "dpbf16"
 DOT = "tvm_fusion_dpbf16ps"
@@ -74,15 +75,22 @@ def runs_dot_products(func) -> bool:
     return optional_block(Schedule(tvm.IRModule({"main": func})), DOT_BLOCK) is not None
 
 
+def target_reason(dtype, target) -> str | None:
+    """Why `target` does not run `dtype` products on AVX512-BF16 (None: it does); the conv and dense kernels'."""
+    if not cpu_facts(target).avx512_bf16:
+        return "the target has no AVX512-BF16 dot products (avx512bf16)"
+    if str(dtype) != "bfloat16":
+        return f"AVX512-BF16 takes bfloat16 products; this one is {dtype}"
+    return None
+
+
 def why_not(w_dtype, groups: int, batch, target) -> str | None:
     """Why the conv does not run on AVX512-BF16 dot products for `target` (None: it does)."""
-    facts = cpu_facts(target)
-    if facts.amx_bf16:
+    if cpu_facts(target).amx_bf16:
         return "the target has AMX tiles, which take bfloat16 convs (conv2d_amx)"
-    if not facts.avx512_bf16:
-        return "the target has no AVX512-BF16 dot products (avx512bf16)"
-    if str(w_dtype) != "bfloat16":
-        return f"AVX512-BF16 takes bfloat16 products; this one is {w_dtype}"
+    reason = target_reason(w_dtype, target)
+    if reason:
+        return reason
     if groups != 1:
         return f"the AVX512-BF16 conv takes groups 1, not {groups}"
     if not isinstance(batch, (int, tirx.IntImm)):
@@ -102,8 +110,7 @@ def pack_dpbf16(w: np.ndarray) -> np.ndarray:
     op, cp = ceil_to(cout, TASK_CHANNELS), ceil_to(cin, 2)
     padded = np.zeros((op, cp, kh, kw), w.dtype)
     padded[:cout, :cin] = w
-    pairs = padded.reshape(op // TASK_CHANNELS, TASK_CHANNELS, cp // 2, 2, kh, kw).transpose(0, 4, 5, 2, 1, 3)
-    return np.ascontiguousarray(pairs).view(np.uint16).view(np.uint32)[..., 0]
+    return as_pairs(padded.reshape(op // TASK_CHANNELS, TASK_CHANNELS, cp // 2, 2, kh, kw).transpose(0, 4, 5, 2, 1, 3))
 
 
 def _weight_stage(w):
@@ -114,11 +121,9 @@ def _weight_stage(w):
         oc = t * TASK_CHANNELS + o
 
         def bits(c):
-            read = w[tirx.min(oc, cout - 1), tirx.min(c, cin - 1), r, s]
-            return tirx.if_then_else(tirx.all(oc < cout, c < cin), tirx.reinterpret("uint16", read).astype("uint32"),
-                                     tirx.const(0, "uint32"))
+            return half_bits(w[tirx.min(oc, cout - 1), tirx.min(c, cin - 1), r, s], tirx.all(oc < cout, c < cin))
 
-        return bits(2 * k) | (bits(2 * k + 1) << tirx.const(16, "uint32"))
+        return pair_bits(bits, k)
 
     shape = (ceil_to(cout, TASK_CHANNELS) // TASK_CHANNELS, kh, kw, -(-cin // 2), TASK_CHANNELS)
     return te.compute(shape, packed, name="weight")
@@ -162,9 +167,7 @@ def _dot_body(xb, wb, out, value, *, n, kh, strides, dilation, cout, geo: Planes
     rows, cols, block = tasks.rows, tasks.pixels, tile.pixels
     oc, vectors = tile.oc, tile.vectors
     epilogue = epilogue_macro(out, value, cout, geo)
-
-    def lanes(start):
-        return T.ramp(start, 1, LANES)
+    lanes = vector
 
     @T.prim_func(private=True, check_well_formed=False, s_tir=True)
     def dots():

@@ -20,11 +20,10 @@ import numpy as np
 
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion._tvm import tvmscript as T
-from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.dense import dense_value
 from tvm_fusion.schedules.llvm.blocks import ceil_to, loop_extent, optional_block
-from tvm_fusion.schedules.llvm.conv2d_dpbf16 import DOT, DOT_BLOCK, DOT_LL
-from tvm_fusion.schedules.llvm.pair_planes import LANES
+from tvm_fusion.schedules.llvm.conv2d_dpbf16 import DOT, DOT_BLOCK, DOT_LL, target_reason
+from tvm_fusion.schedules.llvm.pair_planes import LANES, as_pairs, half_bits, pair_bits, vector
 
 COLS = 4 * LANES  # output columns of a task: 4 vectors
 ROWS = 6  # rows of x per task: 6 x 4 = 24 accumulators, 4 W vectors and a broadcast in the 32 zmm registers
@@ -32,10 +31,9 @@ ROWS = 6  # rows of x per task: 6 x 4 = 24 accumulators, 4 W vectors and a broad
 
 def why_not(w_dtype, m, target) -> str | None:
     """Why the dense does not run on AVX512-BF16 dot products for `target` (None: it does)."""
-    if not cpu_facts(target).avx512_bf16:
-        return "the target has no AVX512-BF16 dot products (avx512bf16)"
-    if str(w_dtype) != "bfloat16":
-        return f"AVX512-BF16 takes bfloat16 products; this one is {w_dtype}"
+    reason = target_reason(w_dtype, target)
+    if reason:
+        return reason
     if not isinstance(m, (int, tirx.IntImm)):
         return "the AVX512-BF16 dense plans its tasks for a static number of rows"
     return None
@@ -53,12 +51,7 @@ def pack_dpbf16_dense(w: np.ndarray) -> np.ndarray:
     kp, np_ = ceil_to(k, 2), ceil_to(n, COLS)
     padded = np.zeros((kp, np_), w.dtype)
     padded[:k, :n] = w
-    pairs = padded.reshape(kp // 2, 2, np_ // COLS, COLS).transpose(2, 0, 3, 1)
-    return np.ascontiguousarray(pairs).view(np.uint16).view(np.uint32)[..., 0]
-
-
-def _bits(read, inside):
-    return tirx.if_then_else(inside, tirx.reinterpret("uint16", read).astype("uint32"), tirx.const(0, "uint32"))
+    return as_pairs(padded.reshape(kp // 2, 2, np_ // COLS, COLS).transpose(2, 0, 3, 1))
 
 
 def _weight_stage(w):
@@ -69,9 +62,9 @@ def _weight_stage(w):
         col = t * COLS + j
 
         def bits(r):
-            return _bits(w[tirx.min(r, k - 1), tirx.min(col, n - 1)], tirx.all(r < k, col < n))
+            return half_bits(w[tirx.min(r, k - 1), tirx.min(col, n - 1)], tirx.all(r < k, col < n))
 
-        return bits(2 * p) | (bits(2 * p + 1) << tirx.const(16, "uint32"))
+        return pair_bits(bits, p)
 
     return te.compute((ceil_to(n, COLS) // COLS, -(-k // 2), COLS), packed, name="weight")
 
@@ -89,9 +82,9 @@ def dense_dpbf16(x, w, b, *, activation=None, activation_params=None, target=Non
 
     def packed(i, p):
         def bits(c):
-            return _bits(x[tirx.min(i, m - 1), tirx.min(c, k - 1)], tirx.all(i < m, c < k))
+            return half_bits(x[tirx.min(i, m - 1), tirx.min(c, k - 1)], tirx.all(i < m, c < k))
 
-        return bits(2 * p) | (bits(2 * p + 1) << tirx.const(16, "uint32"))
+        return pair_bits(bits, p)
 
     pack = te.compute((rows, pairs), packed, name="pack")
     out_dtype = str(x.dtype)
@@ -111,9 +104,7 @@ def _dot_body(xb, wb, out, value, *, m, n, rows, tile_rows, nt, pairs):
     """The `dpbf16` stage's statement: a task's `tile_rows` x COLS accumulators in registers over all of K."""
     blocks = rows // tile_rows
     vectors = COLS // LANES
-
-    def lanes(start):
-        return T.ramp(start, 1, LANES)
+    lanes = vector
 
     @T.prim_func(private=True, check_well_formed=False, s_tir=True)
     def dots():

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from tvm_fusion._tvm import te, tirx
 from tvm_fusion._tvm import tvmscript as T
 from tvm_fusion.schedules.conv2d import affine_value, conv2d_out_size
@@ -69,6 +71,27 @@ def planes(x_shape, kh: int, kw: int, strides, padding, dilation, fold: bool, ov
     return Planes(hout, wout, na, nb, plane_w, plane_h, taps_w)
 
 
+def half_bits(read, inside):
+    """A bfloat16 value's bits as uint32 (the low half), 0 where not `inside`."""
+    return tirx.if_then_else(inside, tirx.reinterpret("uint16", read).astype("uint32"), tirx.const(0, "uint32"))
+
+
+def pair_bits(bits, k2):
+    """Pair k2 as one uint32: `bits(2 k2)` in the low half, `bits(2 k2 + 1)` in the high half (`half_bits` of
+    each), the order both instructions read a pair in."""
+    return bits(k2 * 2) | (bits(k2 * 2 + 1) << tirx.const(16, "uint32"))
+
+
+def as_pairs(a: np.ndarray) -> np.ndarray:
+    """A bfloat16 array whose last axis holds pairs (size 2) as uint32, the first of each pair the low half."""
+    return np.ascontiguousarray(a).view(np.uint16).view(np.uint32)[..., 0]
+
+
+def vector(start):
+    """The LANES consecutive indices from `start` (a ramp: one vector load or store)."""
+    return T.ramp(start, 1, LANES)
+
+
 def pack_stage(x, geo: Planes, pairs: int, kw: int, strides, padding, dilation, fold: bool):
     """The `pack` stage: x [N, C, H, W] (bfloat16) as `pairs` channel pairs (zeros past C), uint32."""
     n, cin, hin, win = (int(d) for d in x.shape)
@@ -85,12 +108,10 @@ def pack_stage(x, geo: Planes, pairs: int, kw: int, strides, padding, dilation, 
             if fold or cin % 2:
                 inside = tirx.all(inside, k < (cin * kw if fold else cin))
             # the row clamped into x (the vector of columns reads one row; `inside` drops what is outside)
-            read = x[i, tirx.min(c, cin - 1), tirx.max(tirx.min(hh, hin - 1), 0),
-                     tirx.max(tirx.min(ww, win - 1), 0) if fold else ww]
-            return tirx.if_then_else(inside, tirx.reinterpret("uint16", read).astype("uint32"),
-                                     tirx.const(0, "uint32"))
+            return half_bits(x[i, tirx.min(c, cin - 1), tirx.max(tirx.min(hh, hin - 1), 0),
+                               tirx.max(tirx.min(ww, win - 1), 0) if fold else ww], inside)
 
-        return bits(k2 * 2) | (bits(k2 * 2 + 1) << tirx.const(16, "uint32"))
+        return pair_bits(bits, k2)
 
     return te.compute((n, geo.phases, pairs, geo.plane_h, geo.plane_w), packed, name="pack")
 
