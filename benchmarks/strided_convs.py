@@ -11,24 +11,27 @@ thread, CPU time, interleaved in one process; or (`--copies`) what each conv ker
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_3x3_256 --before avx512_nchw
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_3x3_512 --before four_vectors
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_3x3_512 --before reduction_chunks --evict 1024
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py vgg19_stem yolo_3_16 --before channel_epilogue
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py vgg19_3x3_64_224 --before copy_rows
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py --copies        # ResNet-50's input copies
 
 Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the llvm compute and schedule,
 `conv2d_test._packed_build`), once with the current rules and once with the rule `--before` names undone
-(BEFORE: "subsample", the default: strided 1x1 convs keep their strided tile, `subsampled_pixels` off;
-"nchw": every tiled conv's input copied channels-last, STRIDED_NCHW_MACS = -1; "flat_taps": stride-1 convs
-with a larger kernel keep their rows of tiles, `flat_taps` off; "copy_rows": a flat 1x1 conv's channels-last
-input copied a whole channel row per pixel, not in blocks of COPY_CHANNELS; "tap_rows": a flat conv's kernel
-columns and input channels reduced in two loops, not one; "chunks": the pointwise kernel's output channels in
-chunks of CHUNK_BYTES of weights only, CHUNK_INPUT_FRACTION 0; "avx512": AVX-512 with the default step
-cost (none of TILED_STEP_COSTS["avx512"]: no `pixel_vectors` / `channel_depthwise`, NCHW, four channel
-vectors); "avx512_nchw": AVX-512's W packed [oc block, C, KH, KW, B] and its input NCHW, not `taps_first`;
-"four_vectors": AVX-512 tiles of up to four channel vectors with panels of PANEL_BYTES, not two of
-AVX512_PANEL_BYTES; "shared_taps": stride-1 depthwise tiles of up to `max_accumulators`
-with their taps rolled, not `RowTile.shared_taps`; "rolled_epilogue": the pointwise kernel's epilogue rows
-unrolled whatever the activation, not rolled past HEAVY_EPILOGUE_NODES; "reduction_chunks": AVX-512 tiled
-convs run their whole reduction per tile, `reduction_chunk` off), and onnxruntime runs Conv + the activation
-as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the medians of
+(BEFORE: "subsample", the default: strided 1x1 convs keep their strided tile, `subsampled_pixels` off; "nchw":
+every tiled conv's input copied channels-last, STRIDED_NCHW_MACS = -1; "flat_taps": stride-1 convs with a larger
+kernel keep their rows of tiles, `flat_taps` off; "copy_rows": a conv's channels-last input copied a whole
+channel row per pixel, not in blocks of COPY_CHANNELS (flat 1x1 convs) or of the vector's lanes; "tap_rows": a
+flat conv's kernel columns and input channels reduced in two loops, not one; "chunks": the pointwise kernel's
+output channels in chunks of CHUNK_BYTES of weights only, CHUNK_INPUT_FRACTION 0; "avx512": AVX-512 with the
+default step cost (none of TILED_STEP_COSTS["avx512"]: no `pixel_vectors` / `channel_depthwise`, NCHW, four
+channel vectors); "avx512_nchw": AVX-512's W packed [oc block, C, KH, KW, B] and its input NCHW, not
+`taps_first`; "four_vectors": AVX-512 tiles of up to four channel vectors with panels of PANEL_BYTES, not two of
+AVX512_PANEL_BYTES; "shared_taps": stride-1 depthwise tiles of up to `max_accumulators` with their taps rolled,
+not `RowTile.shared_taps`; "rolled_epilogue": the pointwise kernel's epilogue rows unrolled whatever the
+activation, not rolled past HEAVY_EPILOGUE_NODES; "reduction_chunks": AVX-512 tiled convs run their whole
+reduction per tile, `reduction_chunk` off; "channel_epilogue": AVX-512 tiles whose columns are not whole vectors
+run their epilogue over channel vectors, `StepCost.column_epilogue_share` 0), and onnxruntime runs Conv + the
+activation as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the medians of
 `--rounds` blocks of about 100 ms each, and whether the two builds agree bit for bit. `--evict MB` times
 single calls instead, each after writing MB MiB, so that the weights come from L3 (8) or memory (1024), as
 in a model whose weights do not stay in cache (the wall time of the call; 10 x `--rounds` calls each).
@@ -87,6 +90,10 @@ SHAPES = {
     "resnet50_3x3_128": (1, 128, 28, 28, 128, 3, 1, 1),
     "resnet50_3x3_256": (1, 256, 14, 14, 256, 3, 1, 1),
     "resnet50_3x3_512": (1, 512, 7, 7, 512, 3, 1, 1),
+    "vgg19_stem": (1, 3, 224, 224, 64, 3, 1, 1),
+    "stem_111": (1, 3, 222, 222, 64, 3, 2, 1),  # 111 output columns
+    "vgg19_3x3_64_224": (1, 64, 224, 224, 64, 3, 1, 1),
+    "vgg19_3x3_128_112": (1, 128, 112, 112, 128, 3, 1, 1),
     "vgg19_3x3_256": (1, 256, 56, 56, 256, 3, 1, 1),
     "vgg19_3x3_512_28": (1, 512, 28, 28, 512, 3, 1, 1),
     "vgg19_3x3_512_14": (1, 512, 14, 14, 512, 3, 1, 1),
@@ -165,14 +172,15 @@ _SCHEDULE_PAD = llvm_conv._schedule_pad
 _SCHEDULE_FLAT = llvm_conv._schedule_flat
 
 
-def _copy_whole_rows(sch, pad, channels_last: bool = False, flat: bool = False):
-    """`_schedule_pad` as it was before COPY_CHANNELS: each pixel's whole channel row copied in one scalar loop."""
-    if not (channels_last and flat):
-        return _SCHEDULE_PAD(sch, pad, channels_last, flat)
+def _copy_whole_rows(sch, pad, lanes: int, channels_last: bool = False, flat: bool = False):
+    """`_schedule_pad` as it was before its blocks of channels: each pixel's whole channel row copied in one scalar
+    loop."""
+    if not channels_last:
+        return _SCHEDULE_PAD(sch, pad, lanes, channels_last, flat)
     n, c, h, w = sch.get_loops(pad)
     sch.transform_layout(pad, ("write", 0), lambda n_, c_, h_, w_: (n_, h_, w_, c_))
     sch.reorder(n, h, w, c)
-    sch.parallel(sch.fuse(n, h, w))
+    sch.parallel(sch.fuse(n, h, w) if flat else sch.fuse(n, h))
 
 
 def _rolled_taps_row_tile(hout, wout, facts, strided=False):
@@ -204,7 +212,9 @@ BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
           "four_vectors": {"TILED_STEP_COSTS": {**llvm_conv.TILED_STEP_COSTS, "avx512": replace(
               llvm_conv.TILED_STEP_COSTS["avx512"], panel_bytes=llvm_conv.PANEL_BYTES, max_oc_vectors=4)}},
           "reduction_chunks": {"TILED_STEP_COSTS": {**llvm_conv.TILED_STEP_COSTS, "avx512": replace(
-              llvm_conv.TILED_STEP_COSTS["avx512"], chunked_reduction=False)}}}
+              llvm_conv.TILED_STEP_COSTS["avx512"], chunked_reduction=False)}},
+          "channel_epilogue": {"TILED_STEP_COSTS": {**llvm_conv.TILED_STEP_COSTS, "avx512": replace(
+              llvm_conv.TILED_STEP_COSTS["avx512"], column_epilogue_share=0.0)}}}
 
 
 def _owner(name: str):
@@ -278,7 +288,7 @@ def _copy_kernel(case, target):
         sch.parallel(sch.fuse(n, po))
         sch.vectorize(pi)
     else:
-        llvm_conv._schedule_pad(sch, block, channels_last=llvm_conv.channels_last_input(
+        llvm_conv._schedule_pad(sch, block, facts.float32_lanes, channels_last=llvm_conv.channels_last_input(
             plan.kernel, case["c"], case["oc"], k, k, stride, facts), flat=plan.flat and k == 1)
     func = sch.mod["main"].with_attr("global_symbol", "main")
     kernel = tvm.compile(tvm.IRModule({"main": func}), target)["main"]

@@ -4,6 +4,7 @@ grid of kernels, strides, paddings, dilations, groups, odd channel counts, batch
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 import re
 
 import numpy as np
@@ -17,11 +18,12 @@ from tvm_fusion.schedules.conv2d import conv2d_out_size, pack_channel_blocks
 from tvm_fusion.schedules.dense import dense_affine
 from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.schedules.llvm.conv2d import (COPY_CHANNELS, FLAT_COPY_CHANNELS, FLOAT_BYTES, STRIDED_NCHW_CHANNELS,
-                                              STRIDED_NCHW_MACS, TILED_STEP_COSTS,
-                                              channel_depthwise, channels_last_input, choose_tile, conv2d_llvm, conv_plan, flat_pixels, max_accumulators, pack_conv, schedule_conv2d_llvm,
-                                              flat_taps, one_row_pixels, packs_taps_first, shared_tap_accumulators, step_cost,
-                                              subsampled_pixels, tiled_accumulators,
-                                              plan_of)
+                                              STRIDED_NCHW_MACS, TILED_STEP_COSTS, ConvTile, channel_depthwise,
+                                              channels_last_input, choose_tile, column_epilogue, conv2d_llvm,
+                                              conv_plan, flat_pixels, flat_taps, max_accumulators, one_row_pixels,
+                                              pack_conv, packs_taps_first, plan_of, schedule_conv2d_llvm,
+                                              shared_tap_accumulators, step_cost, subsampled_pixels,
+                                              tiled_accumulators)
 from tvm_fusion.schedules.llvm.blocks import ceil_to
 from tvm_fusion.schedules.conv2d import ConvPadding
 from tvm_fusion.schedules.llvm.conv2d_pointwise import grouped_pointwise
@@ -648,6 +650,103 @@ def test_silu_epilogue_runs_in_channel_vectors_when_columns_are_not_whole_vector
     assert_close(got, (conv / (1 + np.exp(-conv))).astype("float32"), _id(case))
     columns, _, column_arrays, _, _ = _column_epilogue_build(case, target, "silu")
     np.testing.assert_array_equal(got, _run(columns, column_arrays, out_shape))
+
+
+# ---------------------------------------------------------------- epilogues along exact columns
+
+
+def test_column_epilogue_takes_at_least_half_a_vector_of_exact_columns():
+    """AVX-512 tiles whose columns are all real run their epilogue along the columns from half a vector of
+    them (`StepCost.column_epilogue_share`); AVX2 ones only where the columns are whole vectors (10 columns
+    with SiLU lost there)."""
+    avx512, avx2 = (step_cost(cpu_facts(TILE_TARGETS[name])) for name in ("avx512", "avx2"))
+    for cols in (8, 11, 14, 20, 28, 32):
+        assert column_epilogue(ConvTile(2, 1, cols, 16), avx512), cols
+    for cols in (3, 7):
+        assert not column_epilogue(ConvTile(2, 1, cols, 16), avx512), cols
+    assert not column_epilogue(ConvTile(1, 1, 10, 8), avx2) and column_epilogue(ConvTile(2, 1, 16, 8), avx2)
+
+
+#: tiles of exact columns that are not whole vectors (AVX-512: 14, 20, 11, 28 columns; AVX2 planned as
+#: AVX-512: 4, 5, 11, 4): VGG19's 3 -> 64 stem on a small image, YOLOv8n's 3x3/2 stem, a strided stem with
+#: 11 output columns, a 24 -> 48 conv
+COLUMN_EPILOGUE_CASES = [
+    dict(n=2, c=3, h=12, w=28, oc=64, k=3, stride=1, pad=1),
+    dict(n=1, c=3, h=40, w=40, oc=16, k=3, stride=2, pad=1),
+    dict(n=1, c=3, h=12, w=22, oc=64, k=3, stride=2, pad=1),
+    dict(n=1, c=24, h=8, w=28, oc=48, k=3, stride=1, pad=1),
+]
+
+
+def _avx512_or_planned_as_it(name, monkeypatch):
+    """The AVX-512 target, or AVX2 planned as AVX-512 is (`_chunked_target`'s)."""
+    return TILE_TARGETS["avx512"] if name == "avx512" else _chunked_target(name, monkeypatch)
+
+
+@pytest.mark.parametrize("epilogue", ["relu", "silu", "residual"])
+@pytest.mark.parametrize("target_name", ["avx512", pytest.param("avx2", marks=NO_AVX2)])
+@pytest.mark.parametrize("case", COLUMN_EPILOGUE_CASES, ids=_id)
+def test_exact_column_tiles_store_rows_of_columns(case, target_name, epilogue, monkeypatch):
+    """A tile whose columns are all real but not whole vectors (`column_epilogue`) runs its epilogue with its
+    channels unrolled and its columns as one (partial) vector: one store per channel row. Bit-identical to
+    the epilogue over channel vectors (the same arithmetic per element; SiLU's fast vector form in both),
+    and with ReLU / a residual element-wise against float64 numpy, where the host runs the target's code."""
+    import tvm_fusion.schedules.llvm.conv2d as llvm_conv
+
+    target = _avx512_or_planned_as_it(target_name, monkeypatch)
+    activation, residual = ("relu", True) if epilogue == "residual" else (epilogue, False)
+    executable, func, arrays, out_shape, reference = _packed_build(case, target, activation=activation,
+                                                                    residual=residual)
+    plan = plan_of((case["n"], case["c"], case["h"], case["w"]), case["oc"], (case["c"], 3, 3), (case["stride"],) * 2,
+                   (case["pad"],) * 4, (1, 1), 1, cpu_facts(target))
+    tile = plan.tile
+    assert plan.kernel == "tiled" and not plan.flat and not plan.chunk and plan.padding.cols == out_shape[3], plan
+    assert tile.cols % tile.lanes and column_epilogue(tile, step_cost(cpu_facts(target))), tile
+    script = func.script()
+    loop = re.search(r"for (\w+) in T\.vectorized\((\d+)\):\n\s+with T\.sblock\(\"epilogue\"\)", script)
+    assert loop is not None and int(loop.group(2)) == tile.cols, script
+    bindings = _epilogue_bindings(script, loop.end())
+    assert re.search(rf"\b{loop.group(1)}\b", bindings["v_ww"]), f"a vector loop over the columns: {bindings}"
+    assert not re.search(rf"\b{loop.group(1)}\b", bindings["v_o"]), bindings
+    if not _runs_here(target):
+        return
+    got = _run(executable, arrays, out_shape)
+    if activation == "relu":
+        assert_close(got, reference, f"{target_name} {_id(case)}")
+    costs = {isa: replace(cost, column_epilogue_share=0.0) for isa, cost in llvm_conv.TILED_STEP_COSTS.items()}
+    monkeypatch.setattr(llvm_conv, "TILED_STEP_COSTS", costs)
+    vectors, vector_func, vector_arrays, _, _ = _packed_build(case, target, activation=activation, residual=residual)
+    before = re.search(r"T\.vectorized\((\d+)\):\n\s+with T\.sblock\(\"epilogue\"\)", vector_func.script())
+    assert before.group(1) != str(tile.cols), "the kernel before: channel vectors"
+    np.testing.assert_array_equal(got, _run(vectors, vector_arrays, out_shape))
+
+
+#: convs whose padded input is copied channels-last: 64, 24 and 3 input channels (blocks of 16 / 8, 12 / 8,
+#: 3 / 3), stride 1 and 2
+PAD_COPY_CASES = [
+    dict(n=1, c=64, h=16, w=28, oc=64, k=3, stride=1, pad=1),
+    dict(n=2, c=24, h=9, w=13, oc=32, k=3, stride=1, pad=1),
+    dict(n=1, c=3, h=12, w=28, oc=64, k=3, stride=1, pad=1),
+    dict(n=1, c=128, h=14, w=14, oc=128, k=3, stride=2, pad=1),
+]
+
+
+@pytest.mark.parametrize("target_name", ["avx512", pytest.param("avx2", marks=NO_AVX2)])
+@pytest.mark.parametrize("case", PAD_COPY_CASES, ids=_id)
+def test_channels_last_input_copies_write_vectors_of_channels(case, target_name):
+    """A conv's padded channels-last input copy (`_schedule_pad`) writes each image row in blocks of the
+    largest divisor of the channels up to the target's float32 lanes, one vector per pixel (a pixel's whole
+    channel row at once reads a line of every plane, and planes a multiple of 4 KiB apart share one L1 set);
+    element-wise against float64 numpy where the host runs the target's code."""
+    target = TILE_TARGETS[target_name]
+    lanes = cpu_facts(target).float32_lanes
+    executable, func, arrays, out_shape, reference = _packed_build(case, target)
+    assert channels_last_input("tiled", case["c"], case["oc"], 3, 3, (case["stride"],) * 2, cpu_facts(target))
+    block = max(d for d in range(1, lanes + 1) if case["c"] % d == 0)
+    pad = func.script().split('T.sblock("pad")')[0].rsplit("for ", 1)[-1]  # the copy's innermost loop
+    assert f"T.vectorized({block})" in pad, pad
+    if _runs_here(target):
+        assert_close(_run(executable, arrays, out_shape), reference, f"{target_name} {_id(case)}")
 
 
 #: strided depthwise convs: 3x3 and 5x5 stride 2, odd sizes, padded, unpadded and asymmetric, batch 2, 64 or 24
