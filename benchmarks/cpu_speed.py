@@ -10,6 +10,7 @@ the fly and cached).
     python benchmarks/cpu_speed.py --models mobilenetv2_ts13,resnet_stem_ts17 --threads 1 --modes unfused,tvm,fused
     python benchmarks/cpu_speed.py --models resnet50 --threads 1,2 --clock both --modes fused,no-chunks
     python benchmarks/cpu_speed.py --models resnet50,vgg19 --threads 1 --clock cpu --modes fused,nchw
+    python benchmarks/cpu_speed.py --models vgg19,inception_v2 --threads 1,2 --clock both --modes fused,no-winograd
     python benchmarks/cpu_speed.py --models resnet50 --threads 1,2 --modes fused,bf16      # bfloat16 (AMX)
 
 For each model (tvm_fusion.examples with seeded weights, and tests/zoo through the simplifier, on the
@@ -188,6 +189,9 @@ NO_CROSS = "no-cross"
 #: a benchmark-only build: fused with the tiled convs' whole reduction per tile of pixels, their reduction
 #: chunks (`schedules/llvm/conv2d.reduction_chunk`) off
 NO_CHUNKS = "no-chunks"
+#: a benchmark-only build: fused with the 3x3 stride-1 convs on the direct kernel, the Winograd conv
+#: (`schedules/llvm/conv2d_winograd.py`) off
+NO_WINOGRAD = "no-winograd"
 #: a benchmark-only build: fused with every kernel's tensors in NCHW, no conv chain in NCHW[x]c
 #: (`fusion/chain_layout.py`)
 NCHW_ONLY = "nchw"
@@ -195,7 +199,7 @@ NCHW_ONLY = "nchw"
 #: fused; their error against onnxruntime's float32 model is reported, not judged (`compare --precision` judges
 #: a converted model, per group where the dtype cannot carry the whole model: ResNet-50 in bfloat16)
 HALF_MODES = ("bf16", "fp16")
-BENCH_MODES = (NO_CROSS, NO_CHUNKS, NCHW_ONLY, *HALF_MODES)
+BENCH_MODES = (NO_CROSS, NO_CHUNKS, NO_WINOGRAD, NCHW_ONLY, *HALF_MODES)
 
 
 @contextlib.contextmanager
@@ -211,6 +215,19 @@ def reduction_chunks_off():
         yield
     finally:
         conv2d.TILED_STEP_COSTS = keep
+
+
+@contextlib.contextmanager
+def winograd_off():
+    """The llvm conv plans without the Winograd conv while the block runs."""
+    from tvm_fusion.schedules.llvm import conv2d_winograd
+
+    keep = conv2d_winograd.WINOGRAD_ISAS
+    conv2d_winograd.WINOGRAD_ISAS = ()
+    try:
+        yield
+    finally:
+        conv2d_winograd.WINOGRAD_ISAS = keep
 
 
 def cross_layer_off():
@@ -232,6 +249,9 @@ def _builds(mod, target, modes, args, ref, dev) -> tuple[dict, dict, list, list]
             built = build(mod, target, "fused", rules=cross_layer_off())
         elif mode == NO_CHUNKS:
             with reduction_chunks_off():
+                built = build(mod, target, "fused")
+        elif mode == NO_WINOGRAD:
+            with winograd_off():
                 built = build(mod, target, "fused")
         elif mode == NCHW_ONLY:
             built = build(mod, target, "fused", blocked_layout=False)
@@ -338,7 +358,8 @@ def main(argv=None) -> int:
                     help="builds to time, comma separated, fused among them: fused (default), unfused (one kernel "
                          "per op), tvm (TVM's own FuseOps), no-cross (fused without the cross-layer rules: their "
                          "groups as two kernels), no-chunks (fused, the tiled convs' reductions in one pass per "
-                         "tile), nchw (fused, no conv chain in NCHW[x]c), bf16 / fp16 (the model converted, then fused: "
+                         "tile), no-winograd (fused, 3x3 convs on the direct kernel), nchw (fused, no conv chain "
+                         "in NCHW[x]c), bf16 / fp16 (the model converted, then fused: "
                          "AMX tiles for its convs where the CPU has them); more than fused prints one column of each")
     ap.add_argument("--busy", type=int, default=0,
                     help="other processes spinning on the cores while timing (a shared host)")

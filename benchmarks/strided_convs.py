@@ -13,6 +13,7 @@ thread, CPU time, interleaved in one process; or (`--copies`) what each conv ker
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py resnet50_3x3_512 --before reduction_chunks --evict 1024
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py vgg19_stem yolo_3_16 --before channel_epilogue
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py vgg19_3x3_64_224 --before copy_rows
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py vgg19_3x3_256 resnet50_3x3_512 --before winograd
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/strided_convs.py --copies        # ResNet-50's input copies
 
 Each shape is built the way fuse builds it on llvm (W packed by pack_conv, the llvm compute and schedule,
@@ -30,7 +31,8 @@ AVX512_PANEL_BYTES; "shared_taps": stride-1 depthwise tiles of up to `max_accumu
 not `RowTile.shared_taps`; "rolled_epilogue": the pointwise kernel's epilogue rows unrolled whatever the
 activation, not rolled past HEAVY_EPILOGUE_NODES; "reduction_chunks": AVX-512 tiled convs run their whole
 reduction per tile, `reduction_chunk` off; "channel_epilogue": AVX-512 tiles whose columns are not whole vectors
-run their epilogue over channel vectors, `StepCost.column_epilogue_share` 0), and onnxruntime runs Conv + the
+run their epilogue over channel vectors, `StepCost.column_epilogue_share` 0; "winograd": 3x3 stride-1 convs
+take the direct kernel, not `conv2d_winograd`), and onnxruntime runs Conv + the
 activation as a one-node model (intra_op_num_threads=1; its session.run overhead included). Prints the medians of
 `--rounds` blocks of about 100 ms each, and whether the two builds agree bit for bit. `--evict MB` times
 single calls instead, each after writing MB MiB, so that the weights come from L3 (8) or memory (1024), as
@@ -213,6 +215,7 @@ BEFORE = {"subsample": {"subsampled_pixels": lambda *args, **kwargs: False},
               llvm_conv.TILED_STEP_COSTS["avx512"], panel_bytes=llvm_conv.PANEL_BYTES, max_oc_vectors=4)}},
           "reduction_chunks": {"TILED_STEP_COSTS": {**llvm_conv.TILED_STEP_COSTS, "avx512": replace(
               llvm_conv.TILED_STEP_COSTS["avx512"], chunked_reduction=False)}},
+          "winograd": {"winograd.WINOGRAD_ISAS": ()},
           "channel_epilogue": {"TILED_STEP_COSTS": {**llvm_conv.TILED_STEP_COSTS, "avx512": replace(
               llvm_conv.TILED_STEP_COSTS["avx512"], column_epilogue_share=0.0)}}}
 

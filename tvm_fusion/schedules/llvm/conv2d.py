@@ -61,6 +61,7 @@ from tvm_fusion.schedules.conv2d import (CONV_FAMILY, ConvOperands, ConvPadding,
 from tvm_fusion.schedules.llvm import conv2d_amx as amx
 from tvm_fusion.schedules.llvm import conv2d_dpbf16 as dpbf16
 from tvm_fusion.schedules.llvm import conv2d_pointwise as pointwise
+from tvm_fusion.schedules.llvm import conv2d_winograd as winograd
 from tvm_fusion.schedules.llvm.blocks import ceil_to, loop_extent, optional_block, vectorize_own_inner_loop
 from tvm_fusion.schedules.llvm.conv2d_pointwise import (PixelTile, VectorRows, padded_channels, padded_pixels,
                                                         pixel_tiles, schedule_pointwise)
@@ -698,7 +699,8 @@ def _llvm_facts(target) -> CpuFacts:
 def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, fast_math=True, target=None,
                 **attrs):
     """The conv2d_affine compute over the output padded to `conv_plan`'s tile for `target`; a bfloat16 conv on
-    a target with AMX tiles: `conv2d_amx`; on one with AVX512-BF16 and no AMX: `conv2d_dpbf16`."""
+    a target with AMX tiles: `conv2d_amx`; on one with AVX512-BF16 and no AMX: `conv2d_dpbf16`; a W packed by
+    `pack_winograd` (`pack_conv`, where `conv2d_winograd.why_not` is None): `conv2d_winograd`."""
     cout = int(b.shape[0])  # W may be packed (pack_conv)
     facts = _llvm_facts(target)
     kw = {4: 3, 6: 2}.get(len(w.shape))  # OIHW, or packed by pack_amx
@@ -710,6 +712,8 @@ def conv2d_llvm(x, w, b, residual=None, *, strides, padding, dilation, groups, f
     if dpbf16.is_packed(w) or (len(w.shape) == 4 and dpbf16.why_not(w.dtype, groups, x.shape[0], target) is None):
         return dpbf16.conv2d_dpbf16(x, w, b, residual, strides=strides, padding=padding, dilation=dilation,
                                     **epilogue)
+    if winograd.is_packed(w, x):
+        return winograd.conv2d_winograd(x, w, b, residual, fast_math=fast_math, **epilogue)
     taps_first = step_cost(facts).taps_first
     taps = packed_taps(w.shape, taps_first)
     plan = plan_of(dims(x.shape), cout, taps, strides, padding, dilation, groups, facts)
@@ -744,7 +748,9 @@ def pack_conv(constants, attrs, shapes, target):
     """W [O, C/G, KH, KW]  ==>  Wp [O' / B, C/G, KH, KW, B] (`pack_channel_blocks`; B: the tile's output
     channels, O': the channels padded per group to the tile; [O' / B, KH, KW, C/G, B] where
     `packs_taps_first`), packed once at compile time so the kernel reads each reduction step's weights as one
-    vector per `lanes` channels; None for the depthwise and grouped "pixels" kernels, which read W as it is."""
+    vector per `lanes` channels; None for the depthwise and grouped "pixels" kernels, which read W as it is.
+    Bfloat16 convs on AMX / AVX512-BF16 and Winograd convs take their kernels' packings (`pack_amx`,
+    `pack_dpbf16`, `pack_winograd`)."""
     w, b = constants
     x_shape = ConvOperands.of(shapes).x
     cin, kw = int(x_shape[1]), int(w.shape[3])
@@ -752,6 +758,9 @@ def pack_conv(constants, attrs, shapes, target):
         return None if amx.folds(cin, kw) else [amx.pack_amx(w), b]  # a folded W is folded per call
     if dpbf16.why_not(w.dtype, attrs.get("groups", 1), x_shape[0], target) is None:
         return [dpbf16.pack_dpbf16(w), b]
+    if winograd.why_not(x_shape, w.shape, w.dtype, attrs["strides"], attrs["padding"], attrs["dilation"],
+                        attrs.get("groups", 1), target) is None:
+        return [winograd.pack_winograd(w), b]
     plan = plan_of(x_shape, int(w.shape[0]), w.shape[1:], attrs["strides"], attrs["padding"],
                    attrs["dilation"], attrs.get("groups", 1), cpu_facts(target))
     if plan.kernel not in ("tiled", "pointwise"):  # depthwise broadcasts W per tap; "pixels" reads OIHW
@@ -1049,6 +1058,8 @@ def schedule_conv2d_llvm(sch, attrs, target):
         return amx.schedule_amx(sch)
     if optional_block(sch, dpbf16.DOT_BLOCK) is not None:
         return dpbf16.schedule_dpbf16(sch)
+    if optional_block(sch, winograd.GEMM_BLOCK) is not None:
+        return winograd.schedule_winograd(sch, target)
     conv = sch.get_sblock("conv")
     epi = sch.get_sblock("epilogue")
     planned = scheduled_plan(sch, attrs, cpu_facts(target))

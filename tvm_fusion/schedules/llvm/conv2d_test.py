@@ -24,6 +24,7 @@ from tvm_fusion.schedules.llvm.conv2d import (COPY_CHANNELS, FLAT_COPY_CHANNELS,
                                               pack_conv, packs_taps_first, plan_of, schedule_conv2d_llvm,
                                               shared_tap_accumulators, step_cost, subsampled_pixels,
                                               tiled_accumulators)
+from tvm_fusion.schedules.llvm import conv2d_winograd as llvm_winograd
 from tvm_fusion.schedules.llvm.blocks import ceil_to
 from tvm_fusion.schedules.conv2d import ConvPadding
 from tvm_fusion.schedules.llvm.conv2d_pointwise import grouped_pointwise
@@ -373,10 +374,12 @@ NO_AVX2 = pytest.mark.skipif("avx2" not in (host_features() or ()), reason="this
 
 @pytest.mark.parametrize("target_name", ["host", pytest.param("avx2", marks=NO_AVX2)])
 @pytest.mark.parametrize("case", PACKED_CASES, ids=_id)
-def test_packed_weights_match_numpy(case, target_name):
+def test_packed_weights_match_numpy(case, target_name, monkeypatch):
     """Every tiled and pointwise conv reads W packed at compile time in its tile's channel blocks (no panel
     copy inside the kernel); depthwise and grouped 1x1 GEMMs over pixels (conv2d_pointwise) keep W as it is.
-    Numerics against float64 numpy, for the host's vector width and AVX2's."""
+    Numerics against float64 numpy, for the host's vector width and AVX2's (the 3x3 stride-1 convs on the
+    direct kernel: the Winograd conv, conv2d_winograd_test.py, off)."""
+    monkeypatch.setattr(llvm_winograd, "WINOGRAD_ISAS", ())
     target = PACK_TARGETS[target_name]
     executable, func, arrays, out_shape, reference = _packed_build(case, target)
     stride, pad = case.get("stride", 1), case.get("pad", 0)
@@ -1044,7 +1047,9 @@ def _chunked_target(name, monkeypatch):
 def test_chunked_convs_match_numpy(case, target_name, residual, monkeypatch):
     """A chunked conv zeroes its block's accumulators, then runs every tile of pixels per chunk (the chunk loops
     outside the tile loops) and matches float64 numpy, with and without a residual, where the host runs the
-    target's code (AVX-512 code elsewhere only compiles and is checked for its loop nest)."""
+    target's code (AVX-512 code elsewhere only compiles and is checked for its loop nest); the 3x3 stride-1 conv
+    on the direct kernel (the Winograd conv off)."""
+    monkeypatch.setattr(llvm_winograd, "WINOGRAD_ISAS", ())
     target = _chunked_target(target_name, monkeypatch)
     executable, func, arrays, out_shape, reference = _packed_build(case, target, residual=residual)
     plan = plan_of((case["n"], case["c"], case["h"], case["w"]), case["oc"], (case["c"], case["k"], case["k"]),

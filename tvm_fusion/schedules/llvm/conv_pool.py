@@ -31,6 +31,7 @@ from tvm_fusion.schedules.conv_pool import POOL_FAMILY, PoolWindow, pool_stage, 
 from tvm_fusion.schedules.llvm.blocks import optional_block
 from tvm_fusion.schedules.llvm.conv2d_amx import AMX_BLOCK
 from tvm_fusion.schedules.llvm.conv2d_dpbf16 import DOT_BLOCK
+from tvm_fusion.schedules.llvm.conv2d_winograd import GEMM_BLOCK
 from tvm_fusion.schedules.llvm.conv2d import (ConvPlan, conv2d_llvm, pack_conv, plan_of, schedule_conv2d_llvm,
                                              scheduled_plan)
 
@@ -117,9 +118,9 @@ def conv2d_pool_llvm(x, w, b, *, fast_math=True, target=None, **attrs):
 def schedule_conv2d_pool_llvm(sch, attrs, target):
     """The conv kernel's schedule, then the pool's loops merged into its parallel task loop: (image, block of
     `channels`) is the same task in both, so a task pools the planes its epilogue just wrote."""
-    # a bfloat16 conv on AMX tiles or AVX512-BF16: its pool after it, planes in parallel (those kernels' tasks
-    # are not the epilogue's channel blocks)
-    if any(optional_block(sch, name) is not None for name in (AMX_BLOCK, DOT_BLOCK)):
+    # a bfloat16 conv on AMX tiles or AVX512-BF16, a Winograd conv: its pool after it, planes in parallel (those
+    # kernels' tasks are not the epilogue's channel blocks)
+    if any(optional_block(sch, name) is not None for name in (AMX_BLOCK, DOT_BLOCK, GEMM_BLOCK)):
         note = schedule_conv2d_llvm(sch, attrs, target)
         pool = sch.get_sblock("pool")
         n, c, *_ = sch.get_loops(pool)
