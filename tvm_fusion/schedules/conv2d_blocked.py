@@ -13,7 +13,9 @@ the `unblock` stage). W is packed at compile time (`pack_blocked`) as Wp[o // (B
 o // B % OB, o % B], K the schedule's reduction chunk (all of C where it does not chunk): one tile of OB
 channel blocks reads one step's weights as OB contiguous vectors, and all its weights as one run in the
 order it reads them. Groups 1, float32.
-Stages, named for the schedule: `pad` (padded convs), `conv`, `epilogue`, `unblock`.
+Stages, named for the schedule: `pad` (padded convs), `conv`, `epilogue`, `unblock`. A W packed by
+`pack_winograd` (the llvm schedule's `pack`, where `conv2d_winograd.why_not` is None) takes the Winograd conv,
+reading and writing the same layouts.
 
 A depthwise conv of the chain (`depthwise_conv2d_affine_blocked`: groups = channels, one output channel per
 input channel) reads and writes the same blocks: out[n, cb, h, w, ci] sums x[n, cb, h*sh + r*dh, w*sw + s*dw,
@@ -26,7 +28,9 @@ from __future__ import annotations
 import numpy as np
 
 from tvm_fusion._tvm import te, tirx
+from tvm_fusion.hardware import cpu_facts
 from tvm_fusion.registry import register_compute
+from tvm_fusion.schedules.llvm import conv2d_winograd as winograd
 
 from . import dims
 from .conv2d import affine_value, conv2d_out_size
@@ -124,6 +128,11 @@ def conv2d_blocked(x, w, b, residual=None, *, strides, padding, dilation, groups
                    target=None, **_):
     if groups != 1:
         raise ValueError(f"the blocked conv takes groups 1, not {groups}")
+    if winograd.is_packed(w, x):  # `pack` chose the Winograd conv: the same layouts in and out
+        return winograd.conv2d_winograd(
+            x, w, b, residual, out_block=cpu_facts(target).float32_lanes if out_blocked else 0,
+            activation=activation, activation_params=activation_params,
+            residual_after_activation=residual_after_activation, fast_math=fast_math, target=target)
     tiles, kh, chunks, kw, chunk, tile_blocks, block = (int(d) for d in w.shape)
     cin, blocks_per_chunk = chunks * chunk, chunk // block
     n, _, hin, win = dims(x.shape)[:4]  # NCHW and NCHW[B]c alike

@@ -37,6 +37,7 @@ from tvm_fusion.registry import register_schedule
 from tvm_fusion.schedules.conv2d import conv2d_out_size
 from tvm_fusion.schedules.llvm.conv2d import ACC_L2_SHARE, CHUNK_L1_SHARE, FLOAT_BYTES, step_cost
 from tvm_fusion.schedules.conv2d_blocked import BLOCKED_CONV, BLOCKED_DEPTHWISE, pack_blocked, pack_depthwise_blocked
+from tvm_fusion.schedules.llvm import conv2d_winograd as winograd
 from tvm_fusion.schedules.llvm.blocks import loop_extent, optional_block
 
 #: accumulator registers of one tile, per architectural vector register count (32 zmm: 16, measured above;
@@ -87,8 +88,11 @@ def output_size(x_shape, w_shape, attrs) -> tuple[int, int]:
 
 def pack(constants, attrs, shapes, target):
     """W [O, C, KH, KW] ==> pack_blocked's Wp for the tile `tile_of` picks and the chunk `reduction_chunk`
-    takes; b as it is."""
+    takes, or `pack_winograd`'s U where the conv takes the Winograd kernel; b as it is."""
     w, b = constants
+    if winograd.why_not(winograd.nchw_shape(shapes[0]), w.shape, w.dtype, attrs["strides"], attrs["padding"],
+                        attrs["dilation"], attrs.get("groups", 1), target) is None:
+        return [winograd.pack_winograd(w), b]
     facts = cpu_facts(target)
     block = facts.float32_lanes
     cout, cin, kh, kw = (int(d) for d in w.shape)
@@ -100,6 +104,11 @@ def pack(constants, attrs, shapes, target):
 
 @register_schedule(BLOCKED_CONV, target="llvm", pack=pack)
 def schedule_blocked(sch, attrs, target):
+    if optional_block(sch, winograd.GEMM_BLOCK) is not None:
+        params = sch.mod[sch.func_working_on].params
+        note = winograd.schedule_winograd(sch, target)
+        blocked = [len(params[i].shape) == 5 for i in (0, -1)]  # x, the output
+        return f"{note}; {chain_note(cpu_facts(target).float32_lanes, *blocked)}"
     pad, conv, epi = optional_block(sch, "pad"), sch.get_sblock("conv"), sch.get_sblock("epilogue")
     unblock = optional_block(sch, "unblock")
     w = sch.mod[sch.func_working_on].params[-3]  # the PrimFunc takes x, [residual], Wp, b, out

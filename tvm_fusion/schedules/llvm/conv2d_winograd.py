@@ -23,8 +23,9 @@ tolerance (the numerics tests measure it against float64).
 
 Where (`why_not`): float32, groups 1, a 3x3 kernel, stride 1, dilation 1, padding 1 on every side, a static
 batch, input channels whole vectors and output channels whole GEMM tiles (32), on an ISA this was measured
-on (`WINOGRAD_ISAS`: AVX-512). A conv group whose output a conv chain reads in NCHW[x]c keeps the blocked
-kernel (`fusion/chain_layout.py`); a conv -> pool group runs its pool after the Winograd conv.
+on (`WINOGRAD_ISAS`: AVX-512). A conv of an NCHW[x]c chain (`fusion/chain_layout.py`) takes it in the chain's
+layouts (x and the residual read NCHW or blocked, the output written blocked, whole vectors of a pixel's
+channels, or NCHW: `schedules/conv2d_blocked.py`); a conv -> pool group runs its pool after it.
 
 Measured on Zen 4 (AVX-512, one conv + ReLU, one thread, CPU time; `benchmarks/strided_convs.py SHAPES
 --before winograd`): docs/cpu_conv_kernels.md.
@@ -82,10 +83,27 @@ def why_not(x_shape, w_shape, w_dtype, strides, padding, dilation, groups: int, 
     return None
 
 
+def nchw_shape(shape) -> tuple:
+    """(n, c, h, w) of an NCHW or NCHW[B]c shape."""
+    if len(shape) == 5:
+        n, cb, h, w, block = shape
+        return (n, int(cb) * int(block), h, w)
+    return tuple(shape)
+
+
 def is_packed(w, x) -> bool:
-    """Whether a conv's W is `pack_winograd`'s U [O / 32, 16, C, 32] for input x (an OIHW 3x3 W ends in 3)."""
+    """Whether a conv's W is `pack_winograd`'s U [O / 32, 16, C, 32] for input x, NCHW or NCHW[B]c (an OIHW 3x3
+    W ends in 3)."""
     return (len(w.shape) == 4 and int(w.shape[1]) == POINTS and int(w.shape[3]) == TILE_CHANNELS
-            and int(w.shape[2]) == int(x.shape[1]))
+            and int(w.shape[2]) == int(nchw_shape(x.shape)[1]))
+
+
+def _reader(t):
+    """t[n, c, h, w] of an NCHW or NCHW[B]c tensor (rank 4 or 5)."""
+    if len(t.shape) == 5:
+        block = int(t.shape[4])
+        return lambda n, c, h, w: t[n, c // block, h, w, c % block]
+    return lambda n, c, h, w: t[n, c, h, w]
 
 
 def pack_winograd(w: np.ndarray) -> np.ndarray:
@@ -135,22 +153,24 @@ def _at(i, m):
     return tirx.Select(i == 0, m(0) + m(1) + m(2), m(1) - m(2) - m(3))
 
 
-def conv2d_winograd(x, u, b, residual=None, *, activation=None, activation_params=None,
+def conv2d_winograd(x, u, b, residual=None, *, out_block: int = 0, activation=None, activation_params=None,
                     residual_after_activation=False, fast_math=True, target=None):
     """The conv family's compute as Winograd F(2x2, 3x3) (stages `pad`, `transform`, GEMM_BLOCK, `epilogue`);
-    U packed by `pack_winograd`, the conv 3x3 / stride 1 / padding 1 (`why_not`)."""
-    n, cin, hin, win = dims(x.shape)
+    U packed by `pack_winograd`, the conv 3x3 / stride 1 / padding 1 (`why_not`). x and the residual NCHW or
+    NCHW[B]c (a conv chain's, `schedules/conv2d_blocked.py`); the output NCHW, or NCHW[out_block]c."""
+    n, cin, hin, win = (int(d) if isinstance(d, (int, tirx.IntImm)) else d for d in nchw_shape(dims(x.shape)))
     cout = int(u.shape[0]) * TILE_CHANNELS
     th, tw = -(-hin // 2), -(-win // 2)
     zero = tirx.const(0, x.dtype)
+    read_x = _reader(x)
     pad = te.compute((n, 2 * th + 2, 2 * tw + 2, cin), lambda i, h, w, c: tirx.if_then_else(
-        tirx.all(h >= 1, h <= hin, w >= 1, w <= win), x[i, c, h - 1, w - 1], zero), name="pad")
+        tirx.all(h >= 1, h <= hin, w >= 1, w <= win), read_x(i, c, h - 1, w - 1), zero), name="pad")
     v = te.compute((n, 4, 4, th * tw, cin), lambda i, a, e, p, c: _bt(a, lambda r: _bt(
         e, lambda s: pad[i, 2 * (p // tw) + r, 2 * (p % tw) + s, c])), name="transform")
     rc = te.reduce_axis((0, cin), "rc")
     m = te.compute((n, 4, 4, th * tw, cout), lambda i, a, e, p, k: te.sum(
         v[i, a, e, p, rc] * u[k // TILE_CHANNELS, 4 * a + e, rc, k % TILE_CHANNELS], axis=rc), name=GEMM_BLOCK)
-    read_residual = None if residual is None else (lambda i, k, h, w: residual[i, k, h, w])
+    read_residual = None if residual is None else _reader(residual)
 
     def value(i, k, h, w):
         p = h // 2 * tw + w // 2
@@ -159,6 +179,9 @@ def conv2d_winograd(x, u, b, residual=None, *, activation=None, activation_param
                             activation=activation, activation_params=activation_params,
                             residual_after_activation=residual_after_activation, fast_math=fast_math, target=target)
 
+    if out_block:
+        return te.compute((n, cout // out_block, hin, win, out_block),
+                          lambda i, ob, h, w, oi: value(i, ob * out_block + oi, h, w), name="epilogue")
     return te.compute((n, cout, hin, win), value, name="epilogue")
 
 
@@ -171,14 +194,18 @@ def schedule_winograd(sch, target) -> str:
     lanes = facts.float32_lanes
     epi, gemm = sch.get_sblock("epilogue"), sch.get_sblock(GEMM_BLOCK)
     transform, pad = sch.get_sblock("transform"), sch.get_sblock("pad")
-    n, o, h, w = sch.get_loops(epi)
+    n, o, h, w, *blocked = sch.get_loops(epi)  # NCHW, or NCHW[B]c: o the channel blocks, `blocked` [B]
+    block = int(sch.get(blocked[0]).extent) if blocked else 1
     extent = [int(sch.get(loop).extent) for loop in (n, o, h, w)]
-    plan = winograd_plan(*extent[:1], *extent[2:], extent[1], facts.threads)
+    plan = winograd_plan(extent[0], *extent[2:], extent[1] * block, facts.threads)
     ho, hi = sch.split(h, [None, 2 * plan.tile_rows])
-    oo, oi = sch.split(o, [None, plan.channels])
+    oo, oi = sch.split(o, [None, plan.channels // block])
     hio, hii = sch.split(hi, [None, 2])
     wo, wi = sch.split(w, [None, 2])
-    oio, oii = sch.split(oi, [None, lanes])
+    if blocked:  # whole vectors of a pixel's channels, stored whole
+        oio, oii = oi, blocked[0]
+    else:
+        oio, oii = sch.split(oi, [None, lanes])
     sch.reorder(n, ho, oo, hio, wo, oio, hii, wi, oii)
     task = sch.fuse(n, ho, oo)
     sch.parallel(task)

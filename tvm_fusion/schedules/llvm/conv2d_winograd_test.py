@@ -161,3 +161,36 @@ def test_host_target_takes_it_where_the_host_has_avx512():
     host = _tvm.cpu_target()
     reason = why_not((1, 32, 14, 14), (64, 32, 3, 3), "float32", **CONV, groups=1, target=host)
     assert (reason is None) == (cpu_facts(host).isa in winograd.WINOGRAD_ISAS), reason
+
+
+@pytest.mark.parametrize("target_name", ["avx512", "avx2"])
+def test_chained_3x3_convs_run_as_winograd_in_the_blocked_layout(target_name, monkeypatch):
+    """A chain of convs passing NCHW[x]c (a 1x1 conv, two 3x3 ones, a 1x1 one with the block's residual, the
+    last writing NCHW): the 3x3 convs on the Winograd kernel reading and writing the chain's layout, the
+    outputs within float32's tolerance of onnxruntime's (AVX2 chained and planned as AVX-512 elsewhere)."""
+    from tvm_fusion.build.builder import build
+    from tvm_fusion.check.compare import random_inputs, run_onnxruntime
+    from tvm_fusion.fusion import chain_layout
+    from tvm_fusion.frontend.importer import import_onnx
+    from tvm_fusion.testing import GraphBuilder, run_build
+
+    target = _target(target_name, monkeypatch)
+    monkeypatch.setattr(chain_layout, "BLOCKED_ISAS", ("avx512", "avx2"))
+    lanes = cpu_facts(target).float32_lanes
+    g = GraphBuilder(4)
+    x = g.input("x", [1, 32, 14, 14])
+    a = g.op("Relu", [g.bn(g.conv(x, 32, 64, k=1), 64)])
+    y = g.op("Relu", [g.bn(g.conv(a, 64, 64), 64)])
+    y = g.op("Relu", [g.bn(g.conv(y, 64, 64), 64)])
+    y = g.op("Relu", [g.op("Add", [g.bn(g.conv(y, 64, 64, k=1), 64), a])])
+    model = g.model([y])
+    built = build(import_onnx(model), target, "fused")
+    kernels = [grp.kernel for grp in built.fused.groups if grp.compute != POOL_FAMILY]
+    winograd_kernels = [k for k in kernels if k.startswith("Winograd F(2x2, 3x3)")]
+    assert len(winograd_kernels) == 2 and all(f"NCHW{lanes}c chain (NCHW{lanes}c in, NCHW{lanes}c out)" in k
+                                              for k in winograd_kernels), kernels
+    if not _runs_here(target):
+        return
+    inputs = random_inputs(model)
+    want = run_onnxruntime(model, inputs)[0].run(None, inputs)
+    assert_close(run_build(built, [inputs["x"]])[0], want[0], f"{target_name} chained block vs onnxruntime")
