@@ -45,6 +45,10 @@ vectors (`conv2d_pointwise.py`). A strided
 Padding is materialised by its own parallel loop nest first (inlining it into the reduction is ~10x
 slower on 3x3), channels-last where the ISA packs W taps first, NCHW for shallow strided convs
 (`channels_last_input`).
+
+Not this module's kernels: bfloat16 convs on AMX tiles or AVX512-BF16 (`conv2d_amx.py`, `conv2d_dpbf16.py`)
+and, on AVX-512, float32 3x3 stride-1 convs (Winograd F(2x2, 3x3): `conv2d_winograd.py`), each where its
+`why_not` is None; `pack_conv` packs W for them and the compute and schedule follow the packed W.
 """
 
 from __future__ import annotations
