@@ -21,10 +21,10 @@ B^T, G and A^T are the F(2, 3) matrices of Lavin & Gray ("Fast Algorithms for Co
 are not the direct conv's: the error is a few float32 ulps of the output's scale, within the float32
 tolerance (the numerics tests measure it against float64).
 
-Where (`why_not`): float32, groups 1, a 3x3 kernel, stride 1, dilation 1, padding 1 on every side, a static
-batch, input channels whole vectors and output channels whole GEMM tiles (32), on an ISA this was measured
-on (`WINOGRAD_ISAS`: AVX-512). A conv of an NCHW[x]c chain (`fusion/chain_layout.py`) takes it in the chain's
-layouts (x and the residual read NCHW or blocked, the output written blocked, whole vectors of a pixel's
+Where (`why_not`): float32, groups 1, a 3x3 kernel, stride 1, dilation 1, padding 1 on every side (any batch, a
+symbolic one planned as 1), input channels whole vectors and output channels whole GEMM tiles (32), on an ISA this
+was measured on (`WINOGRAD_ISAS`: AVX-512). A conv of an NCHW[x]c chain (`fusion/chain_layout.py`) takes it in the
+chain's layouts (x and the residual read NCHW or blocked, the output written blocked, whole vectors of a pixel's
 channels, or NCHW: `schedules/conv2d_blocked.py`); a conv -> pool group runs its pool after it.
 
 Measured on Zen 4 (AVX-512, one conv + ReLU, one thread, CPU time; `benchmarks/strided_convs.py SHAPES
@@ -73,8 +73,6 @@ def why_not(x_shape, w_shape, w_dtype, strides, padding, dilation, groups: int, 
         return "the Winograd conv takes stride 1 and dilation 1"
     if tuple(int(p) for p in padding) != (1, 1, 1, 1):
         return f"the Winograd conv takes padding 1 on every side, not {tuple(int(p) for p in padding)}"
-    if not isinstance(x_shape[0], (int, tirx.IntImm)):
-        return "the Winograd conv plans its tasks for a static batch"
     cin, cout = int(x_shape[1]), int(w_shape[0])
     if cin % facts.float32_lanes:
         return f"{cin} input channels are not whole vectors of {facts.float32_lanes}"
@@ -196,8 +194,11 @@ def schedule_winograd(sch, target) -> str:
     transform, pad = sch.get_sblock("transform"), sch.get_sblock("pad")
     n, o, h, w, *blocked = sch.get_loops(epi)  # NCHW, or NCHW[B]c: o the channel blocks, `blocked` [B]
     block = int(sch.get(blocked[0]).extent) if blocked else 1
-    extent = [int(sch.get(loop).extent) for loop in (n, o, h, w)]
-    plan = winograd_plan(extent[0], *extent[2:], extent[1] * block, facts.threads)
+    batch, *extent = (sch.get(loop).extent for loop in (n, o, h, w))
+    # a symbolic batch is planned as 1 (as the direct kernel plans it: the same packed W for any batch)
+    batch = int(batch) if isinstance(batch, (int, tirx.IntImm)) else 1
+    extent = [int(e) for e in extent]
+    plan = winograd_plan(batch, *extent[1:], extent[0] * block, facts.threads)
     ho, hi = sch.split(h, [None, 2 * plan.tile_rows])
     oo, oi = sch.split(o, [None, plan.channels // block])
     hio, hii = sch.split(hi, [None, 2])
